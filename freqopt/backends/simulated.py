@@ -1,0 +1,179 @@
+"""The simulated GPU: a roofline time model and a DVFS power model, calibrated against published measurements.
+
+Time of a kernel at SM clock f and memory clock m (roofline with partial overlap, design.md section 3)::
+
+    t_flops = FLOPs / (n_sms * flops_per_clock_per_sm * f * gemm_efficiency)    # tensor or CUDA cores
+    t_l2    = bytes / (l2_bytes_per_clock * f)                                 # SM-side load/store limit
+    t_sm    = (t_flops^p + t_l2^p)^(1/p)
+    t_dram  = bytes / (bandwidth(m) * mem_efficiency)
+    t       = (t_sm^p + t_dram^p)^(1/p) + t_fixed
+
+Power while it runs (PowerModel, CMOS P ~ C V^2 f with activity factors u_sm = t_sm / t, u_mem = t_dram / t)::
+
+    P = p_const + p_leak V + (p_sm_clock + p_sm_active u_sm) V^2 f/f_max + (p_mem_clock + p_mem_active u_mem) m/m_max
+
+Power limit: over each control window (``power_window_s``) the firmware runs the highest supported SM clock, at
+most the requested one, whose average power stays within the limit; with no locked clock it requests the highest.
+
+Measurement: the kernels are replayed in a loop; the window is read with the noise of a real reading (0.5 %
+run to run in energy, design.md section 3; 0.2 % in time) and an energy counter of 1 mJ resolution.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from freqopt.backends.base import Backend, ClockSetting, Measurement, MeasurementProtocol
+from freqopt.gpus import GPUSpec
+from freqopt.trace import Kernel
+
+__all__ = ["SimulatedGPU", "KernelPhysics"]
+
+ENERGY_NOISE_REL = 0.005  # run-to-run spread of an energy reading (design.md section 3)
+TIME_NOISE_REL = 0.002  # run-to-run spread of a CUDA-event timing of a replay loop
+ENERGY_COUNTER_RESOLUTION_J = 1e-3  # nvmlDeviceGetTotalEnergyConsumption counts mJ
+CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
+
+
+class KernelPhysics:
+    """Per-kernel time and power at every supported SM clock, for one list of kernels.
+
+    Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock.
+    """
+
+    def __init__(self, spec: GPUSpec, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray):
+        self.spec = spec
+        p = spec.overlap_exponent
+        f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
+        m = np.asarray(mem_clock_mhz, dtype=float)[:, None]  # (K, 1)
+        flops = np.array([k.flops * (CAUSAL_WORK_FRACTION if k.causal else 1.0) for k in kernels])[:, None]
+        per_clock = np.array(
+            [spec.tensor_flops_per_clock_per_sm if k.tensor_core else spec.cuda_flops_per_clock_per_sm for k in kernels]
+        )[:, None]
+        nbytes = np.array([k.mem_bytes for k in kernels])[:, None]
+        t_flops = flops / (spec.n_sms * per_clock * f * 1e6 * spec.gemm_efficiency)  # (K, F)
+        t_l2 = nbytes / (spec.l2_bytes_per_clock * f * 1e6)  # (K, F)
+        t_sm = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
+        bandwidth = spec.mem_bandwidth_gbs * 1e9 * m / spec.max_mem_clock_mhz  # (K, 1), B/s
+        t_dram = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1)
+        t_busy = (t_sm**p + t_dram**p) ** (1 / p)  # (K, F)
+        self.time_s = t_busy + spec.kernel_fixed_s  # (K, F)
+        u_sm = t_sm / self.time_s
+        u_mem = t_dram / self.time_s
+        pm = spec.power_model
+        v = voltage_rel(spec, f)  # (1, F)
+        f_rel = f / spec.max_sm_clock_mhz
+        m_rel = m / spec.max_mem_clock_mhz
+        self.power_w = (
+            pm.p_const_w
+            + pm.p_leak_w * v
+            + (pm.p_sm_clock_w + pm.p_sm_active_w * u_sm) * v**2 * f_rel
+            + (pm.p_mem_clock_w + pm.p_mem_active_w * u_mem) * m_rel
+        )  # (K, F)
+        self.energy_j = self.power_w * self.time_s  # (K, F)
+
+
+def voltage_rel(spec: GPUSpec, sm_clock_mhz: np.ndarray | float) -> np.ndarray:
+    """V(f) / V_max: flat at v_min_rel up to the knee, then linear to 1 at the highest SM clock."""
+    pm = spec.power_model
+    f = np.asarray(sm_clock_mhz, dtype=float)
+    rise = (f - pm.f_knee_mhz) / (spec.max_sm_clock_mhz - pm.f_knee_mhz)
+    return pm.v_min_rel + (1.0 - pm.v_min_rel) * np.clip(rise, 0.0, 1.0)
+
+
+class SimulatedGPU(Backend):
+    """A GPU of type ``spec`` simulated by the physics above.
+
+    Args:
+        spec: the GPU type.
+        seed: seeds the measurement noise; equal seeds and equal calls give equal measurements.
+        noise: False for noiseless measurements (the oracle, tests).
+        protocol: warm-up and window of each measurement (sets its GPU-second cost).
+    """
+
+    def __init__(self, spec: GPUSpec, *, seed: int = 0, noise: bool = True, protocol: MeasurementProtocol | None = None):
+        self.spec = spec
+        self.seed = seed
+        self.noise = noise
+        self.protocol = protocol or MeasurementProtocol()
+        self._repeats: dict[tuple, int] = defaultdict(int)
+
+    # -- physics -------------------------------------------------------------------------------------------
+    def _sm_index(self, sm_clock_mhz: int | None) -> int:
+        if sm_clock_mhz is None:
+            return len(self.spec.sm_clocks_mhz) - 1
+        return self.spec.sm_clocks_mhz.index(sm_clock_mhz)
+
+    def run(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool) -> tuple[np.ndarray, ...]:
+        """Noiseless per-kernel (time_s, energy_j, sm_clock_mhz) after power-limit throttling, each shape (K,).
+
+        Args:
+            kernels: kernels in issue order.
+            settings: one setting per kernel.
+            loop: the kernels are replayed in a loop (a measurement): a window shorter than the power-limit
+                control window sees the loop's average power.
+        """
+        spec = self.spec
+        for s in settings:
+            if s.sm_clock_mhz is not None or s.mem_clock_mhz is not None:
+                spec.check_clocks(s.sm_clock_mhz or spec.max_sm_clock_mhz, s.mem_clock_mhz or spec.max_mem_clock_mhz)
+            if s.power_limit_w is not None:
+                spec.check_power_limit(s.power_limit_w)
+        mem = np.array([s.mem_clock_mhz or spec.max_mem_clock_mhz for s in settings], dtype=float)
+        requested = np.array([self._sm_index(s.sm_clock_mhz) for s in settings])  # (K,)
+        limit = np.array([s.power_limit_w or spec.power_limit_default_w for s in settings])  # (K,)
+        phys = KernelPhysics(spec, kernels, mem)
+        k_idx = np.arange(len(kernels))
+        # Control windows by time at the requested clocks.
+        t_req = phys.time_s[k_idx, requested]
+        window_s = spec.power_model.power_window_s
+        if loop and t_req.sum() <= window_s:
+            window = np.zeros(len(kernels), dtype=int)
+        else:
+            window = np.floor((np.cumsum(t_req) - t_req) / window_s).astype(int)
+        starts = np.flatnonzero(np.r_[True, window[1:] != window[:-1]])
+        n_clocks = len(spec.sm_clocks_mhz)
+        caps = np.arange(n_clocks)  # (F,) candidate highest clock index the firmware allows
+        eff = np.minimum(requested[:, None], caps[None, :])  # (K, F)
+        t = phys.time_s[k_idx[:, None], eff]  # (K, F)
+        e = phys.energy_j[k_idx[:, None], eff]  # (K, F)
+        avg_power = np.add.reduceat(e, starts, axis=0) / np.add.reduceat(t, starts, axis=0)  # (W, F)
+        window_limit = limit[starts]  # (W,)
+        ok = avg_power <= window_limit[:, None] + 1e-9  # (W, F); power rises with the clock
+        best = np.where(ok.any(axis=1), n_clocks - 1 - np.argmax(ok[:, ::-1], axis=1), 0)  # (W,)
+        chosen = eff[k_idx, best[window]]  # (K,)
+        clocks = np.asarray(spec.sm_clocks_mhz)[chosen]
+        return phys.time_s[k_idx, chosen], phys.energy_j[k_idx, chosen], clocks
+
+    def true_measure(self, kernels: Sequence[Kernel], setting: ClockSetting) -> Measurement:
+        """The noiseless time and energy of one repetition (the oracle's view; no GPU-seconds charged)."""
+        t, e, _ = self.run(kernels, [setting] * len(kernels), loop=True)
+        return Measurement(time_s=float(t.sum()), energy_j=float(e.sum()))
+
+    # -- measurement -----------------------------------------------------------------------------------------
+    def _noisy(self, time_s: float, energy_j: float, key: tuple) -> Measurement:
+        cost = self.protocol.cost_gpu_s(self.spec.energy_counter_period_s)
+        if not self.noise:
+            return Measurement(time_s, energy_j, cost)
+        self._repeats[key] += 1
+        digest = zlib.crc32(repr((key, self._repeats[key])).encode())
+        rng = np.random.default_rng([self.seed, digest])
+        time_meas = time_s * (1.0 + TIME_NOISE_REL * rng.standard_normal())
+        reps = max(1.0, self.protocol.window_s(self.spec.energy_counter_period_s) / time_s)
+        window_energy = energy_j * reps * (1.0 + ENERGY_NOISE_REL * rng.standard_normal())
+        window_energy = np.round(window_energy / ENERGY_COUNTER_RESOLUTION_J) * ENERGY_COUNTER_RESOLUTION_J
+        return Measurement(time_s=float(time_meas), energy_j=float(window_energy / reps), cost_gpu_s=cost)
+
+    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "") -> Measurement:
+        true = self.true_measure(kernels, setting)
+        return self._noisy(true.time_s, true.energy_j, (key, setting))
+
+    def measure_schedule(
+        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = ""
+    ) -> Measurement:
+        t, e, _ = self.run(kernels, settings, loop=True)
+        return self._noisy(float(t.sum()), float(e.sum()), (key, "schedule", tuple(settings)))

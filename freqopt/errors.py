@@ -1,0 +1,41 @@
+"""freqopt's exceptions: one shallow tree, each kind something a user can act on.
+
+Every message says what went wrong and what to do, in one line, so that the CLI can print it as is.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FreqoptError",
+    "UnknownNameError",
+    "InvalidSettingError",
+    "ClockTableError",
+    "OutputError",
+    "GPUPermissionError",
+]
+
+
+class FreqoptError(Exception):
+    """Base of every error freqopt raises on purpose; the CLI prints its message and exits non-zero."""
+
+    exit_code: int = 2
+
+
+class UnknownNameError(FreqoptError):
+    """An unknown model, GPU or granularity name; the message lists the known ones."""
+
+
+class InvalidSettingError(FreqoptError):
+    """A value outside what is allowed: a slowdown outside [0, 100 %), clocks the GPU does not support, ..."""
+
+
+class ClockTableError(FreqoptError):
+    """A clock table that cannot be used: unreadable, corrupt, of another schema version or another GPU."""
+
+
+class OutputError(FreqoptError):
+    """An output directory or file that cannot be written."""
+
+
+class GPUPermissionError(FreqoptError):
+    """Changing clocks or the power limit needs root or CAP_SYS_ADMIN."""

@@ -1,0 +1,212 @@
+"""GPU types: supported clocks, power-limit range, peaks and power-model constants, from search_spaces/*.toml.
+
+One TOML file per GPU type. Each file names the source of every figure (data sheet, whitepaper, an
+``nvidia-smi -q -d SUPPORTED_CLOCKS,POWER`` dump, or the calibration fit in experiments/calibrate.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from freqopt.errors import InvalidSettingError, UnknownNameError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = ["PowerModel", "GPUSpec", "DEFAULT_GPU", "get_gpu", "list_gpus", "search_spaces_dir"]
+
+DEFAULT_GPU = "h100-sxm"
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """Board power as a function of SM clock, memory clock and activity (design.md section 3).
+
+    ``P = p_const + p_leak * V/V_max + (p_sm_clock + p_sm_active * u_sm) * (V/V_max)^2 * f/f_max
+    + (p_mem_clock + p_mem_active * u_mem) * m/m_max``, where V(f) is flat at ``v_min_rel * V_max`` up to
+    ``f_knee_mhz`` and rises linearly to V_max at the highest SM clock. Every term is in watts at the highest
+    clocks; the CMOS dynamic-power law P ~ C V^2 f gives the scaling.
+    """
+
+    p_const_w: float
+    p_leak_w: float
+    p_sm_clock_w: float
+    p_sm_active_w: float
+    p_mem_clock_w: float
+    p_mem_active_w: float
+    v_min_rel: float
+    f_knee_mhz: float
+    power_window_s: float
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU type. Clocks in MHz, power in W, rates at the highest clocks.
+
+    Attributes:
+        name: freqopt's name for the type, the TOML file's stem (``h100-sxm``).
+        nvml_names: names that ``nvmlDeviceGetName`` returns for this type.
+        sm_clocks_mhz: supported SM (graphics) clocks, ascending.
+        mem_clocks_mhz: supported memory clocks, ascending.
+        max_sm_clock_for_mem_mhz: memory clocks that allow only SM clocks up to a bound (RTX 3080 Ti: 405 MHz
+            memory only with SM <= 420 MHz).
+        power_limit_default_w, power_limit_min_w, power_limit_max_w: ``nvmlDeviceGetPowerManagementLimitConstraints``
+            and ``...DefaultLimit`` (converted from mW).
+        idle_power_w: board power with no kernel running, at default clocks.
+        n_sms: streaming multiprocessors.
+        tensor_flops_per_clock_per_sm: dense FP16/BF16 tensor-core FLOPs per SM per clock.
+        cuda_flops_per_clock_per_sm: FP32 FLOPs (2 x FMA lanes) per SM per clock.
+        l2_bytes_per_clock: L2 bandwidth per SM clock, bytes; bounds memory traffic at low SM clocks.
+        mem_bandwidth_gbs: device-memory bandwidth at the highest memory clock, GB/s (1e9 B/s).
+        gemm_efficiency: fraction of tensor/CUDA peak a large GEMM reaches.
+        mem_efficiency: fraction of memory bandwidth a streaming kernel reaches.
+        overlap_exponent: p of the roofline with partial overlap, t = (t_c^p + t_m^p)^(1/p).
+        kernel_fixed_s: launch and tail latency added to every kernel, s.
+        clock_switch_s: time for a clock change to take effect, s.
+        energy_counter_period_s: update period of nvmlDeviceGetTotalEnergyConsumption, s.
+        power_model: see PowerModel.
+        sources: where each group of figures comes from.
+    """
+
+    name: str
+    marketing_name: str
+    nvml_names: tuple[str, ...]
+    sm_clocks_mhz: tuple[int, ...]
+    mem_clocks_mhz: tuple[int, ...]
+    max_sm_clock_for_mem_mhz: dict[int, int]
+    power_limit_default_w: float
+    power_limit_min_w: float
+    power_limit_max_w: float
+    idle_power_w: float
+    n_sms: int
+    tensor_flops_per_clock_per_sm: float
+    cuda_flops_per_clock_per_sm: float
+    l2_bytes_per_clock: float
+    mem_bandwidth_gbs: float
+    gemm_efficiency: float
+    mem_efficiency: float
+    overlap_exponent: float
+    kernel_fixed_s: float
+    clock_switch_s: float
+    energy_counter_period_s: float
+    power_model: PowerModel
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def max_sm_clock_mhz(self) -> int:
+        return self.sm_clocks_mhz[-1]
+
+    @property
+    def max_mem_clock_mhz(self) -> int:
+        return self.mem_clocks_mhz[-1]
+
+    @property
+    def tensor_peak_flops(self) -> float:
+        """Dense FP16/BF16 tensor-core peak at the highest SM clock, FLOP/s."""
+        return self.n_sms * self.tensor_flops_per_clock_per_sm * self.max_sm_clock_mhz * 1e6
+
+    def supports(self, sm_clock_mhz: int, mem_clock_mhz: int) -> bool:
+        """Whether the pair is one the GPU accepts as locked clocks."""
+        if sm_clock_mhz not in self.sm_clocks_mhz or mem_clock_mhz not in self.mem_clocks_mhz:
+            return False
+        return sm_clock_mhz <= self.max_sm_clock_for_mem_mhz.get(mem_clock_mhz, self.max_sm_clock_mhz)
+
+    def check_clocks(self, sm_clock_mhz: int, mem_clock_mhz: int) -> None:
+        """Raise InvalidSettingError unless the GPU supports the pair.
+
+        Raises:
+            InvalidSettingError: the message lists the supported range.
+        """
+        if not self.supports(sm_clock_mhz, mem_clock_mhz):
+            raise InvalidSettingError(
+                f"{self.name} does not support SM {sm_clock_mhz} MHz with memory {mem_clock_mhz} MHz; "
+                f"SM clocks are {self.sm_clocks_mhz[0]}-{self.max_sm_clock_mhz} MHz "
+                f"({len(self.sm_clocks_mhz)} values), memory clocks {list(self.mem_clocks_mhz)} MHz"
+            )
+
+    def check_power_limit(self, power_limit_w: float) -> None:
+        """Raise InvalidSettingError unless ``power_limit_w`` is within the GPU's constraints."""
+        if not self.power_limit_min_w <= power_limit_w <= self.power_limit_max_w:
+            raise InvalidSettingError(
+                f"{self.name} accepts power limits {self.power_limit_min_w:g}-{self.power_limit_max_w:g} W, "
+                f"not {power_limit_w:g} W"
+            )
+
+    def clock_pairs(self) -> list[tuple[int, int]]:
+        """Every supported (sm_clock_mhz, mem_clock_mhz) pair."""
+        return [(f, m) for m in self.mem_clocks_mhz for f in self.sm_clocks_mhz if self.supports(f, m)]
+
+
+def search_spaces_dir() -> Path:
+    """Folder of the GPU TOML files: $FREQOPT_SEARCH_SPACES, else search_spaces/ of the source tree."""
+    env = os.environ.get("FREQOPT_SEARCH_SPACES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "search_spaces"
+
+
+def list_gpus() -> list[str]:
+    """Names of the known GPU types, sorted."""
+    return sorted(p.stem for p in search_spaces_dir().glob("*.toml"))
+
+
+def _clock_list(table: dict[str, Any], key: str) -> tuple[int, ...]:
+    """A clock list given as a list, or as {max, min, step} counted down from max (V100's 7.5 MHz steps
+    alternate 7 and 8 MHz: 1380, 1372, 1365, ...)."""
+    spec = table[key]
+    if isinstance(spec, list):
+        return tuple(sorted(int(v) for v in spec))
+    top, bottom, step = float(spec["max"]), float(spec["min"]), float(spec["step"])
+    n = int(math.floor((top - bottom) / step + 1e-9)) + 1
+    return tuple(sorted(int(math.floor(top - i * step + 1e-9)) for i in range(n)))
+
+
+@lru_cache(maxsize=None)
+def get_gpu(name: str) -> GPUSpec:
+    """Load a GPU type by name (the TOML file stem, case-insensitive) or by a path to a TOML file.
+
+    Raises:
+        UnknownNameError: no such GPU type; the message lists the known ones.
+    """
+    path = Path(name)
+    if path.suffix != ".toml" or not path.is_file():
+        path = search_spaces_dir() / f"{name.lower()}.toml"
+    if not path.is_file():
+        raise UnknownNameError(f"unknown GPU {name!r}; known GPUs: {', '.join(list_gpus())} (see `freqopt gpus`)")
+    with path.open("rb") as f:
+        data = tomllib.load(f)
+    g, c, p, r, m = data["gpu"], data["clocks"], data["power"], data["rates"], data["model"]
+    pm = data["power_model"]
+    return GPUSpec(
+        name=path.stem,
+        marketing_name=g["marketing_name"],
+        nvml_names=tuple(g.get("nvml_names", ())),
+        sm_clocks_mhz=_clock_list(c, "sm_clocks_mhz"),
+        mem_clocks_mhz=_clock_list(c, "mem_clocks_mhz"),
+        max_sm_clock_for_mem_mhz={int(k): int(v) for k, v in c.get("max_sm_clock_for_mem_mhz", {}).items()},
+        power_limit_default_w=float(p["power_limit_default_w"]),
+        power_limit_min_w=float(p["power_limit_min_w"]),
+        power_limit_max_w=float(p["power_limit_max_w"]),
+        idle_power_w=float(p["idle_power_w"]),
+        n_sms=int(r["n_sms"]),
+        tensor_flops_per_clock_per_sm=float(r["tensor_flops_per_clock_per_sm"]),
+        cuda_flops_per_clock_per_sm=float(r["cuda_flops_per_clock_per_sm"]),
+        l2_bytes_per_clock=float(r["l2_bytes_per_clock"]),
+        mem_bandwidth_gbs=float(r["mem_bandwidth_gbs"]),
+        gemm_efficiency=float(m["gemm_efficiency"]),
+        mem_efficiency=float(m["mem_efficiency"]),
+        overlap_exponent=float(m["overlap_exponent"]),
+        kernel_fixed_s=float(m["kernel_fixed_us"]) * 1e-6,
+        clock_switch_s=float(m["clock_switch_ms"]) * 1e-3,
+        energy_counter_period_s=float(m["energy_counter_period_ms"]) * 1e-3,
+        power_model=PowerModel(**{k: float(v) for k, v in pm.items()}),
+        sources=dict(data.get("sources", {})),
+    )

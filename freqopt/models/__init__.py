@@ -1,0 +1,80 @@
+"""Models freqopt can trace: the GPT-3 family (Brown et al. 2020).
+
+    >>> from freqopt.models import get_workload
+    >>> w = get_workload("gpt3-small", micro_batch_size=4)
+    >>> w.config.d_model
+    768
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.models.gpt3 import GPT3_CONFIGS, GPTConfig, GPTModel
+
+__all__ = ["GPTConfig", "GPTModel", "Workload", "MODELS", "DEFAULT_MICRO_BATCH_SIZE", "get_workload", "list_models",
+           "build_model", "count_parameters"]
+
+MODELS: dict[str, GPTConfig] = dict(GPT3_CONFIGS)
+
+# Sequences per GPU per step. Small enough that gpt3-small..gpt3-xl train in bf16 without activation
+# recomputation on an 80 GB GPU (activations ~34 s b h L bytes, Korthikanti et al. 2022, eq. 2).
+DEFAULT_MICRO_BATCH_SIZE = 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training iteration of a model: its name, architecture and micro-batch (sequences per GPU)."""
+
+    model: str
+    config: GPTConfig
+    micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch_size * self.config.seq_len
+
+
+def list_models() -> list[str]:
+    return list(MODELS)
+
+
+def get_workload(
+    model: str, *, micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None
+) -> Workload:
+    """The named model with optional overrides.
+
+    Raises:
+        UnknownNameError: unknown model; the message lists the known ones.
+        InvalidSettingError: a non-positive override, or heads that do not divide d_model.
+    """
+    if model not in MODELS:
+        raise UnknownNameError(f"unknown model {model!r}; known models: {', '.join(MODELS)} (see `freqopt models`)")
+    config = MODELS[model]
+    for flag, value in (("--micro-batch-size", micro_batch_size), ("--seq-len", seq_len), ("--n-heads", n_heads)):
+        if value is not None and value < 1:
+            raise InvalidSettingError(f"{flag} must be a positive integer, not {value}")
+    if seq_len is not None:
+        config = dataclasses.replace(config, seq_len=seq_len)
+    if n_heads is not None:
+        if config.d_model % n_heads:
+            raise InvalidSettingError(
+                f"--n-heads {n_heads} does not divide d_model {config.d_model} of {model}; pick a divisor"
+            )
+        config = dataclasses.replace(config, n_heads=n_heads)
+    return Workload(model, config, micro_batch_size or DEFAULT_MICRO_BATCH_SIZE)
+
+
+def build_model(config: GPTConfig, *, device: str | torch.device = "meta", dtype: torch.dtype = torch.bfloat16):
+    """The model's module on ``device``; on "meta" it holds no memory, at any size."""
+    with torch.device(device):
+        return GPTModel(config).to(dtype)
+
+
+def count_parameters(config: GPTConfig) -> int:
+    """Parameters of the module (tied weights counted once), computed on the meta device."""
+    return sum(p.numel() for p in build_model(config).parameters())

@@ -1,0 +1,117 @@
+"""The GPT-3 family as PyTorch modules (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1).
+
+A decoder-only transformer with pre-layer-norm blocks, learned position embeddings, GELU MLPs of width
+4 d_model and an output layer tied to the token embedding. Dense attention in every layer (GPT-3 alternated
+dense and locally banded sparse layers; dense is what GPU training runs today). Linear layers carry the
+names DeepSpeed AutoTP recognizes (q_proj, k_proj, v_proj, o_proj, up_proj, down_proj) and the blocks sit in
+an nn.ModuleList, so the same module trains tensor-parallel under DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from freqopt.models.ops import flash_attention
+
+__all__ = ["GPTConfig", "GPTModel", "GPT3_CONFIGS"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int = 50257  # GPT-2/GPT-3 byte-pair vocabulary (Brown et al. 2020, section 2.1)
+    seq_len: int = 2048  # n_ctx of every GPT-3 model (Table 2.1)
+    causal: bool = True  # decoder: each token attends to earlier tokens only
+    bias: bool = True  # GPT-2/GPT-3 linear layers and layer norms carry biases
+    ffn_mult: int = 4  # d_ff = 4 d_model (Table 2.1)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+# Table 2.1 of Brown et al. 2020. The table prints d_model 5140 for 13B, which 40 heads of 128 do not divide;
+# 5120 = 40 x 128 is the width the model was trained with.
+GPT3_CONFIGS: dict[str, GPTConfig] = {
+    "gpt3-small": GPTConfig(n_layers=12, d_model=768, n_heads=12),
+    "gpt3-medium": GPTConfig(n_layers=24, d_model=1024, n_heads=16),
+    "gpt3-large": GPTConfig(n_layers=24, d_model=1536, n_heads=16),
+    "gpt3-xl": GPTConfig(n_layers=24, d_model=2048, n_heads=24),
+    "gpt3-2.7b": GPTConfig(n_layers=32, d_model=2560, n_heads=32),
+    "gpt3-6.7b": GPTConfig(n_layers=32, d_model=4096, n_heads=32),
+    "gpt3-13b": GPTConfig(n_layers=40, d_model=5120, n_heads=40),
+    "gpt3-175b": GPTConfig(n_layers=96, d_model=12288, n_heads=96),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        d = config.d_model
+        self.head_dim, self.causal = config.head_dim, config.causal
+        self.q_proj = nn.Linear(d, d, bias=config.bias)
+        self.k_proj = nn.Linear(d, d, bias=config.bias)
+        self.v_proj = nn.Linear(d, d, bias=config.bias)
+        self.o_proj = nn.Linear(d, d, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape  # (B, T, d)
+        # -1 heads: under AutoTP the projections are column-parallel and each rank holds nh / tp heads.
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        y = flash_attention(q, k, v, self.causal)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, d)
+        return self.o_proj(y)  # (B, T, d)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.up_proj = nn.Linear(config.d_model, config.ffn_mult * config.d_model, bias=config.bias)
+        self.down_proj = nn.Linear(config.ffn_mult * config.d_model, config.d_model, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.up_proj(x)))  # (B, T, d) -> (B, T, 4d) -> (B, T, d)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))  # (B, T, d)
+        return x + self.mlp(self.ln_2(x))  # (B, T, d)
+
+
+class GPTModel(nn.Module):
+    """GPT(config)(idx, targets) -> mean cross-entropy loss; idx and targets (B, T) token ids."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.wpe = nn.Embedding(config.seq_len, config.d_model)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying (GPT-2, Radford et al. 2019)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
+        for block in self.layers:
+            x = block(x)  # (B, T, d)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
