@@ -135,7 +135,9 @@ class SimulatedGPU(Backend):
             window = np.zeros(len(kernels), dtype=int)
         else:
             window = np.floor((np.cumsum(t_req) - t_req) / window_s).astype(int)
-        starts = np.flatnonzero(np.r_[True, window[1:] != window[:-1]])
+        new_window = np.r_[True, window[1:] != window[:-1]]
+        starts = np.flatnonzero(new_window)
+        window = np.cumsum(new_window) - 1  # (K,) dense window index
         n_clocks = len(spec.sm_clocks_mhz)
         caps = np.arange(n_clocks)  # (F,) candidate highest clock index the firmware allows
         eff = np.minimum(requested[:, None], caps[None, :])  # (K, F)
