@@ -49,11 +49,14 @@ class Measurement:
         time_s: time of one repetition, s (CUDA events on a real GPU).
         energy_j: energy of one repetition, J (nvmlDeviceGetTotalEnergyConsumption delta, mJ -> J).
         cost_gpu_s: GPU time the measurement took, warm-up included, s.
+        sm_clock_mhz: time-weighted mean SM clock the GPU actually ran (nvmlDeviceGetClockInfo during the window;
+            below a locked clock when the power limit throttled it), MHz; None if unknown.
     """
 
     time_s: float
     energy_j: float
     cost_gpu_s: float = 0.0
+    sm_clock_mhz: float | None = None
 
     @property
     def avg_power_w(self) -> float:

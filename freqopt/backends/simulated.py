@@ -153,14 +153,14 @@ class SimulatedGPU(Backend):
 
     def true_measure(self, kernels: Sequence[Kernel], setting: ClockSetting) -> Measurement:
         """The noiseless time and energy of one repetition (the oracle's view; no GPU-seconds charged)."""
-        t, e, _ = self.run(kernels, [setting] * len(kernels), loop=True)
-        return Measurement(time_s=float(t.sum()), energy_j=float(e.sum()))
+        t, e, clocks = self.run(kernels, [setting] * len(kernels), loop=True)
+        return Measurement(time_s=float(t.sum()), energy_j=float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
 
     # -- measurement -----------------------------------------------------------------------------------------
-    def _noisy(self, time_s: float, energy_j: float, key: tuple) -> Measurement:
+    def _noisy(self, time_s: float, energy_j: float, sm_clock_mhz: float, key: tuple) -> Measurement:
         cost = self.protocol.cost_gpu_s(self.spec.energy_counter_period_s)
         if not self.noise:
-            return Measurement(time_s, energy_j, cost)
+            return Measurement(time_s, energy_j, cost, sm_clock_mhz)
         self._repeats[key] += 1
         digest = zlib.crc32(repr((key, self._repeats[key])).encode())
         rng = np.random.default_rng([self.seed, digest])
@@ -168,14 +168,15 @@ class SimulatedGPU(Backend):
         reps = max(1.0, self.protocol.window_s(self.spec.energy_counter_period_s) / time_s)
         window_energy = energy_j * reps * (1.0 + ENERGY_NOISE_REL * rng.standard_normal())
         window_energy = np.round(window_energy / ENERGY_COUNTER_RESOLUTION_J) * ENERGY_COUNTER_RESOLUTION_J
-        return Measurement(time_s=float(time_meas), energy_j=float(window_energy / reps), cost_gpu_s=cost)
+        return Measurement(float(time_meas), float(window_energy / reps), cost, sm_clock_mhz)
 
     def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "") -> Measurement:
         true = self.true_measure(kernels, setting)
-        return self._noisy(true.time_s, true.energy_j, (key, setting))
+        return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting))
 
     def measure_schedule(
         self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = ""
     ) -> Measurement:
-        t, e, _ = self.run(kernels, settings, loop=True)
-        return self._noisy(float(t.sum()), float(e.sum()), (key, "schedule", tuple(settings)))
+        t, e, clocks = self.run(kernels, settings, loop=True)
+        clock = float(np.average(clocks, weights=t))
+        return self._noisy(float(t.sum()), float(e.sum()), clock, (key, "schedule", tuple(settings)))

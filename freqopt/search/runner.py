@@ -1,0 +1,227 @@
+"""The search, end to end, for one trace on one backend (design.md section 4).
+
+For each granularity: partition the trace into tuning units, run each unit's study, allocate the slowdown
+budget over all units at once (MILP), then validate by measuring the whole iteration with the chosen schedule.
+If the validated slowdown breaks the budget (units interact through the power limit; measurements are noisy),
+the allocation's budget is tightened by the overshoot and solved again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
+from freqopt.errors import InvalidSettingError
+from freqopt.search.allocate import allocate
+from freqopt.search.study import UnitSearch, search_unit
+from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, partition
+from freqopt.trace import Trace
+
+__all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix"]
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How to search.
+
+    Attributes:
+        max_slowdown: allowed fractional slowdown of the iteration, in [0, 1) (0.01 = 1 %).
+        granularities: which of GRANULARITIES to search.
+        n_trials_1d: trials per unit when the space has one dimension (SM clock only, or power limit).
+        n_trials_2d: trials per unit when memory clocks are searched too.
+        finalist_repeats: extra measurements of each finalist (noise-aware selection).
+        validation_repeats: measurements of the whole iteration, averaged, for the baseline and each schedule.
+        max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
+        seed: seeds the samplers.
+        storage: Optuna storage URL; None keeps studies in memory.
+    """
+
+    max_slowdown: float
+    granularities: tuple[str, ...] = GRANULARITIES
+    n_trials_1d: int = 14
+    n_trials_2d: int = 30
+    finalist_repeats: int = 2
+    validation_repeats: int = 3
+    max_validation_rounds: int = 6
+    seed: int = 0
+    storage: str | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_slowdown < 1.0:
+            raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
+        for g in self.granularities:
+            check_granularity(g)
+
+
+@dataclass(frozen=True)
+class GranularityResult:
+    """The validated outcome of one granularity.
+
+    Attributes:
+        granularity: one of GRANULARITIES.
+        units: per unit, its name, kernel indices and chosen setting.
+        predicted: the allocator's sum of the chosen options (time_s and energy_j per iteration).
+        validated: the whole iteration measured with the schedule.
+        n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
+        unit_searches: each unit's study outcome.
+        study_names: the Optuna studies behind the result.
+    """
+
+    granularity: str
+    units: tuple[tuple[TuningUnit, ClockSetting], ...]
+    predicted: Measurement
+    predicted_baseline: Measurement
+    validated: Measurement
+    n_measurements: int
+    search_cost_gpu_s: float
+    unit_searches: tuple[UnitSearch, ...] = field(repr=False, default=())
+
+    @property
+    def n_settings(self) -> int:
+        """Distinct settings in the schedule."""
+        return len({s for _, s in self.units})
+
+    @property
+    def study_names(self) -> list[str]:
+        return [u.study_name for u in self.unit_searches]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    trace: Trace
+    gpu: str
+    max_slowdown: float
+    baseline: Measurement
+    results: dict[str, GranularityResult]
+    storage: str | None
+
+    def energy_saved_pct(self, g: str) -> float:
+        return 100.0 * (1.0 - self.results[g].validated.energy_j / self.baseline.energy_j)
+
+    def slowdown_pct(self, g: str) -> float:
+        return 100.0 * (self.results[g].validated.time_s / self.baseline.time_s - 1.0)
+
+    def predicted_energy_saved_pct(self, g: str) -> float:
+        r = self.results[g]
+        return 100.0 * (1.0 - r.predicted.energy_j / r.predicted_baseline.energy_j)
+
+
+def study_prefix(trace: Trace, gpu: str, seed: int) -> str:
+    """A study-name prefix unique to the workload, GPU and seed, so one storage can hold many searches."""
+    w = trace.workload
+    c = w.config
+    ident = f"{w.model}|{c}|{w.micro_batch_size}|{gpu}|{seed}"
+    return f"{w.model}-{gpu}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
+
+
+def _mean(ms: list[Measurement]) -> Measurement:
+    return Measurement(
+        time_s=float(np.mean([m.time_s for m in ms])),
+        energy_j=float(np.mean([m.energy_j for m in ms])),
+        cost_gpu_s=float(np.sum([m.cost_gpu_s for m in ms])),
+    )
+
+
+def _measure_iteration(backend: Backend, trace: Trace, settings: list[ClockSetting], repeats: int, key: str):
+    return _mean([backend.measure_schedule(trace.kernels, settings, key=key) for _ in range(repeats)])
+
+
+def _search_granularity(
+    trace: Trace, backend: Backend, config: SearchConfig, granularity: str, baseline: Measurement,
+    on_unit: Callable[[str, int, int], None] | None,
+) -> GranularityResult:  # fmt: skip
+    units = partition(trace, granularity)
+    space = "power" if granularity == "power-cap" else "clocks"
+    two_d = space == "clocks" and len(backend.spec.mem_clocks_mhz) > 1
+    n_trials = config.n_trials_2d if two_d else config.n_trials_1d
+    prefix = study_prefix(trace, backend.spec.name, config.seed)
+    searches = []
+    for i, unit in enumerate(units):
+        digest = hashlib.sha1(unit.name.encode()).hexdigest()[:10]
+        searches.append(
+            search_unit(
+                backend, unit.kernels(trace), name=unit.name, study_name=f"{prefix}-{granularity}-{digest}",
+                storage=config.storage, space=space, n_trials=n_trials, finalist_repeats=config.finalist_repeats,
+                finalist_slowdown=max(0.05, 3 * config.max_slowdown), seed=config.seed,
+            )
+        )  # fmt: skip
+        if on_unit:
+            on_unit(granularity, i + 1, len(units))
+    options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
+    predicted_base_t = sum(s.default.time_s for s in searches)
+    predicted_base_e = sum(s.default.energy_j for s in searches)
+    n_meas = sum(s.n_measurements for s in searches)
+    cost = sum(s.cost_gpu_s for s in searches)
+    # The allocator's budget is relative to its own model of the iteration (the sum of the units' defaults, each
+    # measured alone), then calibrated by validation: units measured alone do not add up exactly to the iteration
+    # (the power limit averages power over neighbouring kernels), so the budget is moved by the validated
+    # overshoot or slack (a secant step on validated slowdown) and the best schedule that meets the budget wins.
+    budget = (1.0 + config.max_slowdown) * predicted_base_t
+    chosen, validated = [s.default for s in searches], baseline  # the defaults meet any budget
+    tried: set[tuple[int, ...]] = set()
+    for _ in range(config.max_validation_rounds):
+        try:
+            picks = tuple(allocate(options, budget))
+        except InvalidSettingError:  # below the fastest the units can go
+            break
+        if picks in tried:
+            break
+        tried.add(picks)
+        candidate = [searches[u].options[j] for u, j in enumerate(picks)]
+        per_kernel = [DEFAULT_SETTING] * len(trace)
+        for unit, option in zip(units, candidate):
+            for k in unit.kernel_indices:
+                per_kernel[k] = option.setting
+        measured = _measure_iteration(backend, trace, per_kernel, config.validation_repeats, key=granularity)
+        n_meas += config.validation_repeats
+        cost += measured.cost_gpu_s
+        slowdown = measured.time_s / baseline.time_s - 1.0
+        if slowdown <= config.max_slowdown and measured.energy_j < validated.energy_j:
+            chosen, validated = candidate, measured
+        if abs(slowdown - config.max_slowdown) <= 0.1 * max(config.max_slowdown, 0.001):
+            break
+        budget *= (1.0 + config.max_slowdown) / (1.0 + slowdown)
+    predicted = Measurement(sum(o.time_s for o in chosen), sum(o.energy_j for o in chosen))
+    return GranularityResult(
+        granularity=granularity,
+        units=tuple((u, o.setting) for u, o in zip(units, chosen)),
+        predicted=predicted,
+        predicted_baseline=Measurement(predicted_base_t, predicted_base_e),
+        validated=validated,
+        n_measurements=n_meas,
+        search_cost_gpu_s=cost,
+        unit_searches=tuple(searches),
+    )
+
+
+def run_search(
+    trace: Trace,
+    backend: Backend,
+    config: SearchConfig,
+    *,
+    on_unit: Callable[[str, int, int], None] | None = None,
+) -> SearchResult:
+    """Search every granularity in ``config`` and validate each result on ``backend``.
+
+    Args:
+        trace: the iteration's kernels.
+        backend: the GPU to measure on.
+        config: budget, granularities, trial counts, storage.
+        on_unit: called as on_unit(granularity, units_done, units_total) after each unit's study (progress).
+
+    Returns:
+        SearchResult with the measured baseline (all defaults) and one validated result per granularity.
+    """
+    baseline = _measure_iteration(
+        backend, trace, [DEFAULT_SETTING] * len(trace), config.validation_repeats, key="baseline"
+    )
+    results = {
+        g: _search_granularity(trace, backend, config, g, baseline, on_unit)
+        for g in GRANULARITIES
+        if g in config.granularities
+    }
+    return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage)

@@ -1,0 +1,201 @@
+"""One Optuna study per tuning unit: Bayesian optimization of (time, energy) over its setting space.
+
+The study minimizes time and energy together (a Pareto front), with Optuna's GPSampler (Gaussian-process
+Bayesian optimization with log expected hypervolume improvement, Daulton et al. 2020, arXiv 2006.05078). It is
+warm-started with enqueued points (the highest clocks and a spread below them). Every measured setting is
+stored in the study, so a study in persistent storage resumes where it stopped.
+
+Throttling: the power limit may pull a locked clock down (the effective SM clock is read back with each
+measurement); the unit's measured time and energy already include it, so such settings stay options.
+
+Noise: a single sample of each setting would let the allocator pick favourable outliers (the winner's curse
+that made Spaan et al. 2026 promise 15.6 % and re-measure 14.6 %). The Pareto finalists near the default's
+time are therefore re-measured and their means, not their luckiest samples, are what the allocator sees.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import optuna
+
+from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING
+from freqopt.trace import Kernel
+
+__all__ = ["Option", "UnitSearch", "search_unit", "SPACES"]
+
+SPACES = ("clocks", "power")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A measured setting of a unit: mean time and energy per iteration over n_samples measurements."""
+
+    setting: ClockSetting
+    time_s: float
+    energy_j: float
+    n_samples: int
+
+
+@dataclass(frozen=True)
+class UnitSearch:
+    """What a unit's study found: its default, the options offered to the allocator, and what it cost."""
+
+    name: str
+    study_name: str
+    default: Option
+    options: tuple[Option, ...]
+    n_measurements: int
+    cost_gpu_s: float
+
+
+def _pareto_front(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """Trials not dominated in (time, energy) by another."""
+    return [
+        t for t in trials
+        if not any(o.values[0] <= t.values[0] and o.values[1] <= t.values[1] and o.values != t.values for o in trials)
+    ]  # fmt: skip
+
+
+def _is_progression(values: Sequence[int]) -> bool:
+    steps = {b - a for a, b in zip(values, values[1:])}
+    return len(steps) <= 1
+
+
+class _Objective:
+    """Maps a trial to a supported setting, measures it (once per distinct setting) and returns (time, energy)."""
+
+    def __init__(self, backend: Backend, kernels: Sequence[Kernel], key: str, space: str):
+        self.backend, self.kernels, self.key, self.space = backend, kernels, key, space
+        spec = backend.spec
+        self.sm_clocks = np.asarray(spec.sm_clocks_mhz)
+        self.samples: dict[ClockSetting, list[tuple[float, float]]] = defaultdict(list)
+        self.n_measurements = 0
+        self.cost_gpu_s = 0.0
+
+    def suggest(self, trial: optuna.Trial) -> ClockSetting | None:
+        spec = self.backend.spec
+        if self.space == "power":
+            lo, hi = int(np.ceil(spec.power_limit_min_w)), int(np.floor(spec.power_limit_max_w))
+            return ClockSetting(power_limit_w=float(trial.suggest_int("power_limit_w", lo, hi)))
+        clocks = spec.sm_clocks_mhz
+        if _is_progression(clocks):
+            sm = trial.suggest_int("sm_clock_mhz", clocks[0], clocks[-1], step=clocks[1] - clocks[0])
+        else:  # V100: alternating 7/8 MHz steps; snap to the nearest supported clock
+            wanted = trial.suggest_int("sm_clock_mhz", clocks[0], clocks[-1])
+            sm = int(self.sm_clocks[np.argmin(np.abs(self.sm_clocks - wanted))])
+        mem = spec.mem_clocks_mhz[0]
+        if len(spec.mem_clocks_mhz) > 1:
+            mem = trial.suggest_categorical("mem_clock_mhz", list(spec.mem_clocks_mhz))
+        if not spec.supports(sm, mem):
+            return None
+        return ClockSetting(sm_clock_mhz=int(sm), mem_clock_mhz=int(mem))
+
+    def measure(self, setting: ClockSetting) -> tuple[float, float]:
+        m = self.backend.measure(self.kernels, setting, key=self.key)
+        self.samples[setting].append((m.time_s, m.energy_j))
+        self.n_measurements += 1
+        self.cost_gpu_s += m.cost_gpu_s
+        return m.time_s, m.energy_j
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
+        setting = self.suggest(trial)
+        if setting is None:
+            raise optuna.TrialPruned("unsupported clock pair")
+        trial.set_user_attr("setting", [setting.sm_clock_mhz, setting.mem_clock_mhz, setting.power_limit_w])
+        if self.samples[setting]:  # a setting measured before: reuse its first sample, spend no GPU time
+            return self.samples[setting][0]
+        return self.measure(setting)
+
+    def option(self, setting: ClockSetting) -> Option:
+        t, e = np.mean(self.samples[setting], axis=0)
+        return Option(setting, float(t), float(e), len(self.samples[setting]))
+
+
+def _warm_start_points(backend: Backend, space: str) -> list[dict]:
+    """The highest setting and three below it (90 %, 75 %, 60 % of the range), as enqueue_trial parameters."""
+    spec = backend.spec
+    fractions = (1.0, 0.9, 0.75, 0.6)
+    if space == "power":
+        lo, hi = spec.power_limit_min_w, spec.power_limit_max_w
+        return [{"power_limit_w": int(round(lo + f * (hi - lo)))} for f in fractions]
+    clocks = spec.sm_clocks_mhz
+    points = []
+    for f in fractions:
+        sm = clocks[int(round(f * (len(clocks) - 1)))]
+        point = {"sm_clock_mhz": sm}
+        if len(spec.mem_clocks_mhz) > 1:
+            point["mem_clock_mhz"] = spec.max_mem_clock_mhz
+        points.append(point)
+    return points
+
+
+def search_unit(
+    backend: Backend,
+    kernels: Sequence[Kernel],
+    *,
+    name: str,
+    study_name: str,
+    storage: optuna.storages.BaseStorage | str | None,
+    space: str = "clocks",
+    n_trials: int = 16,
+    finalist_repeats: int = 2,
+    finalist_slowdown: float = 0.05,
+    seed: int = 0,
+) -> UnitSearch:
+    """Run (or resume) one unit's study and return its options for the allocator.
+
+    Args:
+        backend: the GPU to measure on.
+        kernels: the unit's kernels in one iteration.
+        name: the unit's name (also the key of its measurement noise).
+        study_name: the Optuna study's name in ``storage``.
+        storage: Optuna storage (URL or object); None keeps the study in memory.
+        space: "clocks" (sm_clock_mhz, and mem_clock_mhz where the GPU has several) or "power" (power_limit_w).
+        n_trials: trials of the study in total (a resumed study runs only the missing ones).
+        finalist_repeats: extra measurements of each Pareto point within ``finalist_slowdown`` of the default.
+        finalist_slowdown: fractional slowdown, relative to the default, below which Pareto points are finalists.
+        seed: the sampler's seed.
+
+    Returns:
+        UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
+    """
+    if space not in SPACES:
+        raise ValueError(f"space must be one of {SPACES}")
+    objective = _Objective(backend, kernels, name, space)
+    warm = _warm_start_points(backend, space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=len(warm), deterministic_objective=False)
+        study = optuna.create_study(
+            study_name=study_name, storage=storage, directions=["minimize", "minimize"], sampler=sampler,
+            load_if_exists=True,
+        )  # fmt: skip
+        # Resume: settings measured in an earlier run count as samples, so they are not measured again.
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            sm, mem, power = trial.user_attrs["setting"]
+            objective.samples[ClockSetting(sm, mem, power)].append(tuple(trial.values))
+        done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                             optuna.trial.TrialState.PRUNED)))  # fmt: skip
+        if done == 0:
+            for params in warm:
+                study.enqueue_trial(params, skip_if_exists=True)
+        if n_trials > done:
+            study.optimize(objective, n_trials=n_trials - done, gc_after_trial=False)
+        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        pareto = {ClockSetting(*t.user_attrs["setting"]) for t in _pareto_front(complete)}
+
+    default_t, default_e = objective.measure(DEFAULT_SETTING)
+    for _ in range(finalist_repeats):
+        objective.measure(DEFAULT_SETTING)
+    default = objective.option(DEFAULT_SETTING)
+    for setting in sorted(pareto, key=lambda s: objective.option(s).time_s):
+        if objective.option(setting).time_s <= default.time_s * (1 + finalist_slowdown):
+            for _ in range(finalist_repeats):
+                objective.measure(setting)
+    options = (default,) + tuple(sorted((objective.option(s) for s in pareto), key=lambda o: o.time_s))
+    return UnitSearch(name, study_name, default, options, objective.n_measurements, objective.cost_gpu_s)

@@ -1,0 +1,56 @@
+"""Tuning units: the sets of kernels that share one setting, by granularity (design.md section 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freqopt.errors import UnknownNameError
+from freqopt.trace import Kernel, Trace
+
+__all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity"]
+
+# Coarse to fine. power-cap tunes the whole-GPU power limit; the others lock (SM, memory) clock pairs.
+GRANULARITIES = ("power-cap", "iteration", "pass", "kernel")
+
+
+@dataclass(frozen=True)
+class TuningUnit:
+    """Kernels of one iteration that share a setting.
+
+    Attributes:
+        name: "iteration", a pass name, or a kernel-class signature.
+        kernel_indices: positions of its kernels in the trace, ascending.
+    """
+
+    name: str
+    kernel_indices: tuple[int, ...]
+
+    def kernels(self, trace: Trace) -> list[Kernel]:
+        return [trace.kernels[i] for i in self.kernel_indices]
+
+
+def check_granularity(granularity: str) -> str:
+    if granularity not in GRANULARITIES:
+        raise UnknownNameError(
+            f"unknown granularity {granularity!r}; choose from all, {', '.join(GRANULARITIES)}"
+        )
+    return granularity
+
+
+def partition(trace: Trace, granularity: str) -> list[TuningUnit]:
+    """Split the trace's kernels into tuning units.
+
+    iteration and power-cap: one unit; pass: forward, backward, optimizer; kernel: one unit per kernel class
+    (equal signature), in first-seen order.
+
+    Raises:
+        UnknownNameError: unknown granularity.
+    """
+    check_granularity(granularity)
+    if granularity in ("iteration", "power-cap"):
+        return [TuningUnit("iteration", tuple(range(len(trace))))]
+    key = (lambda k: k.pass_name) if granularity == "pass" else (lambda k: k.signature)
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(trace.kernels):
+        groups.setdefault(key(k), []).append(i)
+    return [TuningUnit(name, tuple(idx)) for name, idx in groups.items()]
