@@ -1,0 +1,234 @@
+"""The freqopt command line. It parses arguments and calls the library; errors print as one line, exit non-zero."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from freqopt.errors import FreqoptError, InvalidSettingError, OutputError
+
+__all__ = ["main", "cli", "parse_slowdown"]
+
+
+def parse_slowdown(text: str) -> float:
+    """A slowdown as a fraction: "1%" -> 0.01, "0.01" -> 0.01.
+
+    Raises:
+        InvalidSettingError: not a number, negative, or 100 % or more.
+    """
+    raw = str(text).strip()
+    if raw.startswith("-"):
+        raise InvalidSettingError(f"--max-slowdown {text!r} is negative; a slowdown is in [0, 100%), like 1% or 0.01")
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)", raw)
+    if not match:
+        raise InvalidSettingError(f"--max-slowdown {text!r} is not a slowdown; write a percentage like 1% or a fraction like 0.01")
+    value = float(match.group(1)) / (100.0 if match.group(2) else 1.0)
+    if not 0.0 <= value < 1.0:
+        raise InvalidSettingError(
+            f"--max-slowdown {text!r} is outside [0, 100%); write a percentage like 1% or a fraction like 0.01"
+        )
+    return value
+
+
+def _check_writable_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".freqopt-write-check-"):
+            pass
+    except OSError as e:
+        raise OutputError(f"cannot write to {path}: {e.strerror or e}; choose another --out directory") from e
+
+
+def _check_writable_file(path: Path) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OutputError(f"--json {path} is a directory; give a file path")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise OutputError(f"cannot write --json {path}: {parent} is not a writable directory")
+
+
+def _model_options(f):
+    f = click.option("--n-heads", type=int, default=None, help="Override the number of attention heads.")(f)
+    f = click.option("--seq-len", type=int, default=None, help="Override the sequence length (tokens).")(f)
+    f = click.option("--micro-batch-size", type=int, default=None, help="Sequences per GPU per step (default 4).")(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="freqopt")
+def cli() -> None:
+    """Find GPU clock settings that cut training energy within a slowdown budget."""
+
+
+@cli.command()
+@_model_options
+def models(micro_batch_size, seq_len, n_heads) -> None:
+    """List the models, with parameter counts computed from the PyTorch modules."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from freqopt.models import count_parameters, get_workload, list_models
+
+    table = Table("model", "layers", "d_model", "heads", "seq len", "parameters")
+    for name in list_models():
+        w = get_workload(name, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                         n_heads=n_heads if n_heads else None)  # fmt: skip
+        c = w.config
+        table.add_row(name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len),
+                      f"{count_parameters(c) / 1e6:,.1f} M")  # fmt: skip
+    Console().print(table)
+
+
+@cli.command()
+def gpus() -> None:
+    """List the GPU types in search_spaces/."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from freqopt.gpus import DEFAULT_GPU, get_gpu, list_gpus
+
+    table = Table("gpu", "name", "SM clocks (MHz)", "memory clocks (MHz)", "power limit (W)", "BF16 peak (TFLOP/s)")
+    for name in list_gpus():
+        g = get_gpu(name)
+        table.add_row(
+            name + (" (default)" if name == DEFAULT_GPU else ""), g.marketing_name,
+            f"{g.sm_clocks_mhz[0]}-{g.max_sm_clock_mhz} ({len(g.sm_clocks_mhz)})",
+            ", ".join(map(str, g.mem_clocks_mhz)),
+            f"{g.power_limit_min_w:g}-{g.power_limit_max_w:g} (default {g.power_limit_default_w:g})",
+            f"{g.tensor_peak_flops / 1e12:,.0f}",
+        )  # fmt: skip
+    Console().print(table)
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
+@click.option("--granularity", default="all", show_default=True, help="all, power-cap, iteration, pass or kernel.")
+@click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
+@click.option("--storage", default=None, help="Optuna storage URL; default sqlite:///OUT/freqopt.db.")
+@click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for tables and storage.")
+@click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
+@click.option("--trials", default=None, type=int, help="Trials per tuning unit (default 14, or 30 with memory clocks).")
+@_model_options
+def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials,
+           micro_batch_size, seq_len, n_heads) -> None:  # fmt: skip
+    """Search clock settings for one training iteration and compare granularities."""
+    from freqopt.backends import get_backend
+    from freqopt.gpus import DEFAULT_GPU, get_gpu
+    from freqopt.models import get_workload
+    from freqopt.search import GRANULARITIES, SearchConfig
+    from freqopt.search.units import check_granularity
+
+    # Validate everything before any work or any file is touched.
+    slowdown = parse_slowdown(max_slowdown)
+    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads)
+    spec = get_gpu(gpu or DEFAULT_GPU)
+    granularities = GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
+    out = Path(out_dir)
+    _check_writable_dir(out)
+    if json_path:
+        _check_writable_file(Path(json_path))
+    storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
+    if trials is not None and trials < 1:
+        raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
+    counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
+    config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage, **counts)
+    measuring = get_backend(backend, spec, seed=seed)
+    _run_search(workload, spec, measuring, config, backend, out, json_path)
+
+
+def _run_search(workload, spec, backend, config, backend_name, out: Path, json_path) -> None:
+    import optuna
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from freqopt.search import partition, run_search
+    from freqopt.tables import atomic_write_text, table_from_result, write_table, write_table_csv
+    from freqopt.trace import trace_training_iteration
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(stderr=True)
+    started = time.monotonic()
+    with console.status(f"tracing one training iteration of {workload.model}"):
+        trace = trace_training_iteration(workload)
+    console.print(f"traced {workload.model}: {len(trace)} kernels, {len(trace.kernel_classes())} kernel classes, "
+                  f"{trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU {spec.name} (simulated)"
+                  if backend_name == "sim" else f"traced {workload.model}: {len(trace)} kernels")  # fmt: skip
+    total = sum(len(partition(trace, g)) for g in config.granularities)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:  # fmt: skip
+        task = progress.add_task("searching tuning units", total=total)
+
+        def on_unit(granularity: str, done: int, n: int) -> None:
+            progress.update(task, advance=1, description=f"{granularity}: unit {done}/{n}")
+
+        result = run_search(trace, backend, config, on_unit=on_unit)
+    stem = f"{workload.model}-{spec.name}"
+    paths = {}
+    for g in result.results:
+        table = table_from_result(result, g, spec, backend=backend_name, seed=config.seed)
+        paths[g] = write_table(table, out / f"{stem}-{g}.json")
+        write_table_csv(table, out / f"{stem}-{g}.csv")
+
+    base = result.baseline
+    rich_table = Table(title=f"{workload.model} on {spec.name}, max slowdown {100 * config.max_slowdown:g} % "
+                             f"(validated by measuring the whole iteration)")  # fmt: skip
+    for col in ("granularity", "energy/iter (J)", "time/iter (s)", "energy saved (%)", "slowdown (%)", "settings",
+                "measurements", "search cost (GPU-h)", "clock table"):  # fmt: skip
+        rich_table.add_column(col, justify="left" if col in ("granularity", "clock table") else "right")
+    rich_table.add_row("baseline (default)", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-",
+                       "-", "-")  # fmt: skip
+    summary = {"baseline": {"time_s": base.time_s, "energy_j": base.energy_j}, "results": {}}
+    for g, r in result.results.items():
+        saved, slow = result.energy_saved_pct(g), result.slowdown_pct(g)
+        rich_table.add_row(g, f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}", f"{saved:.2f}", f"{slow:.2f}",
+                           str(r.n_settings), str(r.n_measurements), f"{r.search_cost_gpu_s / 3600:.3f}",
+                           str(paths[g]))  # fmt: skip
+        summary["results"][g] = {
+            "energy_saved_pct": saved, "slowdown_pct": slow,
+            "predicted_energy_saved_pct": result.predicted_energy_saved_pct(g),
+            "n_settings": r.n_settings, "n_measurements": r.n_measurements,
+            "search_cost_gpu_s": r.search_cost_gpu_s, "table": str(paths[g]),
+        }  # fmt: skip
+    Console(width=max(160, shutil.get_terminal_size().columns)).print(rich_table)
+    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {config.storage}")
+    if json_path:
+        atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI; print freqopt and usage errors as one line and return non-zero."""
+    try:
+        cli.main(args=argv, prog_name="freqopt", standalone_mode=False)
+    except FreqoptError as e:
+        click.echo(f"freqopt: error: {e}", err=True)
+        return e.exit_code
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)
+        return 2
+    except click.UsageError as e:
+        cmd = e.ctx.command_path if e.ctx else "freqopt"
+        click.echo(f"freqopt: error: {e.format_message()} (see `{cmd} --help`)", err=True)
+        return 2
+    except click.Abort:
+        click.echo("freqopt: interrupted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("freqopt: interrupted; finished studies are kept in the storage", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Clock tables: the portable result of a search, as versioned JSON (and a CSV view for people).
+
+A table holds the GPU type and its clock lists, the workload it was searched on, the granularity and slowdown
+budget, one entry per tuning unit (its kernel-class signature, kind and arithmetic intensity, and the setting),
+predicted and validated time and energy against the default, and provenance (storage, studies, cost).
+Files are written atomically (a temporary file renamed over the target), so a reader never sees half a table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from freqopt import __version__
+from freqopt.errors import ClockTableError, OutputError
+from freqopt.gpus import GPUSpec
+
+__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "table_from_result", "write_table",
+           "write_table_csv", "load_table", "atomic_write_text"]
+
+SCHEMA_NAME = "freqopt.clock-table"
+SCHEMA_VERSION = 1
+
+_number = {"type": "number"}
+_time_energy = {
+    "type": "object",
+    "required": ["time_s", "energy_j"],
+    "properties": {"time_s": _number, "energy_j": _number},
+}
+CLOCK_TABLE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["schema", "schema_version", "gpu", "workload", "granularity", "max_slowdown", "entries",
+                 "baseline", "predicted", "validated", "provenance"],
+    "properties": {
+        "schema": {"const": SCHEMA_NAME},
+        "schema_version": {"type": "integer"},
+        "gpu": {
+            "type": "object",
+            "required": ["name", "sm_clocks_mhz", "mem_clocks_mhz"],
+            "properties": {
+                "name": {"type": "string"},
+                "sm_clocks_mhz": {"type": "array", "items": {"type": "integer"}},
+                "mem_clocks_mhz": {"type": "array", "items": {"type": "integer"}},
+            },
+        },
+        "workload": {"type": "object", "required": ["model"]},
+        "granularity": {"enum": ["power-cap", "iteration", "pass", "kernel"]},
+        "max_slowdown": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+        "entries": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["unit", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w"],
+                "properties": {
+                    "unit": {"type": "string"},
+                    "kind": {"type": ["string", "null"]},
+                    "signature": {"type": ["string", "null"]},
+                    "arithmetic_intensity": {"type": ["number", "null"]},
+                    "n_kernels": {"type": "integer", "minimum": 1},
+                    "sm_clock_mhz": {"type": ["integer", "null"]},
+                    "mem_clock_mhz": {"type": ["integer", "null"]},
+                    "power_limit_w": {"type": ["number", "null"]},
+                },
+            },
+        },
+        "baseline": _time_energy,
+        "predicted": _time_energy,
+        "validated": _time_energy,
+        "provenance": {"type": "object"},
+    },
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ClockTable:
+    """A loaded, validated clock table; ``data`` is the JSON document."""
+
+    data: dict[str, Any]
+
+    @property
+    def gpu(self) -> str:
+        return self.data["gpu"]["name"]
+
+    @property
+    def granularity(self) -> str:
+        return self.data["granularity"]
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        return self.data["entries"]
+
+
+def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, seed: int) -> ClockTable:
+    """Build the clock table of one granularity of a SearchResult."""
+    r = result.results[granularity]
+    trace = result.trace
+    w = trace.workload
+    entries = []
+    for unit, setting in r.units:
+        kernels = unit.kernels(trace)
+        first = kernels[0]
+        per_class = granularity == "kernel"
+        flops = sum(k.flops for k in kernels)
+        nbytes = sum(k.mem_bytes for k in kernels)
+        entries.append({
+            "unit": unit.name,
+            "kind": first.kind if per_class else None,
+            "signature": first.signature if per_class else None,
+            "arithmetic_intensity": (flops / nbytes) if nbytes else None,
+            "n_kernels": len(kernels),
+            "sm_clock_mhz": setting.sm_clock_mhz,
+            "mem_clock_mhz": setting.mem_clock_mhz,
+            "power_limit_w": setting.power_limit_w,
+        })  # fmt: skip
+    base = result.baseline
+
+    def rel(m) -> dict[str, float]:
+        return {"time_s": m.time_s, "energy_j": m.energy_j,
+                "energy_saved_pct": 100 * (1 - m.energy_j / base.energy_j),
+                "slowdown_pct": 100 * (m.time_s / base.time_s - 1)}  # fmt: skip
+
+    predicted = {"time_s": r.predicted.time_s, "energy_j": r.predicted.energy_j,
+                 "energy_saved_pct": result.predicted_energy_saved_pct(granularity),
+                 "baseline_time_s": r.predicted_baseline.time_s,
+                 "baseline_energy_j": r.predicted_baseline.energy_j}  # fmt: skip
+    data = {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "gpu": {"name": spec.name, "marketing_name": spec.marketing_name, "sm_clocks_mhz": list(spec.sm_clocks_mhz),
+                "mem_clocks_mhz": list(spec.mem_clocks_mhz), "power_limit_default_w": spec.power_limit_default_w},
+        "workload": {"model": w.model, "n_layers": w.config.n_layers, "d_model": w.config.d_model,
+                     "n_heads": w.config.n_heads, "seq_len": w.config.seq_len, "micro_batch_size": w.micro_batch_size,
+                     "layout": {"dp": 1, "tp": 1}},
+        "granularity": granularity,
+        "max_slowdown": result.max_slowdown,
+        "entries": entries,
+        "baseline": {"time_s": base.time_s, "energy_j": base.energy_j},
+        "predicted": predicted,
+        "validated": rel(r.validated),
+        "provenance": {
+            "freqopt_version": __version__,
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "backend": backend,
+            "seed": seed,
+            "storage": result.storage,
+            "studies": r.study_names,
+            "n_measurements": r.n_measurements,
+            "search_cost_gpu_s": r.search_cost_gpu_s,
+        },
+    }  # fmt: skip
+    return ClockTable(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and an atomic rename.
+
+    Raises:
+        OutputError: the folder cannot be written.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", newline="") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}; choose a writable path") from e
+
+
+def write_table(table: ClockTable, path: str | Path) -> Path:
+    """Write the table as JSON, atomically. Returns the path."""
+    text = json.dumps(table.data, indent=1)
+    # Keep number lists (clock lists) on one line each, so the file reads entry by entry.
+    text = re.sub(r"\[\s*([-0-9.,\s]+?)\s*\]", lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",") + "]", text)
+    atomic_write_text(path, text + "\n")
+    return Path(path)
+
+
+def write_table_csv(table: ClockTable, path: str | Path) -> Path:
+    """Write the CSV view (one row per tuning unit), atomically. Returns the path."""
+    buf = io.StringIO()
+    columns = ["unit", "kind", "n_kernels", "arithmetic_intensity", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w"]
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for entry in table.entries:
+        writer.writerow(entry)
+    atomic_write_text(path, buf.getvalue())
+    return Path(path)
+
+
+def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
+    """Read and validate a clock table.
+
+    Args:
+        path: the JSON file.
+        spec: if given, the GPU the table will be applied to: the table must be for this GPU type and all its
+            clocks and power limits must be supported.
+
+    Raises:
+        ClockTableError: unreadable, not JSON, not a freqopt clock table, another schema version, another GPU
+            type, or settings the GPU does not support.
+    """
+    import jsonschema
+
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ClockTableError(f"cannot read clock table {path}: {e.strerror or e}") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClockTableError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); re-export it with freqopt") from e
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA_NAME:
+        raise ClockTableError(f"{path} is not a freqopt clock table (no \"schema\": \"{SCHEMA_NAME}\")")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ClockTableError(
+            f"{path} has clock-table schema version {data.get('schema_version')!r}; this freqopt reads version "
+            f"{SCHEMA_VERSION}: re-export it with this freqopt version"
+        )
+    try:
+        jsonschema.validate(data, CLOCK_TABLE_SCHEMA)
+    except jsonschema.ValidationError as e:
+        where = "/".join(map(str, e.absolute_path)) or "top level"
+        raise ClockTableError(f"{path} is a corrupt clock table ({where}: {e.message})") from e
+    table = ClockTable(data)
+    if spec is not None:
+        if table.gpu != spec.name:
+            raise ClockTableError(
+                f"{path} was searched on {table.gpu}, not {spec.name}; search again on {spec.name}"
+            )
+        for entry in table.entries:
+            sm, mem, power = entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"]
+            if (sm is not None or mem is not None) and not spec.supports(
+                sm or spec.max_sm_clock_mhz, mem or spec.max_mem_clock_mhz
+            ):
+                raise ClockTableError(
+                    f"{path}: unit {entry['unit'][:60]!r} sets SM {sm} MHz / memory {mem} MHz, which {spec.name} "
+                    "does not support"
+                )
+            if power is not None and not spec.power_limit_min_w <= power <= spec.power_limit_max_w:
+                raise ClockTableError(f"{path}: power limit {power} W is outside {spec.name}'s range")
+    return table
