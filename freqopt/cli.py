@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -55,6 +54,13 @@ def _check_writable_file(path: Path) -> None:
         raise OutputError(f"cannot write --json {path}: {parent} is not a writable directory")
 
 
+def _stdout_console():
+    """A rich console for tables: the terminal's width, or 160 columns when output goes to a file or pipe."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
 def _model_options(f):
     f = click.option("--n-heads", type=int, default=None, help="Override the number of attention heads.")(f)
     f = click.option("--seq-len", type=int, default=None, help="Override the sequence length (tokens).")(f)
@@ -72,7 +78,6 @@ def cli() -> None:
 @_model_options
 def models(micro_batch_size, seq_len, n_heads) -> None:
     """List the models, with parameter counts computed from the PyTorch modules."""
-    from rich.console import Console
     from rich.table import Table
 
     from freqopt.models import count_parameters, get_workload, list_models
@@ -84,13 +89,12 @@ def models(micro_batch_size, seq_len, n_heads) -> None:
         c = w.config
         table.add_row(name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len),
                       f"{count_parameters(c) / 1e6:,.1f} M")  # fmt: skip
-    Console().print(table)
+    _stdout_console().print(table)
 
 
 @cli.command()
 def gpus() -> None:
     """List the GPU types in search_spaces/."""
-    from rich.console import Console
     from rich.table import Table
 
     from freqopt.gpus import DEFAULT_GPU, get_gpu, list_gpus
@@ -105,7 +109,7 @@ def gpus() -> None:
             f"{g.power_limit_min_w:g}-{g.power_limit_max_w:g} (default {g.power_limit_default_w:g})",
             f"{g.tensor_peak_flops / 1e12:,.0f}",
         )  # fmt: skip
-    Console().print(table)
+    _stdout_console().print(table)
 
 
 @cli.command()
@@ -201,7 +205,7 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
             "n_settings": r.n_settings, "n_measurements": r.n_measurements,
             "search_cost_gpu_s": r.search_cost_gpu_s, "table": str(paths[g]),
         }  # fmt: skip
-    Console(width=max(160, shutil.get_terminal_size().columns)).print(rich_table)
+    _stdout_console().print(rich_table)
     console.print(f"done in {time.monotonic() - started:.0f} s; studies in {config.storage}")
     if json_path:
         atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")

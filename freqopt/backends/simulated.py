@@ -8,7 +8,8 @@ Time of a kernel at SM clock f and memory clock m (roofline with partial overlap
     t_dram  = bytes / (bandwidth(m) * mem_efficiency)
     t       = (t_sm^p + t_dram^p)^(1/p) + t_fixed
 
-Power while it runs (PowerModel, CMOS P ~ C V^2 f with activity factors u_sm = t_sm / t, u_mem = t_dram / t)::
+Power while it runs (PowerModel, CMOS P ~ C V^2 f with activity factors u_sm = t_flops / t for arithmetic, and
+u_mem = t_dram / t for memory traffic, whose power sits in the memory term)::
 
     P = p_const + p_leak V + (p_sm_clock + p_sm_active u_sm) V^2 f/f_max + (p_mem_clock + p_mem_active u_mem) m/m_max
 
@@ -62,7 +63,7 @@ class KernelPhysics:
         t_dram = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1)
         t_busy = (t_sm**p + t_dram**p) ** (1 / p)  # (K, F)
         self.time_s = t_busy + spec.kernel_fixed_s  # (K, F)
-        u_sm = t_sm / self.time_s
+        u_sm = t_flops / self.time_s
         u_mem = t_dram / self.time_s
         pm = spec.power_model
         v = voltage_rel(spec, f)  # (1, F)

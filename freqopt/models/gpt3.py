@@ -31,18 +31,23 @@ class GPTConfig:
     bias: bool = True  # GPT-2/GPT-3 linear layers and layer norms carry biases
     ffn_mult: int = 4  # d_ff = 4 d_model (Table 2.1)
 
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads {self.n_heads} does not divide d_model {self.d_model}")
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
 
-# Table 2.1 of Brown et al. 2020. The table prints d_model 5140 for 13B, which 40 heads of 128 do not divide;
-# 5120 = 40 x 128 is the width the model was trained with.
+# Table 2.1 of Brown et al. 2020. Two rows of the table do not multiply out, and d_head is kept:
+# XL prints 24 heads of 128 for d_model 2048 (24 x 128 = 3072): 16 heads of 128, as llm.c and Spaan et al. 2026 run it;
+# 13B prints d_model 5140 with 40 heads of 128: 5120 = 40 x 128.
 GPT3_CONFIGS: dict[str, GPTConfig] = {
     "gpt3-small": GPTConfig(n_layers=12, d_model=768, n_heads=12),
     "gpt3-medium": GPTConfig(n_layers=24, d_model=1024, n_heads=16),
     "gpt3-large": GPTConfig(n_layers=24, d_model=1536, n_heads=16),
-    "gpt3-xl": GPTConfig(n_layers=24, d_model=2048, n_heads=24),
+    "gpt3-xl": GPTConfig(n_layers=24, d_model=2048, n_heads=16),
     "gpt3-2.7b": GPTConfig(n_layers=32, d_model=2560, n_heads=32),
     "gpt3-6.7b": GPTConfig(n_layers=32, d_model=4096, n_heads=32),
     "gpt3-13b": GPTConfig(n_layers=40, d_model=5120, n_heads=40),

@@ -126,15 +126,34 @@ def _mean(ms: list[Measurement]) -> Measurement:
     )
 
 
+def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
+    per_kernel = [DEFAULT_SETTING] * len(trace)
+    for unit, setting in unit_settings:
+        for k in unit.kernel_indices:
+            per_kernel[k] = setting
+    return per_kernel
+
+
 def _measure_iteration(backend: Backend, trace: Trace, settings: list[ClockSetting], repeats: int, key: str):
     return _mean([backend.measure_schedule(trace.kernels, settings, key=key) for _ in range(repeats)])
 
 
 def _search_granularity(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, baseline: Measurement,
-    on_unit: Callable[[str, int, int], None] | None,
+    on_unit: Callable[[str, int, int], None] | None, coarser: GranularityResult | None = None,
+    validations: dict[tuple[ClockSetting, ...], Measurement] | None = None,
 ) -> GranularityResult:  # fmt: skip
+    """Search one granularity. ``coarser``: the validated result of the next coarser clock granularity; its
+    settings warm-start each unit's study and its schedule is the first candidate, so a finer granularity never
+    ends worse than a coarser one (any coarser schedule is also a finer one). ``validations``: schedules already
+    measured whole (per-kernel settings -> measurement), shared across granularities so that one schedule is
+    measured once and reported alike wherever it wins."""
+    validations = {} if validations is None else validations
     units = partition(trace, granularity)
+    inherited: list[ClockSetting | None] = [None] * len(units)
+    if coarser is not None:
+        per_kernel = _per_kernel_settings(trace, coarser.units)
+        inherited = [per_kernel[u.kernel_indices[0]] for u in units]
     space = "power" if granularity == "power-cap" else "clocks"
     two_d = space == "clocks" and len(backend.spec.mem_clocks_mhz) > 1
     n_trials = config.n_trials_2d if two_d else config.n_trials_1d
@@ -147,6 +166,7 @@ def _search_granularity(
                 backend, unit.kernels(trace), name=unit.name, study_name=f"{prefix}-{granularity}-{digest}",
                 storage=config.storage, space=space, n_trials=n_trials, finalist_repeats=config.finalist_repeats,
                 finalist_slowdown=max(0.05, 3 * config.max_slowdown), seed=config.seed,
+                warm_start=[inherited[i]] if inherited[i] not in (None, DEFAULT_SETTING) else [],
             )
         )  # fmt: skip
         if on_unit:
@@ -163,25 +183,37 @@ def _search_granularity(
     budget = (1.0 + config.max_slowdown) * predicted_base_t
     chosen, validated = [s.default for s in searches], baseline  # the defaults meet any budget
     tried: set[tuple[int, ...]] = set()
+    if coarser is not None and coarser.validated.energy_j < baseline.energy_j:
+        picks = tuple(
+            next(j for j, o in enumerate(s.options) if o.setting == (inherited[u] or DEFAULT_SETTING))
+            for u, s in enumerate(searches)
+        )
+    else:
+        picks = None
     for _ in range(config.max_validation_rounds):
-        try:
-            picks = tuple(allocate(options, budget))
-        except InvalidSettingError:  # below the fastest the units can go
-            break
+        if picks is None:
+            try:
+                picks = tuple(allocate(options, budget))
+            except InvalidSettingError:  # below the fastest the units can go
+                break
         if picks in tried:
             break
         tried.add(picks)
         candidate = [searches[u].options[j] for u, j in enumerate(picks)]
-        per_kernel = [DEFAULT_SETTING] * len(trace)
-        for unit, option in zip(units, candidate):
-            for k in unit.kernel_indices:
-                per_kernel[k] = option.setting
-        measured = _measure_iteration(backend, trace, per_kernel, config.validation_repeats, key=granularity)
-        n_meas += config.validation_repeats
-        cost += measured.cost_gpu_s
+        picks = None
+        per_kernel = _per_kernel_settings(trace, [(u, o.setting) for u, o in zip(units, candidate)])
+        schedule = tuple(per_kernel)
+        if schedule not in validations:
+            validations[schedule] = _measure_iteration(backend, trace, per_kernel, config.validation_repeats,
+                                                       key=granularity)  # fmt: skip
+            n_meas += config.validation_repeats
+            cost += validations[schedule].cost_gpu_s
+        measured = validations[schedule]
         slowdown = measured.time_s / baseline.time_s - 1.0
         if slowdown <= config.max_slowdown and measured.energy_j < validated.energy_j:
             chosen, validated = candidate, measured
+        if len(tried) == 1 and coarser is not None and coarser.validated.energy_j < baseline.energy_j:
+            continue  # the inherited schedule was the first candidate; now the allocator's
         if abs(slowdown - config.max_slowdown) <= 0.1 * max(config.max_slowdown, 0.001):
             break
         budget *= (1.0 + config.max_slowdown) / (1.0 + slowdown)
@@ -219,9 +251,14 @@ def run_search(
     baseline = _measure_iteration(
         backend, trace, [DEFAULT_SETTING] * len(trace), config.validation_repeats, key="baseline"
     )
-    results = {
-        g: _search_granularity(trace, backend, config, g, baseline, on_unit)
-        for g in GRANULARITIES
-        if g in config.granularities
-    }
+    results: dict[str, GranularityResult] = {}
+    coarser = None
+    validations = {tuple([DEFAULT_SETTING] * len(trace)): baseline}
+    for g in GRANULARITIES:
+        if g in config.granularities:
+            results[g] = _search_granularity(trace, backend, config, g, baseline, on_unit,
+                                             coarser=coarser if g != "power-cap" else None,
+                                             validations=validations)  # fmt: skip
+            if g != "power-cap":
+                coarser = results[g]
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage)

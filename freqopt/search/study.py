@@ -116,6 +116,16 @@ class _Objective:
         return Option(setting, float(t), float(e), len(self.samples[setting]))
 
 
+def _params(setting: ClockSetting, backend: Backend, space: str) -> dict:
+    """enqueue_trial parameters of a setting."""
+    if space == "power":
+        return {"power_limit_w": int(round(setting.power_limit_w))}
+    point = {"sm_clock_mhz": setting.sm_clock_mhz}
+    if len(backend.spec.mem_clocks_mhz) > 1:
+        point["mem_clock_mhz"] = setting.mem_clock_mhz
+    return point
+
+
 def _warm_start_points(backend: Backend, space: str) -> list[dict]:
     """The highest setting and three below it (90 %, 75 %, 60 % of the range), as enqueue_trial parameters."""
     spec = backend.spec
@@ -146,6 +156,7 @@ def search_unit(
     finalist_repeats: int = 2,
     finalist_slowdown: float = 0.05,
     seed: int = 0,
+    warm_start: Sequence[ClockSetting] = (),
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -160,6 +171,8 @@ def search_unit(
         finalist_repeats: extra measurements of each Pareto point within ``finalist_slowdown`` of the default.
         finalist_slowdown: fractional slowdown, relative to the default, below which Pareto points are finalists.
         seed: the sampler's seed.
+        warm_start: settings known to be good (a coarser granularity's choice, a previous table): enqueued first
+            and always offered to the allocator.
 
     Returns:
         UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
@@ -167,7 +180,7 @@ def search_unit(
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}")
     objective = _Objective(backend, kernels, name, space)
-    warm = _warm_start_points(backend, space)
+    warm = [_params(s, backend, space) for s in warm_start] + _warm_start_points(backend, space)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=len(warm), deterministic_objective=False)
@@ -188,6 +201,10 @@ def search_unit(
             study.optimize(objective, n_trials=n_trials - done, gc_after_trial=False)
         complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         pareto = {ClockSetting(*t.user_attrs["setting"]) for t in _pareto_front(complete)}
+        for setting in warm_start:
+            if not objective.samples[setting]:  # enqueued in an earlier run that stopped before measuring it
+                objective.measure(setting)
+            pareto.add(setting)
 
     default_t, default_e = objective.measure(DEFAULT_SETTING)
     for _ in range(finalist_repeats):

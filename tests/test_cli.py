@@ -1,0 +1,80 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from freqopt.cli import main, parse_slowdown
+from freqopt.errors import InvalidSettingError
+from freqopt.tables import load_table
+
+
+@pytest.mark.parametrize("text,value", [("1%", 0.01), ("0.01", 0.01), ("2.5 %", 0.025), ("0", 0.0), ("99%", 0.99)])
+def test_parse_slowdown(text, value):
+    assert parse_slowdown(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["abc", "-5%", "100%", "1", "1.5", "", "5%%", "nan"])
+def test_parse_slowdown_refuses(text):
+    with pytest.raises(InvalidSettingError, match="max-slowdown"):
+        parse_slowdown(text)
+
+
+BAD = [
+    (["--model", "gpt4", "--max-slowdown", "1%"], "unknown model"),
+    (["--model", "gpt3-small", "--max-slowdown", "abc"], "not a slowdown"),
+    (["--model", "gpt3-small", "--max-slowdown", "-5%"], "negative"),
+    (["--model", "gpt3-small", "--max-slowdown", "100%"], "outside"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--gpu", "rtx9090"], "unknown GPU"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "layer"], "unknown granularity"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--n-heads", "7"], "does not divide"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--backend", "tpu"], "unknown backend"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "--trials"),
+    (["--model", "gpt3-small"], "Missing option"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--bogus"], "No such option"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD)
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(args, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["search", *args, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1 and err.startswith("freqopt: error:") and message in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_unwritable_out_dir(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--out", str(blocker / "sub")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write" in err and len(err.strip().splitlines()) == 1
+
+
+def test_models_and_gpus_list(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt3-175b" in out and "174,604.3 M" in out
+    assert main(["gpus"]) == 0
+    assert "h100-sxm (default)" in capsys.readouterr().out
+
+
+def test_search_writes_tables_and_json(tmp_path):
+    """The installed console script, end to end, on a small configuration."""
+    out_json = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "freqopt.cli", "search", "--model", "gpt3-small", "--seq-len", "256",
+           "--micro-batch-size", "1", "--max-slowdown", "2%", "--granularity", "pass", "--trials", "6",
+           "--out", str(tmp_path), "--json", str(out_json)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "baseline (default)" in proc.stdout and "pass" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert set(data) == {"baseline", "results"} and set(data["baseline"]) == {"time_s", "energy_j"}
+    r = data["results"]["pass"]
+    assert set(r) == {"energy_saved_pct", "slowdown_pct", "predicted_energy_saved_pct", "n_settings",
+                      "n_measurements", "search_cost_gpu_s", "table"}  # fmt: skip
+    assert r["slowdown_pct"] <= 2.0
+    table = load_table(r["table"])
+    assert table.granularity == "pass" and (tmp_path / "freqopt.db").exists()

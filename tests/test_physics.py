@@ -1,0 +1,90 @@
+"""The simulated GPU's physics (design.md section 3)."""
+
+import numpy as np
+import pytest
+
+from freqopt.backends.base import ClockSetting
+from freqopt.backends.simulated import KernelPhysics, SimulatedGPU
+from freqopt.gpus import get_gpu
+from freqopt.trace import Kernel
+
+H100 = get_gpu("h100-sxm")
+N = 8192
+GEMM = Kernel("aten.mm", "gemm", "forward", 2.0 * N**3, 3.0 * N * N * 2, "bfloat16", ((N, N), (N, N)), True)
+COPY = Kernel("aten.add", "elementwise", "forward", 0.0, 3 * 2.0 * 2**28, "bfloat16", ((2**28,), (2**28,)))
+
+
+def physics(kernel, spec=H100):
+    return KernelPhysics(spec, [kernel], np.array([spec.max_mem_clock_mhz]))
+
+
+def at(spec, clock):
+    return spec.sm_clocks_mhz.index(clock)
+
+
+def test_memory_bound_time_barely_moves_with_sm_clock():
+    p = physics(COPY)
+    t_max, t_lower = p.time_s[0, -1], p.time_s[0, at(H100, 1200)]
+    assert t_lower / t_max < 1.03  # 40 % lower clock, under 3 % slower
+
+
+def test_compute_bound_time_scales_with_sm_clock():
+    p = physics(GEMM)
+    ratio = p.time_s[0, at(H100, 990)] / p.time_s[0, at(H100, 1980)]
+    assert ratio == pytest.approx(2.0, rel=0.05)
+
+
+def test_power_rises_with_clock_and_activity():
+    for kernel in (GEMM, COPY):
+        power = physics(kernel).power_w[0]
+        assert np.all(np.diff(power) > 0)
+    assert physics(GEMM).power_w[0, -1] > physics(COPY).power_w[0, -1]
+
+
+def test_memory_clock_matters_for_memory_bound_kernels():
+    g = get_gpu("rtx3080ti")
+    fast = KernelPhysics(g, [COPY], np.array([9501.0])).time_s[0, -1]
+    slow = KernelPhysics(g, [COPY], np.array([5001.0])).time_s[0, -1]
+    assert slow / fast == pytest.approx(9501 / 5001, rel=0.05)
+
+
+def test_lowering_sm_clock_saves_energy_on_memory_bound_kernels():
+    e = physics(COPY).energy_j[0]
+    assert e[at(H100, 1200)] < 0.85 * e[-1]
+
+
+def test_power_limit_throttles_dense_gemm():
+    """An H200-class GPU at 700 W cannot hold its top clock on dense GEMM (published.md: ~1500 MHz sustained)."""
+    sim = SimulatedGPU(H100, noise=False)
+    _, _, clocks = sim.run([GEMM] * 50, [ClockSetting()] * 50, loop=True)
+    assert 1400 <= clocks.mean() <= 1600
+    m = sim.true_measure([GEMM] * 50, ClockSetting())
+    assert m.avg_power_w <= H100.power_limit_default_w + 1e-6
+    capped = sim.true_measure([GEMM] * 50, ClockSetting(power_limit_w=400))
+    assert capped.avg_power_w <= 400 + 1e-6 and capped.time_s > m.time_s
+
+
+def test_memory_bound_kernel_is_not_throttled():
+    sim = SimulatedGPU(H100, noise=False)
+    _, _, clocks = sim.run([COPY], [ClockSetting()], loop=True)
+    assert clocks[0] == H100.max_sm_clock_mhz
+
+
+def test_measurements_are_deterministic_per_seed_and_noisy_about_half_a_percent():
+    kernels = [COPY] * 4
+    a = [SimulatedGPU(H100, seed=1).measure(kernels, ClockSetting(), key="u") for _ in range(2)]
+    b = [SimulatedGPU(H100, seed=1).measure(kernels, ClockSetting(), key="u") for _ in range(2)]
+    assert a == [a[0], a[1]] and [m.energy_j for m in a] == [m.energy_j for m in b]
+    sim = SimulatedGPU(H100, seed=2)
+    true = sim.true_measure(kernels, ClockSetting()).energy_j
+    samples = np.array([sim.measure(kernels, ClockSetting(), key="u").energy_j for _ in range(400)]) / true
+    assert abs(samples.mean() - 1) < 0.002
+    assert 0.003 < samples.std() < 0.008
+    assert sim.measure(kernels, ClockSetting(), key="u").cost_gpu_s > 0
+
+
+def test_unsupported_clock_is_refused():
+    from freqopt.errors import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError):
+        SimulatedGPU(H100).measure([COPY], ClockSetting(sm_clock_mhz=1234))

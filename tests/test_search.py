@@ -1,0 +1,77 @@
+import pytest
+
+from freqopt.backends.simulated import SimulatedGPU
+from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.gpus import get_gpu
+from freqopt.search import GRANULARITIES, SearchConfig, partition, run_search, search_unit
+
+
+def test_partition(small_trace):
+    assert [u.name for u in partition(small_trace, "pass")] == ["forward", "backward", "optimizer"]
+    assert len(partition(small_trace, "iteration")[0].kernel_indices) == len(small_trace)
+    kernel_units = partition(small_trace, "kernel")
+    assert len(kernel_units) == len(small_trace.kernel_classes())
+    assert sorted(i for u in kernel_units for i in u.kernel_indices) == list(range(len(small_trace)))
+    with pytest.raises(UnknownNameError):
+        partition(small_trace, "layer")
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.0, 2.0])
+def test_config_refuses_bad_slowdown(bad):
+    with pytest.raises(InvalidSettingError):
+        SearchConfig(max_slowdown=bad)
+
+
+@pytest.fixture(scope="module")
+def result(small_trace):
+    config = SearchConfig(max_slowdown=0.02, n_trials_1d=8)
+    return run_search(small_trace, SimulatedGPU(get_gpu("h100-sxm"), seed=3), config)
+
+
+def test_every_granularity_is_validated_within_budget(result):
+    assert list(result.results) == list(GRANULARITIES)
+    for g in GRANULARITIES:
+        assert result.slowdown_pct(g) <= 2.0 + 1e-9
+        assert result.energy_saved_pct(g) >= 0.0
+        r = result.results[g]
+        assert r.n_measurements > 0 and r.search_cost_gpu_s > 0
+
+
+def test_finer_granularity_saves_more(result):
+    assert result.energy_saved_pct("kernel") > result.energy_saved_pct("pass") > 0
+
+
+def test_same_seed_same_result(small_trace, result):
+    again = run_search(small_trace, SimulatedGPU(get_gpu("h100-sxm"), seed=3),
+                       SearchConfig(max_slowdown=0.02, n_trials_1d=8))
+    for g in GRANULARITIES:
+        assert again.results[g].units == result.results[g].units
+        assert again.results[g].validated == result.results[g].validated
+
+
+def test_resumed_study_measures_nothing_again(small_trace, tmp_path):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    kernels = partition(small_trace, "pass")[0].kernels(small_trace)
+    spec = get_gpu("h100-sxm")
+    args = dict(name="forward", study_name="fwd", storage=storage, n_trials=8, finalist_repeats=0)
+    first = search_unit(SimulatedGPU(spec, seed=0), kernels, **args)
+    second = search_unit(SimulatedGPU(spec, seed=0), kernels, **args)
+    assert first.n_measurements >= 5
+    assert second.n_measurements == 1  # only the default, which is not stored
+    assert {o.setting for o in second.options} == {o.setting for o in first.options}
+
+
+@pytest.mark.slow
+def test_main_job_done_criterion(tmp_path):
+    """The issue's criterion on the README's main command: kernel > pass >= iteration, each within 1 % validated."""
+    import json
+
+    from freqopt.cli import main
+
+    out = tmp_path / "out.json"
+    assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--out", str(tmp_path), "--json",
+                 str(out)]) == 0  # fmt: skip
+    res = json.loads(out.read_text())["results"]
+    assert res["kernel"]["energy_saved_pct"] > res["pass"]["energy_saved_pct"] >= res["iteration"]["energy_saved_pct"]
+    for g in res.values():
+        assert g["slowdown_pct"] <= 1.0
