@@ -146,11 +146,18 @@ class GPUSpec:
 
 
 def search_spaces_dir() -> Path:
-    """Folder of the GPU TOML files: $FREQOPT_SEARCH_SPACES, else search_spaces/ of the source tree."""
+    """Folder of the GPU TOML files: $FREQOPT_SEARCH_SPACES, else search_spaces/ of the source tree, else the
+    copy installed with the package (freqopt.search_spaces)."""
     env = os.environ.get("FREQOPT_SEARCH_SPACES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "search_spaces"
+    source_tree = Path(__file__).resolve().parent.parent / "search_spaces"
+    if source_tree.is_dir():
+        return source_tree
+    from importlib.util import find_spec
+
+    spec = find_spec("freqopt.search_spaces")  # a namespace package: data only, no __init__.py
+    return Path(list(spec.submodule_search_locations)[0]) if spec else source_tree
 
 
 def list_gpus() -> list[str]:
