@@ -176,35 +176,18 @@ def _search_granularity(
     predicted_base_e = sum(s.default.energy_j for s in searches)
     n_meas = sum(s.n_measurements for s in searches)
     cost = sum(s.cost_gpu_s for s in searches)
-    # The allocator's budget is relative to its own model of the iteration (the sum of the units' defaults, each
-    # measured alone), then calibrated by validation: units measured alone do not add up exactly to the iteration
-    # (the power limit averages power over neighbouring kernels), so the budget is moved by the validated
-    # overshoot or slack (a secant step on validated slowdown) and the best schedule that meets the budget wins.
-    budget = (1.0 + config.max_slowdown) * predicted_base_t
     chosen, validated = [s.default for s in searches], baseline  # the defaults meet any budget
     tried: set[tuple[int, ...]] = set()
-    if coarser is not None and coarser.validated.energy_j < baseline.energy_j:
-        picks = tuple(
-            next(j for j, o in enumerate(s.options) if o.setting == (inherited[u] or DEFAULT_SETTING))
-            for u, s in enumerate(searches)
-        )
-    else:
-        picks = None
-    for _ in range(config.max_validation_rounds):
-        if picks is None:
-            try:
-                picks = tuple(allocate(options, budget))
-            except InvalidSettingError:  # below the fastest the units can go
-                break
-        if picks in tried:
-            break
+
+    def evaluate(picks: tuple[int, ...]) -> float:
+        """Validate one option per unit on the whole iteration (once per schedule); keep it if it is the best
+        within budget. Returns the validated slowdown."""
+        nonlocal chosen, validated, n_meas, cost
         tried.add(picks)
         candidate = [searches[u].options[j] for u, j in enumerate(picks)]
-        picks = None
-        per_kernel = _per_kernel_settings(trace, [(u, o.setting) for u, o in zip(units, candidate)])
-        schedule = tuple(per_kernel)
+        schedule = tuple(_per_kernel_settings(trace, [(u, o.setting) for u, o in zip(units, candidate)]))
         if schedule not in validations:
-            validations[schedule] = _measure_iteration(backend, trace, per_kernel, config.validation_repeats,
+            validations[schedule] = _measure_iteration(backend, trace, list(schedule), config.validation_repeats,
                                                        key=granularity)  # fmt: skip
             n_meas += config.validation_repeats
             cost += validations[schedule].cost_gpu_s
@@ -212,8 +195,26 @@ def _search_granularity(
         slowdown = measured.time_s / baseline.time_s - 1.0
         if slowdown <= config.max_slowdown and measured.energy_j < validated.energy_j:
             chosen, validated = candidate, measured
-        if len(tried) == 1 and coarser is not None and coarser.validated.energy_j < baseline.energy_j:
-            continue  # the inherited schedule was the first candidate; now the allocator's
+        return slowdown
+
+    if coarser is not None and coarser.validated.energy_j < baseline.energy_j:
+        evaluate(tuple(
+            next(j for j, o in enumerate(s.options) if o.setting == (inherited[u] or DEFAULT_SETTING))
+            for u, s in enumerate(searches)
+        ))  # fmt: skip
+    # The allocator's budget is relative to its own model of the iteration (the sum of the units' defaults, each
+    # measured alone), then calibrated by validation: units measured alone do not add up exactly to the iteration
+    # (the power limit averages power over neighbouring kernels), so the budget is moved by the validated
+    # overshoot or slack (a secant step on validated slowdown) and the best schedule that meets the budget wins.
+    budget = (1.0 + config.max_slowdown) * predicted_base_t
+    for _ in range(config.max_validation_rounds):
+        try:
+            picks = tuple(allocate(options, budget))
+        except InvalidSettingError:  # below the fastest the units can go
+            break
+        if picks in tried:
+            break
+        slowdown = evaluate(picks)
         if abs(slowdown - config.max_slowdown) <= 0.1 * max(config.max_slowdown, 0.001):
             break
         budget *= (1.0 + config.max_slowdown) / (1.0 + slowdown)
