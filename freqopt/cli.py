@@ -38,6 +38,8 @@ def parse_slowdown(text: str) -> float:
 
 
 def _check_writable_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"--out {path} is a file; give a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".freqopt-write-check-"):
@@ -131,6 +133,7 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     from freqopt.gpus import DEFAULT_GPU, get_gpu
     from freqopt.models import get_workload
     from freqopt.search import GRANULARITIES, SearchConfig
+    from freqopt.search.runner import open_storage
     from freqopt.search.units import check_granularity
 
     # Validate everything before any work or any file is touched.
@@ -138,16 +141,17 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads)
     spec = get_gpu(gpu or DEFAULT_GPU)
     granularities = GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
-    out = Path(out_dir)
-    _check_writable_dir(out)
-    if json_path:
-        _check_writable_file(Path(json_path))
-    storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
     if trials is not None and trials < 1:
         raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
+    measuring = get_backend(backend, spec, seed=seed)
+    out = Path(out_dir)
+    if json_path:
+        _check_writable_file(Path(json_path))
+    _check_writable_dir(out)
+    storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
+    open_storage(storage)  # a bad URL fails here, before any work
     counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
     config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage, **counts)
-    measuring = get_backend(backend, spec, seed=seed)
     _run_search(workload, spec, measuring, config, backend, out, json_path)
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "InvalidSettingError",
     "ClockTableError",
     "OutputError",
+    "StorageError",
     "GPUPermissionError",
 ]
 
@@ -35,6 +36,10 @@ class ClockTableError(FreqoptError):
 
 class OutputError(FreqoptError):
     """An output directory or file that cannot be written."""
+
+
+class StorageError(FreqoptError):
+    """An Optuna storage URL that cannot be opened."""
 
 
 class GPUPermissionError(FreqoptError):

@@ -30,6 +30,9 @@ BAD = [
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--n-heads", "7"], "does not divide"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--backend", "tpu"], "unknown backend"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "--trials"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "foo://bar"], "cannot open Optuna storage"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "sqlite:////no/such/dir/x.db"],
+     "cannot open Optuna storage"),
     (["--model", "gpt3-small"], "Missing option"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--bogus"], "No such option"),
 ]
@@ -43,6 +46,13 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(args, message, tmp_pat
     assert code != 0
     assert len(err.splitlines()) == 1 and err.startswith("freqopt: error:") and message in err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_out_is_a_file(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("keep")
+    assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--out", str(blocker)]) == 2
+    assert "is a file" in capsys.readouterr().err and blocker.read_text() == "keep"
 
 
 def test_unwritable_out_dir(tmp_path, capsys):

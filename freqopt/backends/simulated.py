@@ -35,7 +35,7 @@ from freqopt.trace import Kernel
 __all__ = ["SimulatedGPU", "KernelPhysics"]
 
 ENERGY_NOISE_REL = 0.005  # run-to-run spread of an energy reading (design.md section 3)
-TIME_NOISE_REL = 0.002  # run-to-run spread of a CUDA-event timing of a replay loop
+TIME_NOISE_REL = 0.002  # run-to-run spread of a CUDA-event timing of a replay loop (assumed: timing is steadier than energy)
 ENERGY_COUNTER_RESOLUTION_J = 1e-3  # nvmlDeviceGetTotalEnergyConsumption counts mJ
 CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
 

@@ -15,13 +15,33 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import InvalidSettingError, StorageError
 from freqopt.search.allocate import allocate
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, partition
 from freqopt.trace import Trace
 
-__all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix"]
+__all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage"]
+
+
+def open_storage(url: str | None):
+    """The Optuna storage at ``url`` (optuna.storages.get_storage; None: in memory), opened once and shared by
+    every study of a search.
+
+    Raises:
+        StorageError: the URL cannot be opened (unknown scheme, missing folder, unreachable server).
+    """
+    import optuna
+
+    if url is None:
+        return None
+    try:
+        return optuna.storages.get_storage(url)
+    except Exception as e:  # SQLAlchemy and the drivers raise many kinds; all mean "cannot open"
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise StorageError(
+            f"cannot open Optuna storage {url!r} ({reason}); give a URL like sqlite:///path/to/freqopt.db"
+        ) from e
 
 
 @dataclass(frozen=True)
@@ -141,7 +161,7 @@ def _measure_iteration(backend: Backend, trace: Trace, settings: list[ClockSetti
 def _search_granularity(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, baseline: Measurement,
     on_unit: Callable[[str, int, int], None] | None, coarser: GranularityResult | None = None,
-    validations: dict[tuple[ClockSetting, ...], Measurement] | None = None,
+    validations: dict[tuple[ClockSetting, ...], Measurement] | None = None, storage=None,
 ) -> GranularityResult:  # fmt: skip
     """Search one granularity. ``coarser``: the validated result of the next coarser clock granularity; its
     settings warm-start each unit's study and its schedule is the first candidate, so a finer granularity never
@@ -164,7 +184,7 @@ def _search_granularity(
         searches.append(
             search_unit(
                 backend, unit.kernels(trace), name=unit.name, study_name=f"{prefix}-{granularity}-{digest}",
-                storage=config.storage, space=space, n_trials=n_trials, finalist_repeats=config.finalist_repeats,
+                storage=storage, space=space, n_trials=n_trials, finalist_repeats=config.finalist_repeats,
                 finalist_slowdown=max(0.05, 3 * config.max_slowdown), seed=config.seed,
                 warm_start=[inherited[i]] if inherited[i] not in (None, DEFAULT_SETTING) else [],
             )
@@ -252,6 +272,7 @@ def run_search(
     baseline = _measure_iteration(
         backend, trace, [DEFAULT_SETTING] * len(trace), config.validation_repeats, key="baseline"
     )
+    storage = open_storage(config.storage)
     results: dict[str, GranularityResult] = {}
     coarser = None
     validations = {tuple([DEFAULT_SETTING] * len(trace)): baseline}
@@ -259,7 +280,7 @@ def run_search(
         if g in config.granularities:
             results[g] = _search_granularity(trace, backend, config, g, baseline, on_unit,
                                              coarser=coarser if g != "power-cap" else None,
-                                             validations=validations)  # fmt: skip
+                                             validations=validations, storage=storage)  # fmt: skip
             if g != "power-cap":
                 coarser = results[g]
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage)
