@@ -2,6 +2,7 @@
 
     python experiments/calibrate.py            # fit, write search_spaces/*.toml, print the residual table
     python experiments/calibrate.py --check    # only print the residuals of the committed constants
+    python experiments/calibrate.py --derive-only   # keep the fitted V100, derive the other GPU types again
 
 Writes the [power_model] block of every search_spaces/*.toml, experiments/calibration_residuals.json (the
 residuals that tests/test_calibration.py holds the committed constants to) and experiments/calibration.md.
@@ -52,14 +53,16 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="print residuals of the committed constants only")
+    parser.add_argument("--derive-only", action="store_true", help="derive the other GPUs from the committed V100 fit")
     args = parser.parse_args()
     points = cal.load_zeus_points(DATA)
     traces = {b: cal.bert_squad_trace(b) for b in sorted({p.batch_size for p in points})}
     spec = get_gpu(REFERENCE)
-    if not args.check:
+    if not args.check and not args.derive_only:
         spec = cal.fit_power_model(spec, points, traces)
         write_power_model(REFERENCE, spec.power_model,
                           "Fitted to experiments/data/zeus_v100_bert_squad.csv (method: freqopt/calibration.py).")
+    if not args.check:
         for name in list_gpus():
             if name == REFERENCE:
                 continue
@@ -77,7 +80,7 @@ def main() -> int:
     print(table(rows))
     print(f"\nmax |error|: time {worst['time_rel_error_pp']:.2f} pp, power {worst['avg_power_error_pp']:.2f} pp; "
           f"rms: time {rms['time_rel_error_pp']:.2f} pp, power {rms['avg_power_error_pp']:.2f} pp")
-    if not args.check:
+    if not args.check and not args.derive_only:
         (HERE / "calibration_residuals.json").write_text(json.dumps({"max_abs_error_pp": worst, "rms_error_pp": rms,
                                                                      "points": rows}, indent=1) + "\n")
         (HERE / "calibration.md").write_text(

@@ -47,6 +47,11 @@ FIT_PARAMETERS: dict[str, tuple[float, float]] = {
     # time still improves up to 250 W, so the limit binds on short high-power phases, not on the iteration.
     "power_window_s": (0.0005, 0.005),
 }
+# Where the fit starts, so that it is reproducible (not from whatever constants are committed): V100-scale guesses.
+FIT_INITIAL: dict[str, float] = {
+    "p_leak_w": 25.0, "p_sm_clock_w": 40.0, "p_sm_active_w": 110.0, "p_mem_clock_w": 15.0, "p_mem_active_w": 35.0,
+    "v_min_rel": 0.7, "f_knee_mhz": 900.0, "power_window_s": 0.003,
+}  # fmt: skip
 BERT_SQUAD_SEQ_LEN = 384  # HF run_qa default max_seq_length used by the Zeus SQuAD runs
 
 
@@ -118,7 +123,7 @@ def fit_power_model(spec: GPUSpec, points: list[ZeusPoint], traces: dict[int, Tr
         return [r[k] for r in rows for k in ("time_rel_error_pp", "avg_power_error_pp")]
 
     lower, upper = np.array(list(FIT_PARAMETERS.values())).T
-    x0 = np.array([np.clip(getattr(spec.power_model, k), lo, hi) for k, (lo, hi) in FIT_PARAMETERS.items()])
+    x0 = np.array([FIT_INITIAL[k] for k in FIT_PARAMETERS])
     # Finite-difference steps of 2 %: the throttled clock moves in discrete steps, so tiny steps see no slope.
     result = least_squares(fun, x0, bounds=(lower, upper), diff_step=0.02, x_scale=upper - lower, max_nfev=400)
     return _with(spec, result.x)

@@ -215,6 +215,69 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
         atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
 
 
+def parse_caps(text: str) -> list[float]:
+    """Power limits in watts from "100,150,200".
+
+    Raises:
+        InvalidSettingError: not a comma-separated list of positive numbers.
+    """
+    try:
+        caps = [float(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        caps = []
+    if not caps or any(not (c > 0) or c != c for c in caps):
+        raise InvalidSettingError(f"--caps {text!r} is not a list of watts; write it like 100,150,200,250")
+    return caps
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
+@click.option("--caps", default=None, help="Power limits in W, e.g. 100,150,200,250; default: 4 from min to default.")
+@click.option("--mode", default="train", show_default=True, help="train (one training step) or inference (one batch).")
+@click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
+@click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulated noise.")
+@_model_options
+def powercap(model, gpu, caps, mode, backend, json_path, seed, micro_batch_size, seq_len, n_heads) -> None:
+    """Measure one iteration at each power limit, relative to the GPU's default limit (McDonald et al. 2022)."""
+    from rich.table import Table
+
+    from freqopt.backends import get_backend
+    from freqopt.gpus import DEFAULT_GPU, get_gpu
+    from freqopt.models import get_workload
+    from freqopt.search.powercap import default_caps, sweep_power_caps
+    from freqopt.tables import atomic_write_text
+    from freqopt.trace import MODES, trace_iteration
+
+    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads)
+    spec = get_gpu(gpu or DEFAULT_GPU)
+    if mode not in MODES:
+        raise InvalidSettingError(f"--mode {mode!r} is not a mode; choose train or inference")
+    caps_w = parse_caps(caps) if caps is not None else default_caps(spec)
+    for cap in caps_w:
+        spec.check_power_limit(cap)
+    measuring = get_backend(backend, spec, seed=seed)
+    if json_path:
+        _check_writable_file(Path(json_path))
+    trace = trace_iteration(workload, mode)
+    base, points = sweep_power_caps(trace, measuring, caps_w)
+    table = Table("power limit (W)", "time (rel)", "energy (rel)", "avg power (W)", "time/iter (s)", "energy/iter (J)",
+                  title=f"{workload.model} {mode} on {spec.name}: relative to the default "
+                        f"{spec.power_limit_default_w:g} W limit")  # fmt: skip
+    table.add_row(f"{spec.power_limit_default_w:g} (default)", "1.000", "1.000", f"{base.avg_power_w:.1f}",
+                  f"{base.time_s:.5f}", f"{base.energy_j:.3f}")  # fmt: skip
+    for p in points:
+        table.add_row(f"{p.power_limit_w:g}", f"{p.time_rel:.3f}", f"{p.energy_rel:.3f}", f"{p.avg_power_w:.1f}",
+                      f"{p.time_s:.5f}", f"{p.energy_j:.3f}")  # fmt: skip
+    _stdout_console().print(table)
+    if json_path:
+        doc = {"baseline_power_limit_w": spec.power_limit_default_w,
+               "caps": [{"power_limit_w": p.power_limit_w, "time_rel": p.time_rel, "energy_rel": p.energy_rel,
+                         "avg_power_w": p.avg_power_w} for p in points]}  # fmt: skip
+        atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI; print freqopt and usage errors as one line and return non-zero."""
     try:

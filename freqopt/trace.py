@@ -21,7 +21,9 @@ from torch.utils.flop_counter import flop_registry
 from freqopt.models import Workload, build_model
 from freqopt.models.ops import MixedPrecisionAdamW
 
-__all__ = ["Kernel", "Trace", "trace_training_iteration", "PASSES"]
+__all__ = ["Kernel", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration", "MODES", "PASSES"]
+
+MODES = ("train", "inference")
 
 PASSES = ("forward", "backward", "optimizer")
 
@@ -193,4 +195,31 @@ def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.b
         recorder.pass_name = "optimizer"
         optimizer.step()
     n_params = sum(p.numel() for p in model.parameters())
-    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta={"n_params": n_params})
+    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta={"n_params": n_params, "mode": "train"})
+
+
+def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
+    """Kernels of one inference batch: the forward pass to logits, without gradients (on the meta device)."""
+    config = workload.config
+    model = build_model(config, dtype=dtype)
+    idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
+    recorder = _KernelRecorder()
+    with torch.no_grad(), recorder:
+        model(idx)
+    n_params = sum(p.numel() for p in model.parameters())
+    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta={"n_params": n_params, "mode": "inference"})
+
+
+def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16) -> Trace:
+    """One training step (mode "train") or one inference batch (mode "inference").
+
+    Raises:
+        UnknownNameError: unknown mode.
+    """
+    from freqopt.errors import UnknownNameError
+
+    if mode == "train":
+        return trace_training_iteration(workload, dtype=dtype)
+    if mode == "inference":
+        return trace_inference(workload, dtype=dtype)
+    raise UnknownNameError(f"unknown mode {mode!r}; choose train or inference")

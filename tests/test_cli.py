@@ -88,3 +88,30 @@ def test_search_writes_tables_and_json(tmp_path):
     assert r["slowdown_pct"] <= 2.0
     table = load_table(r["table"])
     assert table.granularity == "pass" and (tmp_path / "freqopt.db").exists()
+
+
+def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["powercap", "--model", "bert-base", "--gpu", "v100-pcie", "--seq-len", "128", "--micro-batch-size",
+                 "8", "--json", str(out)]) == 0  # fmt: skip
+    assert "250 (default)" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["baseline_power_limit_w"] == 250
+    assert [c["power_limit_w"] for c in doc["caps"]] == [100, 150, 200, 250]
+    assert set(doc["caps"][0]) == {"power_limit_w", "time_rel", "energy_rel", "avg_power_w"}
+    by_cap = {c["power_limit_w"]: c for c in doc["caps"]}
+    assert by_cap[150]["time_rel"] > 1.02 and by_cap[150]["energy_rel"] < 0.95  # capping trades time for energy
+    for c in doc["caps"]:
+        assert c["avg_power_w"] <= c["power_limit_w"] + 1e-6
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "bert-base", "--caps", "50,abc"], "not a list of watts"),
+    (["--model", "bert-base", "--gpu", "v100-pcie", "--caps", "50"], "accepts power limits 100-250 W"),
+    (["--model", "bert-base", "--mode", "eval"], "not a mode"),
+    (["--model", "bert-xxl"], "unknown model"),
+])  # fmt: skip
+def test_powercap_bad_input(args, message, capsys):
+    assert main(["powercap", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err

@@ -6,6 +6,8 @@ from freqopt.models import build_model, count_parameters, get_workload, list_mod
 from freqopt.models.ops import MixedPrecisionAdamW, flash_attention
 
 # Brown et al. 2020, Table 2.1: n_params.
+# Devlin et al. 2019 (110M, 340M) and Sanh et al. 2019 (66M).
+BERT_PARAMS = {"bert-base": 110e6, "bert-large": 340e6, "distilbert": 66e6}
 PAPER_PARAMS = {"gpt3-small": 125e6, "gpt3-medium": 350e6, "gpt3-large": 760e6, "gpt3-xl": 1.3e9,
                 "gpt3-2.7b": 2.7e9, "gpt3-6.7b": 6.7e9, "gpt3-13b": 13.0e9, "gpt3-175b": 175.0e9}
 
@@ -15,9 +17,14 @@ def test_parameter_counts_match_gpt3_paper(name):
     assert count_parameters(get_workload(name).config) == pytest.approx(PAPER_PARAMS[name], rel=0.03)
 
 
+@pytest.mark.parametrize("name", list(BERT_PARAMS))
+def test_bert_parameter_counts_match_papers(name):
+    assert count_parameters(get_workload(name).config) == pytest.approx(BERT_PARAMS[name], rel=0.03)
+
+
 def test_family_is_complete_and_context_is_2048():
-    assert list_models() == list(PAPER_PARAMS)
-    assert {get_workload(m).config.seq_len for m in list_models()} == {2048}
+    assert list_models() == list(PAPER_PARAMS) + list(BERT_PARAMS)
+    assert {get_workload(m).config.seq_len for m in PAPER_PARAMS} == {2048}
 
 
 def test_overrides_apply_and_are_checked():

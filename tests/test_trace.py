@@ -63,6 +63,24 @@ def test_kernel_classes_group_repeated_layers(gpt3_small_trace):
     assert len(classes) < len(gpt3_small_trace) / 10  # 12 identical layers share classes
 
 
+@pytest.mark.parametrize("model", ["gpt3-small", "bert-base", "distilbert"])
+def test_inference_is_the_forward_pass(model):
+    from freqopt.trace import trace_iteration
+
+    w = get_workload(model, micro_batch_size=2, seq_len=128)
+    train, infer = trace_iteration(w, "train"), trace_iteration(w, "inference")
+    assert {k.pass_name for k in infer.kernels} == {"forward"}
+    assert not any(k.kind == "optimizer" for k in infer.kernels)
+    # Forward FLOPs are a third of forward + backward (backward computes two GEMMs per forward GEMM).
+    assert infer.total_flops == pytest.approx(train.total_flops / 3, rel=0.02)
+
+
+def test_bert_attention_is_bidirectional():
+    trace = trace_training_iteration(get_workload("bert-base", micro_batch_size=1, seq_len=128))
+    attention = [k for k in trace.kernels if k.kind == "attention"]
+    assert len(attention) == 2 * 12 and not any(k.causal for k in attention)
+
+
 def test_175b_traces_quickly_without_memory():
     trace = trace_training_iteration(get_workload("gpt3-175b", micro_batch_size=1))
     assert trace.meta["n_params"] == pytest.approx(175e9, rel=0.01)

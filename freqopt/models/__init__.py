@@ -1,4 +1,5 @@
-"""Models freqopt can trace: the GPT-3 family (Brown et al. 2020).
+"""Models freqopt can trace: the GPT-3 family (Brown et al. 2020), BERT (Devlin et al. 2019) and DistilBERT
+(Sanh et al. 2019).
 
     >>> from freqopt.models import get_workload
     >>> w = get_workload("gpt3-small", micro_batch_size=4)
@@ -14,12 +15,14 @@ from dataclasses import dataclass
 import torch
 
 from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.models.bert import BERT_CONFIGS, BertConfig, BertModel
 from freqopt.models.gpt3 import GPT3_CONFIGS, GPTConfig, GPTModel
 
-__all__ = ["GPTConfig", "GPTModel", "Workload", "MODELS", "DEFAULT_MICRO_BATCH_SIZE", "get_workload", "list_models",
+__all__ = ["GPTConfig", "GPTModel", "BertConfig", "BertModel", "ModelConfig", "Workload", "MODELS", "DEFAULT_MICRO_BATCH_SIZE", "get_workload", "list_models",
            "build_model", "count_parameters"]
 
-MODELS: dict[str, GPTConfig] = dict(GPT3_CONFIGS)
+ModelConfig = GPTConfig | BertConfig
+MODELS: dict[str, ModelConfig] = {**GPT3_CONFIGS, **BERT_CONFIGS}
 
 # Sequences per GPU per step. Small enough that gpt3-small..gpt3-xl train in bf16 without activation
 # recomputation on an 80 GB GPU (activations ~34 s b h L bytes, Korthikanti et al. 2022, eq. 2).
@@ -31,7 +34,7 @@ class Workload:
     """One training iteration of a model: its name, architecture and micro-batch (sequences per GPU)."""
 
     model: str
-    config: GPTConfig
+    config: ModelConfig
     micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE
 
     @property
@@ -69,12 +72,13 @@ def get_workload(
     return Workload(model, config, micro_batch_size or DEFAULT_MICRO_BATCH_SIZE)
 
 
-def build_model(config: GPTConfig, *, device: str | torch.device = "meta", dtype: torch.dtype = torch.bfloat16):
+def build_model(config: ModelConfig, *, device: str | torch.device = "meta", dtype: torch.dtype = torch.bfloat16):
     """The model's module on ``device``; on "meta" it holds no memory, at any size."""
+    module = BertModel if isinstance(config, BertConfig) else GPTModel
     with torch.device(device):
-        return GPTModel(config).to(dtype)
+        return module(config).to(dtype)
 
 
-def count_parameters(config: GPTConfig) -> int:
+def count_parameters(config: ModelConfig) -> int:
     """Parameters of the module (tied weights counted once), computed on the meta device."""
     return sum(p.numel() for p in build_model(config).parameters())

@@ -100,7 +100,7 @@ class Block(nn.Module):
 
 
 class GPTModel(nn.Module):
-    """GPT(config)(idx, targets) -> mean cross-entropy loss; idx and targets (B, T) token ids."""
+    """GPTModel(config)(idx, targets) -> mean cross-entropy loss; (idx) -> logits (B, T, V). idx, targets (B, T)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -112,11 +112,13 @@ class GPTModel(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying (GPT-2, Radford et al. 2019)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)  # (T,)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
         for block in self.layers:
             x = block(x)  # (B, T, d)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))

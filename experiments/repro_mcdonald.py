@@ -1,0 +1,169 @@
+"""Reproduce McDonald et al. 2022 with freqopt: energy and time against power cap on a V100, BERT and DistilBERT,
+training and inference.
+
+    python experiments/repro_mcdonald.py       # about a minute; writes experiments/mcdonald/
+
+Paper: "Great Power, Great Responsibility: Recommendations for Reducing Energy for Training Language Models"
+(arXiv 2205.09646, Findings of NAACL 2022); its figures as quoted in shared/calibration/published.md.
+Setup here: the simulated v100-pcie (250 W default, the calibrated GPU), caps 100-250 W, masked-language-model
+training (one step) and inference (one batch) of bert-base and distilbert, FP16 on tensor cores (V100 has no
+BF16), sequence 128 and 32 sequences per batch (BERT's phase-1 pre-training shape; the paper does not give its
+own). The constants were fitted to the Zeus sweep only, not to these figures: this is a test of the model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpus import get_gpu
+from freqopt.models import get_workload
+from freqopt.search.powercap import sweep_power_caps
+from freqopt.tables import atomic_write_text
+from freqopt.trace import trace_iteration
+
+OUT = Path(__file__).resolve().parent / "mcdonald"
+GPU = "v100-pcie"
+CAPS_W = [100.0, 150.0, 200.0, 250.0]
+MODELS = ["bert-base", "distilbert"]
+MODES = ["train", "inference"]
+SEQ_LEN, BATCH = 128, 32
+
+# The paper's figures (published.md), as (time_rel, energy_rel) or single numbers; None where it gives none.
+PAPER = {
+    "BERT training, 150 W: time": 1.085,
+    "BERT training, 150 W: energy": 0.877,
+    "training average, 150 W: time": 1.068,
+    "training average, 150 W: energy": 0.863,
+    "training average, 100 W: time": 1.314,
+}
+
+
+def run() -> dict:
+    spec = get_gpu(GPU)
+    curves = {}
+    for model in MODELS:
+        workload = get_workload(model, seq_len=SEQ_LEN, micro_batch_size=BATCH)
+        for mode in MODES:
+            trace = trace_iteration(workload, mode, dtype=torch.float16)
+            _, points = sweep_power_caps(trace, SimulatedGPU(spec, seed=0), CAPS_W)
+            curves[f"{model} {mode}"] = [
+                {"power_limit_w": p.power_limit_w, "time_rel": p.time_rel, "energy_rel": p.energy_rel,
+                 "avg_power_w": p.avg_power_w} for p in points
+            ]  # fmt: skip
+    return curves
+
+
+def at(curve: list[dict], cap: float, key: str) -> float:
+    return next(p[key] for p in curve if p["power_limit_w"] == cap)
+
+
+def ours(curves: dict) -> dict[str, float]:
+    train = [curves[f"{m} train"] for m in MODELS]
+    return {
+        "BERT training, 150 W: time": at(curves["bert-base train"], 150, "time_rel"),
+        "BERT training, 150 W: energy": at(curves["bert-base train"], 150, "energy_rel"),
+        "training average, 150 W: time": sum(at(c, 150, "time_rel") for c in train) / len(train),
+        "training average, 150 W: energy": sum(at(c, 150, "energy_rel") for c in train) / len(train),
+        "training average, 100 W: time": sum(at(c, 100, "time_rel") for c in train) / len(train),
+    }
+
+
+def report(curves: dict) -> str:
+    mine = ours(curves)
+    lines = ["# McDonald et al. 2022 reproduced with freqopt (simulated V100-PCIe, 250 W default)", "",
+             "Produced by `python experiments/repro_mcdonald.py`. Relative to the 250 W run; the paper's column is "
+             "its published figure (shared/calibration/published.md). The paper averages BERT, DistilBERT and "
+             "BigBird; freqopt has no BigBird, so our average is over BERT and DistilBERT.", "",
+             "| figure | paper | freqopt | difference (pp) |", "|---|---:|---:|---:|"]  # fmt: skip
+    for key, paper in PAPER.items():
+        lines.append(f"| {key} | {paper:.3f} | {mine[key]:.3f} | {100 * (mine[key] - paper):+.1f} |")
+    lines += ["", "Qualitative claim of the paper at 200 W: about the same time as 250 W, a smaller energy saving than "
+              "150 W. freqopt, training:", ""]
+    for m in MODELS:
+        c = curves[f"{m} train"]
+        lines.append(f"- {m}: 200 W time {at(c, 200, 'time_rel'):.3f}, energy {at(c, 200, 'energy_rel'):.3f}; "
+                     f"150 W energy {at(c, 150, 'energy_rel'):.3f}")
+    zeus, zeus_e = _zeus_rel("time"), _zeus_rel("energy")
+    lines += ["", "## Why the times differ", "",
+              "Energy at 150 W agrees within a few points; time does not, and the calibration data says why. The "
+              "simulated V100 was fitted to the Zeus sweep of BERT fine-tuning on a V100, where capping costs far "
+              "more time than in McDonald et al.: there, time relative to 250 W was "
+              + ", ".join(f"{t:.3f} at {cap:.0f} W" for cap, t in sorted(zeus.items()))
+              + " (averaged over batch sizes 8, 16 and 32), against the paper's 1.085 at 150 W and 1.314 at 100 W. "
+              "A curve as flat as the paper's means a GPU that spends less of each step at full power: host-side "
+              "gaps (data loading, small batches) or memory-bound phases, which a cap does not slow. The paper gives "
+              "neither its batch size nor its sequence length, so freqopt cannot model those gaps; its BERT step "
+              "here is dense GPU work, like the Zeus runs it was calibrated on. On energy at 150 W freqopt lands "
+              f"between the two measurements: the paper's BERT run saved {100 * (1 - PAPER['BERT training, 150 W: energy']):.1f} %, "
+              f"freqopt saves {100 * (1 - mine['BERT training, 150 W: energy']):.1f} %, the Zeus runs saved "
+              f"{100 * (1 - zeus_e[150]):.1f} %.", ""]  # fmt: skip
+    lines += ["", "## All curves", "", "| model, mode | cap (W) | time (rel) | energy (rel) | avg power (W) |",
+              "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, curve in curves.items():
+        for p in curve:
+            lines.append(f"| {name} | {p['power_limit_w']:.0f} | {p['time_rel']:.3f} | {p['energy_rel']:.3f} | "
+                         f"{p['avg_power_w']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _zeus_rel(what: str) -> dict[float, float]:
+    """Time or energy relative to 250 W in the calibration data (Zeus V100 BERT/SQuAD sweep), averaged over batch
+    sizes; energy per epoch = time x average power."""
+    from freqopt.calibration import load_zeus_points
+
+    points = load_zeus_points(Path(__file__).resolve().parent / "data" / "zeus_v100_bert_squad.csv")
+
+    def value(p):
+        return p.time_per_epoch_s * (p.average_power_w if what == "energy" else 1.0)
+
+    base = {p.batch_size: value(p) for p in points if p.power_limit_w == 250}
+    out: dict[float, list[float]] = {}
+    for p in points:
+        if p.power_limit_w in (100, 150, 200):
+            out.setdefault(p.power_limit_w, []).append(value(p) / base[p.batch_size])
+    return {cap: sum(v) / len(v) for cap, v in out.items()}
+
+
+def plot(curves: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for name, curve in curves.items():
+        caps = [p["power_limit_w"] for p in curve]
+        ax_t.plot(caps, [p["time_rel"] for p in curve], marker="o", label=name)
+        ax_e.plot(caps, [p["energy_rel"] for p in curve], marker="o", label=name)
+    ax_t.errorbar([150], [PAPER["BERT training, 150 W: time"]], fmt="k*", ms=12, label="paper: BERT training")
+    ax_e.errorbar([150], [PAPER["BERT training, 150 W: energy"]], fmt="k*", ms=12, label="paper: BERT training")
+    ax_t.plot([100, 150], [PAPER["training average, 100 W: time"], PAPER["training average, 150 W: time"]], "kx",
+              ms=10, label="paper: training average")  # fmt: skip
+    ax_e.plot([150], [PAPER["training average, 150 W: energy"]], "kx", ms=10, label="paper: training average")
+    for ax, what in ((ax_t, "time"), (ax_e, "energy")):
+        ax.set_xlabel("power limit (W)")
+        ax.set_ylabel(f"{what} relative to 250 W")
+        ax.grid(alpha=0.3)
+    ax_e.legend(fontsize=7)
+    fig.suptitle("Power capping a V100 (simulated), McDonald et al. 2022 setting")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    curves = run()
+    OUT.mkdir(exist_ok=True)
+    atomic_write_text(OUT / "results.json", json.dumps(curves, indent=1) + "\n")
+    atomic_write_text(OUT / "report.md", report(curves))
+    plot(curves, OUT / "power_cap.png")
+    print(report(curves))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
