@@ -278,6 +278,30 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, micro_batch_size,
         atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
 
 
+@cli.command()
+@click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
+@click.option("--iterations", default=1000, show_default=True, type=int, help="Training iterations of the run.")
+@click.option("--gpus", default=1, show_default=True, type=int, help="GPUs running the same iterations.")
+@click.option("--pue", default=None, type=float, help="Facility PUE (default 1.58, Uptime Institute 2023 average).")
+@click.option("--site-pue-profile", default=None, help="CSV hour,pue (0-23) or month,pue (1-12): PUE over time.")
+@click.option("--grid-gco2-per-kwh", default=None, type=float, help="Grid carbon intensity (default 436, world 2022).")
+@click.option("--out", "out_path", default=None, help="Also write the statement (markdown) to this file.")
+def statement(table_path, iterations, gpus, pue, site_pue_profile, grid_gco2_per_kwh, out_path) -> None:
+    """Write an energy statement (McDonald et al. 2022) for a run with and without a clock table."""
+    from freqopt.statement import DEFAULT_GRID_GCO2_PER_KWH, energy_statement, load_pue_profile
+    from freqopt.tables import atomic_write_text, load_table
+
+    if out_path:
+        _check_writable_file(Path(out_path))
+    table = load_table(table_path)
+    profile = load_pue_profile(site_pue_profile) if site_pue_profile else None
+    grid = DEFAULT_GRID_GCO2_PER_KWH if grid_gco2_per_kwh is None else grid_gco2_per_kwh
+    text = energy_statement(table, iterations=iterations, gpus=gpus, pue=pue, profile=profile, grid_gco2_per_kwh=grid)
+    click.echo(text, nl=False)
+    if out_path:
+        atomic_write_text(out_path, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI; print freqopt and usage errors as one line and return non-zero."""
     try:
