@@ -66,7 +66,7 @@ class SearchConfig:
     n_trials_2d: int = 30
     finalist_repeats: int = 2
     validation_repeats: int = 3
-    max_validation_rounds: int = 6
+    max_validation_rounds: int = 8
     seed: int = 0
     storage: str | None = None
 
@@ -154,6 +154,11 @@ def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
     return per_kernel
 
 
+def _schedule(trace: Trace, units, searches, picks) -> tuple[ClockSetting, ...]:
+    """Per-kernel settings of one option per unit."""
+    return tuple(_per_kernel_settings(trace, [(u, s.options[j].setting) for u, s, j in zip(units, searches, picks)]))
+
+
 def _measure_iteration(backend: Backend, trace: Trace, settings: list[ClockSetting], repeats: int, key: str):
     return _mean([backend.measure_schedule(trace.kernels, settings, key=key) for _ in range(repeats)])
 
@@ -205,7 +210,7 @@ def _search_granularity(
         nonlocal chosen, validated, n_meas, cost
         tried.add(picks)
         candidate = [searches[u].options[j] for u, j in enumerate(picks)]
-        schedule = tuple(_per_kernel_settings(trace, [(u, o.setting) for u, o in zip(units, candidate)]))
+        schedule = _schedule(trace, units, searches, picks)
         if schedule not in validations:
             validations[schedule] = _measure_iteration(backend, trace, list(schedule), config.validation_repeats,
                                                        key=granularity)  # fmt: skip
@@ -225,19 +230,34 @@ def _search_granularity(
     # The allocator's budget is relative to its own model of the iteration (the sum of the units' defaults, each
     # measured alone), then calibrated by validation: units measured alone do not add up exactly to the iteration
     # (the power limit averages power over neighbouring kernels), so the budget is moved by the validated
-    # overshoot or slack (a secant step on validated slowdown) and the best schedule that meets the budget wins.
+    # overshoot or slack (a secant step on validated slowdown, kept inside the bracket of budgets known to meet
+    # and to break the limit, else bisection), and the best schedule that meets the budget wins.
     budget = (1.0 + config.max_slowdown) * predicted_base_t
+    meets, breaks = None, None  # largest budget validated within the limit, smallest validated over it
     for _ in range(config.max_validation_rounds):
         try:
             picks = tuple(allocate(options, budget))
         except InvalidSettingError:  # below the fastest the units can go
-            break
-        if picks in tried:
-            break
-        slowdown = evaluate(picks)
+            meets = budget
+            budget = budget * 1.01 if breaks is None else (budget * breaks) ** 0.5
+            continue
+        if picks in tried:  # validated in an earlier round
+            slowdown = validations[_schedule(trace, units, searches, picks)].time_s / baseline.time_s - 1.0
+        else:
+            slowdown = evaluate(picks)
         if abs(slowdown - config.max_slowdown) <= 0.1 * max(config.max_slowdown, 0.001):
             break
-        budget *= (1.0 + config.max_slowdown) / (1.0 + slowdown)
+        if slowdown <= config.max_slowdown:
+            meets = budget if meets is None else max(meets, budget)
+        else:
+            breaks = budget if breaks is None else min(breaks, budget)
+        step = budget * (1.0 + config.max_slowdown) / (1.0 + slowdown)
+        if meets is not None and breaks is not None:
+            if breaks - meets <= 1e-4 * budget:
+                break
+            if not meets < step < breaks:
+                step = (meets * breaks) ** 0.5
+        budget = step
     predicted = Measurement(sum(o.time_s for o in chosen), sum(o.energy_j for o in chosen))
     return GranularityResult(
         granularity=granularity,
