@@ -1,9 +1,10 @@
 """The search, end to end, for one trace on one backend (design.md section 4).
 
-For each granularity: partition the trace into tuning units, run each unit's study, allocate the slowdown
-budget over all units at once (MILP), then validate by measuring the whole iteration with the chosen schedule.
-If the validated slowdown breaks the budget (units interact through the power limit; measurements are noisy),
-the allocation's budget is tightened by the overshoot and solved again.
+For each granularity: partition the trace into tuning units, run each unit's study (run_unit_studies), allocate
+the slowdown budget over all units at once (MILP), and validate by measuring the whole iteration with the chosen
+schedule (allocate_validated). Units measured alone do not add up exactly to the iteration (the power limit
+averages power over neighbouring kernels; measurements are noisy), so the allocator's budget is calibrated by
+validation until the validated slowdown meets the limit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, partition
 from freqopt.trace import Trace
 
-__all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage"]
+__all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage",
+           "run_unit_studies", "Validator", "Allocation", "allocate_validated"]
 
 
 def open_storage(url: str | None):
@@ -138,14 +140,6 @@ def study_prefix(trace: Trace, gpu: str, seed: int) -> str:
     return f"{w.model}-{gpu}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
 
 
-def _mean(ms: list[Measurement]) -> Measurement:
-    return Measurement(
-        time_s=float(np.mean([m.time_s for m in ms])),
-        energy_j=float(np.mean([m.energy_j for m in ms])),
-        cost_gpu_s=float(np.sum([m.cost_gpu_s for m in ms])),
-    )
-
-
 def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
     per_kernel = [DEFAULT_SETTING] * len(trace)
     for unit, setting in unit_settings:
@@ -154,35 +148,57 @@ def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
     return per_kernel
 
 
-def _schedule(trace: Trace, units, searches, picks) -> tuple[ClockSetting, ...]:
-    """Per-kernel settings of one option per unit."""
-    return tuple(_per_kernel_settings(trace, [(u, s.options[j].setting) for u, s, j in zip(units, searches, picks)]))
+class Validator:
+    """Measures whole iterations, once per distinct per-kernel schedule, and counts what that cost.
+
+    Args:
+        trace, backend: the iteration and the GPU.
+        repeats: measurements averaged per schedule.
+    """
+
+    def __init__(self, trace: Trace, backend: Backend, repeats: int):
+        self.trace, self.backend, self.repeats = trace, backend, repeats
+        self.cache: dict[tuple[ClockSetting, ...], Measurement] = {}
+        self.n_measurements = 0
+        self.cost_gpu_s = 0.0
+
+    def __call__(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
+        if schedule not in self.cache:
+            ms = [self.backend.measure_schedule(self.trace.kernels, schedule, key=key) for _ in range(self.repeats)]
+            self.cache[schedule] = Measurement(
+                time_s=float(np.mean([m.time_s for m in ms])),
+                energy_j=float(np.mean([m.energy_j for m in ms])),
+                cost_gpu_s=float(np.sum([m.cost_gpu_s for m in ms])),
+            )
+            self.n_measurements += self.repeats
+            self.cost_gpu_s += self.cache[schedule].cost_gpu_s
+        return self.cache[schedule]
+
+    def baseline(self) -> Measurement:
+        return self(tuple([DEFAULT_SETTING] * len(self.trace)), key="baseline")
+
+    def units(self, units: list[TuningUnit], settings: list[ClockSetting], key: str) -> Measurement:
+        return self(tuple(_per_kernel_settings(self.trace, zip(units, settings))), key=key)
 
 
-def _measure_iteration(backend: Backend, trace: Trace, settings: list[ClockSetting], repeats: int, key: str):
-    return _mean([backend.measure_schedule(trace.kernels, settings, key=key) for _ in range(repeats)])
+def run_unit_studies(
+    trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
+    warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
+) -> tuple[list[TuningUnit], list[UnitSearch]]:  # fmt: skip
+    """Partition the trace and run (or resume) each tuning unit's study.
 
+    Args:
+        warm_start: per unit, a setting to enqueue first and always offer (a coarser granularity's choice).
 
-def _search_granularity(
-    trace: Trace, backend: Backend, config: SearchConfig, granularity: str, baseline: Measurement,
-    on_unit: Callable[[str, int, int], None] | None, coarser: GranularityResult | None = None,
-    validations: dict[tuple[ClockSetting, ...], Measurement] | None = None, storage=None,
-) -> GranularityResult:  # fmt: skip
-    """Search one granularity. ``coarser``: the validated result of the next coarser clock granularity; its
-    settings warm-start each unit's study and its schedule is the first candidate, so a finer granularity never
-    ends worse than a coarser one (any coarser schedule is also a finer one). ``validations``: schedules already
-    measured whole (per-kernel settings -> measurement), shared across granularities so that one schedule is
-    measured once and reported alike wherever it wins."""
-    validations = {} if validations is None else validations
+    Returns:
+        The units and, per unit, its study's outcome.
+    """
     units = partition(trace, granularity)
-    inherited: list[ClockSetting | None] = [None] * len(units)
-    if coarser is not None:
-        per_kernel = _per_kernel_settings(trace, coarser.units)
-        inherited = [per_kernel[u.kernel_indices[0]] for u in units]
     space = "power" if granularity == "power-cap" else "clocks"
     two_d = space == "clocks" and len(backend.spec.mem_clocks_mhz) > 1
     n_trials = config.n_trials_2d if two_d else config.n_trials_1d
     prefix = study_prefix(trace, backend.spec.name, config.seed)
+    warm_start = warm_start or [None] * len(units)
     searches = []
     for i, unit in enumerate(units):
         digest = hashlib.sha1(unit.name.encode()).hexdigest()[:10]
@@ -191,82 +207,99 @@ def _search_granularity(
                 backend, unit.kernels(trace), name=unit.name, study_name=f"{prefix}-{granularity}-{digest}",
                 storage=storage, space=space, n_trials=n_trials, finalist_repeats=config.finalist_repeats,
                 finalist_slowdown=max(0.05, 3 * config.max_slowdown), seed=config.seed,
-                warm_start=[inherited[i]] if inherited[i] not in (None, DEFAULT_SETTING) else [],
+                warm_start=[warm_start[i]] if warm_start[i] not in (None, DEFAULT_SETTING) else [],
             )
         )  # fmt: skip
         if on_unit:
             on_unit(granularity, i + 1, len(units))
-    options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
-    predicted_base_t = sum(s.default.time_s for s in searches)
-    predicted_base_e = sum(s.default.energy_j for s in searches)
-    n_meas = sum(s.n_measurements for s in searches)
-    cost = sum(s.cost_gpu_s for s in searches)
-    chosen, validated = [s.default for s in searches], baseline  # the defaults meet any budget
-    tried: set[tuple[int, ...]] = set()
+    return units, searches
 
-    def evaluate(picks: tuple[int, ...]) -> float:
-        """Validate one option per unit on the whole iteration (once per schedule); keep it if it is the best
-        within budget. Returns the validated slowdown."""
-        nonlocal chosen, validated, n_meas, cost
-        tried.add(picks)
-        candidate = [searches[u].options[j] for u, j in enumerate(picks)]
-        schedule = _schedule(trace, units, searches, picks)
-        if schedule not in validations:
-            validations[schedule] = _measure_iteration(backend, trace, list(schedule), config.validation_repeats,
-                                                       key=granularity)  # fmt: skip
-            n_meas += config.validation_repeats
-            cost += validations[schedule].cost_gpu_s
-        measured = validations[schedule]
+
+@dataclass(frozen=True)
+class Allocation:
+    """One option per unit and the whole iteration measured with them."""
+
+    chosen: tuple  # Option per unit
+    validated: Measurement
+
+
+def allocate_validated(
+    units: list[TuningUnit], searches: list[UnitSearch], validator: Validator, baseline: Measurement,
+    max_slowdown: float, *, rounds: int = 8, first: list[ClockSetting] | None = None, key: str = "schedule",
+) -> Allocation:  # fmt: skip
+    """The schedule with the least validated energy whose validated slowdown is within ``max_slowdown``.
+
+    The allocator's budget starts at (1 + max_slowdown) x the sum of the units' own defaults and is then moved by
+    the validated overshoot or slack: a secant step on validated slowdown, kept inside the bracket of budgets known
+    to meet and to break the limit, else bisection. ``first``: a schedule (one setting per unit, each among its
+    unit's options) validated before the allocator's, so the result is never worse than it.
+    """
+    options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
+    best = Allocation(tuple(s.default for s in searches), baseline)  # the defaults meet any budget
+
+    def evaluate(chosen: tuple) -> float:
+        nonlocal best
+        measured = validator.units(units, [o.setting for o in chosen], key)
         slowdown = measured.time_s / baseline.time_s - 1.0
-        if slowdown <= config.max_slowdown and measured.energy_j < validated.energy_j:
-            chosen, validated = candidate, measured
+        if slowdown <= max_slowdown and measured.energy_j < best.validated.energy_j:
+            best = Allocation(chosen, measured)
         return slowdown
 
-    if coarser is not None and coarser.validated.energy_j < baseline.energy_j:
-        evaluate(tuple(
-            next(j for j, o in enumerate(s.options) if o.setting == (inherited[u] or DEFAULT_SETTING))
-            for u, s in enumerate(searches)
-        ))  # fmt: skip
-    # The allocator's budget is relative to its own model of the iteration (the sum of the units' defaults, each
-    # measured alone), then calibrated by validation: units measured alone do not add up exactly to the iteration
-    # (the power limit averages power over neighbouring kernels), so the budget is moved by the validated
-    # overshoot or slack (a secant step on validated slowdown, kept inside the bracket of budgets known to meet
-    # and to break the limit, else bisection), and the best schedule that meets the budget wins.
-    budget = (1.0 + config.max_slowdown) * predicted_base_t
+    if first is not None:
+        evaluate(tuple(next(o for o in s.options if o.setting == setting) for s, setting in zip(searches, first)))
+    budget = (1.0 + max_slowdown) * sum(s.default.time_s for s in searches)
     meets, breaks = None, None  # largest budget validated within the limit, smallest validated over it
-    for _ in range(config.max_validation_rounds):
+    for _ in range(rounds):
         try:
-            picks = tuple(allocate(options, budget))
+            picks = allocate(options, budget)
         except InvalidSettingError:  # below the fastest the units can go
             meets = budget
             budget = budget * 1.01 if breaks is None else (budget * breaks) ** 0.5
             continue
-        if picks in tried:  # validated in an earlier round
-            slowdown = validations[_schedule(trace, units, searches, picks)].time_s / baseline.time_s - 1.0
-        else:
-            slowdown = evaluate(picks)
-        if abs(slowdown - config.max_slowdown) <= 0.1 * max(config.max_slowdown, 0.001):
-            break
-        if slowdown <= config.max_slowdown:
+        slowdown = evaluate(tuple(s.options[j] for s, j in zip(searches, picks)))
+        if max_slowdown - 0.1 * max(max_slowdown, 0.001) <= slowdown <= max_slowdown:
+            break  # uses the budget to within a tenth
+        if slowdown <= max_slowdown:
             meets = budget if meets is None else max(meets, budget)
         else:
             breaks = budget if breaks is None else min(breaks, budget)
-        step = budget * (1.0 + config.max_slowdown) / (1.0 + slowdown)
+        step = budget * (1.0 + max_slowdown) / (1.0 + slowdown)
         if meets is not None and breaks is not None:
             if breaks - meets <= 1e-4 * budget:
                 break
             if not meets < step < breaks:
                 step = (meets * breaks) ** 0.5
         budget = step
-    predicted = Measurement(sum(o.time_s for o in chosen), sum(o.energy_j for o in chosen))
+    return best
+
+
+def _search_granularity(
+    trace: Trace, backend: Backend, config: SearchConfig, granularity: str, validator: Validator,
+    baseline: Measurement, on_unit, coarser: GranularityResult | None, storage,
+) -> GranularityResult:  # fmt: skip
+    """Search one granularity. ``coarser``: the validated result of the next coarser clock granularity; its
+    settings warm-start each unit's study and its schedule is the first candidate, so a finer granularity never
+    ends worse than a coarser one (any coarser schedule is also a finer one)."""
+    inherited = None
+    if coarser is not None:
+        per_kernel = _per_kernel_settings(trace, coarser.units)
+        inherited = [per_kernel[u.kernel_indices[0]] for u in partition(trace, granularity)]
+    measured_before = (validator.n_measurements, validator.cost_gpu_s)
+    units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=inherited,
+                                       on_unit=on_unit)  # fmt: skip
+    improves = coarser is not None and coarser.validated.energy_j < baseline.energy_j
+    result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
+                                rounds=config.max_validation_rounds, key=granularity,
+                                first=[s or DEFAULT_SETTING for s in inherited] if improves else None)  # fmt: skip
     return GranularityResult(
         granularity=granularity,
-        units=tuple((u, o.setting) for u, o in zip(units, chosen)),
-        predicted=predicted,
-        predicted_baseline=Measurement(predicted_base_t, predicted_base_e),
-        validated=validated,
-        n_measurements=n_meas,
-        search_cost_gpu_s=cost,
+        units=tuple((u, o.setting) for u, o in zip(units, result.chosen)),
+        predicted=Measurement(sum(o.time_s for o in result.chosen), sum(o.energy_j for o in result.chosen)),
+        predicted_baseline=Measurement(sum(s.default.time_s for s in searches),
+                                       sum(s.default.energy_j for s in searches)),  # fmt: skip
+        validated=result.validated,
+        n_measurements=sum(s.n_measurements for s in searches) + validator.n_measurements - measured_before[0],
+        search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - measured_before[1],
         unit_searches=tuple(searches),
     )
 
@@ -288,19 +321,20 @@ def run_search(
 
     Returns:
         SearchResult with the measured baseline (all defaults) and one validated result per granularity.
+
+    Raises:
+        StorageError: the storage URL cannot be opened.
     """
-    baseline = _measure_iteration(
-        backend, trace, [DEFAULT_SETTING] * len(trace), config.validation_repeats, key="baseline"
-    )
     storage = open_storage(config.storage)
+    validator = Validator(trace, backend, config.validation_repeats)
+    baseline = validator.baseline()
     results: dict[str, GranularityResult] = {}
     coarser = None
-    validations = {tuple([DEFAULT_SETTING] * len(trace)): baseline}
     for g in GRANULARITIES:
-        if g in config.granularities:
-            results[g] = _search_granularity(trace, backend, config, g, baseline, on_unit,
-                                             coarser=coarser if g != "power-cap" else None,
-                                             validations=validations, storage=storage)  # fmt: skip
-            if g != "power-cap":
-                coarser = results[g]
+        if g not in config.granularities:
+            continue
+        results[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit,
+                                         coarser if g != "power-cap" else None, storage)  # fmt: skip
+        if g != "power-cap":
+            coarser = results[g]
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage)
