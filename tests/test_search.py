@@ -61,6 +61,18 @@ def test_resumed_study_measures_nothing_again(small_trace, tmp_path):
     assert {o.setting for o in second.options} == {o.setting for o in first.options}
 
 
+def test_validator_measures_each_schedule_once(small_trace):
+    from freqopt.backends.base import ClockSetting
+    from freqopt.search.runner import Validator
+
+    validator = Validator(small_trace, SimulatedGPU(get_gpu("h100-sxm"), seed=0), repeats=3)
+    base = validator.baseline()
+    assert validator.baseline() == base and validator.n_measurements == 3
+    slow = tuple([ClockSetting(sm_clock_mhz=990, mem_clock_mhz=2619)] * len(small_trace))
+    assert validator(slow).time_s > base.time_s and validator.n_measurements == 6
+    assert validator.cost_gpu_s == pytest.approx(6 * SimulatedGPU(get_gpu("h100-sxm")).protocol.cost_gpu_s(0.1))
+
+
 @pytest.mark.slow
 def test_main_job_done_criterion(tmp_path):
     """The issue's criterion on the README's main command: kernel > pass >= iteration, each within 1 % validated."""

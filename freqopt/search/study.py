@@ -206,8 +206,7 @@ def search_unit(
                 objective.measure(setting)
             pareto.add(setting)
 
-    default_t, default_e = objective.measure(DEFAULT_SETTING)
-    for _ in range(finalist_repeats):
+    for _ in range(1 + finalist_repeats):
         objective.measure(DEFAULT_SETTING)
     default = objective.option(DEFAULT_SETTING)
     for setting in sorted(pareto, key=lambda s: objective.option(s).time_s):
