@@ -15,13 +15,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from freqopt.models.gpt3 import AttentionShape
 from freqopt.models.ops import flash_attention
 
 __all__ = ["BertConfig", "BertModel", "BERT_CONFIGS"]
 
 
 @dataclass(frozen=True)
-class BertConfig:
+class BertConfig(AttentionShape):
     n_layers: int
     d_model: int
     n_heads: int
@@ -30,14 +31,6 @@ class BertConfig:
     segment_embeddings: bool = True  # BERT's token-type embeddings; DistilBERT drops them
     causal: bool = False  # bidirectional attention
     ffn_mult: int = 4
-
-    def __post_init__(self):
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads {self.n_heads} does not divide d_model {self.d_model}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
 
 BERT_CONFIGS: dict[str, BertConfig] = {

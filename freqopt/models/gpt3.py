@@ -20,16 +20,11 @@ from freqopt.models.ops import flash_attention
 __all__ = ["GPTConfig", "GPTModel", "GPT3_CONFIGS"]
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    n_layers: int
+class AttentionShape:
+    """Shared by model configs with ``d_model`` and ``n_heads``: the heads must divide the width."""
+
     d_model: int
     n_heads: int
-    vocab_size: int = 50257  # GPT-2/GPT-3 byte-pair vocabulary (Brown et al. 2020, section 2.1)
-    seq_len: int = 2048  # n_ctx of every GPT-3 model (Table 2.1)
-    causal: bool = True  # decoder: each token attends to earlier tokens only
-    bias: bool = True  # GPT-2/GPT-3 linear layers and layer norms carry biases
-    ffn_mult: int = 4  # d_ff = 4 d_model (Table 2.1)
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -38,6 +33,18 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class GPTConfig(AttentionShape):
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int = 50257  # GPT-2/GPT-3 byte-pair vocabulary (Brown et al. 2020, section 2.1)
+    seq_len: int = 2048  # n_ctx of every GPT-3 model (Table 2.1)
+    causal: bool = True  # decoder: each token attends to earlier tokens only
+    bias: bool = True  # GPT-2/GPT-3 linear layers and layer norms carry biases
+    ffn_mult: int = 4  # d_ff = 4 d_model (Table 2.1)
 
 
 # Table 2.1 of Brown et al. 2020. Two rows of the table do not multiply out, and d_head is kept:
