@@ -132,12 +132,12 @@ class SearchResult:
         return 100.0 * (1.0 - r.predicted.energy_j / r.predicted_baseline.energy_j)
 
 
-def study_prefix(trace: Trace, gpu: str, seed: int) -> str:
-    """A study-name prefix unique to the workload, GPU and seed, so one storage can hold many searches."""
+def study_prefix(trace: Trace, spec, seed: int) -> str:
+    """A study-name prefix unique to the workload, the GPU type (with all its constants, so a recalibrated GPU
+    does not resume studies measured under the old ones) and the seed, so one storage can hold many searches."""
     w = trace.workload
-    c = w.config
-    ident = f"{w.model}|{c}|{w.micro_batch_size}|{gpu}|{seed}"
-    return f"{w.model}-{gpu}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
+    ident = f"{w.model}|{w.config}|{w.micro_batch_size}|{spec!r}|{seed}"
+    return f"{w.model}-{spec.name}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
 
 
 def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
@@ -197,7 +197,7 @@ def run_unit_studies(
     space = "power" if granularity == "power-cap" else "clocks"
     two_d = space == "clocks" and len(backend.spec.mem_clocks_mhz) > 1
     n_trials = config.n_trials_2d if two_d else config.n_trials_1d
-    prefix = study_prefix(trace, backend.spec.name, config.seed)
+    prefix = study_prefix(trace, backend.spec, config.seed)
     warm_start = warm_start or [None] * len(units)
     searches = []
     for i, unit in enumerate(units):
