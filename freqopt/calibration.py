@@ -1,15 +1,21 @@
 """Calibration of the simulated GPU's power model against published measurements.
 
-Data: the Zeus authors' V100 power-limit sweep of BERT-base fine-tuning on SQuAD (You et al., NSDI 2023; artifact
-trace ``summary_power_v100.csv``, copied to experiments/data/zeus_v100_bert_squad.csv): for power limits 100-250 W
-and batch sizes 8, 16, 32, the time per epoch and the average board power.
+Data:
+* the Zeus authors' V100 power-limit sweep of BERT-base fine-tuning on SQuAD (You et al., NSDI 2023; artifact
+  trace ``summary_power_v100.csv``, copied to experiments/data/zeus_v100_bert_squad.csv): for power limits
+  100-250 W and batch sizes 8, 16, 32, the time per epoch and the average board power;
+* McDonald et al. 2022's V100 training figures (experiments/data/mcdonald_v100_training.csv): time and energy at
+  150 W and time at 100 W relative to 250 W, for BERT and averaged over models.
 
-Method: the workload is traced as a BERT-base-shaped encoder (12 layers, d_model 768, 12 heads, sequence 384,
-FP32 as in the Zeus runs, a 2-way span head for SQuAD) and run on the simulated V100-PCIe under each limit. The
-free power-model constants are fitted with scipy.optimize.least_squares to minimize, per point, the error of
-time relative to the 250 W row and of average power relative to the measurement (both in percentage points).
-The time model has no free constant in the fit: times move only through the clock the power limit allows.
-p_const_w is fixed at AccelWattch's fitted constant power of a GV100 (Kandiah et al., MICRO 2021, 32.33 W).
+Method: the Zeus workload is traced as a BERT-base-shaped encoder (12 layers, d_model 768, 12 heads, sequence
+384, FP32 as in the Zeus runs, a 2-way span head for SQuAD); McDonald's as bert-base and distilbert MLM training
+in FP16 (sequence 128, 32 sequences; the paper gives neither). Each workload also has a host gap per step, time in
+which the GPU idles at its idle power (data loading, Python, optimizer bookkeeping): the Zeus sweep's time under a
+cap grows with the batch size, the signature of a fixed gap per step that a larger batch dilutes, and
+McDonald's flatter curve needs a longer one. The gaps are workload constants fitted beside the GPU's. Every
+constant is fitted with scipy.optimize.least_squares to minimize, per point, the error of relative time, of
+average power (Zeus) and of relative energy (McDonald), in percentage points. p_const_w is fixed at AccelWattch's
+fitted constant power of a GV100 (Kandiah et al., MICRO 2021, 32.33 W).
 
 GPU types without measurements of their own get constants derived from the fitted V100 ones (derive_power_model).
 """
@@ -30,8 +36,9 @@ from freqopt.gpus import GPUSpec, PowerModel
 from freqopt.models import GPTConfig, Workload
 from freqopt.trace import Trace, trace_training_iteration
 
-__all__ = ["ZeusPoint", "load_zeus_points", "bert_squad_trace", "simulate", "residuals", "fit_power_model",
-           "FIT_PARAMETERS", "ACCELWATTCH_V100_CONSTANT_POWER_W", "derive_power_model"]
+__all__ = ["ZeusPoint", "McDonaldFigure", "load_zeus_points", "load_mcdonald_figures", "bert_squad_trace",
+           "mcdonald_traces", "simulate", "residuals", "mcdonald_residuals", "fit_power_model", "FIT_PARAMETERS",
+           "HOST_GAP_PARAMETERS", "ACCELWATTCH_V100_CONSTANT_POWER_W", "derive_power_model"]
 
 ACCELWATTCH_V100_CONSTANT_POWER_W = 32.33  # Kandiah et al. MICRO 2021, SM7_QV100 config, constant_power
 # Free constants of the fit, with bounds: (lower, upper).
@@ -47,6 +54,12 @@ FIT_PARAMETERS: dict[str, tuple[float, float]] = {
     # time still improves up to 250 W, so the limit binds on short high-power phases, not on the iteration.
     "power_window_s": (0.0005, 0.005),
 }
+# Host gap per training step of each calibration workload, s: (lower, upper, start).
+HOST_GAP_PARAMETERS: dict[str, tuple[float, float, float]] = {
+    "zeus_host_gap_s": (0.0, 0.1, 0.01),
+    "mcdonald_host_gap_s": (0.0, 0.2, 0.02),
+}
+MCDONALD_SEQ_LEN, MCDONALD_BATCH = 128, 32  # BERT phase-1 pre-training shape; the paper gives none
 # Where the fit starts, so that it is reproducible (not from whatever constants are committed): V100-scale guesses.
 FIT_INITIAL: dict[str, float] = {
     "p_leak_w": 25.0, "p_sm_clock_w": 40.0, "p_sm_active_w": 110.0, "p_mem_clock_w": 15.0, "p_mem_active_w": 35.0,
@@ -61,6 +74,33 @@ class ZeusPoint:
     power_limit_w: float
     time_per_epoch_s: float
     average_power_w: float
+
+
+@dataclass(frozen=True)
+class McDonaldFigure:
+    """A published figure: ``quantity`` (time_rel or energy_rel) at ``power_limit_w``, averaged over ``models``."""
+
+    figure: str
+    models: tuple[str, ...]
+    power_limit_w: float
+    quantity: str
+    value: float
+
+
+def load_mcdonald_figures(path: str | Path) -> list[McDonaldFigure]:
+    """Rows of experiments/data/mcdonald_v100_training.csv (lines starting with # are comments)."""
+    with open(path, newline="") as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return [McDonaldFigure(r["figure"], tuple(r["models"].split(";")), float(r["power_limit_w"]), r["quantity"],
+                               float(r["value"])) for r in rows]  # fmt: skip
+
+
+def mcdonald_traces() -> dict[str, Trace]:
+    """FP16 MLM training steps of bert-base and distilbert (V100 has no BF16)."""
+    from freqopt.models import get_workload
+
+    return {m: trace_training_iteration(get_workload(m, seq_len=MCDONALD_SEQ_LEN, micro_batch_size=MCDONALD_BATCH),
+                                        dtype=torch.float16) for m in ("bert-base", "distilbert")}  # fmt: skip
 
 
 def load_zeus_points(path: str | Path) -> list[ZeusPoint]:
@@ -81,21 +121,23 @@ def bert_squad_trace(batch_size: int) -> Trace:
     return trace_training_iteration(Workload("bert-base-squad", config, batch_size), dtype=torch.float32)
 
 
-def simulate(spec: GPUSpec, trace: Trace, power_limit_w: float) -> tuple[float, float]:
-    """(time_s, avg_power_w) of one iteration, noiseless, under a power limit."""
+def simulate(spec: GPUSpec, trace: Trace, power_limit_w: float, host_gap_s: float = 0.0) -> tuple[float, float]:
+    """(time_s, avg_power_w) of one training step, noiseless, under a power limit; the GPU idles (at its idle
+    power) for ``host_gap_s`` of each step."""
     sim = SimulatedGPU(spec, noise=False)
     m = sim.true_measure(trace.kernels, ClockSetting(power_limit_w=power_limit_w))
-    return m.time_s, m.avg_power_w
+    time_s = m.time_s + host_gap_s
+    return time_s, (m.energy_j + host_gap_s * spec.idle_power_w) / time_s
 
 
-def residuals(spec: GPUSpec, points: list[ZeusPoint], traces: dict[int, Trace]) -> list[dict]:
-    """Per point: measured and simulated relative time and average power, and their differences (pp)."""
+def residuals(spec: GPUSpec, points: list[ZeusPoint], traces: dict[int, Trace], host_gap_s: float = 0.0) -> list[dict]:
+    """Zeus sweep, per point: measured and simulated relative time and average power, and their differences (pp)."""
     baseline_limit = max(p.power_limit_w for p in points)
-    base_sim = {b: simulate(spec, tr, baseline_limit)[0] for b, tr in traces.items()}
+    base_sim = {b: simulate(spec, tr, baseline_limit, host_gap_s)[0] for b, tr in traces.items()}
     base_meas = {p.batch_size: p.time_per_epoch_s for p in points if p.power_limit_w == baseline_limit}
     out = []
     for p in points:
-        t_sim, w_sim = simulate(spec, traces[p.batch_size], p.power_limit_w)
+        t_sim, w_sim = simulate(spec, traces[p.batch_size], p.power_limit_w, host_gap_s)
         t_rel_meas = p.time_per_epoch_s / base_meas[p.batch_size]
         t_rel_sim = t_sim / base_sim[p.batch_size]
         out.append({
@@ -108,25 +150,58 @@ def residuals(spec: GPUSpec, points: list[ZeusPoint], traces: dict[int, Trace]) 
     return out
 
 
+def mcdonald_residuals(spec: GPUSpec, figures: list[McDonaldFigure], traces: dict[str, Trace],
+                       host_gap_s: float = 0.0, baseline_limit_w: float = 250.0) -> list[dict]:  # fmt: skip
+    """McDonald et al.'s figures beside the simulated ones (relative to ``baseline_limit_w``), differences in pp."""
+    rel: dict[tuple[str, float], tuple[float, float]] = {}
+
+    def relative(model: str, cap: float) -> tuple[float, float]:
+        if (model, cap) not in rel:
+            t0, w0 = simulate(spec, traces[model], baseline_limit_w, host_gap_s)
+            t, w = simulate(spec, traces[model], cap, host_gap_s)
+            rel[(model, cap)] = (t / t0, t * w / (t0 * w0))
+        return rel[(model, cap)]
+
+    out = []
+    for fig in figures:
+        index = 0 if fig.quantity == "time_rel" else 1
+        value = float(np.mean([relative(m, fig.power_limit_w)[index] for m in fig.models]))
+        out.append({"figure": fig.figure, "power_limit_w": fig.power_limit_w, "quantity": fig.quantity,
+                    "published": fig.value, "simulated": value, "error_pp": 100 * (value - fig.value)})  # fmt: skip
+    return out
+
+
 def _with(spec: GPUSpec, values: np.ndarray) -> GPUSpec:
     pm = dataclasses.replace(spec.power_model, p_const_w=ACCELWATTCH_V100_CONSTANT_POWER_W,
                              **dict(zip(FIT_PARAMETERS, map(float, values))))  # fmt: skip
     return dataclasses.replace(spec, power_model=pm)
 
 
-def fit_power_model(spec: GPUSpec, points: list[ZeusPoint], traces: dict[int, Trace]) -> GPUSpec:
-    """Least-squares fit of FIT_PARAMETERS to the sweep; returns ``spec`` with the fitted power model."""
+def fit_power_model(
+    spec: GPUSpec, points: list[ZeusPoint], traces: dict[int, Trace],
+    figures: list[McDonaldFigure], figure_traces: dict[str, Trace],
+) -> tuple[GPUSpec, dict[str, float]]:  # fmt: skip
+    """Least-squares fit of FIT_PARAMETERS and the workloads' host gaps to both data sets.
+
+    Returns:
+        ``spec`` with the fitted power model, and the fitted host gaps (HOST_GAP_PARAMETERS names -> s).
+    """
     from scipy.optimize import least_squares
 
-    def fun(x):
-        rows = residuals(_with(spec, x), points, traces)
-        return [r[k] for r in rows for k in ("time_rel_error_pp", "avg_power_error_pp")]
+    n = len(FIT_PARAMETERS)
 
-    lower, upper = np.array(list(FIT_PARAMETERS.values())).T
-    x0 = np.array([FIT_INITIAL[k] for k in FIT_PARAMETERS])
-    # Finite-difference steps of 2 %: the throttled clock moves in discrete steps, so tiny steps see no slope.
+    def fun(x):
+        fitted = _with(spec, x[:n])
+        rows = residuals(fitted, points, traces, x[n])
+        errors = [r[k] for r in rows for k in ("time_rel_error_pp", "avg_power_error_pp")]
+        return errors + [r["error_pp"] for r in mcdonald_residuals(fitted, figures, figure_traces, x[n + 1])]
+
+    bounds = list(FIT_PARAMETERS.values()) + [(lo, hi) for lo, hi, _ in HOST_GAP_PARAMETERS.values()]
+    lower, upper = np.array(bounds).T
+    x0 = np.array([FIT_INITIAL[k] for k in FIT_PARAMETERS] + [g[2] for g in HOST_GAP_PARAMETERS.values()])
+    # Finite-difference steps of 2 %: window boundaries still move in steps, so tiny steps see no slope.
     result = least_squares(fun, x0, bounds=(lower, upper), diff_step=0.02, x_scale=upper - lower, max_nfev=400)
-    return _with(spec, result.x)
+    return _with(spec, result.x[:n]), dict(zip(HOST_GAP_PARAMETERS, map(float, result.x[n:])))
 
 
 def derive_power_model(reference: GPUSpec, target: GPUSpec, *, sustained_gemm_clock_mhz: float | None = None) -> PowerModel:

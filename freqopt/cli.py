@@ -238,8 +238,11 @@ def parse_caps(text: str) -> list[float]:
 @click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
 @click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulated noise.")
+@click.option("--host-gap-ms", default=0.0, show_default=True, type=float,
+              help="Host time per iteration in which the GPU idles (data loading, Python).")
 @_model_options
-def powercap(model, gpu, caps, mode, backend, json_path, seed, micro_batch_size, seq_len, n_heads) -> None:
+def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micro_batch_size, seq_len,
+             n_heads) -> None:  # fmt: skip
     """Measure one iteration at each power limit, relative to the GPU's default limit (McDonald et al. 2022)."""
     from rich.table import Table
 
@@ -257,11 +260,13 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, micro_batch_size,
     caps_w = parse_caps(caps) if caps is not None else default_caps(spec)
     for cap in caps_w:
         spec.check_power_limit(cap)
+    if host_gap_ms < 0:
+        raise InvalidSettingError(f"--host-gap-ms must not be negative, not {host_gap_ms:g}")
     measuring = get_backend(backend, spec, seed=seed)
     if json_path:
         _check_writable_file(Path(json_path))
     trace = trace_iteration(workload, mode)
-    base, points = sweep_power_caps(trace, measuring, caps_w)
+    base, points = sweep_power_caps(trace, measuring, caps_w, host_gap_s=host_gap_ms / 1000)
     table = Table("power limit (W)", "time (rel)", "energy (rel)", "avg power (W)", "time/iter (s)", "energy/iter (J)",
                   title=f"{workload.model} {mode} on {spec.name}: relative to the default "
                         f"{spec.power_limit_default_w:g} W limit")  # fmt: skip

@@ -105,11 +105,22 @@ def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):
         assert c["avg_power_w"] <= c["power_limit_w"] + 1e-6
 
 
+def test_powercap_host_gap_flattens_the_time_curve(capsys):
+    args = ["powercap", "--model", "distilbert", "--gpu", "v100-pcie", "--seq-len", "128", "--caps", "100"]
+    rel = []
+    for gap in ("0", "50"):
+        assert main([*args, "--host-gap-ms", gap]) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.strip("│ ").startswith("100 "))
+        rel.append(float(row.split("│")[2]))
+    assert 1.0 < rel[1] < rel[0]  # idle host time is not slowed by the cap
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "bert-base", "--caps", "50,abc"], "not a list of watts"),
     (["--model", "bert-base", "--gpu", "v100-pcie", "--caps", "50"], "accepts power limits 100-250 W"),
     (["--model", "bert-base", "--mode", "eval"], "not a mode"),
     (["--model", "bert-xxl"], "unknown model"),
+    (["--model", "bert-base", "--host-gap-ms", "-5"], "must not be negative"),
 ])  # fmt: skip
 def test_powercap_bad_input(args, message, capsys):
     assert main(["powercap", *args]) == 2

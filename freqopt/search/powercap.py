@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from freqopt.backends.base import Backend, ClockSetting, Measurement
+from freqopt.errors import InvalidSettingError
 from freqopt.trace import Trace
 
 __all__ = ["CapPoint", "default_caps", "sweep_power_caps"]
@@ -35,7 +36,7 @@ def default_caps(spec) -> list[float]:
 
 
 def sweep_power_caps(
-    trace: Trace, backend: Backend, caps_w: Sequence[float], *, repeats: int = 3
+    trace: Trace, backend: Backend, caps_w: Sequence[float], *, repeats: int = 3, host_gap_s: float = 0.0
 ) -> tuple[Measurement, list[CapPoint]]:
     """Measure the whole iteration at the default limit and at each of ``caps_w``.
 
@@ -44,6 +45,8 @@ def sweep_power_caps(
         backend: the GPU.
         caps_w: power limits, W; each within the GPU's limits.
         repeats: measurements averaged per limit.
+        host_gap_s: host time per iteration in which the GPU idles at its idle power (data loading, Python): a
+            cap does not slow it, so it flattens the time curve (calibration: freqopt/calibration.py).
 
     Returns:
         The default-limit measurement and one CapPoint per cap, in the order given.
@@ -53,11 +56,14 @@ def sweep_power_caps(
     """
     for cap in caps_w:
         backend.spec.check_power_limit(cap)
+    if host_gap_s < 0:
+        raise InvalidSettingError(f"host gap must not be negative, not {host_gap_s:g} s")
 
     def measure(setting: ClockSetting) -> Measurement:
         ms = [backend.measure_schedule(trace.kernels, [setting] * len(trace), key="powercap") for _ in range(repeats)]
-        return Measurement(float(np.mean([m.time_s for m in ms])), float(np.mean([m.energy_j for m in ms])),
-                           float(sum(m.cost_gpu_s for m in ms)))  # fmt: skip
+        time_s = float(np.mean([m.time_s for m in ms])) + host_gap_s
+        energy_j = float(np.mean([m.energy_j for m in ms])) + host_gap_s * backend.spec.idle_power_w
+        return Measurement(time_s, energy_j, float(sum(m.cost_gpu_s for m in ms)))
 
     base = measure(ClockSetting())
     points = []
