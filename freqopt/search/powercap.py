@@ -10,6 +10,7 @@ import numpy as np
 
 from freqopt.backends.base import Backend, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
+from freqopt.search.runner import Validator
 from freqopt.trace import Trace
 
 __all__ = ["CapPoint", "default_caps", "sweep_power_caps"]
@@ -59,11 +60,12 @@ def sweep_power_caps(
     if host_gap_s < 0:
         raise InvalidSettingError(f"host gap must not be negative, not {host_gap_s:g} s")
 
+    validator = Validator(trace, backend, repeats)
+
     def measure(setting: ClockSetting) -> Measurement:
-        ms = [backend.measure_schedule(trace.kernels, [setting] * len(trace), key="powercap") for _ in range(repeats)]
-        time_s = float(np.mean([m.time_s for m in ms])) + host_gap_s
-        energy_j = float(np.mean([m.energy_j for m in ms])) + host_gap_s * backend.spec.idle_power_w
-        return Measurement(time_s, energy_j, float(sum(m.cost_gpu_s for m in ms)))
+        m = validator(tuple([setting] * len(trace)), key="powercap")
+        gap_j = host_gap_s * backend.spec.idle_power_w
+        return Measurement(m.time_s + host_gap_s, m.energy_j + gap_j, m.cost_gpu_s)
 
     base = measure(ClockSetting())
     points = []
