@@ -181,45 +181,40 @@ def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.b
         dtype: parameter and activation dtype; the optimizer keeps FP32 master weights and moments.
 
     Returns:
-        Trace with kernels in issue order; ``meta`` holds the parameter count.
+        Trace with kernels in issue order; ``meta`` holds the parameter count and the mode.
     """
-    config = workload.config
-    model = build_model(config, dtype=dtype)
-    optimizer = MixedPrecisionAdamW(model.parameters())
-    idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
-    recorder = _KernelRecorder()
-    with recorder:
-        loss = model(idx, idx)
-        recorder.pass_name = "backward"
-        loss.backward()
-        recorder.pass_name = "optimizer"
-        optimizer.step()
-    n_params = sum(p.numel() for p in model.parameters())
-    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta={"n_params": n_params, "mode": "train"})
+    return trace_iteration(workload, "train", dtype=dtype)
 
 
 def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
     """Kernels of one inference batch: the forward pass to logits, without gradients (on the meta device)."""
-    config = workload.config
-    model = build_model(config, dtype=dtype)
-    idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
-    recorder = _KernelRecorder()
-    with torch.no_grad(), recorder:
-        model(idx)
-    n_params = sum(p.numel() for p in model.parameters())
-    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta={"n_params": n_params, "mode": "inference"})
+    return trace_iteration(workload, "inference", dtype=dtype)
 
 
 def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16) -> Trace:
-    """One training step (mode "train") or one inference batch (mode "inference").
+    """One training step (mode "train") or one inference batch (mode "inference"), traced on the meta device.
 
     Raises:
         UnknownNameError: unknown mode.
     """
     from freqopt.errors import UnknownNameError
 
+    if mode not in MODES:
+        raise UnknownNameError(f"unknown mode {mode!r}; choose train or inference")
+    config = workload.config
+    model = build_model(config, dtype=dtype)
+    idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
+    recorder = _KernelRecorder()
     if mode == "train":
-        return trace_training_iteration(workload, dtype=dtype)
-    if mode == "inference":
-        return trace_inference(workload, dtype=dtype)
-    raise UnknownNameError(f"unknown mode {mode!r}; choose train or inference")
+        optimizer = MixedPrecisionAdamW(model.parameters())
+        with recorder:
+            loss = model(idx, idx)
+            recorder.pass_name = "backward"
+            loss.backward()
+            recorder.pass_name = "optimizer"
+            optimizer.step()
+    else:
+        with torch.no_grad(), recorder:
+            model(idx)
+    n_params = sum(p.numel() for p in model.parameters())
+    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta={"n_params": n_params, "mode": mode})
