@@ -64,6 +64,8 @@ def _stdout_console():
 
 
 def _model_options(f):
+    f = click.option("--layout", default=None,
+                     help="Parallel layout dp=N,tp=M (data- and tensor-parallel degrees); default one GPU.")(f)
     f = click.option("--n-heads", type=int, default=None, help="Override the number of attention heads.")(f)
     f = click.option("--seq-len", type=int, default=None, help="Override the sequence length (tokens).")(f)
     f = click.option("--micro-batch-size", type=int, default=None, help="Sequences per GPU per step (default 4).")(f)
@@ -78,19 +80,27 @@ def cli() -> None:
 
 @cli.command()
 @_model_options
-def models(micro_batch_size, seq_len, n_heads) -> None:
-    """List the models, with parameter counts computed from the PyTorch modules."""
+def models(micro_batch_size, seq_len, n_heads, layout) -> None:
+    """List the models, with parameter counts computed from the PyTorch modules (per GPU under --layout)."""
     from rich.table import Table
 
+    from freqopt.layout import parse_layout
     from freqopt.models import count_parameters, get_workload, list_models
 
-    table = Table("model", "layers", "d_model", "heads", "seq len", "parameters")
+    parsed = parse_layout(layout)
+    columns = ["model", "layers", "d_model", "heads", "seq len", "parameters"]
+    if not parsed.is_single_gpu:
+        columns.append(f"parameters per GPU ({parsed})")
+    table = Table(*columns)
     for name in list_models():
-        w = get_workload(name, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                         n_heads=n_heads if n_heads else None)  # fmt: skip
+        w = get_workload(name, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads)
         c = w.config
-        table.add_row(name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len),
-                      f"{count_parameters(c) / 1e6:,.1f} M")  # fmt: skip
+        row = [name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len),
+               f"{count_parameters(c) / 1e6:,.1f} M"]  # fmt: skip
+        if not parsed.is_single_gpu:
+            fits = c.n_heads % parsed.tp == 0
+            row.append(f"{count_parameters(c, parsed.tp) / 1e6:,.1f} M" if fits else f"tp must divide {c.n_heads} heads")
+        table.add_row(*row)
     _stdout_console().print(table)
 
 
@@ -127,10 +137,11 @@ def gpus() -> None:
 @click.option("--trials", default=None, type=int, help="Trials per tuning unit (default 14, or 30 with memory clocks).")
 @_model_options
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials,
-           micro_batch_size, seq_len, n_heads) -> None:  # fmt: skip
+           micro_batch_size, seq_len, n_heads, layout) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities."""
     from freqopt.backends import get_backend
     from freqopt.gpus import DEFAULT_GPU, get_gpu
+    from freqopt.layout import parse_layout
     from freqopt.models import get_workload
     from freqopt.search import GRANULARITIES, SearchConfig
     from freqopt.search.runner import open_storage
@@ -138,7 +149,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
 
     # Validate everything before any work or any file is touched.
     slowdown = parse_slowdown(max_slowdown)
-    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads)
+    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                            layout=parse_layout(layout))  # fmt: skip
     spec = get_gpu(gpu or DEFAULT_GPU)
     granularities = GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
     if trials is not None and trials < 1:
@@ -170,9 +182,10 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
     started = time.monotonic()
     with console.status(f"tracing one training iteration of {workload.model}"):
         trace = trace_training_iteration(workload)
-    console.print(f"traced {workload.model}: {len(trace)} kernels, {len(trace.kernel_classes())} kernel classes, "
-                  f"{trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU {spec.name} (simulated)"
-                  if backend_name == "sim" else f"traced {workload.model}: {len(trace)} kernels")  # fmt: skip
+    where = "" if workload.layout.is_single_gpu else f" ({workload.layout}, one rank of {workload.layout.world_size})"
+    console.print(f"traced {workload.model}{where}: {len(trace)} kernels, {len(trace.kernel_classes())} kernel "
+                  f"classes, {trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU {spec.name}"
+                  + (" (simulated)" if backend_name == "sim" else ""))  # fmt: skip
     total = sum(len(partition(trace, g)) for g in config.granularities)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:  # fmt: skip
@@ -182,7 +195,8 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
             progress.update(task, advance=1, description=f"{granularity}: unit {done}/{n}")
 
         result = run_search(trace, backend, config, on_unit=on_unit)
-    stem = f"{workload.model}-{spec.name}"
+    stem = f"{workload.model}-{spec.name}" + ("" if workload.layout.is_single_gpu
+                                               else f"-dp{workload.layout.dp}tp{workload.layout.tp}")  # fmt: skip
     paths = {}
     for g in result.results:
         table = table_from_result(result, g, spec, backend=backend_name, seed=config.seed)
@@ -190,7 +204,7 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
         write_table_csv(table, out / f"{stem}-{g}.csv")
 
     base = result.baseline
-    rich_table = Table(title=f"{workload.model} on {spec.name}, max slowdown {100 * config.max_slowdown:g} % "
+    rich_table = Table(title=f"{workload.model} ({workload.layout}) on {spec.name}, max slowdown {100 * config.max_slowdown:g} % "
                              f"(validated by measuring the whole iteration)")  # fmt: skip
     for col in ("granularity", "energy/iter (J)", "time/iter (s)", "energy saved (%)", "slowdown (%)", "settings",
                 "measurements", "search cost (GPU-h)", "clock table"):  # fmt: skip
@@ -242,7 +256,7 @@ def parse_caps(text: str) -> list[float]:
               help="Host time per iteration in which the GPU idles (data loading, Python).")
 @_model_options
 def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micro_batch_size, seq_len,
-             n_heads) -> None:  # fmt: skip
+             n_heads, layout) -> None:  # fmt: skip
     """Measure one iteration at each power limit, relative to the GPU's default limit (McDonald et al. 2022)."""
     from rich.table import Table
 
@@ -251,9 +265,11 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
     from freqopt.models import get_workload
     from freqopt.search.powercap import default_caps, sweep_power_caps
     from freqopt.tables import atomic_write_text
+    from freqopt.layout import parse_layout
     from freqopt.trace import MODES, trace_iteration
 
-    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads)
+    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                            layout=parse_layout(layout))  # fmt: skip
     spec = get_gpu(gpu or DEFAULT_GPU)
     if mode not in MODES:
         raise InvalidSettingError(f"--mode {mode!r} is not a mode; choose train or inference")

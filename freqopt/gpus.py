@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["PowerModel", "GPUSpec", "DEFAULT_GPU", "get_gpu", "list_gpus", "search_spaces_dir"]
+__all__ = ["PowerModel", "Interconnect", "GPUSpec", "DEFAULT_GPU", "get_gpu", "list_gpus", "search_spaces_dir"]
 
 DEFAULT_GPU = "h100-sxm"
 
@@ -45,6 +45,38 @@ class PowerModel:
     v_min_rel: float
     f_knee_mhz: float
     power_window_s: float
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """How a GPU of this type talks to the others: links within a node, the network between nodes.
+
+    Attributes:
+        kind: the link, for people ("NVLink 4 (18 links) + NVSwitch", "PCIe 4.0 x16").
+        link_bandwidth_gbs: per GPU and direction within a node, GB/s (1e9 B/s).
+        link_latency_us: per ring step within a node, us.
+        gpus_per_node: GPUs that share the fast links; a group of ranks wider than this crosses nodes.
+        inter_node_bandwidth_gbs: per GPU and direction between nodes, GB/s.
+        inter_node_latency_us: per ring step between nodes, us.
+        link_efficiency: fraction of the link bandwidth a large collective reaches.
+        link_energy_pj_per_bit: energy the board draws per bit sent or received, pJ.
+        nccl_sms: SMs that a collective's kernel occupies (one per NCCL channel).
+    """
+
+    kind: str
+    link_bandwidth_gbs: float
+    link_latency_us: float
+    gpus_per_node: int
+    inter_node_bandwidth_gbs: float
+    inter_node_latency_us: float
+    link_efficiency: float
+    link_energy_pj_per_bit: float
+    nccl_sms: int
+
+    def spans_nodes(self, group_size: int, group_stride: int) -> bool:
+        """Whether a group of ``group_size`` ranks, ``group_stride`` global ranks apart (tp innermost), crosses
+        a node boundary."""
+        return group_size > 1 and group_size * group_stride > self.gpus_per_node
 
 
 @dataclass(frozen=True)
@@ -73,6 +105,7 @@ class GPUSpec:
         clock_switch_s: time for a clock change to take effect, s.
         energy_counter_period_s: update period of nvmlDeviceGetTotalEnergyConsumption, s.
         power_model: see PowerModel.
+        interconnect: see Interconnect.
         sources: where each group of figures comes from.
     """
 
@@ -98,6 +131,7 @@ class GPUSpec:
     clock_switch_s: float
     energy_counter_period_s: float
     power_model: PowerModel
+    interconnect: Interconnect
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -215,5 +249,6 @@ def get_gpu(name: str) -> GPUSpec:
         clock_switch_s=float(m["clock_switch_ms"]) * 1e-3,
         energy_counter_period_s=float(m["energy_counter_period_ms"]) * 1e-3,
         power_model=PowerModel(**{k: float(v) for k, v in pm.items()}),
+        interconnect=Interconnect(**data["interconnect"]),
         sources=dict(data.get("sources", {})),
     )

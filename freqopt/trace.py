@@ -1,9 +1,21 @@
-"""Trace one training iteration into the GPU kernels it runs, on the meta device (no memory, any model size).
+"""Trace one training iteration into the GPU kernels one rank runs, on the meta device (no memory, any model size).
 
 A TorchDispatchMode sees every ATen operator the forward pass, ``loss.backward()`` and the optimizer step
 dispatch. Each operator that computes or moves data becomes a Kernel; views (``OpOverload.is_view``) and
 allocations are not kernels. FLOPs come from torch.utils.flop_counter's formulas; device-memory bytes are the
 bytes of the tensors each operator reads and writes (what an unfused eager kernel moves).
+
+A parallel layout (freqopt.layout) traces one rank as DeepSpeed runs it (checked against a real run in
+tests/test_deepspeed.py):
+
+* tensor parallel (AutoTP): sharded q/k/v/up and o/down projections (freqopt.models.parallel), an all-reduce of
+  the activations after each row-parallel layer in forward and of the input gradient of each column-parallel
+  layer in backward, all on the training stream;
+* data parallel (ZeRO stages 0-1): gradients all-reduced in buckets of ``Layout.bucket_elements``, each issued on
+  a communication stream as soon as its last gradient is accumulated (ZeRO-1 ``overlap_comm``), so that it
+  overlaps the rest of the backward pass; the optimizer step waits for all of them;
+* gradient clipping at global norm 1.0 (Brown et al. 2020 appendix B; DeepSpeed's default ``gradient_clipping``),
+  whose squared norm is all-reduced over the tp and dp groups, as ``deepspeed.runtime.utils.clip_grad_norm_``.
 """
 
 from __future__ import annotations
@@ -20,12 +32,15 @@ from torch.utils.flop_counter import flop_registry
 
 from freqopt.models import Workload, build_model
 from freqopt.models.ops import MixedPrecisionAdamW
+from freqopt.models.parallel import COMM_STREAM, COMPUTE_STREAM, all_reduce, shard_tensor_parallel
 
 __all__ = ["Kernel", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration", "MODES", "PASSES"]
 
 MODES = ("train", "inference")
 
 PASSES = ("forward", "backward", "optimizer")
+COMMUNICATION = "communication"  # the pass of every collective (design.md section 2: pass level + communication)
+COLLECTIVE_KINDS = ("all-reduce",)
 
 # ATen operator (overload packet name) -> kernel kind, design.md section 2.
 _KINDS = {
@@ -39,6 +54,8 @@ _KINDS = {
     "embedding": "embedding", "embedding_dense_backward": "embedding",
     "_fused_adamw_": "optimizer", "_foreach_add_": "optimizer",
     "_to_copy": "memcpy", "copy_": "memcpy", "_foreach_copy_": "memcpy", "clone": "memcpy",
+    "_foreach_norm": "reduction", "linalg_vector_norm": "reduction", "stack": "memcpy",
+    "all_reduce": "all-reduce",
 }  # fmt: skip
 # Operators that allocate or only bookkeep: no kernel runs.
 _NOT_KERNELS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "arange",
@@ -57,8 +74,9 @@ class Kernel:
 
     Attributes:
         name: the ATen operator (``aten.mm``, ``freqopt.flash_attention``).
-        kind: gemm, attention, elementwise, normalization, softmax, reduction, embedding, optimizer, memcpy.
-        pass_name: forward, backward or optimizer.
+        kind: gemm, attention, elementwise, normalization, softmax, reduction, embedding, optimizer, memcpy,
+            all-reduce.
+        pass_name: forward, backward, optimizer, or communication (collectives).
         flops: floating-point operations (torch.utils.flop_counter's count; causal masking not discounted).
         mem_bytes: bytes read from and written to device memory.
         dtype: element type of the first floating-point input (``bfloat16``).
@@ -66,7 +84,11 @@ class Kernel:
             a single (tensor count, total elements) pair.
         tensor_core: runs on tensor cores (a 16-bit GEMM or attention).
         causal: an attention kernel with causal masking (FlashAttention skips the masked half of the work).
-        stream: CUDA stream: 0 compute.
+        stream: CUDA stream: 0 the training stream, 1 the communication stream that overlaps it.
+        comm_bytes: for a collective, the message size in bytes (the buffer each rank contributes).
+        group_size: ranks in the collective's group (1: not a collective).
+        group_stride: distance between the group's global ranks (1 for tp groups, tp for dp groups), which
+            decides whether the group spans nodes.
     """
 
     name: str
@@ -79,12 +101,21 @@ class Kernel:
     tensor_core: bool = False
     causal: bool = False
     stream: int = 0
+    comm_bytes: float = 0.0
+    group_size: int = 1
+    group_stride: int = 1
 
     @cached_property
     def signature(self) -> str:
-        """Kernel-class key: kernels with equal signatures run the same code on the same shapes."""
+        """Kernel-class key: kernels with equal signatures run the same code on the same shapes (and, for a
+        collective, over the same group)."""
         shapes = ",".join("x".join(map(str, s)) for s in self.shapes)
-        return f"{self.kind}|{self.name}|{self.dtype}|{shapes}"
+        group = f"|ranks={self.group_size},stride={self.group_stride},stream={self.stream}" if self.is_collective else ""
+        return f"{self.kind}|{self.name}|{self.dtype}|{shapes}{group}"
+
+    @property
+    def is_collective(self) -> bool:
+        return self.group_size > 1
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -94,7 +125,7 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Trace:
-    """The ordered kernels of one training iteration on one GPU."""
+    """The ordered kernels of one training iteration on one GPU (one rank of the workload's layout)."""
 
     workload: Workload
     kernels: tuple[Kernel, ...]
@@ -144,6 +175,9 @@ class _KernelRecorder(TorchDispatchMode):
         outputs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         if not inputs and not outputs:
             return out
+        if op == "all_reduce":
+            self.kernels.append(_all_reduce_kernel(*args))
+            return out
         # In-place and out= operators return their (already counted) inputs: count each storage once as written.
         written = [o for o in outputs if not any(o is i for i in inputs)]
         mutated = [o for o in outputs if any(o is i for i in inputs)]
@@ -171,6 +205,46 @@ class _KernelRecorder(TorchDispatchMode):
         return out
 
 
+def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stream: int) -> Kernel:
+    """A ring all-reduce of x over group_size ranks (NCCL's ring algorithm, Patarasuk & Yuan 2009): a
+    reduce-scatter then an all-gather, each n - 1 steps of S / n bytes. Per rank it sends and receives
+    2 (n - 1) / n S bytes, adds (n - 1) / n of the elements, and reads and writes its chunks in device memory
+    about 5 (n - 1) / n S bytes (three chunk accesses per reduce step, two per gather step)."""
+    n = group_size
+    nbytes = float(x.numel() * x.element_size())
+    return Kernel(
+        name="freqopt.all_reduce", kind="all-reduce", pass_name=COMMUNICATION,
+        flops=x.numel() * (n - 1) / n, mem_bytes=5 * (n - 1) / n * nbytes, dtype=_dtype_name(x.dtype),
+        shapes=(tuple(x.shape),), stream=stream, comm_bytes=nbytes, group_size=n, group_stride=group_stride,
+    )  # fmt: skip
+
+
+class _GradientBuckets:
+    """Data-parallel gradient all-reduce in buckets, as DeepSpeed's ZeRO-1 with ``overlap_comm`` issues it:
+    a gradient joins the open bucket when accumulated; a bucket that the next gradient would overflow is
+    all-reduced first (on the communication stream), and the last bucket at the end of backward."""
+
+    def __init__(self, params: list[torch.nn.Parameter], dp: int, tp: int, bucket_elements: int):
+        self.dp, self.tp, self.limit = dp, tp, bucket_elements
+        self.elements, self.dtype = 0, None
+        self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in params if p.requires_grad]
+
+    def _ready(self, param: torch.Tensor) -> None:
+        if self.elements and self.elements + param.numel() > self.limit:
+            self.flush()
+        self.elements += param.numel()
+        self.dtype = param.dtype
+
+    def flush(self) -> None:
+        if self.elements:
+            all_reduce(torch.empty(self.elements, dtype=self.dtype, device="meta"), self.dp, self.tp, COMM_STREAM)
+        self.elements = 0
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
     """Kernels of one training iteration: forward, backward and a mixed-precision AdamW step.
 
@@ -192,7 +266,8 @@ def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) 
 
 
 def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16) -> Trace:
-    """One training step (mode "train") or one inference batch (mode "inference"), traced on the meta device.
+    """One training step (mode "train") or one inference batch (mode "inference") of one rank of the workload's
+    layout, traced on the meta device.
 
     Raises:
         UnknownNameError: unknown mode.
@@ -201,20 +276,34 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
 
     if mode not in MODES:
         raise UnknownNameError(f"unknown mode {mode!r}; choose train or inference")
-    config = workload.config
-    model = build_model(config, dtype=dtype)
+    config, layout = workload.config, workload.layout
+    model = shard_tensor_parallel(build_model(config, dtype=dtype), layout.tp)
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
     recorder = _KernelRecorder()
     if mode == "train":
-        optimizer = MixedPrecisionAdamW(model.parameters())
+        params = list(model.parameters())
+        buckets = _GradientBuckets(params, layout.dp, layout.tp, layout.bucket_elements) if layout.dp > 1 else None
+
+        def reduce_norm(sq_norm: torch.Tensor) -> torch.Tensor:  # deepspeed.runtime.utils.clip_grad_norm_
+            if layout.tp > 1:
+                sq_norm = all_reduce(sq_norm, layout.tp, 1, COMPUTE_STREAM)
+            if layout.dp > 1:
+                sq_norm = all_reduce(sq_norm, layout.dp, layout.tp, COMPUTE_STREAM)
+            return sq_norm
+
+        optimizer = MixedPrecisionAdamW(params, reduce_sq_norm=reduce_norm)
         with recorder:
             loss = model(idx, idx)
             recorder.pass_name = "backward"
             loss.backward()
+            if buckets is not None:
+                buckets.flush()
+                buckets.remove()
             recorder.pass_name = "optimizer"
             optimizer.step()
     else:
         with torch.no_grad(), recorder:
             model(idx)
     n_params = sum(p.numel() for p in model.parameters())
-    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta={"n_params": n_params, "mode": mode})
+    meta = {"n_params": n_params, "mode": mode, "layout": layout.as_dict()}
+    return Trace(workload=workload, kernels=tuple(recorder.kernels), meta=meta)

@@ -101,8 +101,8 @@ def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):
     assert set(doc["caps"][0]) == {"power_limit_w", "time_rel", "energy_rel", "avg_power_w"}
     by_cap = {c["power_limit_w"]: c for c in doc["caps"]}
     assert by_cap[150]["time_rel"] > 1.02 and by_cap[150]["energy_rel"] < 0.95  # capping trades time for energy
-    for c in doc["caps"]:
-        assert c["avg_power_w"] <= c["power_limit_w"] + 1e-6
+    for c in doc["caps"]:  # the limit holds, up to the readings' noise (0.5 % in energy, 0.2 % in time: 3 sigma)
+        assert c["avg_power_w"] <= c["power_limit_w"] * 1.016
 
 
 def test_powercap_host_gap_flattens_the_time_curve(capsys):

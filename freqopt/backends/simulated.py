@@ -13,6 +13,22 @@ u_mem = t_dram / t for memory traffic, whose power sits in the memory term)::
 
     P = p_const + p_leak V + (p_sm_clock + p_sm_active u_sm) V^2 f/f_max + (p_mem_clock + p_mem_active u_mem) m/m_max
 
+Collectives (all-reduce, ring algorithm) are timed by their bytes on the interconnect (GPUSpec.interconnect)::
+
+    t_link  = 2 (n-1)/n S / (link_bandwidth * link_efficiency) + 2 (n-1) latency    # n ranks, S bytes
+    t_l2    = bytes / (l2_bytes_per_clock * f * nccl_sms / n_sms)                # NCCL's few SMs copy and add
+    t       = (t_sm^p + t_dram^p + t_link^p)^(1/p) + t_fixed
+
+with the inter-node bandwidth and latency when the group spans nodes. They draw little SM power (u_sm counts
+only their additions) and, on top, the link's energy per bit sent and received.
+
+Timeline: kernels on the training stream (stream 0) run in issue order; a kernel on the communication stream
+(stream 1: data-parallel gradient buckets) starts when the training-stream kernel issued before it has finished
+and the previous communication kernel is done, and runs alongside the training stream; the first kernel of a new
+pass on the training stream (the optimizer step) waits for every communication kernel issued before it. While a
+communication kernel overlaps compute it adds only its power above the board's baseline (the constant, leakage
+and clock-tree power are already being paid); exposed, it draws its full power.
+
 Power limit: over each control window (``power_window_s``) the firmware runs the highest supported SM clock, at
 most the requested one, whose average power stays within the limit, and alternates with the next step up for the
 share of the window that brings the average to the limit (so the effective clock is continuous); with no locked
@@ -45,7 +61,9 @@ CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: 
 class KernelPhysics:
     """Per-kernel time and power at every supported SM clock, for one list of kernels.
 
-    Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock.
+    Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock:
+    ``time_s``, ``power_w``, ``energy_j``, and ``baseline_power_w`` (the board's power with no activity at that
+    clock: constant, leakage and clock-tree terms).
     """
 
     def __init__(self, spec: GPUSpec, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray):
@@ -58,26 +76,85 @@ class KernelPhysics:
             [spec.tensor_flops_per_clock_per_sm if k.tensor_core else spec.cuda_flops_per_clock_per_sm for k in kernels]
         )[:, None]
         nbytes = np.array([k.mem_bytes for k in kernels])[:, None]
+        link_s, latency_s, link_j = _link_costs(spec, kernels)  # (K, 1) each
+        # A collective's loads and stores go through the few SMs NCCL runs on, not the whole GPU.
+        sm_share = np.array([spec.interconnect.nccl_sms / spec.n_sms if k.is_collective else 1.0 for k in kernels])
         t_flops = flops / (spec.n_sms * per_clock * f * 1e6 * spec.gemm_efficiency)  # (K, F)
-        t_l2 = nbytes / (spec.l2_bytes_per_clock * f * 1e6)  # (K, F)
+        t_l2 = nbytes / (spec.l2_bytes_per_clock * sm_share[:, None] * f * 1e6)  # (K, F)
         t_sm = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
         bandwidth = spec.mem_bandwidth_gbs * 1e9 * m / spec.max_mem_clock_mhz  # (K, 1), B/s
         t_dram = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1)
-        t_busy = (t_sm**p + t_dram**p) ** (1 / p)  # (K, F)
-        self.time_s = t_busy + spec.kernel_fixed_s  # (K, F)
+        t_busy = (t_sm**p + t_dram**p + link_s**p) ** (1 / p)  # (K, F)
+        self.time_s = t_busy + latency_s + spec.kernel_fixed_s  # (K, F)
         u_sm = t_flops / self.time_s
         u_mem = t_dram / self.time_s
         pm = spec.power_model
         v = voltage_rel(spec, f)  # (1, F)
         f_rel = f / spec.max_sm_clock_mhz
         m_rel = m / spec.max_mem_clock_mhz
+        self.baseline_power_w = pm.p_const_w + pm.p_leak_w * v + pm.p_sm_clock_w * v**2 * f_rel + pm.p_mem_clock_w * m_rel
         self.power_w = (
-            pm.p_const_w
-            + pm.p_leak_w * v
-            + (pm.p_sm_clock_w + pm.p_sm_active_w * u_sm) * v**2 * f_rel
-            + (pm.p_mem_clock_w + pm.p_mem_active_w * u_mem) * m_rel
+            self.baseline_power_w
+            + pm.p_sm_active_w * u_sm * v**2 * f_rel
+            + pm.p_mem_active_w * u_mem * m_rel
+            + link_j / self.time_s
         )  # (K, F)
         self.energy_j = self.power_w * self.time_s  # (K, F)
+
+
+def _link_costs(spec: GPUSpec, kernels: Sequence[Kernel]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per kernel, shape (K, 1) each: the ring all-reduce's bandwidth time on the link (s), its latency (s), and
+    the link energy (J) for the bytes each rank sends and receives; zeros for kernels that are not collectives."""
+    link = spec.interconnect
+    link_s, latency_s, link_j = (np.zeros((len(kernels), 1)) for _ in range(3))
+    for i, k in enumerate(kernels):
+        if not k.is_collective:
+            continue
+        n = k.group_size
+        inter = link.spans_nodes(n, k.group_stride)
+        bandwidth = (link.inter_node_bandwidth_gbs if inter else link.link_bandwidth_gbs) * 1e9 * link.link_efficiency
+        latency = (link.inter_node_latency_us if inter else link.link_latency_us) * 1e-6
+        bus_bytes = 2 * (n - 1) / n * k.comm_bytes  # sent (and received) by each rank
+        link_s[i] = bus_bytes / bandwidth
+        latency_s[i] = 2 * (n - 1) * latency
+        link_j[i] = 2 * bus_bytes * 8 * link.link_energy_pj_per_bit * 1e-12
+    return link_s, latency_s, link_j
+
+
+def _overlap_streams(
+    kernels: Sequence[Kernel], time_s: np.ndarray, energy_j: np.ndarray, baseline_w: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lay the kernels on a training stream and a communication stream (module docstring) and return, per
+    kernel, the wall time it adds (a communication kernel: only its exposed part) and its energy (overlapped:
+    only its power above ``baseline_w``). Shapes (K,); the sums are the iteration's wall time and energy."""
+    compute_end = 0.0  # when the training stream's last kernel ends
+    comm_end = 0.0  # when the communication stream's last kernel ends
+    busy: list[list[float]] = []  # the training stream's busy intervals, merged
+    spans = {}  # communication kernel -> (start, end)
+    last_pass = None
+    for i, k in enumerate(kernels):
+        if k.stream != 0:
+            start = max(comm_end, compute_end)
+            comm_end = start + time_s[i]
+            spans[i] = (start, comm_end)
+            continue
+        start = compute_end
+        if last_pass is not None and k.pass_name != last_pass:
+            start = max(start, comm_end)  # a pass boundary waits for the gradients in flight
+        last_pass = k.pass_name
+        if busy and busy[-1][1] >= start:
+            busy[-1][1] = start + time_s[i]
+        else:
+            busy.append([start, start + time_s[i]])
+        compute_end = start + time_s[i]
+    wall_time, wall_energy = time_s.copy(), energy_j.copy()
+    for i, (start, end) in spans.items():
+        overlapped = sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy)
+        exposed = (end - start) - overlapped
+        power = energy_j[i] / time_s[i]
+        wall_time[i] = exposed
+        wall_energy[i] = power * exposed + (power - baseline_w[i]) * overlapped
+    return wall_time, wall_energy
 
 
 def voltage_rel(spec: GPUSpec, sm_clock_mhz: np.ndarray | float) -> np.ndarray:
@@ -167,6 +244,10 @@ class SimulatedGPU(Backend):
         energy_j = (1 - alpha) * phys.energy_j[k_idx, lo] + alpha * phys.energy_j[k_idx, hi]
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)
         clocks = (1 - alpha) * f[lo] + alpha * f[hi]
+        side = np.array([k.stream != 0 for k in kernels])
+        if side.any():
+            baseline_w = (1 - alpha) * phys.baseline_power_w[k_idx, lo] + alpha * phys.baseline_power_w[k_idx, hi]
+            time_s, energy_j = _overlap_streams(kernels, time_s, energy_j, baseline_w)
         return time_s, energy_j, clocks
 
     def true_measure(self, kernels: Sequence[Kernel], setting: ClockSetting) -> Measurement:

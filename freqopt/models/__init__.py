@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.layout import SINGLE_GPU, Layout
 from freqopt.models.bert import BERT_CONFIGS, BertConfig, BertModel
 from freqopt.models.gpt3 import GPT3_CONFIGS, GPTConfig, GPTModel
 
@@ -31,11 +32,13 @@ DEFAULT_MICRO_BATCH_SIZE = 4
 
 @dataclass(frozen=True)
 class Workload:
-    """One training iteration of a model: its name, architecture and micro-batch (sequences per GPU)."""
+    """One training iteration of a model: its name, architecture, micro-batch (sequences per model replica per
+    step) and parallel layout (the trace is one rank's)."""
 
     model: str
     config: ModelConfig
     micro_batch_size: int = DEFAULT_MICRO_BATCH_SIZE
+    layout: Layout = SINGLE_GPU
 
     @property
     def tokens(self) -> int:
@@ -47,13 +50,15 @@ def list_models() -> list[str]:
 
 
 def get_workload(
-    model: str, *, micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None
+    model: str, *, micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
+    layout: Layout | None = None,
 ) -> Workload:
-    """The named model with optional overrides.
+    """The named model with optional overrides, on an optional parallel layout (default one GPU).
 
     Raises:
         UnknownNameError: unknown model; the message lists the known ones.
-        InvalidSettingError: a non-positive override, or heads that do not divide d_model.
+        InvalidSettingError: a non-positive override, heads that do not divide d_model, or a tensor-parallel
+            degree that does not divide the heads.
     """
     if model not in MODELS:
         raise UnknownNameError(f"unknown model {model!r}; known models: {', '.join(MODELS)} (see `freqopt models`)")
@@ -69,7 +74,9 @@ def get_workload(
                 f"--n-heads {n_heads} does not divide d_model {config.d_model} of {model}; pick a divisor"
             )
         config = dataclasses.replace(config, n_heads=n_heads)
-    return Workload(model, config, micro_batch_size or DEFAULT_MICRO_BATCH_SIZE)
+    layout = layout or SINGLE_GPU
+    layout.check_model(model, config.n_heads)
+    return Workload(model, config, micro_batch_size or DEFAULT_MICRO_BATCH_SIZE, layout)
 
 
 def build_model(config: ModelConfig, *, device: str | torch.device = "meta", dtype: torch.dtype = torch.bfloat16):
@@ -79,6 +86,9 @@ def build_model(config: ModelConfig, *, device: str | torch.device = "meta", dty
         return module(config).to(dtype)
 
 
-def count_parameters(config: ModelConfig) -> int:
-    """Parameters of the module (tied weights counted once), computed on the meta device."""
-    return sum(p.numel() for p in build_model(config).parameters())
+def count_parameters(config: ModelConfig, tp: int = 1) -> int:
+    """Parameters of the module (tied weights counted once) held by one of ``tp`` tensor-parallel ranks,
+    computed on the meta device."""
+    from freqopt.models.parallel import shard_tensor_parallel
+
+    return sum(p.numel() for p in shard_tensor_parallel(build_model(config), tp).parameters())

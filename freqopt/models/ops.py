@@ -97,11 +97,18 @@ class MixedPrecisionAdamW:
         params: the model's parameters.
         lr, betas, eps, weight_decay: AdamW's (Loshchilov & Hutter 2019); GPT-3 used betas (0.9, 0.95) and
             weight decay 0.1 (Brown et al. 2020, appendix B).
+        max_grad_norm: clip the gradients' global L2 norm to this (GPT-3: 1.0, Brown et al. 2020 appendix B;
+            DeepSpeed's default ``gradient_clipping``); None: no clipping.
+        reduce_sq_norm: sums the local squared norm over the other ranks that hold parameters (tensor- and
+            data-parallel groups); identity on one GPU.
     """
 
-    def __init__(self, params, *, lr: float = 6e-4, betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.1):
+    def __init__(self, params, *, lr: float = 6e-4, betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.1,
+                 max_grad_norm: float | None = 1.0, reduce_sq_norm=None):  # fmt: skip
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.max_grad_norm = max_grad_norm
+        self.reduce_sq_norm = reduce_sq_norm or (lambda sq_norm: sq_norm)
         with torch.no_grad():
             self.master = [p.detach().float() for p in self.params]
         self.exp_avg = [torch.zeros_like(m) for m in self.master]
@@ -111,6 +118,10 @@ class MixedPrecisionAdamW:
     @torch.no_grad()
     def step(self) -> None:
         grads = [p.grad.float() if p.grad is not None else torch.zeros_like(m) for p, m in zip(self.params, self.master)]
+        if self.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_'s multi-tensor path
+            sq_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) ** 2
+            total_norm = self.reduce_sq_norm(sq_norm).sqrt()
+            torch._foreach_mul_(grads, torch.clamp(self.max_grad_norm / (total_norm + 1e-6), max=1.0))
         torch._foreach_add_(self.steps, 1.0)
         torch._fused_adamw_(
             self.master, grads, self.exp_avg, self.exp_avg_sq, [], self.steps,

@@ -133,11 +133,12 @@ class SearchResult:
 
 
 def study_prefix(trace: Trace, spec, seed: int) -> str:
-    """A study-name prefix unique to the workload, the GPU type (with all its constants, so a recalibrated GPU
+    """A study-name prefix unique to the workload (model, micro-batch, layout, mode), the GPU type (with all its constants, so a recalibrated GPU
     does not resume studies measured under the old ones) and the seed, so one storage can hold many searches."""
     w = trace.workload
-    ident = f"{w.model}|{w.config}|{w.micro_batch_size}|{spec!r}|{seed}"
-    return f"{w.model}-{spec.name}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
+    ident = f"{w.model}|{w.config}|{w.micro_batch_size}|{w.layout!r}|{trace.meta.get('mode', 'train')}|{spec!r}|{seed}"
+    layout = "" if w.layout.is_single_gpu else f"-dp{w.layout.dp}tp{w.layout.tp}"
+    return f"{w.model}{layout}-{spec.name}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
 
 
 def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
