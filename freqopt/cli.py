@@ -229,6 +229,81 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
         atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
 
 
+@cli.command()
+@click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
+@click.option("--model", required=True, help="Target model (see `freqopt models`).")
+@click.option("--gpu", default=None, help="GPU type; must be the table's (default: the table's).")
+@click.option("--max-slowdown", default=None, help="Budget of the native search (default: the table's).")
+@click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
+@click.option("--storage", default=None, help="Optuna storage URL of the native search; default sqlite:///OUT/freqopt.db.")
+@click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for the storage.")
+@click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
+@click.option("--trials", default=None, type=int, help="Trials per tuning unit of the native search.")
+@_model_options
+def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, json_path, seed, trials,
+             micro_batch_size, seq_len, n_heads, layout) -> None:  # fmt: skip
+    """Apply a clock table to another model or layout, validate it, and compare it with a native search."""
+    import optuna
+    from rich.console import Console
+    from rich.table import Table
+
+    from freqopt.backends import get_backend
+    from freqopt.gpus import get_gpu
+    from freqopt.layout import parse_layout
+    from freqopt.models import get_workload
+    from freqopt.search import SearchConfig
+    from freqopt.search.runner import open_storage
+    from freqopt.tables import atomic_write_text, load_table
+    from freqopt.trace import trace_training_iteration
+    from freqopt.transfer import evaluate_transfer
+
+    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                            layout=parse_layout(layout))  # fmt: skip
+    if gpu is not None:
+        get_gpu(gpu)  # an unknown name fails as such before the table is read
+    table = load_table(table_path)
+    spec = get_gpu(gpu or table.gpu)
+    table = load_table(table_path, spec=spec)
+    slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]
+    if trials is not None and trials < 1:
+        raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
+    measuring = get_backend(backend, spec, seed=seed)
+    out = Path(out_dir)
+    if json_path:
+        _check_writable_file(Path(json_path))
+    _check_writable_dir(out)
+    storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
+    open_storage(storage)
+    counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
+    config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(stderr=True)
+    source = table.data["workload"]
+    source_layout = source.get("layout", {"dp": 1, "tp": 1})
+    trace = trace_training_iteration(workload)
+    console.print(f"transferring {table.granularity}-level table of {source['model']} "
+                  f"(dp={source_layout['dp']},tp={source_layout['tp']}, micro-batch {source.get('micro_batch_size')}) "
+                  f"to {workload.model} ({workload.layout}, micro-batch {workload.micro_batch_size}) on {spec.name}")  # fmt: skip
+    with console.status("validating the transferred table and searching the target natively") as status:
+        def on_unit(granularity: str, done: int, n: int) -> None:
+            status.update(f"native search, {granularity}: unit {done}/{n}")
+
+        report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit)
+    summary = report.summary()
+    t, n = summary["transferred"], summary["native"]
+    rich_table = Table("settings", "energy saved (%)", "slowdown (%)", "kernel classes matched exactly / by kind / not",
+                       title=f"{workload.model} ({workload.layout}) on {spec.name}, {table.granularity} level, "
+                             f"budget {100 * slowdown:g} %")  # fmt: skip
+    rich_table.add_row("transferred table", f"{t['energy_saved_pct']:.2f}", f"{t['slowdown_pct']:.2f}",
+                       f"{t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']}")  # fmt: skip
+    rich_table.add_row("native search", f"{n['energy_saved_pct']:.2f}", f"{n['slowdown_pct']:.2f}", "-")
+    _stdout_console().print(rich_table)
+    if json_path:
+        atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
+
+
 def parse_caps(text: str) -> list[float]:
     """Power limits in watts from "100,150,200".
 

@@ -311,6 +311,7 @@ def run_search(
     config: SearchConfig,
     *,
     on_unit: Callable[[str, int, int], None] | None = None,
+    validator: Validator | None = None,
 ) -> SearchResult:
     """Search every granularity in ``config`` and validate each result on ``backend``.
 
@@ -319,6 +320,8 @@ def run_search(
         backend: the GPU to measure on.
         config: budget, granularities, trial counts, storage.
         on_unit: called as on_unit(granularity, units_done, units_total) after each unit's study (progress).
+        validator: measures whole iterations (its cache and baseline shared with the caller); default a new one
+            with ``config.validation_repeats``.
 
     Returns:
         SearchResult with the measured baseline (all defaults) and one validated result per granularity.
@@ -327,7 +330,7 @@ def run_search(
         StorageError: the storage URL cannot be opened.
     """
     storage = open_storage(config.storage)
-    validator = Validator(trace, backend, config.validation_repeats)
+    validator = validator or Validator(trace, backend, config.validation_repeats)
     baseline = validator.baseline()
     results: dict[str, GranularityResult] = {}
     coarser = None

@@ -1,0 +1,173 @@
+"""Apply a clock table found on one workload or layout to another (design.md section 5: portable signatures).
+
+A kernel-level table holds one setting per kernel class. On another layout the same class may have other shapes
+(tensor parallelism splits the projections; another micro-batch changes every activation), so each of the
+target's kernel classes takes, in order of preference:
+
+1. the entry with its exact signature (kind, operator, dtype, shapes, and for collectives the group);
+2. else the entry of the same kind whose arithmetic intensity (FLOPs per byte of device memory) is nearest on a
+   log scale: kernels of one kind and intensity sit at the same place on the roofline, so the same clocks suit
+   them;
+3. else the default setting (a kind the source never ran, such as the collectives of a parallel layout when the
+   table was searched on one GPU).
+
+Pass-level tables match by pass name, iteration-level and power-cap tables apply their one setting everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.search.runner import SearchConfig, SearchResult, Validator, run_search
+from freqopt.search.units import GRANULARITIES, TuningUnit, partition
+from freqopt.tables import ClockTable
+from freqopt.trace import Trace
+
+__all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "evaluate_transfer"]
+
+EXACT, BY_KIND, UNMATCHED = "exact", "by-kind", "unmatched"
+
+
+@dataclass(frozen=True)
+class Match:
+    """How one target tuning unit got its setting.
+
+    Attributes:
+        unit: the target's unit (a kernel class at kernel level).
+        how: "exact", "by-kind" or "unmatched".
+        source_unit: the table entry used (its unit name), None when unmatched.
+        setting: the setting applied.
+    """
+
+    unit: TuningUnit
+    how: str
+    source_unit: str | None
+    setting: ClockSetting
+
+
+@dataclass(frozen=True)
+class TransferredSchedule:
+    """A table's settings laid onto a target trace: one Match per target tuning unit."""
+
+    trace: Trace
+    granularity: str
+    matches: tuple[Match, ...]
+
+    def count(self, how: str) -> int:
+        """Target tuning units (kernel classes at kernel level) matched in this way."""
+        return sum(1 for m in self.matches if m.how == how)
+
+    def per_kernel(self) -> tuple[ClockSetting, ...]:
+        """The setting of every kernel of the target trace, in trace order."""
+        settings = [DEFAULT_SETTING] * len(self.trace)
+        for m in self.matches:
+            for i in m.unit.kernel_indices:
+                settings[i] = m.setting
+        return tuple(settings)
+
+
+def _setting(entry: dict) -> ClockSetting:
+    return ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
+
+
+def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
+    """Lay ``table``'s settings onto ``trace`` (module docstring).
+
+    Args:
+        table: a loaded clock table (tables.load_table, already checked against the target GPU).
+        trace: the target workload's trace (any model, micro-batch or layout).
+
+    Returns:
+        TransferredSchedule with one Match per tuning unit of the target at the table's granularity.
+    """
+    granularity = table.granularity
+    entries = table.entries
+    units = partition(trace, granularity)
+    matches = []
+    if granularity in ("iteration", "power-cap"):
+        setting = _setting(entries[0])
+        return TransferredSchedule(trace, granularity, tuple(Match(u, EXACT, entries[0]["unit"], setting) for u in units))
+    by_name = {e["unit"]: e for e in entries}
+    by_kind: dict[str, list[tuple[float, dict]]] = {}
+    for e in entries:
+        if e.get("kind") and e.get("arithmetic_intensity") is not None:
+            by_kind.setdefault(e["kind"], []).append((math.log10(max(e["arithmetic_intensity"], 0.0) + 1e-9), e))
+    for unit in units:
+        if unit.name in by_name:
+            entry = by_name[unit.name]
+            matches.append(Match(unit, EXACT, entry["unit"], _setting(entry)))
+            continue
+        kernels = unit.kernels(trace)
+        candidates = by_kind.get(kernels[0].kind, []) if granularity == "kernel" else []
+        if not candidates:
+            matches.append(Match(unit, UNMATCHED, None, DEFAULT_SETTING))
+            continue
+        target = math.log10(sum(k.flops for k in kernels) / max(sum(k.mem_bytes for k in kernels), 1.0) + 1e-9)
+        _, entry = min(candidates, key=lambda c: (abs(c[0] - target), c[1]["unit"]))
+        matches.append(Match(unit, BY_KIND, entry["unit"], _setting(entry)))
+    return TransferredSchedule(trace, granularity, tuple(matches))
+
+
+@dataclass(frozen=True)
+class TransferReport:
+    """A transferred table validated on the target, beside a search done natively on the target.
+
+    Attributes:
+        schedule: the transferred settings.
+        baseline: the target iteration at default settings (shared by both).
+        transferred: the target iteration measured with the transferred settings.
+        native: the native search (its result at the table's granularity is the comparison).
+    """
+
+    schedule: TransferredSchedule
+    baseline: Measurement
+    transferred: Measurement
+    native: SearchResult
+
+    def summary(self) -> dict:
+        """{"transferred": {energy_saved_pct, slowdown_pct, matched_exact, matched_by_kind, unmatched},
+        "native": {energy_saved_pct, slowdown_pct}}; percentages against the default settings, match counts in
+        target tuning units (kernel classes at kernel level)."""
+        g = self.schedule.granularity
+        base = self.baseline
+        return {
+            "transferred": {
+                "energy_saved_pct": 100.0 * (1.0 - self.transferred.energy_j / base.energy_j),
+                "slowdown_pct": 100.0 * (self.transferred.time_s / base.time_s - 1.0),
+                "matched_exact": self.schedule.count(EXACT),
+                "matched_by_kind": self.schedule.count(BY_KIND),
+                "unmatched": self.schedule.count(UNMATCHED),
+            },
+            "native": {"energy_saved_pct": self.native.energy_saved_pct(g), "slowdown_pct": self.native.slowdown_pct(g)},
+        }
+
+
+def native_granularities(granularity: str) -> tuple[str, ...]:
+    """What a native search runs to reach ``granularity`` as ``freqopt search`` does: the clock granularities
+    from iteration down to it (each finer one starts from the coarser result), or the power cap alone."""
+    if granularity == "power-cap":
+        return ("power-cap",)
+    clocks = [g for g in GRANULARITIES if g != "power-cap"]
+    return tuple(clocks[: clocks.index(granularity) + 1])
+
+
+def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config: SearchConfig,
+                      on_unit=None) -> TransferReport:  # fmt: skip
+    """Transfer ``table`` to ``trace``, validate it by measuring the whole iteration (``config.validation_repeats``
+    times), and search the target natively with ``config`` (its granularities are replaced by
+    native_granularities of the table's), against one shared baseline measurement.
+
+    Raises:
+        StorageError: the storage URL in ``config`` cannot be opened.
+    """
+    import dataclasses
+
+    schedule = transfer_table(table, trace)
+    validator = Validator(trace, backend, config.validation_repeats)
+    baseline = validator.baseline()
+    transferred = validator(schedule.per_kernel(), key="transferred")
+    native_config = dataclasses.replace(config, granularities=native_granularities(schedule.granularity))
+    native = run_search(trace, backend, native_config, on_unit=on_unit, validator=validator)
+    return TransferReport(schedule, baseline, transferred, native)
