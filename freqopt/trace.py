@@ -39,7 +39,6 @@ __all__ = ["Kernel", "Trace", "trace_training_iteration", "trace_inference", "tr
 MODES = ("train", "inference")
 
 PASSES = ("forward", "backward", "optimizer")
-COMMUNICATION = "communication"  # the pass of every collective (design.md section 2: pass level + communication)
 COLLECTIVE_KINDS = ("all-reduce",)
 
 # ATen operator (overload packet name) -> kernel kind, design.md section 2.
@@ -76,7 +75,8 @@ class Kernel:
         name: the ATen operator (``aten.mm``, ``freqopt.flash_attention``).
         kind: gemm, attention, elementwise, normalization, softmax, reduction, embedding, optimizer, memcpy,
             all-reduce.
-        pass_name: forward, backward, optimizer, or communication (collectives).
+        pass_name: forward, backward or optimizer: for a collective, the pass it is issued in (it runs at that
+            pass's clocks under a pass-level table, as the GPU's clock is one for all streams).
         flops: floating-point operations (torch.utils.flop_counter's count; causal masking not discounted).
         mem_bytes: bytes read from and written to device memory.
         dtype: element type of the first floating-point input (``bfloat16``).
@@ -176,7 +176,7 @@ class _KernelRecorder(TorchDispatchMode):
         if not inputs and not outputs:
             return out
         if op == "all_reduce":
-            self.kernels.append(_all_reduce_kernel(*args))
+            self.kernels.append(_all_reduce_kernel(*args, pass_name=self.pass_name))
             return out
         # In-place and out= operators return their (already counted) inputs: count each storage once as written.
         written = [o for o in outputs if not any(o is i for i in inputs)]
@@ -205,7 +205,7 @@ class _KernelRecorder(TorchDispatchMode):
         return out
 
 
-def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stream: int) -> Kernel:
+def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stream: int, *, pass_name: str) -> Kernel:
     """A ring all-reduce of x over group_size ranks (NCCL's ring algorithm, Patarasuk & Yuan 2009): a
     reduce-scatter then an all-gather, each n - 1 steps of S / n bytes. Per rank it sends and receives
     2 (n - 1) / n S bytes, adds (n - 1) / n of the elements, and reads and writes its chunks in device memory
@@ -213,7 +213,7 @@ def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stre
     n = group_size
     nbytes = float(x.numel() * x.element_size())
     return Kernel(
-        name="freqopt.all_reduce", kind="all-reduce", pass_name=COMMUNICATION,
+        name="freqopt.all_reduce", kind="all-reduce", pass_name=pass_name,
         flops=x.numel() * (n - 1) / n, mem_bytes=5 * (n - 1) / n * nbytes, dtype=_dtype_name(x.dtype),
         shapes=(tuple(x.shape),), stream=stream, comm_bytes=nbytes, group_size=n, group_stride=group_stride,
     )  # fmt: skip

@@ -10,7 +10,7 @@ from freqopt.cli import main
 from freqopt.gpus import get_gpu
 from freqopt.layout import Layout
 from freqopt.models import get_workload
-from freqopt.search import SearchConfig, partition, run_search
+from freqopt.search import SearchConfig, run_search
 from freqopt.tables import ClockTable, load_table, table_from_result, write_table
 from freqopt.trace import trace_training_iteration
 from freqopt.transfer import BY_KIND, EXACT, UNMATCHED, evaluate_transfer, transfer_table
@@ -65,15 +65,18 @@ def test_by_kind_picks_the_nearest_arithmetic_intensity(small_trace):
     assert softmax.how == UNMATCHED
 
 
-def test_pass_table_leaves_the_new_communication_pass_at_default(small_trace):
-    entries = [{"unit": p, "sm_clock_mhz": 1500, "mem_clock_mhz": None, "power_limit_w": None}
-               for p in ("forward", "backward", "optimizer")]  # fmt: skip
+def test_pass_table_carries_over_with_collectives_in_their_passes():
+    entries = [{"unit": p, "sm_clock_mhz": c, "mem_clock_mhz": None, "power_limit_w": None}
+               for p, c in (("forward", 1500), ("backward", 1600))]  # fmt: skip
     table = ClockTable({"granularity": "pass", "entries": entries})
-    target = trace_training_iteration(get_workload("gpt3-small", layout=Layout(dp=2), **SMALL))
+    target = trace_training_iteration(get_workload("gpt3-small", layout=Layout(dp=2, tp=2), **SMALL))
     schedule = transfer_table(table, target)
     how = {m.unit.name: m.how for m in schedule.matches}
-    assert how == {"forward": EXACT, "backward": EXACT, "optimizer": EXACT, "communication": UNMATCHED}
-    assert [u.name for u in partition(target, "pass")] == ["forward", "backward", "communication", "optimizer"]
+    assert how == {"forward": EXACT, "backward": EXACT, "optimizer": UNMATCHED}
+    per_kernel = schedule.per_kernel()
+    for k, s in zip(target.kernels, per_kernel):  # a collective runs at its pass's clocks
+        assert s.sm_clock_mhz == {"forward": 1500, "backward": 1600, "optimizer": None}[k.pass_name]
+    assert any(k.is_collective for k in target.kernels)
 
 
 def test_evaluate_transfer_shares_one_baseline_with_the_native_search(kernel_table):
