@@ -114,6 +114,13 @@ class Kernel:
         return f"{self.kind}|{self.name}|{self.dtype}|{shapes}{group}"
 
     @property
+    def class_key(self) -> str:
+        """Kernel-class key of a tuning unit at kernel level: the pass and the signature. Kernels of one signature in
+        different passes are different classes, so that the kernel level refines the pass level (any pass-level
+        schedule is a kernel-level one) and a runtime switching at phase boundaries can apply it."""
+        return f"{self.pass_name}/{self.signature}"
+
+    @property
     def is_collective(self) -> bool:
         return self.group_size > 1
 
@@ -136,8 +143,8 @@ class Trace:
         return sum(k.flops for k in self.kernels)
 
     def kernel_classes(self) -> dict[str, int]:
-        """Signature -> number of kernels of that class in the iteration, in first-seen order."""
-        return dict(Counter(k.signature for k in self.kernels))
+        """Kernel class (Kernel.class_key) -> number of kernels of that class in the iteration, first-seen order."""
+        return dict(Counter(k.class_key for k in self.kernels))
 
     def __len__(self) -> int:
         return len(self.kernels)

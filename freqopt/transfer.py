@@ -4,10 +4,11 @@ A kernel-level table holds one setting per kernel class. On another layout the s
 (tensor parallelism splits the projections; another micro-batch changes every activation), so each of the
 target's kernel classes takes, in order of preference:
 
-1. the entry with its exact signature (kind, operator, dtype, shapes, and for collectives the group);
-2. else the entry of the same kind whose arithmetic intensity (FLOPs per byte of device memory) is nearest on a
-   log scale: kernels of one kind and intensity sit at the same place on the roofline, so the same clocks suit
-   them;
+1. the entry of the same class: same pass and exact signature (kind, operator, dtype, shapes, and for
+   collectives the group);
+2. else the entry of the same kind (in the same pass if the table has one there) whose arithmetic intensity
+   (FLOPs per byte of device memory) is nearest on a log scale: kernels of one kind and intensity sit at the
+   same place on the roofline, so the same clocks suit them;
 3. else the default setting (a kind the source never ran, such as the collectives of a parallel layout when the
    table was searched on one GPU).
 
@@ -90,10 +91,11 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
         setting = _setting(entries[0])
         return TransferredSchedule(trace, granularity, tuple(Match(u, EXACT, entries[0]["unit"], setting) for u in units))
     by_name = {e["unit"]: e for e in entries}
-    by_kind: dict[str, list[tuple[float, dict]]] = {}
+    by_kind: dict[str, list[tuple[float, str, dict]]] = {}
     for e in entries:
         if e.get("kind") and e.get("arithmetic_intensity") is not None:
-            by_kind.setdefault(e["kind"], []).append((math.log10(max(e["arithmetic_intensity"], 0.0) + 1e-9), e))
+            intensity = math.log10(max(e["arithmetic_intensity"], 0.0) + 1e-9)
+            by_kind.setdefault(e["kind"], []).append((intensity, e["unit"].split("/", 1)[0], e))
     for unit in units:
         if unit.name in by_name:
             entry = by_name[unit.name]
@@ -104,8 +106,9 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
         if not candidates:
             matches.append(Match(unit, UNMATCHED, None, DEFAULT_SETTING))
             continue
+        candidates = [c for c in candidates if c[1] == kernels[0].pass_name] or candidates
         target = math.log10(sum(k.flops for k in kernels) / max(sum(k.mem_bytes for k in kernels), 1.0) + 1e-9)
-        _, entry = min(candidates, key=lambda c: (abs(c[0] - target), c[1]["unit"]))
+        _, _, entry = min(candidates, key=lambda c: (abs(c[0] - target), c[2]["unit"]))
         matches.append(Match(unit, BY_KIND, entry["unit"], _setting(entry)))
     return TransferredSchedule(trace, granularity, tuple(matches))
 

@@ -59,7 +59,7 @@ def test_by_kind_picks_the_nearest_arithmetic_intensity(small_trace):
     ]  # fmt: skip
     table = ClockTable({"granularity": "kernel", "entries": entries})
     schedule = transfer_table(table, small_trace)
-    match = next(m for m in schedule.matches if m.unit.name == gemm.signature)
+    match = next(m for m in schedule.matches if m.unit.name == gemm.class_key)
     assert (match.how, match.source_unit, match.setting.sm_clock_mhz) == (BY_KIND, "near", 1500)
     softmax = next(m for m in schedule.matches if m.unit.kernels(small_trace)[0].kind == "softmax")
     assert softmax.how == UNMATCHED

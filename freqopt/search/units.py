@@ -18,7 +18,7 @@ class TuningUnit:
     """Kernels of one iteration that share a setting.
 
     Attributes:
-        name: "iteration", a pass name, or a kernel-class signature.
+        name: "iteration", a pass name, or a kernel class (Kernel.class_key: pass and signature).
         kernel_indices: positions of its kernels in the trace, ascending.
     """
 
@@ -41,7 +41,7 @@ def partition(trace: Trace, granularity: str) -> list[TuningUnit]:
     """Split the trace's kernels into tuning units.
 
     iteration and power-cap: one unit; pass: forward, backward, optimizer; kernel: one unit per kernel class
-    (equal signature), in first-seen order.
+    (equal pass and signature, Kernel.class_key), in first-seen order.
 
     Raises:
         UnknownNameError: unknown granularity.
@@ -49,7 +49,7 @@ def partition(trace: Trace, granularity: str) -> list[TuningUnit]:
     check_granularity(granularity)
     if granularity in ("iteration", "power-cap"):
         return [TuningUnit("iteration", tuple(range(len(trace))))]
-    key = (lambda k: k.pass_name) if granularity == "pass" else (lambda k: k.signature)
+    key = (lambda k: k.pass_name) if granularity == "pass" else (lambda k: k.class_key)
     groups: dict[str, list[int]] = {}
     for i, k in enumerate(trace.kernels):
         groups.setdefault(key(k), []).append(i)
