@@ -33,6 +33,9 @@ BAD = [
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "foo://bar"], "cannot open Optuna storage"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "sqlite:////no/such/dir/x.db"],
      "cannot open Optuna storage"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "tp=5"], "does not divide the 12 attention heads"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "dp=two"], "positive integer"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "pp=2"], "pipeline parallelism"),
     (["--model", "gpt3-small"], "Missing option"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--bogus"], "No such option"),
 ]
@@ -126,3 +129,17 @@ def test_powercap_bad_input(args, message, capsys):
     assert main(["powercap", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_models_per_gpu_parameters_under_a_layout(capsys):
+    assert main(["models", "--layout", "tp=4"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters per GPU (dp=1,tp=4)" in out and "tp must divide 12 heads" not in out
+    assert "gpt3-175b" in out
+
+
+def test_powercap_runs_a_parallel_layout(tmp_path):
+    out = tmp_path / "p.json"
+    assert main(["powercap", "--model", "gpt3-small", "--layout", "dp=2,tp=2", "--seq-len", "256",
+                 "--micro-batch-size", "1", "--caps", "400,700", "--json", str(out)]) == 0  # fmt: skip
+    assert [c["power_limit_w"] for c in json.loads(out.read_text())["caps"]] == [400, 700]
