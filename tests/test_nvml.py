@@ -1,0 +1,201 @@
+"""The NVML layer against a stand-in pynvml (tests/fake_pynvml.py): discovery, GPU type, permissions, read-only
+mode, the energy counter, and restoring what was found on every exit path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from freqopt.errors import GPUPermissionError, UnknownNameError
+from freqopt.nvml import GPUStateGuard, NVMLError, open_devices, reset_from_state_files, state_dir
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
+
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    nvml = FakeNVML(gpus=[FakeGPU(uuid="GPU-aaaa"), FakeGPU(uuid="GPU-bbbb", power_limit_mw=650_000)])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+    monkeypatch.setenv("FREQOPT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return nvml
+
+
+def test_discovery_honours_cuda_visible_devices(fake, monkeypatch):
+    assert [d.uuid for d in open_devices()] == ["GPU-aaaa", "GPU-bbbb"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    devices = open_devices()
+    assert [(d.index, d.uuid) for d in devices] == [(0, "GPU-bbbb")]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")
+    assert [d.uuid for d in open_devices()] == ["GPU-aaaa"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-zzzz")
+    with pytest.raises(NVMLError, match="GPU-zzzz of CUDA_VISIBLE_DEVICES"):
+        open_devices()
+
+
+def test_no_driver_says_to_use_the_simulator(fake):
+    fake.driver = False
+    with pytest.raises(NVMLError, match="no NVIDIA driver found.*--backend sim"):
+        open_devices()
+
+
+def test_spec_matches_search_spaces_and_reads_clocks_from_the_device(fake):
+    fake.gpus[0].sm_clocks_mhz = tuple(range(1980, 1000, -15))  # a GPU that reports fewer clocks
+    fake.gpus[0].power_limit_constraints_mw = (250_000, 700_000)
+    spec = open_devices()[0].spec()
+    assert spec.name == "h100-sxm"
+    assert spec.sm_clocks_mhz[0] > 1000 and spec.sm_clocks_mhz[-1] == 1980
+    assert spec.power_limit_min_w == 250 and spec.power_limit_default_w == 700
+    fake.gpus[0].name = "NVIDIA B300"
+    with pytest.raises(UnknownNameError, match="'NVIDIA B300'.*nvml_names"):
+        open_devices()[0].spec()
+
+
+def test_energy_counter_is_read_in_joules_and_moves_only_at_its_period(fake):
+    device = open_devices()[0]
+    gpu = fake.gpus[0]
+    start = device.energy_j()
+    assert start == pytest.approx(1000.0)  # 1e6 mJ
+    gpu.advance(0.05)  # half a period: the counter has not moved yet
+    assert device.energy_j() == start
+    gpu.advance(0.05)
+    assert device.energy_j() == pytest.approx(start + 400 * 0.1)
+
+
+def test_set_without_permission_says_how_to_proceed(fake):
+    device = open_devices()[0]
+    with pytest.raises(GPUPermissionError, match="CAP_SYS_ADMIN.*--read-only"):
+        device.lock_sm_clock(1500)
+    assert fake.gpus[0].locked_sm_mhz is None
+
+
+def test_read_only_never_calls_a_set_or_reset_function(fake):
+    fake.root = True  # even where it would be allowed
+    device = open_devices(read_only=True)[0]
+    device.energy_j(), device.sm_clock_mhz(), device.power_limit_w(), device.spec()
+    for change in (lambda: device.lock_sm_clock(1500), device.reset_sm_clock, lambda: device.lock_mem_clock(2619),
+                   device.reset_mem_clock, lambda: device.set_power_limit_w(500)):  # fmt: skip
+        with pytest.raises(GPUPermissionError, match="read-only"):
+            change()
+    with pytest.raises(GPUPermissionError, match="read-only"):
+        with GPUStateGuard(device) as guard:
+            guard.before_change()
+    assert fake.set_calls() == []
+    assert not state_dir().exists() or not any(state_dir().glob("*.json"))
+
+
+def test_guard_restores_the_values_found_not_the_maximum(fake):
+    fake.root = True
+    device = open_devices()[1]  # found at 650 W, below the 700 W default
+    with GPUStateGuard(device) as guard:
+        guard.before_change()
+        state_file = state_dir() / "gpu-GPU-bbbb.json"
+        assert json.loads(state_file.read_text())["power_limit_w"] == 650
+        device.set_power_limit_w(400)
+        device.lock_sm_clock(1200)
+        device.lock_mem_clock(2619)
+        assert fake.gpus[1].power_limit_mw == 400_000 and fake.gpus[1].locked_sm_mhz == 1200
+    gpu = fake.gpus[1]
+    assert (gpu.power_limit_mw, gpu.locked_sm_mhz, gpu.locked_mem_mhz) == (650_000, None, None)
+    assert not state_file.exists()
+
+
+def test_guard_restores_on_exception(fake):
+    fake.root = True
+    device = open_devices()[0]
+    with pytest.raises(RuntimeError, match="boom"):
+        with GPUStateGuard(device) as guard:
+            guard.before_change()
+            device.set_power_limit_w(300)
+            raise RuntimeError("boom")
+    assert fake.gpus[0].power_limit_mw == 700_000
+
+
+def test_nothing_is_touched_when_nothing_was_changed(fake):
+    fake.root = True
+    with GPUStateGuard(open_devices()[0]):
+        pass
+    assert fake.set_calls() == []
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from fake_pynvml import FakeNVML
+    fake = FakeNVML.load({gpu_file!r}, persist={gpu_file!r})
+    sys.modules["pynvml"] = fake.module()
+    from freqopt.nvml import GPUStateGuard, open_devices
+    device = open_devices()[0]
+    with GPUStateGuard(device) as guard:
+        guard.before_change()
+        device.set_power_limit_w(300)
+        device.lock_sm_clock(1005)
+        print("changed", flush=True)
+        time.sleep(60)
+""")
+
+
+def _start_child(tmp_path) -> tuple[subprocess.Popen, Path]:
+    gpu_file = tmp_path / "gpu.json"
+    FakeNVML(gpus=[FakeGPU(uuid="GPU-cccc", power_limit_mw=600_000)], root=True).save(gpu_file)
+    script = CHILD.format(tests=str(Path(__file__).parent), gpu_file=str(gpu_file))
+    env = {**os.environ, "FREQOPT_STATE_DIR": str(tmp_path / "state")}
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout.readline().strip() == "changed"
+    changed = json.loads(gpu_file.read_text())["gpus"][0]
+    assert (changed["power_limit_mw"], changed["locked_sm_mhz"]) == (300_000, 1005)
+    return child, gpu_file
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_restores_before_the_process_dies(tmp_path, signum):
+    child, gpu_file = _start_child(tmp_path)
+    child.send_signal(signum)
+    child.wait(timeout=30)
+    gpu = json.loads(gpu_file.read_text())["gpus"][0]
+    assert (gpu["power_limit_mw"], gpu["locked_sm_mhz"]) == (600_000, None)
+    assert not list((tmp_path / "state").glob("*.json"))
+
+
+def test_reset_recovers_after_sigkill(tmp_path, monkeypatch):
+    child, gpu_file = _start_child(tmp_path)
+    child.kill()  # SIGKILL: no handler runs
+    child.wait(timeout=30)
+    gpu = json.loads(gpu_file.read_text())["gpus"][0]
+    assert (gpu["power_limit_mw"], gpu["locked_sm_mhz"]) == (300_000, 1005)  # left changed
+    assert len(list((tmp_path / "state").glob("*.json"))) == 1
+    fake = FakeNVML.load(gpu_file, persist=str(gpu_file))
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module())
+    monkeypatch.setenv("FREQOPT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    done = reset_from_state_files()
+    assert done == [("GPU-cccc", "restored: power limit 600 W, clocks unlocked")]
+    gpu = json.loads(gpu_file.read_text())["gpus"][0]
+    assert (gpu["power_limit_mw"], gpu["locked_sm_mhz"]) == (600_000, None)
+    assert reset_from_state_files() == []  # nothing left to do
+
+
+def test_reset_leaves_a_live_process_alone(fake):
+    fake.root = True
+    device = open_devices()[0]
+    fake.gpus[0].power_limit_mw = 300_000  # changed by another freqopt that is still running
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        state_dir().mkdir(parents=True)
+        (state_dir() / "gpu-GPU-aaaa.json").write_text(json.dumps(
+            {"uuid": "GPU-aaaa", "power_limit_w": 700.0, "applications_clocks_mhz": None, "pid": alive.pid}))
+        done = reset_from_state_files([device])
+    finally:
+        alive.kill()
+    assert done == [("GPU-aaaa", f"left alone: process {alive.pid} that changed it is still running")]
+    assert fake.gpus[0].power_limit_mw == 300_000 and fake.set_calls() == []
