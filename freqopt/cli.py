@@ -129,7 +129,8 @@ def gpus() -> None:
 @click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--granularity", default="all", show_default=True, help="all, power-cap, iteration, pass or kernel.")
-@click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
+@click.option("--backend", default="sim", show_default=True,
+              help="Measurement backend: sim (simulated GPU) or nvml (the first visible GPU; needs root).")
 @click.option("--storage", default=None, help="Optuna storage URL; default sqlite:///OUT/freqopt.db.")
 @click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for tables and storage.")
 @click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
@@ -139,7 +140,7 @@ def gpus() -> None:
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials,
            micro_batch_size, seq_len, n_heads, layout) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities."""
-    from freqopt.backends import get_backend
+    from freqopt.backends import check_backend, get_backend
     from freqopt.gpus import DEFAULT_GPU, get_gpu
     from freqopt.layout import parse_layout
     from freqopt.models import get_workload
@@ -151,11 +152,11 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     slowdown = parse_slowdown(max_slowdown)
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                             layout=parse_layout(layout))  # fmt: skip
-    spec = get_gpu(gpu or DEFAULT_GPU)
+    requested = get_gpu(gpu) if gpu else None
+    check_backend(backend)
     granularities = GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
     if trials is not None and trials < 1:
         raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
-    measuring = get_backend(backend, spec, seed=seed)
     out = Path(out_dir)
     if json_path:
         _check_writable_file(Path(json_path))
@@ -164,7 +165,11 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     open_storage(storage)  # a bad URL fails here, before any work
     counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
     config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage, **counts)
-    _run_search(workload, spec, measuring, config, backend, out, json_path)
+    measuring = get_backend(backend, requested if backend == "nvml" else requested or get_gpu(DEFAULT_GPU), seed=seed)
+    try:
+        _run_search(workload, measuring.spec, measuring, config, backend, out, json_path)
+    finally:
+        measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
 
 
 def _run_search(workload, spec, backend, config, backend_name, out: Path, json_path) -> None:
@@ -302,6 +307,18 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
     _stdout_console().print(rich_table)
     if json_path:
         atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
+
+
+@cli.command()
+def reset() -> None:
+    """Restore GPUs that a killed freqopt left with changed clocks or power limit (from its state files)."""
+    from freqopt.nvml import reset_from_state_files, state_dir
+
+    done = reset_from_state_files()
+    if not done:
+        click.echo(f"nothing to restore: no state files in {state_dir()}")
+    for uuid, what in done:
+        click.echo(f"{uuid}: {what}")
 
 
 def parse_caps(text: str) -> list[float]:

@@ -11,6 +11,7 @@ Every call is logged, so tests can prove which calls were made.
 from __future__ import annotations
 
 import json
+import time
 import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ class FakeGPU:
     power_w: float = 400.0  # board power while the fake clock runs
     counter_period_s: float = 0.1  # the energy counter changes this often
     energy_mj: float = 1_000_000.0
+    realtime: bool = False  # advance with the wall clock at every counter read
+    _last_real_s: float | None = None
     _pending_mj: float = 0.0
     _since_update_s: float = 0.0
 
@@ -161,7 +164,13 @@ class FakeNVML:
 
         @logged
         def nvmlDeviceGetTotalEnergyConsumption(h):
-            return int(gpu(h).energy_mj)
+            g = gpu(h)
+            if g.realtime:
+                now = time.monotonic()
+                if g._last_real_s is not None:
+                    g.advance(now - g._last_real_s)
+                g._last_real_s = now
+            return int(g.energy_mj)
 
         @logged
         def nvmlDeviceGetClockInfo(h, which):

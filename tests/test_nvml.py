@@ -199,3 +199,69 @@ def test_reset_leaves_a_live_process_alone(fake):
         alive.kill()
     assert done == [("GPU-aaaa", f"left alone: process {alive.pid} that changed it is still running")]
     assert fake.gpus[0].power_limit_mw == 300_000 and fake.set_calls() == []
+
+
+def backend(fake, root: bool, read_only: bool = False):
+    from freqopt.backends.base import MeasurementProtocol
+    from freqopt.backends.nvml import NVMLBackend
+
+    fake.root = root
+    for g in fake.gpus:
+        g.realtime, g.counter_period_s = True, 0.01
+    protocol = MeasurementProtocol(warmup_s=0.05, min_window_s=0.3, min_counter_updates=5)
+    return NVMLBackend(open_devices(read_only=read_only)[0], torch_device="cpu", protocol=protocol)
+
+
+def tiny_kernels():
+    import torch
+
+    from freqopt.models import Workload
+    from freqopt.models.gpt3 import GPTConfig
+    from freqopt.trace import trace_iteration
+
+    config = GPTConfig(n_layers=1, d_model=64, n_heads=4, vocab_size=256, seq_len=16)
+    return list(trace_iteration(Workload("tiny", config, 2), "train", dtype=torch.float32).kernels)
+
+
+def test_backend_measures_time_and_energy_from_the_counter(fake):
+    from freqopt.backends.base import ClockSetting
+
+    kernels = tiny_kernels()
+    with backend(fake, root=True) as b:
+        m = b.measure(kernels, ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=2619))
+        assert fake.gpus[0].locked_sm_mhz == 1500
+        assert b.counter_period_s == pytest.approx(0.01, rel=0.5)  # detected during the warm-up
+        assert m.energy_j / m.time_s == pytest.approx(400.0, rel=0.15)  # the fake board draws 400 W
+        assert m.cost_gpu_s >= 0.35
+    assert fake.gpus[0].locked_sm_mhz is None and fake.gpus[0].power_limit_mw == 700_000
+
+
+def test_backend_read_only_measures_current_settings_and_sets_nothing(fake):
+    from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
+
+    kernels = tiny_kernels()
+    with backend(fake, root=True, read_only=True) as b:
+        m = b.measure(kernels, DEFAULT_SETTING)
+        assert m.time_s > 0 and m.energy_j > 0
+        with pytest.raises(GPUPermissionError, match="read-only: cannot measure at SM 1500 MHz"):
+            b.measure(kernels, ClockSetting(sm_clock_mhz=1500))
+    assert fake.set_calls() == []
+
+
+def test_backend_schedule_switches_per_phase_and_restores(fake):
+    from freqopt.backends.base import ClockSetting
+
+    kernels = tiny_kernels()
+    with backend(fake, root=True) as b:
+        settings = [ClockSetting(1200, 2619) if k.pass_name == "backward" else ClockSetting(1800, 2619) for k in kernels]
+        b.measure_schedule(kernels, settings)
+        locks = [c[2] for c in fake.set_calls() if c[0] == "nvmlDeviceSetGpuLockedClocks"]
+        assert {1200, 1800} <= set(locks)
+    assert fake.gpus[0].locked_sm_mhz is None
+
+
+def test_cli_reset_reports_nothing_to_do(fake, capsys):
+    from freqopt.cli import main
+
+    assert main(["reset"]) == 0
+    assert "nothing to restore" in capsys.readouterr().out

@@ -7,19 +7,46 @@ from freqopt.errors import UnknownNameError
 from freqopt.gpus import GPUSpec
 
 __all__ = ["Backend", "ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "BACKENDS",
-           "get_backend"]
+           "get_backend", "check_backend"]
 
-BACKENDS = ("sim",)
+BACKENDS = ("sim", "nvml")
 
 
-def get_backend(name: str, spec: GPUSpec, *, seed: int = 0) -> Backend:
-    """A backend by name.
+def check_backend(name: str) -> str:
+    """Raise UnknownNameError unless ``name`` is a backend."""
+    if name not in BACKENDS:
+        raise UnknownNameError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+    return name
+
+
+def get_backend(name: str, spec: GPUSpec | None, *, seed: int = 0, read_only: bool = False) -> Backend:
+    """A backend by name: "sim" (the simulated GPU of type ``spec``) or "nvml" (the first visible real GPU, whose
+    type must be ``spec``'s when one is given).
 
     Raises:
         UnknownNameError: unknown backend name.
+        InvalidSettingError: --read-only with the simulated GPU, or a GPU type other than the real GPU's.
+        NVMLError, GPUPermissionError: see freqopt.nvml.
     """
-    if name == "sim":
-        from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.errors import InvalidSettingError
 
-        return SimulatedGPU(spec, seed=seed)
+    if name == "sim":
+        if read_only:
+            raise InvalidSettingError("--read-only applies to --backend nvml; the simulated GPU changes nothing real")
+        from freqopt.backends.simulated import SimulatedGPU
+        from freqopt.gpus import DEFAULT_GPU, get_gpu
+
+        return SimulatedGPU(spec or get_gpu(DEFAULT_GPU), seed=seed)
+    if name == "nvml":
+        from freqopt.backends.nvml import NVMLBackend
+        from freqopt.nvml import NVMLError, open_devices
+
+        devices = open_devices(read_only=read_only)
+        if not devices:
+            raise NVMLError("no GPU is visible (CUDA_VISIBLE_DEVICES); use --backend sim")
+        backend = NVMLBackend(devices[0])
+        if spec is not None and backend.spec.name != spec.name:
+            backend.close()
+            raise InvalidSettingError(f"--gpu {spec.name} but GPU 0 is a {backend.spec.name}; omit --gpu with --backend nvml")
+        return backend
     raise UnknownNameError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")

@@ -106,6 +106,9 @@ class Backend(abc.ABC):
             Time and energy per repetition, and the GPU-seconds spent.
         """
 
+    def close(self) -> None:
+        """Return the GPU to the state it was found in (a real GPU); nothing for a simulated one."""
+
     @abc.abstractmethod
     def measure_schedule(
         self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = ""

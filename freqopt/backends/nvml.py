@@ -1,0 +1,186 @@
+"""The real GPU backend: kernels replayed on the GPU (freqopt.replay), time by CUDA events, energy by the NVML
+counter's delta over a window spanning several counter updates, clocks and power limit set through NVML and
+restored (freqopt.nvml.GPUStateGuard).
+
+A measurement: apply the setting (nothing, if it is already applied), replay the kernels in a loop for the
+protocol's warm-up, then for a window of at least ``min_counter_updates`` counter periods; time per repetition is
+the window's CUDA-event time over the repetitions, energy per repetition the counter's delta over them. The
+counter's update period is detected during the first warm-up (freqopt.replay.detect_counter_period's method),
+not assumed. In read-only mode only the GPU's current settings can be measured: any other setting is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
+from freqopt.errors import GPUPermissionError
+from freqopt.nvml import GPUStateGuard, NVMLDevice
+from freqopt.replay import build_replay
+from freqopt.trace import Kernel
+
+__all__ = ["NVMLBackend", "COUNTER_DETECTION_S"]
+
+COUNTER_DETECTION_S = 1.0  # polling time to find the counter's period: 10 updates at the slowest documented 100 ms
+
+
+class NVMLBackend(Backend):
+    """One real GPU.
+
+    Args:
+        device: the GPU (freqopt.nvml.open_devices); read-only devices measure at their current settings only.
+        torch_device: where kernels are replayed ("cuda:0" is the first visible GPU); "cpu" only in tests.
+        protocol: warm-up and window of each measurement.
+
+    Use as a context manager (or call ``close()``): it restores the GPU on exit, exception and signals.
+    """
+
+    def __init__(self, device: NVMLDevice, *, torch_device: str = "cuda:0", protocol: MeasurementProtocol | None = None):
+        self.device = device
+        self.spec = device.spec()
+        self.torch_device = torch_device
+        self.protocol = protocol or MeasurementProtocol()
+        self.counter_period_s: float | None = None
+        self.guard = GPUStateGuard(device)
+        self._applied: ClockSetting | None = None
+        self.guard.__enter__()
+
+    def close(self) -> None:
+        self.guard.__exit__(None, None, None)
+
+    def __enter__(self) -> NVMLBackend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- settings ------------------------------------------------------------------------------------------------
+    def apply(self, setting: ClockSetting) -> None:
+        """Put the GPU at ``setting`` (None fields: the default: unlocked clocks, the default power limit).
+
+        Raises:
+            GPUPermissionError: read-only device and a setting other than the default; or no permission.
+            InvalidSettingError: clocks or a power limit the GPU does not support.
+        """
+        if setting == self._applied:
+            return
+        if self.device.read_only:
+            if setting != DEFAULT_SETTING:
+                raise GPUPermissionError(f"read-only: cannot measure at {setting.label()}; only at the GPU's current "
+                                         "settings (drop --read-only to search)")  # fmt: skip
+            self._applied = setting
+            return
+        spec = self.spec
+        if setting.sm_clock_mhz is not None or setting.mem_clock_mhz is not None:
+            spec.check_clocks(setting.sm_clock_mhz or spec.max_sm_clock_mhz, setting.mem_clock_mhz or spec.max_mem_clock_mhz)
+        if setting.power_limit_w is not None:
+            spec.check_power_limit(setting.power_limit_w)
+        self.guard.before_change()
+        previous = self._applied or ClockSetting(-1, -1, -1.0)  # unknown: apply every field
+        if setting.sm_clock_mhz != previous.sm_clock_mhz:
+            self.device.lock_sm_clock(setting.sm_clock_mhz) if setting.sm_clock_mhz else self.device.reset_sm_clock()
+        if setting.mem_clock_mhz != previous.mem_clock_mhz and len(spec.mem_clocks_mhz) > 1:
+            self.device.lock_mem_clock(setting.mem_clock_mhz) if setting.mem_clock_mhz else self.device.reset_mem_clock()
+        if setting.power_limit_w != previous.power_limit_w:
+            self.device.set_power_limit_w(setting.power_limit_w or spec.power_limit_default_w)
+        self._applied = setting
+
+    # -- measurement ---------------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        import torch
+
+        if self.torch_device.startswith("cuda"):
+            torch.cuda.synchronize(self.torch_device)
+
+    def _loop(self, plan, seconds: float) -> float:
+        """Replay ``plan`` until ``seconds`` have passed; returns the time spent, s."""
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            plan()
+            self._sync()
+        return time.perf_counter() - start
+
+    def _timed_window(self, plan, seconds: float) -> tuple[int, float, float]:
+        """(repetitions, time s by CUDA events, energy J by the counter) over a window of ``seconds``."""
+        import torch
+
+        cuda = self.torch_device.startswith("cuda")
+        self._sync()
+        e0 = self.device.energy_j()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        reps = 0
+        while time.perf_counter() - t0 < seconds:
+            plan()
+            reps += 1
+            if reps % 8 == 0:
+                self._sync()
+        if cuda:
+            end.record()
+        self._sync()
+        wall = time.perf_counter() - t0
+        elapsed = start.elapsed_time(end) / 1000.0 if cuda else wall
+        return reps, elapsed, self.device.energy_j() - e0
+
+    def _detect_counter_period(self, plan) -> float:
+        """Poll the energy counter from a thread while the GPU replays ``plan`` (it must be busy for the counter to
+        move at every update); falls back to the GPU type's documented period if it barely moved."""
+        import threading
+
+        from freqopt.replay import detect_counter_period
+
+        duration = max(self.protocol.warmup_s, COUNTER_DETECTION_S)
+        found: list[float] = []
+
+        def poll() -> None:
+            try:
+                found.append(detect_counter_period(self.device.energy_j, duration_s=duration))
+            except RuntimeError:
+                pass
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        spent = self._loop(plan, duration)
+        poller.join()
+        self._detection_cost_s = spent
+        return found[0] if found else self.spec.energy_counter_period_s
+
+    def _measure_plan(self, plan) -> Measurement:
+        warmup = self.protocol.warmup_s
+        if self.counter_period_s is None:  # the first warm-up also finds the counter's period
+            self.counter_period_s = self._detect_counter_period(plan)
+            warmup = self._detection_cost_s
+        else:
+            self._loop(plan, warmup)
+        window = self.protocol.window_s(self.counter_period_s)
+        reps, time_s, energy_j = self._timed_window(plan, window)
+        return Measurement(time_s / reps, energy_j / reps, warmup + time_s, float(self.device.sm_clock_mhz()))
+
+    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "") -> Measurement:
+        self.apply(setting)
+        return self._measure_plan(build_replay(kernels, self.torch_device))
+
+    def measure_schedule(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "") -> Measurement:
+        """The kernels replayed in phases of equal settings, each phase's setting applied (synchronously, from this
+        thread) before it runs, so that the switching cost is in the measurement."""
+        phases: list[tuple[ClockSetting, list[Kernel]]] = []
+        for kernel, setting in zip(kernels, settings):
+            if phases and phases[-1][0] == setting:
+                phases[-1][1].append(kernel)
+            else:
+                phases.append((setting, [kernel]))
+        plans = [(s, build_replay(ks, self.torch_device)) for s, ks in phases]
+
+        def iteration() -> None:
+            for setting, plan in plans:
+                if len(plans) > 1:
+                    self._sync()
+                    self.apply(setting)
+                plan()
+
+        if len(plans) == 1:
+            self.apply(plans[0][0])
+        return self._measure_plan(iteration)
