@@ -147,6 +147,7 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
         "baseline": {"time_s": base.time_s, "energy_j": base.energy_j},
         "predicted": predicted,
         "validated": rel(r.validated),
+        "ideal": rel(r.ideal) if r.ideal is not None else None,
         "provenance": {
             "freqopt_version": __version__,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

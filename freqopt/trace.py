@@ -33,6 +33,7 @@ from torch.utils.flop_counter import flop_registry
 from freqopt.models import Workload, build_model
 from freqopt.models.ops import MixedPrecisionAdamW
 from freqopt.models.parallel import COMM_STREAM, COMPUTE_STREAM, all_reduce, shard_tensor_parallel
+from freqopt.phases import PhaseHooks, quiet_backward_hooks
 
 __all__ = ["Kernel", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration", "MODES", "PASSES"]
 
@@ -170,6 +171,11 @@ class _KernelRecorder(TorchDispatchMode):
         super().__init__()
         self.kernels: list[Kernel] = []
         self.pass_name = "forward"
+        self.marks: list[tuple[str, int]] = []
+
+    def mark(self, label: str) -> None:
+        """A phase boundary (freqopt.phases) before the next kernel."""
+        self.marks.append((label, len(self.kernels)))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -287,6 +293,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
     model = shard_tensor_parallel(build_model(config, dtype=dtype), layout.tp)
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
     recorder = _KernelRecorder()
+    hooks = PhaseHooks(model, recorder.mark)
     if mode == "train":
         params = list(model.parameters())
         buckets = _GradientBuckets(params, layout.dp, layout.tp, layout.bucket_elements) if layout.dp > 1 else None
@@ -299,18 +306,20 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
             return sq_norm
 
         optimizer = MixedPrecisionAdamW(params, reduce_sq_norm=reduce_norm)
-        with recorder:
+        with recorder, hooks:
             loss = model(idx, idx)
             recorder.pass_name = "backward"
-            loss.backward()
+            with quiet_backward_hooks():
+                loss.backward()
             if buckets is not None:
                 buckets.flush()
                 buckets.remove()
             recorder.pass_name = "optimizer"
+            hooks.mark_step()
             optimizer.step()
     else:
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), recorder, hooks:
             model(idx)
     n_params = sum(p.numel() for p in model.parameters())
-    meta = {"n_params": n_params, "mode": mode, "layout": layout.as_dict()}
+    meta = {"n_params": n_params, "mode": mode, "layout": layout.as_dict(), "marks": tuple(recorder.marks)}
     return Trace(workload=workload, kernels=tuple(recorder.kernels), meta=meta)

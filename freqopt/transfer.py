@@ -159,7 +159,7 @@ def native_granularities(granularity: str) -> tuple[str, ...]:
 def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config: SearchConfig,
                       on_unit=None) -> TransferReport:  # fmt: skip
     """Transfer ``table`` to ``trace``, validate it by measuring the whole iteration (``config.validation_repeats``
-    times), and search the target natively with ``config`` (its granularities are replaced by
+    times; as a runtime realizes it, with switching costs, when ``config.switching``), and search the target natively with ``config`` (its granularities are replaced by
     native_granularities of the table's), against one shared baseline measurement.
 
     Raises:
@@ -168,7 +168,7 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     import dataclasses
 
     schedule = transfer_table(table, trace)
-    validator = Validator(trace, backend, config.validation_repeats)
+    validator = Validator(trace, backend, config.validation_repeats, switching=config.switching)
     baseline = validator.baseline()
     transferred = validator(schedule.per_kernel(), key="transferred")
     native_config = dataclasses.replace(config, granularities=native_granularities(schedule.granularity))

@@ -86,8 +86,10 @@ def test_search_writes_tables_and_json(tmp_path):
     data = json.loads(out_json.read_text())
     assert set(data) == {"baseline", "results"} and set(data["baseline"]) == {"time_s", "energy_j"}
     r = data["results"]["pass"]
-    assert set(r) == {"energy_saved_pct", "slowdown_pct", "predicted_energy_saved_pct", "n_settings",
-                      "n_measurements", "search_cost_gpu_s", "table"}  # fmt: skip
+    assert set(r) == {"energy_saved_pct", "slowdown_pct", "ideal_energy_saved_pct", "ideal_slowdown_pct",
+                      "predicted_energy_saved_pct", "n_settings", "n_measurements", "search_cost_gpu_s",
+                      "table"}  # fmt: skip
+    assert r["ideal_energy_saved_pct"] is None  # measured for kernel level only
     assert r["slowdown_pct"] <= 2.0
     table = load_table(r["table"])
     assert table.granularity == "pass" and (tmp_path / "freqopt.db").exists()

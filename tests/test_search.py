@@ -37,8 +37,12 @@ def test_every_granularity_is_validated_within_budget(result):
         assert r.n_measurements > 0 and r.search_cost_gpu_s > 0
 
 
-def test_finer_granularity_saves_more(result):
-    assert result.energy_saved_pct("kernel") > result.energy_saved_pct("pass") > 0
+def test_finer_granularity_never_ends_worse_and_free_switching_kernel_level_saves_most(result):
+    saved = {g: result.energy_saved_pct(g) for g in GRANULARITIES}
+    assert saved["kernel"] >= saved["pass"] >= saved["iteration"] > 0  # realizable: switching costs included
+    assert result.ideal_energy_saved_pct("kernel") > saved["pass"]  # per-kernel clocks, were switching free
+    assert result.ideal_slowdown_pct("kernel") <= 2.0 + 1e-9
+    assert result.ideal_energy_saved_pct("pass") is None  # the ideal is measured for kernel level only
 
 
 def test_same_seed_same_result(small_trace, result):
@@ -75,7 +79,9 @@ def test_validator_measures_each_schedule_once(small_trace):
 
 @pytest.mark.slow
 def test_main_job_done_criterion(tmp_path):
-    """The issue's criterion on the README's main command: kernel > pass >= iteration, each within 1 % validated."""
+    """Issue 2's criterion on the README's main command, with issue 5's switching costs: per-kernel clocks save
+    more than per-pass clocks when switching is free (kernel > pass >= iteration), and with the H100's 6 ms
+    switch included no finer granularity ends worse than a coarser one; each within 1 % validated."""
     import json
 
     from freqopt.cli import main
@@ -84,6 +90,8 @@ def test_main_job_done_criterion(tmp_path):
     assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--out", str(tmp_path), "--json",
                  str(out)]) == 0  # fmt: skip
     res = json.loads(out.read_text())["results"]
-    assert res["kernel"]["energy_saved_pct"] > res["pass"]["energy_saved_pct"] >= res["iteration"]["energy_saved_pct"]
+    assert res["kernel"]["ideal_energy_saved_pct"] > res["pass"]["energy_saved_pct"] >= res["iteration"]["energy_saved_pct"]
+    assert res["kernel"]["energy_saved_pct"] >= res["pass"]["energy_saved_pct"]
     for g in res.values():
         assert g["slowdown_pct"] <= 1.0
+    assert res["kernel"]["ideal_slowdown_pct"] <= 1.0

@@ -111,6 +111,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def measure_schedule(
-        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = ""
+        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False
     ) -> Measurement:
-        """Measure a whole iteration with one setting per kernel (clock switches where consecutive settings differ)."""
+        """Measure a whole iteration with one setting per kernel (clock switches where consecutive settings differ).
+
+        ``switching``: include the cost of switching clocks (a real GPU always does; a simulated one only when asked,
+        so that the ideal, free-switching figure can be computed too)."""

@@ -163,7 +163,8 @@ class NVMLBackend(Backend):
         self.apply(setting)
         return self._measure_plan(build_replay(kernels, self.torch_device))
 
-    def measure_schedule(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "") -> Measurement:
+    def measure_schedule(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "",
+                         switching: bool = True) -> Measurement:  # fmt: skip
         """The kernels replayed in phases of equal settings, each phase's setting applied (synchronously, from this
         thread) before it runs, so that the switching cost is in the measurement."""
         phases: list[tuple[ClockSetting, list[Kernel]]] = []

@@ -188,7 +188,8 @@ class SimulatedGPU(Backend):
             return len(self.spec.sm_clocks_mhz) - 1
         return self.spec.sm_clocks_mhz.index(sm_clock_mhz)
 
-    def run(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool) -> tuple[np.ndarray, ...]:
+    def run(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool,
+            switch_latency_s: float = 0.0) -> tuple[np.ndarray, ...]:  # fmt: skip
         """Noiseless per-kernel (time_s, energy_j, sm_clock_mhz) after power-limit throttling, each shape (K,).
 
         Args:
@@ -196,7 +197,11 @@ class SimulatedGPU(Backend):
             settings: one setting per kernel.
             loop: the kernels are replayed in a loop (a measurement): a window shorter than the power-limit
                 control window sees the loop's average power.
+            switch_latency_s: a change of setting lands this long after the kernel that asks for it starts; until
+                then the GPU runs at the previous setting (in a loop, the first kernels inherit the last setting).
         """
+        if switch_latency_s > 0 and len(set(settings)) > 1:
+            settings = self._delayed(kernels, settings, switch_latency_s)
         spec = self.spec
         for s in settings:
             if s.sm_clock_mhz is not None or s.mem_clock_mhz is not None:
@@ -250,6 +255,20 @@ class SimulatedGPU(Backend):
             time_s, energy_j = _overlap_streams(kernels, time_s, energy_j, baseline_w)
         return time_s, energy_j, clocks
 
+    def _delayed(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], latency_s: float) -> list[ClockSetting]:
+        """The settings in force at each kernel's start when each change lands ``latency_s`` after it is asked for
+        (times from a first pass with the requested settings)."""
+        time_s, _, _ = self.run(kernels, settings, loop=True)
+        starts = np.cumsum(time_s) - time_s  # (K,)
+        total = float(time_s.sum())
+        changes = [i for i in range(len(settings)) if settings[i] != settings[i - 1]]  # i = 0 compares with the last
+        effective = []
+        for start in starts:
+            # The latest change whose landing time (its start + latency, modulo the loop) is at or before this kernel.
+            landed = [(start - (starts[c] + latency_s)) % total for c in changes]
+            effective.append(settings[changes[int(np.argmin(landed))]] if changes else settings[0])
+        return effective
+
     def true_measure(self, kernels: Sequence[Kernel], setting: ClockSetting) -> Measurement:
         """The noiseless time and energy of one repetition (the oracle's view; no GPU-seconds charged)."""
         t, e, clocks = self.run(kernels, [setting] * len(kernels), loop=True)
@@ -274,8 +293,11 @@ class SimulatedGPU(Backend):
         return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting))
 
     def measure_schedule(
-        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = ""
+        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False
     ) -> Measurement:
-        t, e, clocks = self.run(kernels, settings, loop=True)
+        """Measure a whole iteration with one setting per kernel; ``switching`` applies each change of setting one
+        clock-switch latency (``spec.clock_switch_s``) late, as a real GPU does; without it switching is free."""
+        latency = self.spec.clock_switch_s if switching else 0.0
+        t, e, clocks = self.run(kernels, settings, loop=True, switch_latency_s=latency)
         clock = float(np.average(clocks, weights=t))
-        return self._noisy(float(t.sum()), float(e.sum()), clock, (key, "schedule", tuple(settings)))
+        return self._noisy(float(t.sum()), float(e.sum()), clock, (key, "schedule", switching, tuple(settings)))

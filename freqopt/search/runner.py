@@ -60,6 +60,9 @@ class SearchConfig:
         max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
         seed: seeds the samplers.
         storage: Optuna storage URL; None keeps studies in memory.
+        switching: validate schedules as a phase-switching runtime realizes them (freqopt.phases), with each
+            change of clocks landing one clock-switch latency late, so the budget is met with switching costs
+            included; the free-switching ("ideal") figure is measured beside it.
     """
 
     max_slowdown: float
@@ -71,6 +74,7 @@ class SearchConfig:
     max_validation_rounds: int = 8
     seed: int = 0
     storage: str | None = None
+    switching: bool = True
 
     def __post_init__(self):
         if not 0.0 <= self.max_slowdown < 1.0:
@@ -87,7 +91,9 @@ class GranularityResult:
         granularity: one of GRANULARITIES.
         units: per unit, its name, kernel indices and chosen setting.
         predicted: the allocator's sum of the chosen options (time_s and energy_j per iteration).
-        validated: the whole iteration measured with the schedule.
+        validated: the whole iteration measured with the schedule, as a runtime realizes it (switching costs
+            included when SearchConfig.switching).
+        ideal: the whole iteration measured with the schedule and free, instant switching (None if not measured).
         n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
         unit_searches: each unit's study outcome.
         study_names: the Optuna studies behind the result.
@@ -101,6 +107,7 @@ class GranularityResult:
     n_measurements: int
     search_cost_gpu_s: float
     unit_searches: tuple[UnitSearch, ...] = field(repr=False, default=())
+    ideal: Measurement | None = None
 
     @property
     def n_settings(self) -> int:
@@ -126,6 +133,14 @@ class SearchResult:
 
     def slowdown_pct(self, g: str) -> float:
         return 100.0 * (self.results[g].validated.time_s / self.baseline.time_s - 1.0)
+
+    def ideal_energy_saved_pct(self, g: str) -> float | None:
+        ideal = self.results[g].ideal
+        return None if ideal is None else 100.0 * (1.0 - ideal.energy_j / self.baseline.energy_j)
+
+    def ideal_slowdown_pct(self, g: str) -> float | None:
+        ideal = self.results[g].ideal
+        return None if ideal is None else 100.0 * (ideal.time_s / self.baseline.time_s - 1.0)
 
     def predicted_energy_saved_pct(self, g: str) -> float:
         r = self.results[g]
@@ -155,17 +170,24 @@ class Validator:
     Args:
         trace, backend: the iteration and the GPU.
         repeats: measurements averaged per schedule.
+        switching: measure schedules as a phase-switching runtime realizes them (freqopt.phases.Realizer) and
+            with the GPU's clock-switch latency; False: the schedule as given, switching free (the ideal).
     """
 
-    def __init__(self, trace: Trace, backend: Backend, repeats: int):
-        self.trace, self.backend, self.repeats = trace, backend, repeats
+    def __init__(self, trace: Trace, backend: Backend, repeats: int, *, switching: bool = False):
+        from freqopt.phases import Realizer
+
+        self.trace, self.backend, self.repeats, self.switching = trace, backend, repeats, switching
+        self.realize = Realizer(trace, backend.spec) if switching else (lambda schedule: schedule)
         self.cache: dict[tuple[ClockSetting, ...], Measurement] = {}
         self.n_measurements = 0
         self.cost_gpu_s = 0.0
 
     def __call__(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
+        schedule = self.realize(tuple(schedule))
         if schedule not in self.cache:
-            ms = [self.backend.measure_schedule(self.trace.kernels, schedule, key=key) for _ in range(self.repeats)]
+            ms = [self.backend.measure_schedule(self.trace.kernels, schedule, key=key, switching=self.switching)
+                  for _ in range(self.repeats)]  # fmt: skip
             self.cache[schedule] = Measurement(
                 time_s=float(np.mean([m.time_s for m in ms])),
                 energy_j=float(np.mean([m.energy_j for m in ms])),
@@ -277,30 +299,41 @@ def allocate_validated(
 def _search_granularity(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, validator: Validator,
     baseline: Measurement, on_unit, coarser: GranularityResult | None, storage,
+    ideal_validator: Validator | None = None,
 ) -> GranularityResult:  # fmt: skip
     """Search one granularity. ``coarser``: the validated result of the next coarser clock granularity; its
     settings warm-start each unit's study and its schedule is the first candidate, so a finer granularity never
-    ends worse than a coarser one (any coarser schedule is also a finer one)."""
+    ends worse than a coarser one (any coarser schedule is also a finer one). ``ideal_validator``: also allocate
+    the budget as if switching were free, and report that schedule's validated figure as the ideal."""
     inherited = None
     if coarser is not None:
         per_kernel = _per_kernel_settings(trace, coarser.units)
         inherited = [per_kernel[u.kernel_indices[0]] for u in partition(trace, granularity)]
     measured_before = (validator.n_measurements, validator.cost_gpu_s)
+    ideal_before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s) if ideal_validator else (0, 0.0)
     units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=inherited,
                                        on_unit=on_unit)  # fmt: skip
     improves = coarser is not None and coarser.validated.energy_j < baseline.energy_j
     result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
                                 rounds=config.max_validation_rounds, key=granularity,
                                 first=[s or DEFAULT_SETTING for s in inherited] if improves else None)  # fmt: skip
+    ideal = None
+    if ideal_validator is not None:  # the best schedule if switching were free, found the same way
+        ideal = allocate_validated(units, searches, ideal_validator, ideal_validator.baseline(), config.max_slowdown,
+                                   rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
+                                   first=[s or DEFAULT_SETTING for s in inherited] if improves else None).validated
     return GranularityResult(
         granularity=granularity,
         units=tuple((u, o.setting) for u, o in zip(units, result.chosen)),
+        ideal=ideal,
         predicted=Measurement(sum(o.time_s for o in result.chosen), sum(o.energy_j for o in result.chosen)),
         predicted_baseline=Measurement(sum(s.default.time_s for s in searches),
                                        sum(s.default.energy_j for s in searches)),  # fmt: skip
         validated=result.validated,
-        n_measurements=sum(s.n_measurements for s in searches) + validator.n_measurements - measured_before[0],
-        search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - measured_before[1],
+        n_measurements=sum(s.n_measurements for s in searches) + validator.n_measurements - measured_before[0]
+        + (ideal_validator.n_measurements - ideal_before[0] if ideal_validator else 0),
+        search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - measured_before[1]
+        + (ideal_validator.cost_gpu_s - ideal_before[1] if ideal_validator else 0.0),
         unit_searches=tuple(searches),
     )
 
@@ -330,7 +363,9 @@ def run_search(
         StorageError: the storage URL cannot be opened.
     """
     storage = open_storage(config.storage)
-    validator = validator or Validator(trace, backend, config.validation_repeats)
+    validator = validator or Validator(trace, backend, config.validation_repeats, switching=config.switching)
+    # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
+    ideal_validator = Validator(trace, backend, config.validation_repeats) if validator.switching else None
     baseline = validator.baseline()
     results: dict[str, GranularityResult] = {}
     coarser = None
@@ -338,7 +373,8 @@ def run_search(
         if g not in config.granularities:
             continue
         results[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit,
-                                         coarser if g != "power-cap" else None, storage)  # fmt: skip
+                                         coarser if g != "power-cap" else None, storage,
+                                         ideal_validator if g == "kernel" else None)  # fmt: skip
         if g != "power-cap":
             coarser = results[g]
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage)
