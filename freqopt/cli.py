@@ -315,6 +315,86 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
 
 
 @cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--table", "table_path", default=None, help="A clock table to apply (default: none, default clocks).")
+@click.option("--steps", default=8, show_default=True, type=int, help="Training steps.")
+@click.option("--backend", default="sim", show_default=True, help="sim (simulated GPU timeline) or nvml (a real GPU).")
+@click.option("--gpu", default=None, help="GPU type of the simulated backend (default: the table's, else h100-sxm).")
+@click.option("--compare", is_flag=True, help="Alternate blocks of steps with and without the table.")
+@click.option("--read-only", is_flag=True, help="nvml: measure at the GPU's current settings; change nothing.")
+@click.option("--device", default=None, help="Where the model trains (default: cuda with nvml, cpu with sim).")
+@click.option("--json", "json_path", default=None, help="Also write the per-step figures as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of weights, tokens and simulated noise.")
+@_model_options
+def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, micro_batch_size,
+          seq_len, n_heads, layout) -> None:  # fmt: skip
+    """Train on synthetic tokens under the DVFS runtime and report time and energy per step."""
+    from rich.table import Table
+
+    from freqopt.backends import check_backend, get_backend
+    from freqopt.gpus import DEFAULT_GPU, get_gpu
+    from freqopt.layout import parse_layout
+    from freqopt.models import get_workload
+    from freqopt.tables import atomic_write_text, load_table
+    from freqopt.train import train as run_training
+
+    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                            layout=parse_layout(layout))  # fmt: skip
+    check_backend(backend)
+    if steps < 1:
+        raise InvalidSettingError(f"--steps must be a positive integer, not {steps}")
+    if compare and table_path is None:
+        raise InvalidSettingError("--compare needs --table: it alternates steps with and without the table")
+    if read_only and table_path is not None:
+        raise InvalidSettingError("--read-only cannot apply a table (that changes clocks); drop one of them")
+    if json_path:
+        _check_writable_file(Path(json_path))
+    table = load_table(table_path) if table_path else None
+    requested = get_gpu(gpu) if gpu else (get_gpu(table.gpu) if table else None)
+    if workload.layout.world_size > 1 and "WORLD_SIZE" not in os.environ:
+        _relaunch_under_deepspeed(workload.layout.world_size)
+        return
+    measuring = get_backend(backend, requested if backend == "nvml" else requested or get_gpu(DEFAULT_GPU), seed=seed,
+                            read_only=read_only)  # fmt: skip
+    if table is not None:
+        table = load_table(table_path, spec=measuring.spec)  # the GPU the table is applied to
+    device = device or ("cuda" if backend == "nvml" else "cpu")
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        report = run_training(workload, measuring, table=table, steps=steps, compare=compare, device=device,
+                              seed=seed)  # fmt: skip
+    finally:
+        measuring.close()
+    if rank != 0:
+        return
+    summary = report.summary()
+    rich_table = Table("step", "clocks", "time/step (s)", "energy/step (J)",
+                       title=f"{workload.model} ({workload.layout}) training on {measuring.spec.name} "
+                             f"({'simulated' if backend == 'sim' else 'NVML'}); loss {report.loss_first:.3f} -> "
+                             f"{report.loss_last:.3f}")  # fmt: skip
+    for r in report.steps:
+        rich_table.add_row(str(r.step), "table" if r.with_table else "default", f"{r.time_s:.5f}", f"{r.energy_j:.3f}")
+    _stdout_console().print(rich_table)
+    if "energy_saved_pct" in summary:
+        click.echo(f"with the table: {summary['energy_saved_pct']:.2f} % less energy per step, "
+                   f"{summary['slowdown_pct']:+.2f} % time per step ({report.switches_per_step:.1f} clock switches "
+                   "per step)")  # fmt: skip
+    if json_path:
+        atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
+
+
+def _relaunch_under_deepspeed(world_size: int) -> None:
+    """Run this same command under DeepSpeed's launcher, one process per rank (gloo on a CPU machine)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(world_size), "--no_local_rank",
+           str(Path(__file__).resolve()), *sys.argv[1:]]  # fmt: skip
+    code = subprocess.call(cmd)
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+@cli.command()
 def reset() -> None:
     """Restore GPUs that a killed freqopt left with changed clocks or power limit (from its state files)."""
     from freqopt.nvml import reset_from_state_files, state_dir
