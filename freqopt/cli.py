@@ -160,13 +160,14 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     out = Path(out_dir)
     if json_path:
         _check_writable_file(Path(json_path))
-    _check_writable_dir(out)
-    storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
-    open_storage(storage)  # a bad URL fails here, before any work
-    counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
-    config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage, **counts)
+    # A real GPU is opened (and its permissions checked) before anything is written.
     measuring = get_backend(backend, requested if backend == "nvml" else requested or get_gpu(DEFAULT_GPU), seed=seed)
     try:
+        _check_writable_dir(out)
+        storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
+        open_storage(storage)  # a bad URL fails here, before any work
+        counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
+        config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage, **counts)
         _run_search(workload, measuring.spec, measuring, config, backend, out, json_path)
     finally:
         measuring.close()  # a real GPU goes back to the clocks and power limit it was found with

@@ -265,3 +265,34 @@ def test_cli_reset_reports_nothing_to_do(fake, capsys):
 
     assert main(["reset"]) == 0
     assert "nothing to restore" in capsys.readouterr().out
+
+
+def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path):
+    from freqopt.cli import main
+
+    fake.root = True
+    for g in fake.gpus:
+        g.realtime, g.counter_period_s = True, 0.02
+    out = tmp_path / "r.json"
+    assert main(["search", "--backend", "nvml", "--model", "gpt3-small", "--max-slowdown", "5%", "--granularity",
+                 "iteration", "--trials", "2", "--seq-len", "16", "--micro-batch-size", "1", "--out",
+                 str(tmp_path / "o"), "--json", str(out)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())["results"]["iteration"]
+    assert result["n_measurements"] > 0 and result["search_cost_gpu_s"] > 1.0
+    locks = [c for c in fake.set_calls() if c[0] == "nvmlDeviceSetGpuLockedClocks"]
+    assert locks  # the search changed clocks ...
+    gpu = fake.gpus[0]
+    assert (gpu.locked_sm_mhz, gpu.power_limit_mw) == (None, 700_000)  # ... and put them back
+    assert not any(state_dir().glob("*.json"))
+
+
+def test_cli_search_without_permission_is_one_clear_line(fake, tmp_path, capsys):
+    from freqopt.cli import main
+
+    code = main(["search", "--backend", "nvml", "--model", "gpt3-small", "--max-slowdown", "5%", "--granularity",
+                 "iteration", "--trials", "2", "--seq-len", "16", "--micro-batch-size", "1", "--out",
+                 str(tmp_path / "o")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "CAP_SYS_ADMIN" in err and len(err.strip().splitlines()) == 1
+    assert fake.gpus[0].locked_sm_mhz is None
+    assert not (tmp_path / "o").exists()  # refused before anything was written

@@ -44,7 +44,10 @@ def get_backend(name: str, spec: GPUSpec | None, *, seed: int = 0, read_only: bo
         devices = open_devices(read_only=read_only)
         if not devices:
             raise NVMLError("no GPU is visible (CUDA_VISIBLE_DEVICES); use --backend sim")
-        backend = NVMLBackend(devices[0])
+        import torch
+
+        # Kernels are replayed on the first visible CUDA device; without CUDA (tests with a stand-in NVML) on the CPU.
+        backend = NVMLBackend(devices[0], torch_device="cuda:0" if torch.cuda.is_available() else "cpu")
         if spec is not None and backend.spec.name != spec.name:
             backend.close()
             raise InvalidSettingError(f"--gpu {spec.name} but GPU 0 is a {backend.spec.name}; omit --gpu with --backend nvml")

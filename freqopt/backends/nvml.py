@@ -45,6 +45,18 @@ class NVMLBackend(Backend):
         self.guard = GPUStateGuard(device)
         self._applied: ClockSetting | None = None
         self.guard.__enter__()
+        if not device.read_only:
+            self._check_permission()
+
+    def _check_permission(self) -> None:
+        """Fail now, before any work, if NVML will refuse changes: set the power limit to the value it has (which
+        changes nothing; the guard has recorded it first)."""
+        try:
+            self.guard.before_change()
+            self.device.set_power_limit_w(self.device.power_limit_w())
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         self.guard.__exit__(None, None, None)
