@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from freqopt.models.gpt3 import AttentionShape
+from freqopt.models.gpt3 import AttentionShape, init_weights
 from freqopt.models.ops import flash_attention
 
 __all__ = ["BertConfig", "BertModel", "BERT_CONFIGS"]
@@ -89,6 +89,7 @@ class BertModel(nn.Module):
         self.head_ln = nn.LayerNorm(d, eps=1e-12)
         self.lm_head = nn.Linear(d, config.vocab_size)
         self.lm_head.weight = self.wte.weight  # tied, as in BERT's MLM head
+        self.apply(init_weights)  # N(0, 0.02), as BERT (Devlin et al. 2019)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         B, T = idx.shape

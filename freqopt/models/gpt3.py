@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from freqopt.models.ops import flash_attention
 
-__all__ = ["GPTConfig", "GPTModel", "GPT3_CONFIGS"]
+__all__ = ["GPTConfig", "GPTModel", "GPT3_CONFIGS", "init_weights"]
 
 
 class AttentionShape:
@@ -106,6 +106,16 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))  # (B, T, d)
 
 
+def init_weights(module: nn.Module) -> None:
+    """GPT-2/GPT-3 initialization (Radford et al. 2019): weights N(0, 0.02), biases zero; layer norms as PyTorch
+    sets them (weight 1, bias 0). Without it, nn.Embedding's N(0, 1) makes the tied output layer's logits ~30 wide.
+    On the meta device it costs nothing."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class GPTModel(nn.Module):
     """GPTModel(config)(idx, targets) -> mean cross-entropy loss; (idx) -> logits (B, T, V). idx, targets (B, T)."""
 
@@ -118,6 +128,7 @@ class GPTModel(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying (GPT-2, Radford et al. 2019)
+        self.apply(init_weights)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         B, T = idx.shape
