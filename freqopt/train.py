@@ -22,7 +22,7 @@ import torch
 from freqopt.backends.base import Backend, Measurement
 from freqopt.models import Workload, build_model
 from freqopt.phases import quiet_backward_hooks
-from freqopt.runtime import DVFSRuntime
+from freqopt.runtime import DVFSRuntime, plan_phases
 from freqopt.tables import ClockTable
 from freqopt.trace import trace_training_iteration
 
@@ -114,16 +114,11 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
         runtime = DVFSRuntime(model, optimizer, table=table, backend=backend, trace=trace)
         data_rank = 0
     generator = torch.Generator().manual_seed(seed + 1000 * data_rank)
-    plan = _blocks(steps, compare, table is not None)
-    default_plan = runtime.plan if table is None else None
+    schedule = _blocks(steps, compare, table is not None)
+    table_plan, default_plan = runtime.plan, plan_phases(None, trace, backend.spec)
     records, losses = [], []
     with runtime:
-        table_plan = runtime.plan
-        if default_plan is None:
-            from freqopt.runtime import plan_phases
-
-            default_plan = plan_phases(None, trace, backend.spec)
-        for i, with_table in enumerate(plan):
+        for i, with_table in enumerate(schedule):
             runtime.plan = table_plan if with_table else default_plan
             # Synthetic tokens; the targets are the next tokens, as in language-model training.
             tokens = torch.randint(0, workload.config.vocab_size,

@@ -296,6 +296,35 @@ def allocate_validated(
     return best
 
 
+def _as_applied(
+    trace: Trace, units: list[TuningUnit], settings: list[ClockSetting], validated: Measurement, validator: Validator,
+    baseline: Measurement, max_slowdown: float, *, key: str,
+) -> tuple[list[ClockSetting], Measurement]:  # fmt: skip
+    """The per-unit settings a runtime actually applied, for the clock table.
+
+    With switching costs the runtime realizes a schedule per phase, so some units never run at the setting the
+    allocator gave them. The table then holds, per unit, the realized setting its kernels spend most time in, so
+    that it says what ran (and transfers what ran); that schedule is validated in turn and kept if it meets the
+    budget and still saves energy, else the allocator's settings are kept.
+    """
+    if not validator.switching:
+        return settings, validated
+    realized = validator.realize(tuple(_per_kernel_settings(trace, zip(units, settings))))
+    kernel_time_s = validator.realize.kernel_time_s
+    applied = []
+    for unit in units:
+        weights: dict[ClockSetting, float] = {}
+        for i in unit.kernel_indices:
+            weights[realized[i]] = weights.get(realized[i], 0.0) + float(kernel_time_s[i])
+        applied.append(max(weights, key=weights.get))
+    if applied == list(settings):
+        return settings, validated
+    measured = validator.units(units, applied, key)
+    if measured.time_s / baseline.time_s - 1.0 <= max_slowdown and measured.energy_j < baseline.energy_j:
+        return applied, measured
+    return settings, validated
+
+
 def _search_granularity(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, validator: Validator,
     baseline: Measurement, on_unit, coarser: GranularityResult | None, storage,
@@ -317,6 +346,8 @@ def _search_granularity(
     result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
                                 rounds=config.max_validation_rounds, key=granularity,
                                 first=[s or DEFAULT_SETTING for s in inherited] if improves else None)  # fmt: skip
+    settings, validated = _as_applied(trace, units, [o.setting for o in result.chosen], result.validated, validator,
+                                      baseline, config.max_slowdown, key=f"{granularity}-applied")  # fmt: skip
     ideal = None
     if ideal_validator is not None:  # the best schedule if switching were free, found the same way
         ideal = allocate_validated(units, searches, ideal_validator, ideal_validator.baseline(), config.max_slowdown,
@@ -324,12 +355,12 @@ def _search_granularity(
                                    first=[s or DEFAULT_SETTING for s in inherited] if improves else None).validated
     return GranularityResult(
         granularity=granularity,
-        units=tuple((u, o.setting) for u, o in zip(units, result.chosen)),
+        units=tuple(zip(units, settings)),
         ideal=ideal,
         predicted=Measurement(sum(o.time_s for o in result.chosen), sum(o.energy_j for o in result.chosen)),
         predicted_baseline=Measurement(sum(s.default.time_s for s in searches),
                                        sum(s.default.energy_j for s in searches)),  # fmt: skip
-        validated=result.validated,
+        validated=validated,
         n_measurements=sum(s.n_measurements for s in searches) + validator.n_measurements - measured_before[0]
         + (ideal_validator.n_measurements - ideal_before[0] if ideal_validator else 0),
         search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - measured_before[1]
