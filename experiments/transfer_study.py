@@ -30,7 +30,7 @@ from freqopt.backends.simulated import SimulatedGPU
 from freqopt.gpus import get_gpu
 from freqopt.layout import Layout
 from freqopt.models import get_workload
-from freqopt.search.runner import SearchConfig, run_search
+from freqopt.search.runner import SearchConfig, Validator, run_search
 from freqopt.tables import atomic_write_text, load_table, table_from_result, write_table
 from freqopt.trace import trace_training_iteration
 from freqopt.transfer import evaluate_transfer
@@ -52,20 +52,44 @@ def source_table(spec) -> Path:
 
 
 def evaluate(family: str, layout: Layout, micro_batch: int, table_path: Path) -> dict:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # in each joblib worker
     spec = get_gpu(GPU)
     table = load_table(table_path, spec=spec)
     trace = trace_training_iteration(get_workload(MODEL, micro_batch_size=micro_batch, layout=layout))
     name = f"dp{layout.dp}-tp{layout.tp}-mb{micro_batch}"
     config = SearchConfig(max_slowdown=MAX_SLOWDOWN, seed=SEED, storage=f"sqlite:///{OUT / f'{name}.db'}")
-    report = evaluate_transfer(table, trace, SimulatedGPU(spec, seed=SEED), config)
+    backend = SimulatedGPU(spec, seed=SEED)
+    report = evaluate_transfer(table, trace, backend, config)
     summary = report.summary()
     native = report.native.results["kernel"]
+    # The same two schedules with free switching (the ideal a zero-latency runtime would reach).
+    ideal = Validator(trace, backend, config.validation_repeats)
+    transferred_ideal = ideal(report.schedule.per_kernel(), key="transferred-ideal")
     return {"family": family, "layout": layout.as_dict(), "micro_batch_size": micro_batch,
             "kernel_classes": len(trace.kernel_classes()),
             "collective_classes": len({k.class_key for k in trace.kernels if k.is_collective}),
             "baseline_time_s": report.baseline.time_s, "baseline_energy_j": report.baseline.energy_j,
             "native_predicted_energy_saved_pct": report.native.predicted_energy_saved_pct("kernel"),
+            "native_ideal_energy_saved_pct": report.native.ideal_energy_saved_pct("kernel"),
+            "native_ideal_slowdown_pct": report.native.ideal_slowdown_pct("kernel"),
+            "transferred_ideal_energy_saved_pct": 100 * (1 - transferred_ideal.energy_j / ideal.baseline().energy_j),
+            "transferred_ideal_slowdown_pct": 100 * (transferred_ideal.time_s / ideal.baseline().time_s - 1),
             "native_search_cost_gpu_s": native.search_cost_gpu_s, **summary}  # fmt: skip
+
+
+def gemm_clock_at_default(layout: Layout, micro_batch: int) -> float:
+    """Time-weighted SM clock of the GEMMs at default settings (the power limit decides it), MHz."""
+    import numpy as np
+
+    from freqopt.backends.base import DEFAULT_SETTING
+
+    trace = trace_training_iteration(get_workload(MODEL, micro_batch_size=micro_batch, layout=layout))
+    time_s, _, clocks = SimulatedGPU(get_gpu(GPU), noise=False).run(trace.kernels, [DEFAULT_SETTING] * len(trace),
+                                                                    loop=True)  # fmt: skip
+    gemm = np.array([k.kind == "gemm" for k in trace.kernels])
+    return float(np.average(clocks[gemm], weights=time_s[gemm]))
 
 
 def report_markdown(rows: list[dict], source: dict) -> str:
@@ -76,11 +100,13 @@ def report_markdown(rows: list[dict], source: dict) -> str:
         f"(dp=1, micro-batch {SOURCE_MICRO_BATCH}): {source['energy_saved_pct']:.2f} % saved at "
         f"{source['slowdown_pct']:+.2f} % time, validated. Each row applies it to another layout (`freqopt transfer`"
         " matching) and compares it with a native kernel-level search of that layout; both validated by measuring "
-        "the whole iteration against the same baseline. Matches count kernel classes of the target.",
+        "the whole iteration against the same baseline, as a phase-switching runtime realizes the schedule with the "
+        "H100's 6 ms clock switch. The last column measures the same two schedules with free switching. Matches "
+        "count kernel classes of the target.",
         "",
         "| layout | micro-batch | classes (collectives) | exact / by kind / none | transferred: saved, time | "
-        "native: saved, time | gap (pp) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "native: saved, time | gap (pp) | free switching: transferred / native saved |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         t, n = r["transferred"], r["native"]
@@ -88,19 +114,41 @@ def report_markdown(rows: list[dict], source: dict) -> str:
             f"| dp={r['layout']['dp']},tp={r['layout']['tp']} | {r['micro_batch_size']} | {r['kernel_classes']} "
             f"({r['collective_classes']}) | {t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']} | "
             f"{t['energy_saved_pct']:.2f} %, {t['slowdown_pct']:+.2f} % | {n['energy_saved_pct']:.2f} %, "
-            f"{n['slowdown_pct']:+.2f} % | {n['energy_saved_pct'] - t['energy_saved_pct']:+.2f} |"
+            f"{n['slowdown_pct']:+.2f} % | {n['energy_saved_pct'] - t['energy_saved_pct']:+.2f} | "
+            f"{r['transferred_ideal_energy_saved_pct']:.2f} % ({r['transferred_ideal_slowdown_pct']:+.2f} %) / "
+            f"{r['native_ideal_energy_saved_pct']:.2f} % ({r['native_ideal_slowdown_pct']:+.2f} %) |"
         )
-    within = [r for r in rows if r["transferred"]["slowdown_pct"] <= 100 * MAX_SLOWDOWN]
-    gaps = [r["native"]["energy_saved_pct"] - r["transferred"]["energy_saved_pct"] for r in rows]
-    lines += [
-        "",
-        f"Transferred tables stay within the 1 % budget on {len(within)} of {len(rows)} layouts. They fall behind "
-        f"native searches by {min(gaps):.2f} to {max(gaps):.2f} percentage points of energy saved (mean "
-        f"{sum(gaps) / len(gaps):.2f}).",
-        "",
-        "![transferred against native](transfer.png)",
-        "",
-    ]
+    budget = 100 * MAX_SLOWDOWN + 0.05  # validated slowdowns carry about 0.1 % of timing noise
+    within = [r for r in rows if r["transferred"]["slowdown_pct"] <= budget]
+    over = [r for r in rows if r["transferred"]["slowdown_pct"] > budget]
+    gaps = [r["native"]["energy_saved_pct"] - r["transferred"]["energy_saved_pct"] for r in within]
+
+    def name(r):
+        return f"dp={r['layout']['dp']},tp={r['layout']['tp']} mb {r['micro_batch_size']}"
+
+    lines += [""]
+    if within:
+        lines.append(f"Transferred tables meet the 1 % budget on {len(within)} of {len(rows)} layouts; there they fall "
+                     f"behind the native search by {min(gaps):+.2f} to {max(gaps):+.2f} percentage points of energy "
+                     f"saved (mean {sum(gaps) / len(gaps):+.2f}; positive: native saves more).")  # fmt: skip
+    if over:
+        lines.append("They break it on " + ", ".join(
+            f"{name(r)} (+{r['transferred']['slowdown_pct']:.2f} % time for {r['transferred']['energy_saved_pct']:.2f}"
+            f" % energy)" for r in over) + ".")  # fmt: skip
+    table = json.loads((OUT / "source-kernel-table.json").read_text())
+    clocks = sorted({e["sm_clock_mhz"] for e in table["entries"] if e["sm_clock_mhz"]})
+    if len(clocks) == 1:
+        seen = {name(r): gemm_clock_at_default(Layout(**r["layout"]), r["micro_batch_size"]) for r in rows}
+        source_clock = gemm_clock_at_default(Layout(), SOURCE_MICRO_BATCH)
+        lines += ["", f"Why: with the H100's 6 ms switches the realizable single-GPU schedule is one SM clock, "
+                  f"{clocks[0]} MHz, for every kernel class. At default settings the 700 W limit holds the GEMMs of "
+                  f"the single-GPU run at {source_clock:.0f} MHz (time-weighted), so that lock is nearly free there. "
+                  "The GEMMs run at " + ", ".join(f"{v:.0f} MHz on {k}" for k, v in seen.items()) + ": less "
+                  "power-dense kernels (small micro-batches) and all-reduces on the critical path (tensor "
+                  "parallelism) lower the average power, the GEMMs run faster at the default, and the same lock costs "
+                  "time. A table is a set of clocks, not a budget: on a new layout it needs a native search, or at "
+                  "least its budget re-allocated there."]  # fmt: skip
+    lines += ["", "![transferred against native](transfer.png)", ""]
     return "\n".join(lines)
 
 
@@ -133,6 +181,11 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     import optuna
 
+    if "--report-only" in sys.argv:  # rewrite the report and figure from transfer.json
+        doc = json.loads((OUT / "transfer.json").read_text())
+        plot(doc["targets"], OUT / "transfer.png")
+        atomic_write_text(OUT / "transfer.md", report_markdown(doc["targets"], doc["source"]))
+        return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     OUT.mkdir(exist_ok=True)
     spec = get_gpu(GPU)
