@@ -60,6 +60,8 @@ def run() -> dict:
     config = SearchConfig(max_slowdown=0.10, n_trials_2d=30, seed=0)
     validator = Validator(trace, backend, repeats=3)
     base = validator.baseline()
+    # The paper ignored the cost of switching clocks; a phase-switching runtime on this GPU pays about 100 ms.
+    switching = Validator(trace, backend, repeats=3, switching=True)
 
     def change(m) -> dict:
         return {"energy_pct": 100 * (m.energy_j / base.energy_j - 1), "time_pct": 100 * (m.time_s / base.time_s - 1)}
@@ -80,6 +82,8 @@ def run() -> dict:
         record("no slowdown", "local", local, validator.units(units, [o.setting for o in local], granularity))
         best = allocate_validated(units, searches, validator, base, 0.0, key=granularity)
         record("no slowdown", "global", best.chosen, best.validated)
+        real = allocate_validated(units, searches, switching, base, 0.0, key=f"{granularity}-switching")
+        record(f"no slowdown, {1e3 * spec.clock_switch_s:.0f} ms switches", "global", real.chosen, real.validated)
         # Minimal energy-delay product: local per unit; global over validated schedules at every budget.
         local = local_choice(searches, lambda o, d: o.energy_j * o.time_s)
         record("min EDP", "local", local, validator.units(units, [o.setting for o in local], granularity))
@@ -98,7 +102,9 @@ def report(results: dict) -> str:
              "Produced by `python experiments/repro_spaan.py`. Changes relative to default clocks; freqopt's are "
              "validated on the whole iteration, with the allocator's prediction beside them. Paper figures: their "
              "Table 2 as quoted in shared/calibration/published.md (kernel-level global no-slowdown: the re-measured "
-             "figure).", "",
+             "figure). Like the paper, every row but the \"switches\" rows treats switching clocks as free; those "
+             "rows validate schedules as a phase-switching runtime realizes them, each switch landing 100 ms late "
+             "(the paper's nvidia-smi figure for this card).", "",
              "| granularity | allocation | goal | paper E (%) | paper t (%) | freqopt E (%) | freqopt t (%) | "
              "freqopt predicted E (%) | E difference (pp) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for key, row in results["rows"].items():
