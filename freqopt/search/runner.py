@@ -350,7 +350,8 @@ def _search_granularity(
                                       baseline, config.max_slowdown, key=f"{granularity}-applied")  # fmt: skip
     ideal = None
     if ideal_validator is not None:  # the best schedule if switching were free, found the same way
-        ideal = allocate_validated(units, searches, ideal_validator, ideal_validator.baseline(), config.max_slowdown,
+        # Against the same baseline measurement (the default schedule has no switches to realize differently).
+        ideal = allocate_validated(units, searches, ideal_validator, baseline, config.max_slowdown,
                                    rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
                                    first=[s or DEFAULT_SETTING for s in inherited] if improves else None).validated
     return GranularityResult(
