@@ -190,3 +190,16 @@ def test_freqopt_reset_recovers_after_sigkill_of_freqopt_train(tmp_path):
     assert done.returncode == 0 and "GPU-train: restored" in done.stdout
     gpu = json.loads(gpu_file.read_text())["gpus"][0]
     assert (gpu["locked_sm_mhz"], gpu["power_limit_mw"]) == (None, 600_000)
+
+
+def test_cli_train_runs_data_parallel_under_deepspeed(tmp_path):
+    """With a layout of two ranks, freqopt train starts itself under DeepSpeed's launcher (gloo on this CPU)."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "dp2.json"
+    cmd = [sys.executable, "-m", "freqopt.cli", "train", "--model", "gpt3-small", "--layout", "dp=2", "--seq-len", "32",
+           "--micro-batch-size", "1", "--steps", "2", "--json", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert len(doc["steps"]) == 2 and doc["default"]["energy_j_per_step"] > 0
+    assert "(dp=2,tp=1) training" in done.stdout
