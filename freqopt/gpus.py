@@ -166,6 +166,11 @@ class GPUSpec:
                 f"({len(self.sm_clocks_mhz)} values), memory clocks {list(self.mem_clocks_mhz)} MHz"
             )
 
+    def resolve_clocks(self, sm_clock_mhz: int | None, mem_clock_mhz: int | None) -> tuple[int, int]:
+        """A setting's clocks with None meaning the default (the highest clock); 0 is a clock, not a default."""
+        return (self.max_sm_clock_mhz if sm_clock_mhz is None else sm_clock_mhz,
+                self.max_mem_clock_mhz if mem_clock_mhz is None else mem_clock_mhz)  # fmt: skip
+
     def check_power_limit(self, power_limit_w: float) -> None:
         """Raise InvalidSettingError unless ``power_limit_w`` is within the GPU's constraints."""
         if not self.power_limit_min_w <= power_limit_w <= self.power_limit_max_w:

@@ -221,9 +221,11 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
     import jsonschema
 
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ClockTableError(f"cannot read clock table {path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ClockTableError(f"{path} is not a text file, so not a clock table; re-export it with freqopt") from e
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -248,9 +250,7 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
             )
         for entry in table.entries:
             sm, mem, power = entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"]
-            if (sm is not None or mem is not None) and not spec.supports(
-                sm or spec.max_sm_clock_mhz, mem or spec.max_mem_clock_mhz
-            ):
+            if (sm is not None or mem is not None) and not spec.supports(*spec.resolve_clocks(sm, mem)):
                 raise ClockTableError(
                     f"{path}: unit {entry['unit'][:60]!r} sets SM {sm} MHz / memory {mem} MHz, which {spec.name} "
                     "does not support"

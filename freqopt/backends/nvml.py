@@ -85,17 +85,24 @@ class NVMLBackend(Backend):
             return
         spec = self.spec
         if setting.sm_clock_mhz is not None or setting.mem_clock_mhz is not None:
-            spec.check_clocks(setting.sm_clock_mhz or spec.max_sm_clock_mhz, setting.mem_clock_mhz or spec.max_mem_clock_mhz)
+            spec.check_clocks(*spec.resolve_clocks(setting.sm_clock_mhz, setting.mem_clock_mhz))
         if setting.power_limit_w is not None:
             spec.check_power_limit(setting.power_limit_w)
         self.guard.before_change()
         previous = self._applied or ClockSetting(-1, -1, -1.0)  # unknown: apply every field
         if setting.sm_clock_mhz != previous.sm_clock_mhz:
-            self.device.lock_sm_clock(setting.sm_clock_mhz) if setting.sm_clock_mhz else self.device.reset_sm_clock()
+            if setting.sm_clock_mhz is None:
+                self.device.reset_sm_clock()
+            else:
+                self.device.lock_sm_clock(setting.sm_clock_mhz)
         if setting.mem_clock_mhz != previous.mem_clock_mhz and len(spec.mem_clocks_mhz) > 1:
-            self.device.lock_mem_clock(setting.mem_clock_mhz) if setting.mem_clock_mhz else self.device.reset_mem_clock()
+            if setting.mem_clock_mhz is None:
+                self.device.reset_mem_clock()
+            else:
+                self.device.lock_mem_clock(setting.mem_clock_mhz)
         if setting.power_limit_w != previous.power_limit_w:
-            self.device.set_power_limit_w(setting.power_limit_w or spec.power_limit_default_w)
+            self.device.set_power_limit_w(spec.power_limit_default_w if setting.power_limit_w is None
+                                          else setting.power_limit_w)  # fmt: skip
         self._applied = setting
 
     # -- measurement ---------------------------------------------------------------------------------------------

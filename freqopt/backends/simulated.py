@@ -205,12 +205,13 @@ class SimulatedGPU(Backend):
         spec = self.spec
         for s in settings:
             if s.sm_clock_mhz is not None or s.mem_clock_mhz is not None:
-                spec.check_clocks(s.sm_clock_mhz or spec.max_sm_clock_mhz, s.mem_clock_mhz or spec.max_mem_clock_mhz)
+                spec.check_clocks(*spec.resolve_clocks(s.sm_clock_mhz, s.mem_clock_mhz))
             if s.power_limit_w is not None:
                 spec.check_power_limit(s.power_limit_w)
-        mem = np.array([s.mem_clock_mhz or spec.max_mem_clock_mhz for s in settings], dtype=float)
+        mem = np.array([spec.resolve_clocks(None, s.mem_clock_mhz)[1] for s in settings], dtype=float)
         requested = np.array([self._sm_index(s.sm_clock_mhz) for s in settings])  # (K,)
-        limit = np.array([s.power_limit_w or spec.power_limit_default_w for s in settings])  # (K,)
+        limit = np.array([spec.power_limit_default_w if s.power_limit_w is None else s.power_limit_w
+                          for s in settings])  # (K,)  # fmt: skip
         phys = KernelPhysics(spec, kernels, mem)
         k_idx = np.arange(len(kernels))
         # Control windows by time at the requested clocks.
