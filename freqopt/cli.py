@@ -396,6 +396,64 @@ def _relaunch_under_deepspeed(world_size: int) -> None:
 
 
 @cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
+@click.option("--granularity", default="kernel", show_default=True, help="iteration, pass or kernel.")
+@click.option("--max-slowdown", default="1%", show_default=True, help="Allowed slowdown: 1% or 0.01.")
+@click.option("--repeats", default=1, show_default=True, type=int, help="Bayesian searches (seeds) averaged.")
+@click.option("--free-switching", is_flag=True, help="Treat clock switches as free (as Spaan et al. 2026 did).")
+@click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the first search and of the noise.")
+@_model_options
+def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, json_path, seed, micro_batch_size,
+              seq_len, n_heads, layout) -> None:  # fmt: skip
+    """The Bayesian search against an exhaustive sweep of every unit at every setting (simulated GPU)."""
+    import optuna
+    from rich.console import Console
+    from rich.table import Table
+
+    from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.gpus import DEFAULT_GPU, get_gpu
+    from freqopt.layout import parse_layout
+    from freqopt.models import get_workload
+    from freqopt.search import SearchConfig
+    from freqopt.search.oracle import benchmark as run_benchmark
+    from freqopt.tables import atomic_write_text
+    from freqopt.trace import trace_training_iteration
+
+    slowdown = parse_slowdown(max_slowdown)
+    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                            layout=parse_layout(layout))  # fmt: skip
+    spec = get_gpu(gpu or DEFAULT_GPU)
+    if granularity not in ("iteration", "pass", "kernel"):
+        raise InvalidSettingError(f"--granularity {granularity!r}: choose iteration, pass or kernel")
+    if repeats < 1:
+        raise InvalidSettingError(f"--repeats must be a positive integer, not {repeats}")
+    if json_path:
+        _check_writable_file(Path(json_path))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(stderr=True)
+    trace = trace_training_iteration(workload)
+    config = SearchConfig(max_slowdown=slowdown, seed=seed, switching=not free_switching)
+    with console.status(f"searching {repeats}x and sweeping every setting of {workload.model} on {spec.name}"):
+        result = run_benchmark(trace, SimulatedGPU(spec, seed=seed), config, granularity=granularity, repeats=repeats)
+    summary = result.summary()
+    o, b = summary["oracle"], summary["search"]
+    table = Table("", "energy saved (%)", "predicted (%)", "measurements", "search cost (GPU-h)",
+                  title=f"{workload.model} ({workload.layout}) on {spec.name}, {granularity} level, budget "
+                        f"{100 * slowdown:g} %, {'free switching' if free_switching else 'switching costs included'}")  # fmt: skip
+    table.add_row("Bayesian search", f"{b['energy_saved_pct']:.2f}", f"{b['predicted_energy_saved_pct']:.2f}",
+                  f"{b['n_measurements']:.0f}", f"{b['search_cost_gpu_s'] / 3600:.3f}")  # fmt: skip
+    table.add_row("exhaustive sweep", f"{o['energy_saved_pct']:.2f}", "-", str(o["n_measurements"]),
+                  f"{o['search_cost_gpu_s'] / 3600:.3f}")  # fmt: skip
+    ratio = summary["savings_ratio"]
+    table.add_row("ratio", "-" if ratio is None else f"{ratio:.3f}", "-", "-", f"{summary['cost_ratio']:.4f}")
+    _stdout_console().print(table)
+    if json_path:
+        atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
+
+
+@cli.command()
 def reset() -> None:
     """Restore GPUs that a killed freqopt left with changed clocks or power limit (from its state files)."""
     from freqopt.nvml import reset_from_state_files, state_dir

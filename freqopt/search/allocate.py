@@ -7,6 +7,9 @@ global optimum over the options given, not a greedy approximation.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,6 +17,25 @@ import numpy as np
 from freqopt.errors import InvalidSettingError
 
 __all__ = ["allocate"]
+
+
+@contextlib.contextmanager
+def _quiet_native_stdout():
+    """Silence HiGHS, which prints debugging lines from C++ straight to file descriptor 1 even with disp=False
+    ("HighsMipSolverData::transformNewIntegerFeasibleSolution ..."), by pointing fd 1 at /dev/null meanwhile."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no real fd 1 (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def allocate(options: Sequence[Sequence[tuple[float, float]]], time_budget_s: float) -> list[int]:
@@ -48,12 +70,13 @@ def allocate(options: Sequence[Sequence[tuple[float, float]]], time_budget_s: fl
         one_per_unit[u, offsets[u] : offsets[u + 1]] = 1.0
     # Scale energies to O(1) for the solver's tolerances.
     scale = energies.max() or 1.0
-    result = milp(
-        c=energies / scale,
-        constraints=[LinearConstraint(one_per_unit, 1, 1), LinearConstraint(times[None, :], -np.inf, time_budget_s)],
-        integrality=np.ones(n),
-        bounds=Bounds(0, 1),
-    )
+    with _quiet_native_stdout():
+        result = milp(
+            c=energies / scale,
+            constraints=[LinearConstraint(one_per_unit, 1, 1), LinearConstraint(times[None, :], -np.inf, time_budget_s)],
+            integrality=np.ones(n),
+            bounds=Bounds(0, 1),
+        )
     if result.status != 0 or result.x is None:
         raise RuntimeError(f"MILP solver failed: {result.message}")
     x = np.round(result.x).astype(int)

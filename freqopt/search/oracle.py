@@ -1,0 +1,142 @@
+"""The oracle and the benchmark: an exhaustive sweep of every tuning unit at every supported setting, on the
+simulated GPU, against which the Bayesian search is measured (design.md section 4).
+
+The oracle measures each unit at every supported (SM clock, memory clock) pair without noise (the simulated GPU's
+true values), and charges for each the GPU-seconds a real sweep would spend on it (the backend's measurement
+protocol: warm-up plus a window of several energy-counter updates), as Spaan et al. 2026 spent about 3 GPU-days.
+Its options go through the same exact allocation and the same validation as the search's, so the two validated
+savings compare like with like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.backends.simulated import SimulatedGPU
+from freqopt.search.runner import SearchConfig, SearchResult, Validator, allocate_validated, run_search
+from freqopt.search.study import Option, UnitSearch
+from freqopt.search.units import GRANULARITIES, partition
+from freqopt.trace import Trace
+
+__all__ = ["OracleResult", "oracle_search", "BenchmarkResult", "benchmark"]
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    """The exhaustive sweep's validated result at one granularity.
+
+    Attributes:
+        energy_saved_pct, slowdown_pct: the allocated schedule measured on the whole iteration, against the
+            baseline.
+        n_measurements: unit measurements a real sweep makes (every unit at every supported setting and at the
+            default) plus the validations.
+        search_cost_gpu_s: their GPU-seconds.
+    """
+
+    energy_saved_pct: float
+    slowdown_pct: float
+    n_measurements: int
+    search_cost_gpu_s: float
+
+
+def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, granularity: str = "kernel",
+                  validator: Validator | None = None) -> OracleResult:  # fmt: skip
+    """Sweep every unit of ``granularity`` at every supported clock pair, allocate ``config.max_slowdown`` exactly
+    and validate (``validator``: share the search's, so both see one baseline measurement)."""
+    spec = backend.spec
+    validator = validator or Validator(trace, backend, config.validation_repeats, switching=config.switching)
+    baseline = validator.baseline()
+    before = (validator.n_measurements, validator.cost_gpu_s)
+    units = partition(trace, granularity)
+    per_measurement_s = backend.protocol.cost_gpu_s(spec.energy_counter_period_s)
+    pairs = spec.clock_pairs()
+    searches = []
+    for unit in units:
+        kernels = unit.kernels(trace)
+        default = backend.true_measure(kernels, DEFAULT_SETTING)
+        options = [Option(DEFAULT_SETTING, default.time_s, default.energy_j, 1)]
+        for sm, mem in pairs:
+            m = backend.true_measure(kernels, ClockSetting(sm, mem))
+            options.append(Option(ClockSetting(sm, mem), m.time_s, m.energy_j, 1))
+        n = len(options)
+        searches.append(UnitSearch(unit.name, "oracle", options[0], tuple(options), n, n * per_measurement_s))
+    # The exhaustive space holds every uniform schedule too (one pair for all units): sweep the whole iteration at
+    # every pair, as the search's coarse-to-fine chain starts from its iteration level, and offer the best one
+    # that meets the budget (validated) as the first candidate.
+    sweep = [(backend.true_measure(trace.kernels, ClockSetting(sm, mem)), ClockSetting(sm, mem)) for sm, mem in pairs]
+    sweep_cost = (len(pairs), len(pairs) * per_measurement_s)
+    within = [(m.energy_j, s) for m, s in sweep if m.time_s <= baseline.time_s * (1 + config.max_slowdown)]
+    first = None
+    if within:
+        uniform = min(within, key=lambda x: x[0])[1]
+        first = [uniform] * len(units)
+    result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
+                                rounds=config.max_validation_rounds, key=f"oracle-{granularity}", first=first)  # fmt: skip
+    return OracleResult(
+        energy_saved_pct=100.0 * (1.0 - result.validated.energy_j / baseline.energy_j),
+        slowdown_pct=100.0 * (result.validated.time_s / baseline.time_s - 1.0),
+        n_measurements=sum(s.n_measurements for s in searches) + sweep_cost[0] + validator.n_measurements - before[0],
+        search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + sweep_cost[1] + validator.cost_gpu_s - before[1],
+    )
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """The Bayesian search (mean over repeats) against the oracle, at one granularity."""
+
+    oracle: OracleResult
+    searches: tuple[SearchResult, ...]
+    granularity: str
+
+    def _mean(self, fn) -> float:
+        return sum(fn(r) for r in self.searches) / len(self.searches)
+
+    def summary(self) -> dict:
+        """{"oracle": {...}, "search": {...}, "savings_ratio", "cost_ratio"}: the search's validated saving over
+        the oracle's, and its GPU-seconds over the oracle's (the whole coarse-to-fine chain is counted)."""
+        g = self.granularity
+        search = {
+            "energy_saved_pct": self._mean(lambda r: r.energy_saved_pct(g)),
+            "predicted_energy_saved_pct": self._mean(lambda r: r.predicted_energy_saved_pct(g)),
+            "n_measurements": self._mean(lambda r: sum(x.n_measurements for x in r.results.values())),
+            "search_cost_gpu_s": self._mean(lambda r: sum(x.search_cost_gpu_s for x in r.results.values())),
+        }
+        oracle = {"energy_saved_pct": self.oracle.energy_saved_pct, "n_measurements": self.oracle.n_measurements,
+                  "search_cost_gpu_s": self.oracle.search_cost_gpu_s}  # fmt: skip
+        saved = oracle["energy_saved_pct"]
+        return {
+            "oracle": oracle,
+            "search": search,
+            "savings_ratio": search["energy_saved_pct"] / saved if saved > 0 else None,
+            "cost_ratio": search["search_cost_gpu_s"] / oracle["search_cost_gpu_s"],
+        }
+
+
+def benchmark(trace: Trace, backend: SimulatedGPU, config: SearchConfig, *, granularity: str = "kernel",
+              repeats: int = 1, on_unit=None) -> BenchmarkResult:  # fmt: skip
+    """Run the Bayesian search ``repeats`` times (seeds config.seed, +1, ...; each as ``freqopt search`` runs it:
+    the clock granularities from iteration down to ``granularity``) and the oracle, on the same backend.
+
+    Raises:
+        InvalidSettingError: power-cap granularity (the oracle sweeps clock pairs), or repeats < 1.
+    """
+    import dataclasses
+
+    from freqopt.errors import InvalidSettingError
+
+    if granularity not in ("iteration", "pass", "kernel"):
+        raise InvalidSettingError(f"--granularity {granularity!r}: the benchmark compares clock granularities; "
+                                  "choose iteration, pass or kernel")  # fmt: skip
+    if repeats < 1:
+        raise InvalidSettingError(f"--repeats must be a positive integer, not {repeats}")
+    clocks = [g for g in GRANULARITIES if g != "power-cap"]
+    chain = tuple(clocks[: clocks.index(granularity) + 1])
+    # Each run validates with its own Validator, so every validation it needs is measured and paid for.
+    searches = tuple(
+        run_search(trace, backend, dataclasses.replace(config, granularities=chain, seed=config.seed + i),
+                   on_unit=on_unit)  # fmt: skip
+        for i in range(repeats)
+    )
+    oracle = oracle_search(trace, backend, config, granularity)
+    return BenchmarkResult(oracle, searches, granularity)

@@ -1,0 +1,57 @@
+"""The oracle (exhaustive sweep) and `freqopt benchmark`."""
+
+import json
+
+import pytest
+
+from freqopt.backends.simulated import SimulatedGPU
+from freqopt.cli import main
+from freqopt.gpus import get_gpu
+from freqopt.search import SearchConfig
+from freqopt.search.oracle import benchmark, oracle_search
+
+H100 = get_gpu("h100-sxm")
+
+
+def test_oracle_measures_every_unit_at_every_pair_and_charges_for_it(small_trace):
+    config = SearchConfig(max_slowdown=0.02, switching=False)
+    backend = SimulatedGPU(H100, seed=1)
+    result = oracle_search(small_trace, backend, config, "pass")
+    pairs = len(H100.clock_pairs())
+    sweep = 3 * (pairs + 1) + pairs  # three pass units at every pair and the default, and the uniform sweep
+    assert result.n_measurements >= sweep
+    per = backend.protocol.cost_gpu_s(H100.energy_counter_period_s)
+    assert result.search_cost_gpu_s == pytest.approx(result.n_measurements * per)
+    assert result.slowdown_pct <= 2.0 + 1e-9 and result.energy_saved_pct > 0
+
+
+def test_benchmark_summary_has_the_issue_keys_and_ratios(small_trace):
+    result = benchmark(small_trace, SimulatedGPU(H100, seed=2),
+                       SearchConfig(max_slowdown=0.02, n_trials_1d=6, switching=False), granularity="pass")
+    s = result.summary()
+    assert set(s) == {"oracle", "search", "savings_ratio", "cost_ratio"}
+    assert set(s["oracle"]) == {"energy_saved_pct", "n_measurements", "search_cost_gpu_s"}
+    assert set(s["search"]) == {"energy_saved_pct", "predicted_energy_saved_pct", "n_measurements", "search_cost_gpu_s"}
+    assert s["cost_ratio"] == pytest.approx(s["search"]["search_cost_gpu_s"] / s["oracle"]["search_cost_gpu_s"])
+    assert 0 < s["cost_ratio"] < 1  # fewer measurements than a sweep of every setting
+    assert s["savings_ratio"] == pytest.approx(s["search"]["energy_saved_pct"] / s["oracle"]["energy_saved_pct"])
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--granularity", "power-cap"], "choose iteration, pass or kernel"),
+    (["--repeats", "0"], "--repeats must be a positive integer"),
+    (["--max-slowdown", "-1%"], "negative"),
+    (["--gpu", "tpu-v5"], "unknown GPU"),
+])  # fmt: skip
+def test_cli_benchmark_bad_input(args, fragment, capsys):
+    assert main(["benchmark", "--model", "gpt3-small", *args]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_benchmark_writes_json(tmp_path):
+    out = tmp_path / "b.json"
+    assert main(["benchmark", "--model", "gpt3-small", "--seq-len", "256", "--micro-batch-size", "1", "--granularity",
+                 "iteration", "--json", str(out)]) == 0  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["oracle"]["n_measurements"] > doc["search"]["n_measurements"]
