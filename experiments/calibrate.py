@@ -36,7 +36,7 @@ SUSTAINED_GEMM_CLOCK_MHZ = {"h100-sxm": 1500, "h200-sxm": 1500}
 def write_power_model(name: str, pm, note: str) -> None:
     path = search_spaces_dir() / f"{name}.toml"
     text = path.read_text()
-    lines = [f"# BEGIN power_model (written by experiments/calibrate.py; edit there)", f"# {note}", "[power_model]"]
+    lines = ["# BEGIN power_model (written by experiments/calibrate.py; edit there)", f"# {note}", "[power_model]"]
     lines += [f"{k} = {v:.6g}" for k, v in dataclasses.asdict(pm).items()]
     lines.append("# END power_model")
     new = re.sub(r"# BEGIN power_model.*?# END power_model", "\n".join(lines), text, flags=re.S)

@@ -275,7 +275,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
         get_gpu(gpu)  # an unknown name fails as such before the table is read
     table = load_table(table_path)
     spec = get_gpu(gpu or table.gpu)
-    table = load_table(table_path, spec=spec)
+    table.check_gpu(spec, source=table_path)
     slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]
     if trials is not None and trials < 1:
         raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
@@ -358,7 +358,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     measuring = get_backend(backend, requested if backend == "nvml" else requested or get_gpu(DEFAULT_GPU), seed=seed,
                             read_only=read_only)  # fmt: skip
     if table is not None:
-        table = load_table(table_path, spec=measuring.spec)  # the GPU the table is applied to
+        table.check_gpu(measuring.spec, source=table_path)  # the GPU the table is applied to
     device = device or ("cuda" if backend == "nvml" else "cpu")
     rank = int(os.environ.get("RANK", "0"))
     try:

@@ -77,7 +77,6 @@ class _Controller:
     backend: Backend
     simulated: bool
     requests: queue.Queue = field(default_factory=queue.Queue)
-    applied: list[ClockSetting] = field(default_factory=list)
     error: BaseException | None = None
 
     def run(self) -> None:
@@ -91,7 +90,6 @@ class _Controller:
                     event.synchronize()  # this thread waits for the GPU; the training stream does not
                 if not self.simulated:
                     self.backend.apply(setting)
-                self.applied.append(setting)
             except BaseException as e:  # surfaced to the training thread at the next boundary
                 self.error = e
 

@@ -99,6 +99,24 @@ class ClockTable:
     def entries(self) -> list[dict[str, Any]]:
         return self.data["entries"]
 
+    def check_gpu(self, spec: GPUSpec, *, source: str | Path = "clock table") -> None:
+        """Refuse a table for another GPU type, or with settings ``spec`` does not support.
+
+        Raises:
+            ClockTableError: the message names ``source`` (the file) and what to do.
+        """
+        if self.gpu != spec.name:
+            raise ClockTableError(f"{source} was searched on {self.gpu}, not {spec.name}; search again on {spec.name}")
+        for entry in self.entries:
+            sm, mem, power = entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"]
+            if (sm is not None or mem is not None) and not spec.supports(*spec.resolve_clocks(sm, mem)):
+                raise ClockTableError(
+                    f"{source}: unit {entry['unit'][:60]!r} sets SM {sm} MHz / memory {mem} MHz, which {spec.name} "
+                    "does not support"
+                )
+            if power is not None and not spec.power_limit_min_w <= power <= spec.power_limit_max_w:
+                raise ClockTableError(f"{source}: power limit {power} W is outside {spec.name}'s range")
+
 
 def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, seed: int) -> ClockTable:
     """Build the clock table of one granularity of a SearchResult."""
@@ -244,17 +262,5 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
         raise ClockTableError(f"{path} is a corrupt clock table ({where}: {e.message})") from e
     table = ClockTable(data)
     if spec is not None:
-        if table.gpu != spec.name:
-            raise ClockTableError(
-                f"{path} was searched on {table.gpu}, not {spec.name}; search again on {spec.name}"
-            )
-        for entry in table.entries:
-            sm, mem, power = entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"]
-            if (sm is not None or mem is not None) and not spec.supports(*spec.resolve_clocks(sm, mem)):
-                raise ClockTableError(
-                    f"{path}: unit {entry['unit'][:60]!r} sets SM {sm} MHz / memory {mem} MHz, which {spec.name} "
-                    "does not support"
-                )
-            if power is not None and not spec.power_limit_min_w <= power <= spec.power_limit_max_w:
-                raise ClockTableError(f"{path}: power limit {power} W is outside {spec.name}'s range")
+        table.check_gpu(spec, source=path)
     return table

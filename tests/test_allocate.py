@@ -8,12 +8,12 @@ from freqopt.search.allocate import allocate
 
 
 def brute_force(options, budget):
-    best, best_e = None, np.inf
+    best_e = np.inf
     for picks in itertools.product(*(range(len(o)) for o in options)):
         t = sum(options[u][j][0] for u, j in enumerate(picks))
         e = sum(options[u][j][1] for u, j in enumerate(picks))
         if t <= budget + 1e-12 and e < best_e - 1e-12:
-            best, best_e = picks, e
+            best_e = e
     return best_e
 
 

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch

@@ -79,13 +79,15 @@ def test_the_valid_table_loads():
     assert load_table_from(VALID_TABLE).granularity == "iteration"
 
 
-def load_table_from(doc, tmp=None):
+def load_table_from(doc):
+    """Write ``doc`` (JSON text, or an object to serialize) to a temporary file and load it for h100-sxm."""
     import tempfile
     from pathlib import Path
 
-    path = Path(tempfile.mkdtemp()) / "t.json"
-    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
-    return load_table(path, spec=get_gpu("h100-sxm"))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.json"
+        path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+        return load_table(path, spec=get_gpu("h100-sxm"))
 
 
 @FUZZ

@@ -101,7 +101,6 @@ def test_runtime_switches_through_the_controller_and_restores(fake_gpu):
 
 
 def test_cli_train_compare_on_the_simulated_gpu(tmp_path, capsys):
-    table_path = tmp_path / "t.json"
     assert main(["search", "--model", "gpt3-small", "--max-slowdown", "2%", "--granularity", "iteration", "--trials",
                  "3", "--seq-len", "64", "--micro-batch-size", "1", "--out", str(tmp_path / "s")]) == 0  # fmt: skip
     table_path = next((tmp_path / "s").glob("*-iteration.json"))

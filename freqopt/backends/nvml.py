@@ -144,9 +144,13 @@ class NVMLBackend(Backend):
         elapsed = start.elapsed_time(end) / 1000.0 if cuda else wall
         return reps, elapsed, self.device.energy_j() - e0
 
-    def _detect_counter_period(self, plan) -> float:
+    def _detect_counter_period(self, plan) -> tuple[float, float]:
         """Poll the energy counter from a thread while the GPU replays ``plan`` (it must be busy for the counter to
-        move at every update); falls back to the GPU type's documented period if it barely moved."""
+        move at every update); falls back to the GPU type's documented period if it barely moved.
+
+        Returns:
+            (the counter's period, the seconds the replay ran meanwhile), s.
+        """
         import threading
 
         from freqopt.replay import detect_counter_period
@@ -164,14 +168,12 @@ class NVMLBackend(Backend):
         poller.start()
         spent = self._loop(plan, duration)
         poller.join()
-        self._detection_cost_s = spent
-        return found[0] if found else self.spec.energy_counter_period_s
+        return (found[0] if found else self.spec.energy_counter_period_s), spent
 
     def _measure_plan(self, plan) -> Measurement:
         warmup = self.protocol.warmup_s
         if self.counter_period_s is None:  # the first warm-up also finds the counter's period
-            self.counter_period_s = self._detect_counter_period(plan)
-            warmup = self._detection_cost_s
+            self.counter_period_s, warmup = self._detect_counter_period(plan)
         else:
             self._loop(plan, warmup)
         window = self.protocol.window_s(self.counter_period_s)
