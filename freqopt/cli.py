@@ -280,28 +280,31 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
     if trials is not None and trials < 1:
         raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
     measuring = get_backend(backend, spec, seed=seed)
-    out = Path(out_dir)
-    if json_path:
-        _check_writable_file(Path(json_path))
-    _check_writable_dir(out)
-    storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
-    open_storage(storage)
-    counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
-    config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
+    try:
+        out = Path(out_dir)
+        if json_path:
+            _check_writable_file(Path(json_path))
+        _check_writable_dir(out)
+        storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
+        open_storage(storage)
+        counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
+        config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    console = Console(stderr=True)
-    source = table.data["workload"]
-    source_layout = source.get("layout", {"dp": 1, "tp": 1})
-    trace = trace_training_iteration(workload)
-    console.print(f"transferring {table.granularity}-level table of {source['model']} "
-                  f"(dp={source_layout['dp']},tp={source_layout['tp']}, micro-batch {source.get('micro_batch_size')}) "
-                  f"to {workload.model} ({workload.layout}, micro-batch {workload.micro_batch_size}) on {spec.name}")  # fmt: skip
-    with console.status("validating the transferred table and searching the target natively") as status:
-        def on_unit(granularity: str, done: int, n: int) -> None:
-            status.update(f"native search, {granularity}: unit {done}/{n}")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        console = Console(stderr=True)
+        source = table.data["workload"]
+        source_layout = source.get("layout", {"dp": 1, "tp": 1})
+        trace = trace_training_iteration(workload)
+        console.print(f"transferring {table.granularity}-level table of {source['model']} "
+                      f"(dp={source_layout['dp']},tp={source_layout['tp']}, micro-batch {source.get('micro_batch_size')}) "
+                      f"to {workload.model} ({workload.layout}, micro-batch {workload.micro_batch_size}) on {spec.name}")  # fmt: skip
+        with console.status("validating the transferred table and searching the target natively") as status:
+            def on_unit(granularity: str, done: int, n: int) -> None:
+                status.update(f"native search, {granularity}: unit {done}/{n}")
 
-        report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit)
+            report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit)
+    finally:
+        measuring.close()  # a real GPU goes back to what it was found with
     summary = report.summary()
     t, n = summary["transferred"], summary["native"]
     rich_table = Table("settings", "energy saved (%)", "slowdown (%)", "kernel classes matched exactly / by kind / not",
@@ -357,11 +360,11 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
         return
     measuring = get_backend(backend, requested if backend == "nvml" else requested or get_gpu(DEFAULT_GPU), seed=seed,
                             read_only=read_only)  # fmt: skip
-    if table is not None:
-        table.check_gpu(measuring.spec, source=table_path)  # the GPU the table is applied to
     device = device or ("cuda" if backend == "nvml" else "cpu")
     rank = int(os.environ.get("RANK", "0"))
     try:
+        if table is not None:
+            table.check_gpu(measuring.spec, source=table_path)  # the GPU the table is applied to
         report = run_training(workload, measuring, table=table, steps=steps, compare=compare, device=device,
                               seed=seed)  # fmt: skip
     finally:
@@ -514,11 +517,14 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
         spec.check_power_limit(cap)
     if host_gap_ms < 0:
         raise InvalidSettingError(f"--host-gap-ms must not be negative, not {host_gap_ms:g}")
-    measuring = get_backend(backend, spec, seed=seed)
     if json_path:
         _check_writable_file(Path(json_path))
-    trace = trace_iteration(workload, mode)
-    base, points = sweep_power_caps(trace, measuring, caps_w, host_gap_s=host_gap_ms / 1000)
+    measuring = get_backend(backend, spec, seed=seed)
+    try:
+        trace = trace_iteration(workload, mode)
+        base, points = sweep_power_caps(trace, measuring, caps_w, host_gap_s=host_gap_ms / 1000)
+    finally:
+        measuring.close()  # a real GPU goes back to the power limit it was found with
     table = Table("power limit (W)", "time (rel)", "energy (rel)", "avg power (W)", "time/iter (s)", "energy/iter (J)",
                   title=f"{workload.model} {mode} on {spec.name}: relative to the default "
                         f"{spec.power_limit_default_w:g} W limit")  # fmt: skip

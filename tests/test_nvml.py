@@ -296,3 +296,17 @@ def test_cli_search_without_permission_is_one_clear_line(fake, tmp_path, capsys)
     assert code == 2 and "CAP_SYS_ADMIN" in err and len(err.strip().splitlines()) == 1
     assert fake.gpus[0].locked_sm_mhz is None
     assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_cli_powercap_on_the_nvml_backend_puts_the_limit_back(fake, tmp_path):
+    from freqopt.cli import main
+
+    fake.root = True
+    fake.gpus[0].power_limit_mw = 680_000  # found below the default
+    for g in fake.gpus:
+        g.realtime, g.counter_period_s = True, 0.02
+    assert main(["powercap", "--backend", "nvml", "--model", "gpt3-small", "--caps", "400", "--seq-len", "16",
+                 "--micro-batch-size", "1", "--json", str(tmp_path / "p.json")]) == 0  # fmt: skip
+    assert ("nvmlDeviceSetPowerManagementLimit", 0, 400_000) in fake.set_calls()
+    assert fake.gpus[0].power_limit_mw == 680_000  # the value found, not the default
+    assert not any(state_dir().glob("*.json"))
