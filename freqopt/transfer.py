@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.search.runner import SearchConfig, SearchResult, Validator, run_search
+from freqopt.search.runner import (SearchConfig, SearchResult, Validator, open_storage, run_search, study_prefix,
+                                   validation_log)
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 from freqopt.tables import ClockTable
 from freqopt.trace import Trace
@@ -168,7 +169,8 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     import dataclasses
 
     schedule = transfer_table(table, trace)
-    validator = Validator(trace, backend, config.validation_repeats, switching=config.switching)
+    log = validation_log(open_storage(config.storage), study_prefix(trace, backend.spec, config.seed))
+    validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
     baseline = validator.baseline()
     transferred = validator(schedule.per_kernel(), key="transferred")
     native_config = dataclasses.replace(config, granularities=native_granularities(schedule.granularity))

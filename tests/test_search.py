@@ -57,12 +57,12 @@ def test_resumed_study_measures_nothing_again(small_trace, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     kernels = partition(small_trace, "pass")[0].kernels(small_trace)
     spec = get_gpu("h100-sxm")
-    args = dict(name="forward", study_name="fwd", storage=storage, n_trials=8, finalist_repeats=0)
+    args = dict(name="forward", study_name="fwd", storage=storage, n_trials=8, finalist_repeats=2)
     first = search_unit(SimulatedGPU(spec, seed=0), kernels, **args)
     second = search_unit(SimulatedGPU(spec, seed=0), kernels, **args)
-    assert first.n_measurements >= 5
-    assert second.n_measurements == 1  # only the default, which is not stored
-    assert {o.setting for o in second.options} == {o.setting for o in first.options}
+    assert first.n_new_measurements == first.n_measurements >= 8  # trials, the default's and finalists' repeats
+    assert second.n_new_measurements == 0  # all read back, the repeats included
+    assert second.options == first.options and second.n_measurements == first.n_measurements
 
 
 def test_validator_measures_each_schedule_once(small_trace):

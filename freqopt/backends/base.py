@@ -94,13 +94,17 @@ class Backend(abc.ABC):
     protocol: MeasurementProtocol
 
     @abc.abstractmethod
-    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "") -> Measurement:
+    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
+                sample: int | None = None) -> Measurement:  # fmt: skip
         """Measure ``kernels`` (replayed in order, in a loop) at ``setting``.
 
         Args:
             kernels: the kernels of one repetition (a tuning unit's share of one iteration).
             setting: clocks and power limit to measure at.
             key: a name for the kernel set (the tuning unit), so that noise is reproducible per unit.
+            sample: which measurement of (key, setting) this is, counting from 0. A simulated GPU draws its noise
+                from it, so a search resumed from its storage (which skips the samples it already has) draws the
+                same noise as an uninterrupted one; None counts this backend's own calls. A real GPU ignores it.
 
         Returns:
             Time and energy per repetition, and the GPU-seconds spent.
@@ -111,9 +115,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def measure_schedule(
-        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False
+        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False,
+        sample: int | None = None,
     ) -> Measurement:
         """Measure a whole iteration with one setting per kernel (clock switches where consecutive settings differ).
+        ``sample``: as in measure, counted per (key, schedule, switching).
 
         ``switching``: include the cost of switching clocks (a real GPU always does; a simulated one only when asked,
         so that the ideal, free-switching figure can be computed too)."""

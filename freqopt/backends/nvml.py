@@ -180,12 +180,13 @@ class NVMLBackend(Backend):
         reps, time_s, energy_j = self._timed_window(plan, window)
         return Measurement(time_s / reps, energy_j / reps, warmup + time_s, float(self.device.sm_clock_mhz()))
 
-    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "") -> Measurement:
+    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
+                sample: int | None = None) -> Measurement:  # fmt: skip
         self.apply(setting)
         return self._measure_plan(build_replay(kernels, self.torch_device))
 
     def measure_schedule(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "",
-                         switching: bool = True) -> Measurement:  # fmt: skip
+                         switching: bool = True, sample: int | None = None) -> Measurement:  # fmt: skip
         """The kernels replayed in phases of equal settings, each phase's setting applied (synchronously, from this
         thread) before it runs, so that the switching cost is in the measurement."""
         phases: list[tuple[ClockSetting, list[Kernel]]] = []

@@ -276,12 +276,14 @@ class SimulatedGPU(Backend):
         return Measurement(time_s=float(t.sum()), energy_j=float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
 
     # -- measurement -----------------------------------------------------------------------------------------
-    def _noisy(self, time_s: float, energy_j: float, sm_clock_mhz: float, key: tuple) -> Measurement:
+    def _noisy(self, time_s: float, energy_j: float, sm_clock_mhz: float, key: tuple, sample: int | None) -> Measurement:
         cost = self.protocol.cost_gpu_s(self.spec.energy_counter_period_s)
         if not self.noise:
             return Measurement(time_s, energy_j, cost, sm_clock_mhz)
-        self._repeats[key] += 1
-        digest = zlib.crc32(repr((key, self._repeats[key])).encode())
+        if sample is None:
+            sample = self._repeats[key]
+        self._repeats[key] = sample + 1
+        digest = zlib.crc32(repr((key, sample + 1)).encode())
         rng = np.random.default_rng([self.seed, digest])
         time_meas = time_s * (1.0 + TIME_NOISE_REL * rng.standard_normal())
         reps = max(1.0, self.protocol.window_s(self.spec.energy_counter_period_s) / time_s)
@@ -289,16 +291,18 @@ class SimulatedGPU(Backend):
         window_energy = np.round(window_energy / ENERGY_COUNTER_RESOLUTION_J) * ENERGY_COUNTER_RESOLUTION_J
         return Measurement(float(time_meas), float(window_energy / reps), cost, sm_clock_mhz)
 
-    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "") -> Measurement:
+    def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
+                sample: int | None = None) -> Measurement:  # fmt: skip
         true = self.true_measure(kernels, setting)
-        return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting))
+        return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting), sample)
 
     def measure_schedule(
-        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False
+        self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False,
+        sample: int | None = None,
     ) -> Measurement:
         """Measure a whole iteration with one setting per kernel; ``switching`` applies each change of setting one
         clock-switch latency (``spec.clock_switch_s``) late, as a real GPU does; without it switching is free."""
         latency = self.spec.clock_switch_s if switching else 0.0
         t, e, clocks = self.run(kernels, settings, loop=True, switch_latency_s=latency)
         clock = float(np.average(clocks, weights=t))
-        return self._noisy(float(t.sum()), float(e.sum()), clock, (key, "schedule", switching, tuple(settings)))
+        return self._noisy(float(t.sum()), float(e.sum()), clock, (key, "schedule", switching, tuple(settings)), sample)

@@ -18,12 +18,13 @@ import numpy as np
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
 from freqopt.errors import InvalidSettingError, StorageError
 from freqopt.search.allocate import allocate
+from freqopt.search.journal import MeasurementLog, digest
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, partition
 from freqopt.trace import Trace
 
 __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage",
-           "run_unit_studies", "Validator", "Allocation", "allocate_validated"]
+           "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated"]
 
 
 def open_storage(url: str | None):
@@ -156,6 +157,13 @@ def study_prefix(trace: Trace, spec, seed: int) -> str:
     return f"{w.model}{layout}-{spec.name}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
 
 
+def validation_log(storage, prefix: str) -> MeasurementLog:
+    """The log of a search's whole-iteration measurements: study ``<prefix>-validation`` in ``storage``."""
+    import optuna
+
+    return MeasurementLog(optuna.create_study(study_name=f"{prefix}-validation", storage=storage, load_if_exists=True))
+
+
 def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
     per_kernel = [DEFAULT_SETTING] * len(trace)
     for unit, setting in unit_settings:
@@ -172,13 +180,19 @@ class Validator:
         repeats: measurements averaged per schedule.
         switching: measure schedules as a phase-switching runtime realizes them (freqopt.phases.Realizer) and
             with the GPU's clock-switch latency; False: the schedule as given, switching free (the ideal).
+        log: where measurements are recorded and read back on resume (freqopt.search.journal); default an
+            in-memory one.
     """
 
-    def __init__(self, trace: Trace, backend: Backend, repeats: int, *, switching: bool = False):
+    def __init__(self, trace: Trace, backend: Backend, repeats: int, *, switching: bool = False,
+                 log: MeasurementLog | None = None):  # fmt: skip
+        import optuna
+
         from freqopt.phases import Realizer
 
         self.trace, self.backend, self.repeats, self.switching = trace, backend, repeats, switching
         self.realize = Realizer(trace, backend.spec) if switching else (lambda schedule: schedule)
+        self.log = log or MeasurementLog(optuna.create_study())
         self.cache: dict[tuple[ClockSetting, ...], Measurement] = {}
         self.n_measurements = 0
         self.cost_gpu_s = 0.0
@@ -186,8 +200,10 @@ class Validator:
     def __call__(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
         schedule = self.realize(tuple(schedule))
         if schedule not in self.cache:
-            ms = [self.backend.measure_schedule(self.trace.kernels, schedule, key=key, switching=self.switching)
-                  for _ in range(self.repeats)]  # fmt: skip
+            tag = digest((schedule, self.switching))
+            ms = [self.log.measure(tag, r, lambda i: self.backend.measure_schedule(
+                      self.trace.kernels, schedule, key=key, switching=self.switching, sample=i))
+                  for r in range(self.repeats)]  # fmt: skip
             self.cache[schedule] = Measurement(
                 time_s=float(np.mean([m.time_s for m in ms])),
                 energy_j=float(np.mean([m.energy_j for m in ms])),
@@ -395,9 +411,11 @@ def run_search(
         StorageError: the storage URL cannot be opened.
     """
     storage = open_storage(config.storage)
-    validator = validator or Validator(trace, backend, config.validation_repeats, switching=config.switching)
+    if validator is None:
+        log = validation_log(storage, study_prefix(trace, backend.spec, config.seed))
+        validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
     # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
-    ideal_validator = Validator(trace, backend, config.validation_repeats) if validator.switching else None
+    ideal_validator = Validator(trace, backend, config.validation_repeats, log=validator.log) if validator.switching else None
     baseline = validator.baseline()
     results: dict[str, GranularityResult] = {}
     coarser = None

@@ -2,8 +2,10 @@
 
 The study minimizes time and energy together (a Pareto front), with Optuna's GPSampler (Gaussian-process
 Bayesian optimization with log expected hypervolume improvement, Daulton et al. 2020, arXiv 2006.05078). It is
-warm-started with enqueued points (the highest clocks and a spread below them). Every measured setting is
-stored in the study, so a study in persistent storage resumes where it stopped.
+warm-started with enqueued points (the highest clocks and a spread below them). Every measurement (trials,
+the default's and the finalists' repeats) is logged in the study (freqopt.search.journal), and each trial's
+sampler is seeded by the trial's index, so a study in persistent storage killed at any point resumes where it
+stopped, measures nothing twice, and ends as an uninterrupted study would.
 
 Throttling: the power limit may pull a locked clock down (the effective SM clock is read back with each
 measurement); the unit's measured time and energy already include it, so such settings stay options.
@@ -16,14 +18,17 @@ time are therefore re-measured and their means, not their luckiest samples, are 
 from __future__ import annotations
 
 import warnings
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import optuna
+from optuna.trial import TrialState
 
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING
+from freqopt.search.journal import MeasurementLog
 from freqopt.trace import Kernel
 
 __all__ = ["Option", "UnitSearch", "search_unit", "SPACES"]
@@ -43,7 +48,10 @@ class Option:
 
 @dataclass(frozen=True)
 class UnitSearch:
-    """What a unit's study found: its default, the options offered to the allocator, and what it cost."""
+    """What a unit's study found: its default, the options offered to the allocator, and what it cost.
+
+    n_measurements and cost_gpu_s count every measurement behind the result, including those a killed run took
+    and this one read back from storage; n_new_measurements counts only those this call took."""
 
     name: str
     study_name: str
@@ -51,6 +59,7 @@ class UnitSearch:
     options: tuple[Option, ...]
     n_measurements: int
     cost_gpu_s: float
+    n_new_measurements: int = 0
 
 
 def _pareto_front(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
@@ -66,11 +75,16 @@ def _is_progression(values: Sequence[int]) -> bool:
     return len(steps) <= 1
 
 
-class _Objective:
-    """Maps a trial to a supported setting, measures it (once per distinct setting) and returns (time, energy)."""
+def _tag(setting: ClockSetting) -> str:
+    """The measurement log's name for a setting of a unit."""
+    return f"{setting.sm_clock_mhz}/{setting.mem_clock_mhz}/{setting.power_limit_w}"
 
-    def __init__(self, backend: Backend, kernels: Sequence[Kernel], key: str, space: str):
-        self.backend, self.kernels, self.key, self.space = backend, kernels, key, space
+
+class _Objective:
+    """Maps a trial to a supported setting and measures settings through the unit's measurement log."""
+
+    def __init__(self, backend: Backend, kernels: Sequence[Kernel], key: str, space: str, log: MeasurementLog):
+        self.backend, self.kernels, self.key, self.space, self.log = backend, kernels, key, space, log
         spec = backend.spec
         self.sm_clocks = np.asarray(spec.sm_clocks_mhz)
         self.samples: dict[ClockSetting, list[tuple[float, float]]] = defaultdict(list)
@@ -96,20 +110,19 @@ class _Objective:
         return ClockSetting(sm_clock_mhz=int(sm), mem_clock_mhz=int(mem))
 
     def measure(self, setting: ClockSetting) -> tuple[float, float]:
-        m = self.backend.measure(self.kernels, setting, key=self.key)
+        """The next sample of ``setting`` (read back from the log if a killed run already took it)."""
+        m = self.log.measure(
+            _tag(setting), len(self.samples[setting]),
+            lambda i: self.backend.measure(self.kernels, setting, key=self.key, sample=i),
+        )  # fmt: skip
         self.samples[setting].append((m.time_s, m.energy_j))
         self.n_measurements += 1
         self.cost_gpu_s += m.cost_gpu_s
         return m.time_s, m.energy_j
 
-    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
-        setting = self.suggest(trial)
-        if setting is None:
-            raise optuna.TrialPruned("unsupported clock pair")
-        trial.set_user_attr("setting", [setting.sm_clock_mhz, setting.mem_clock_mhz, setting.power_limit_w])
-        if self.samples[setting]:  # a setting measured before: reuse its first sample, spend no GPU time
-            return self.samples[setting][0]
-        return self.measure(setting)
+    def first(self, setting: ClockSetting) -> tuple[float, float]:
+        """The first sample of ``setting``, measured if there is none: a trial repeating a setting costs nothing."""
+        return self.samples[setting][0] if self.samples[setting] else self.measure(setting)
 
     def option(self, setting: ClockSetting) -> Option:
         t, e = np.mean(self.samples[setting], axis=0)
@@ -180,31 +193,38 @@ def search_unit(
     """
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}")
-    objective = _Objective(backend, kernels, name, space)
     warm = [_params(s, backend, space) for s in warm_start] + _warm_start_points(backend, space)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=len(warm), deterministic_objective=False)
-        study = optuna.create_study(
-            study_name=study_name, storage=storage, directions=["minimize", "minimize"], sampler=sampler,
-            load_if_exists=True,
-        )  # fmt: skip
-        # Resume: settings measured in an earlier run count as samples, so they are not measured again.
-        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            sm, mem, power = trial.user_attrs["setting"]
-            objective.samples[ClockSetting(sm, mem, power)].append(tuple(trial.values))
-        done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
-                                                             optuna.trial.TrialState.PRUNED)))  # fmt: skip
-        if done == 0:
-            for params in warm:
-                study.enqueue_trial(params, skip_if_exists=True)
-        if n_trials > done:
-            study.optimize(objective, n_trials=n_trials - done, gc_after_trial=False)
-        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        study = optuna.create_study(study_name=study_name, storage=storage, directions=["minimize", "minimize"],
+                                    load_if_exists=True)  # fmt: skip
+        log = MeasurementLog(study)
+        objective = _Objective(backend, kernels, name, space, log)
+        # Resume. A trial left running by a killed run is failed; its measurement, if it finished, is in the log
+        # and the trial asked in its place (same index, same seed, same history) reads it back.
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            study.tell(trial.number, state=TrialState.FAIL)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            objective.first(ClockSetting(*trial.user_attrs["setting"]))
+        while (done := len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))) < n_trials:
+            # A fresh sampler per trial, seeded by the trial's index: the n-th suggestion depends only on the
+            # study's history, not on how many processes the search took to get there.
+            study.sampler = optuna.samplers.GPSampler(
+                seed=zlib.crc32(f"{seed}:{done}".encode()), n_startup_trials=len(warm), deterministic_objective=False
+            )
+            if done < len(warm) and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                study.enqueue_trial(warm[done])
+            trial = study.ask()
+            setting = objective.suggest(trial)
+            if setting is None:  # a clock pair the GPU does not support
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            trial.set_user_attr("setting", [setting.sm_clock_mhz, setting.mem_clock_mhz, setting.power_limit_w])
+            study.tell(trial, objective.first(setting))
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         pareto = {ClockSetting(*t.user_attrs["setting"]) for t in _pareto_front(complete)}
         for setting in warm_start:
-            if not objective.samples[setting]:  # enqueued in an earlier run that stopped before measuring it
-                objective.measure(setting)
+            objective.first(setting)
             pareto.add(setting)
 
     for _ in range(1 + finalist_repeats):
@@ -215,4 +235,4 @@ def search_unit(
             for _ in range(finalist_repeats):
                 objective.measure(setting)
     options = (default,) + tuple(sorted((objective.option(s) for s in pareto), key=lambda o: o.time_s))
-    return UnitSearch(name, study_name, default, options, objective.n_measurements, objective.cost_gpu_s)
+    return UnitSearch(name, study_name, default, options, objective.n_measurements, objective.cost_gpu_s, log.n_new)

@@ -1,0 +1,103 @@
+"""A search killed at any point and started again with the same command continues from its storage: no finished
+measurement is repeated or lost, and the result is the same as an uninterrupted run's (issue 6, item 4)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpus import get_gpu
+from freqopt.search import SearchConfig, run_search
+
+
+class Crash(BaseException):
+    """Stands for the process dying: not an Exception, so nothing in the search can catch it."""
+
+
+class CountingGPU(SimulatedGPU):
+    """A simulated GPU that counts finished measurements and dies when asked for measurement number ``die_at``."""
+
+    def __init__(self, die_at=None):
+        super().__init__(get_gpu("h100-sxm"), seed=5)
+        self.die_at, self.finished = die_at, 0
+
+    def _count(self):
+        if self.die_at is not None and self.finished + 1 == self.die_at:
+            raise Crash()
+        self.finished += 1
+
+    def measure(self, *args, **kwargs):
+        self._count()
+        return super().measure(*args, **kwargs)
+
+    def measure_schedule(self, *args, **kwargs):
+        self._count()
+        return super().measure_schedule(*args, **kwargs)
+
+
+def _summary(result):
+    return {g: (r.units, r.validated, r.predicted, r.ideal, r.n_measurements, r.search_cost_gpu_s)
+            for g, r in result.results.items()}  # fmt: skip
+
+
+CONFIG = dict(max_slowdown=0.02, n_trials_1d=8, granularities=("power-cap", "iteration", "pass"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_trace, tmp_path_factory):
+    gpu = CountingGPU()
+    storage = f"sqlite:///{tmp_path_factory.mktemp('whole') / 's.db'}"
+    result = run_search(small_trace, gpu, SearchConfig(storage=storage, **CONFIG))
+    return result, gpu.finished
+
+
+@pytest.mark.parametrize("die_at", [[1], [7, 30], [12, 13, 40, 41]])
+def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_path, uninterrupted, die_at):
+    """Die at the given measurement numbers of successive runs (a unit's trial, a finalist's repeat, a
+    validation), then finish: the measurements taken add up to the uninterrupted run's and the result is equal."""
+    expected, n_expected = uninterrupted
+    config = SearchConfig(storage=f"sqlite:///{tmp_path / 's.db'}", **CONFIG)
+    finished = 0
+    for n in die_at:
+        gpu = CountingGPU(die_at=n)
+        with pytest.raises(Crash):
+            run_search(small_trace, gpu, config)
+        finished += gpu.finished
+    gpu = CountingGPU()
+    result = run_search(small_trace, gpu, config)
+    assert finished + gpu.finished == n_expected  # none repeated (more) and none lost (it would be re-taken: more)
+    assert _summary(result) == _summary(expected)
+    assert result.baseline == expected.baseline
+
+
+def _search_command(json_path):
+    return [sys.executable, "-m", "freqopt.cli", "search", "--model", "gpt3-small", "--micro-batch-size", "1",
+            "--seq-len", "256", "--max-slowdown", "2%", "--trials", "6", "--granularity", "kernel", "--seed", "2",
+            "--out", "out", "--json", str(json_path)]  # fmt: skip
+
+
+def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path):
+    env = {**os.environ, "COLUMNS": "200"}
+    whole, killed = tmp_path / "whole", tmp_path / "killed"  # each its own storage, out/freqopt.db
+    whole.mkdir()
+    killed.mkdir()
+    subprocess.run(_search_command(whole / "r.json"), cwd=whole, env=env, check=True, capture_output=True, timeout=600)
+    kills = 0
+    for delay_s in (4.0, 7.0, 5.0, 9.0):  # SIGKILL mid-run, at a different point each time
+        proc = subprocess.Popen(_search_command(killed / "r.json"), cwd=killed, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(delay_s)
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    assert kills >= 2, "the search finished before it could be killed twice"
+    subprocess.run(_search_command(killed / "r.json"), cwd=killed, env=env, check=True, capture_output=True,
+                   timeout=600)  # fmt: skip
+    assert json.loads((killed / "r.json").read_text()) == json.loads((whole / "r.json").read_text())
