@@ -136,10 +136,16 @@ def gpus() -> None:
 @click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
 @click.option("--trials", default=None, type=int, help="Trials per tuning unit (default 14, or 30 with memory clocks).")
+@click.option("--jobs", default=1, show_default=True, type=int,
+              help="Processes that run tuning units in parallel (simulated GPU; for real GPUs start a "
+                   "`freqopt worker` per GPU).")
 @_model_options
-def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials,
+def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
            micro_batch_size, seq_len, n_heads, layout) -> None:  # fmt: skip
-    """Search clock settings for one training iteration and compare granularities."""
+    """Search clock settings for one training iteration and compare granularities.
+
+    A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
+    (NAME is printed at the start) joins it from another process or machine."""
     from freqopt.backends import check_backend, get_backend
     from freqopt.gpus import DEFAULT_GPU, get_gpu
     from freqopt.layout import parse_layout
@@ -157,6 +163,11 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     granularities = GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
     if trials is not None and trials < 1:
         raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
+    if jobs < 1:
+        raise InvalidSettingError(f"--jobs must be a positive integer, not {jobs}")
+    if jobs > 1 and backend != "sim":
+        raise InvalidSettingError("--jobs applies to the simulated GPU; with real GPUs start one `freqopt worker` "
+                                  "per GPU against the search's --storage")  # fmt: skip
     out = Path(out_dir)
     if json_path:
         _check_writable_file(Path(json_path))
@@ -167,7 +178,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
         storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
         open_storage(storage)  # a bad URL fails here, before any work
         counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
-        config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage, **counts)
+        config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage,
+                              n_jobs=jobs, **counts)  # fmt: skip
         _run_search(workload, measuring.spec, measuring, config, backend, out, json_path)
     finally:
         measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
@@ -180,6 +192,7 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
     from rich.table import Table
 
     from freqopt.search import partition, run_search
+    from freqopt.search.runner import study_prefix
     from freqopt.tables import atomic_write_text, table_from_result, write_table, write_table_csv
     from freqopt.trace import trace_training_iteration
 
@@ -192,6 +205,8 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
     console.print(f"traced {workload.model}{where}: {len(trace)} kernels, {len(trace.kernel_classes())} kernel "
                   f"classes, {trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU {spec.name}"
                   + (" (simulated)" if backend_name == "sim" else ""))  # fmt: skip
+    console.print(f"search {study_prefix(trace, spec, config.seed)}; other processes join it with: freqopt worker "
+                  f"--storage {config.storage} --study {study_prefix(trace, spec, config.seed)}", soft_wrap=True)
     total = sum(len(partition(trace, g)) for g in config.granularities)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:  # fmt: skip
@@ -219,7 +234,8 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
         rich_table.add_column(col, justify="left" if col in ("granularity", "clock table") else "right")
     rich_table.add_row("baseline (default)", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-",
                        "-", "-", "-")  # fmt: skip
-    summary = {"baseline": {"time_s": base.time_s, "energy_j": base.energy_j}, "results": {}}
+    summary = {"baseline": {"time_s": base.time_s, "energy_j": base.energy_j}, "results": {},
+               "n_new_measurements": result.n_new_measurements}  # fmt: skip
     for g, r in result.results.items():
         saved, slow = result.energy_saved_pct(g), result.slowdown_pct(g)
         ideal_saved, ideal_slow = result.ideal_energy_saved_pct(g), result.ideal_slowdown_pct(g)
@@ -238,6 +254,63 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
     console.print(f"done in {time.monotonic() - started:.0f} s; studies in {config.storage}")
     if json_path:
         atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
+
+
+@cli.command()
+@click.option("--storage", required=True, help="The search's Optuna storage URL (as `freqopt search` printed it).")
+@click.option("--study", "name", required=True, help="The search's name (printed by `freqopt search`).")
+@click.option("--backend", default=None,
+              help="Measurement backend; default (and required): the search's own, sim or nvml.")
+@click.option("--wait-s", default=600.0, show_default=True, type=float,
+              help="Give up after this long with nothing to claim (or no search of that name).")
+@click.option("--json", "json_path", default=None, help="Also write what this worker did as JSON to this file.")
+def worker(storage, name, backend, wait_s, json_path) -> None:
+    """Join a running search: claim its tuning units from the shared storage and run their studies, until the
+    search is done. One worker per GPU; several may run on one machine with the simulated GPU."""
+    import optuna
+    from rich.console import Console
+
+    from freqopt.backends import check_backend, get_backend
+    from freqopt.errors import StorageError
+    from freqopt.gpus import get_gpu
+    from freqopt.search.runner import open_storage, study_prefix
+    from freqopt.search.workers import WorkerReport, check_worker_backend, load_job, serve, trace_from_job
+    from freqopt.tables import atomic_write_text
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(stderr=True)
+    if backend is not None:
+        check_backend(backend)
+    if json_path:
+        _check_writable_file(Path(json_path))
+    if wait_s < 0:
+        raise InvalidSettingError(f"--wait-s must not be negative, not {wait_s:g}")
+    opened = open_storage(storage)
+    started = time.monotonic()
+    while (state := load_job(opened, name)) is None:
+        if time.monotonic() - started > wait_s:
+            raise StorageError(f"no freqopt search named {name!r} in {storage} after {wait_s:g} s; start it with "
+                               f"`freqopt search --storage {storage}` and pass the name it prints")  # fmt: skip
+        time.sleep(0.5)
+    job = state["job"]
+    backend_name = check_worker_backend(job, backend)
+    measuring = get_backend(backend_name, get_gpu(job["gpu"]) if backend_name == "sim" else None, seed=job["seed"])
+    try:
+        trace = trace_from_job(job)
+        if study_prefix(trace, measuring.spec, job["seed"]) != name:
+            raise StorageError(f"this worker's trace or GPU differs from search {name!r}'s (another freqopt version, "
+                               f"or a GPU of type {measuring.spec.name} against the search's {job['gpu']}); run the "
+                               "same freqopt on the same GPU type")  # fmt: skip
+        console.print(f"joined {name}: {job['model']} on {measuring.spec.name} ({backend_name})")
+        report: WorkerReport = serve(opened, name, trace, measuring, idle_s=wait_s,
+                                     on_unit=lambda g, unit: console.print(f"{g}: {unit} done"))  # fmt: skip
+    finally:
+        measuring.close()
+    ending = f"nothing to claim for {wait_s:g} s" if report.idle_timeout else "the search is done"
+    console.print(f"worker stopped ({ending}): {report.units} units, {report.n_new_measurements} measurements")
+    if json_path:
+        atomic_write_text(json_path, json.dumps({"units": report.units, "n_new_measurements": report.n_new_measurements,
+                                                 "idle_timeout": report.idle_timeout}, indent=1) + "\n")  # fmt: skip
 
 
 @cli.command()

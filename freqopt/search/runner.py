@@ -19,8 +19,9 @@ from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measur
 from freqopt.errors import InvalidSettingError, StorageError
 from freqopt.search.allocate import allocate
 from freqopt.search.journal import MeasurementLog, digest
-from freqopt.search.study import UnitSearch, search_unit
+from freqopt.search.study import UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, partition
+from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
 from freqopt.trace import Trace
 
 __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage",
@@ -28,8 +29,12 @@ __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "s
 
 
 def open_storage(url: str | None):
-    """The Optuna storage at ``url`` (optuna.storages.get_storage; None: in memory), opened once and shared by
-    every study of a search.
+    """The Optuna storage at ``url``, opened once and shared by every study of a search.
+
+    URLs: None (in memory); an SQLAlchemy URL for optuna.storages.RDBStorage (sqlite:///path.db,
+    postgresql+psycopg2://user@host/db, mysql+pymysql://...; SQLite waits up to 60 s for another process's
+    lock); or journal:PATH for optuna.storages.JournalStorage on a JournalFileBackend (an append-only file that
+    several processes share through its lock; no server needed).
 
     Raises:
         StorageError: the URL cannot be opened (unknown scheme, missing folder, unreachable server).
@@ -39,11 +44,21 @@ def open_storage(url: str | None):
     if url is None:
         return None
     try:
+        if url.startswith("journal:"):
+            path = url.removeprefix("journal:").removeprefix("//")
+            if not path:
+                raise ValueError("no file after journal:")
+            from optuna.storages.journal import JournalFileBackend
+
+            return optuna.storages.JournalStorage(JournalFileBackend(path))
+        if url.startswith("sqlite"):
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
         return optuna.storages.get_storage(url)
-    except Exception as e:  # SQLAlchemy and the drivers raise many kinds; all mean "cannot open"
+    except Exception as e:  # SQLAlchemy, the drivers and the file system raise many kinds; all mean "cannot open"
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StorageError(
-            f"cannot open Optuna storage {url!r} ({reason}); give a URL like sqlite:///path/to/freqopt.db"
+            f"cannot open Optuna storage {url!r} ({reason}); give a URL like sqlite:///path/to/freqopt.db, "
+            "postgresql+psycopg2://user@host/db or journal:path/to/journal.log"
         ) from e
 
 
@@ -64,6 +79,8 @@ class SearchConfig:
         switching: validate schedules as a phase-switching runtime realizes them (freqopt.phases), with each
             change of clocks landing one clock-switch latency late, so the budget is met with switching costs
             included; the free-switching ("ideal") figure is measured beside it.
+        n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
+            process per real GPU: start ``freqopt worker`` on each).
     """
 
     max_slowdown: float
@@ -76,8 +93,11 @@ class SearchConfig:
     seed: int = 0
     storage: str | None = None
     switching: bool = True
+    n_jobs: int = 1
 
     def __post_init__(self):
+        if self.n_jobs < 1:
+            raise InvalidSettingError(f"--jobs must be a positive integer, not {self.n_jobs}")
         if not 0.0 <= self.max_slowdown < 1.0:
             raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
         for g in self.granularities:
@@ -128,6 +148,7 @@ class SearchResult:
     baseline: Measurement
     results: dict[str, GranularityResult]
     storage: str | None
+    n_new_measurements: int = 0  # taken by this process (the rest: read back, or taken by other workers)
 
     def energy_saved_pct(self, g: str) -> float:
         return 100.0 * (1.0 - self.results[g].validated.energy_j / self.baseline.energy_j)
@@ -220,38 +241,80 @@ class Validator:
         return self(tuple(_per_kernel_settings(self.trace, zip(units, settings))), key=key)
 
 
+_STORAGES: dict[str, object] = {}
+
+
+def _storage_here(url: str):
+    """``url`` opened once per process (joblib workers open their own connection)."""
+    if url not in _STORAGES:
+        _STORAGES[url] = open_storage(url)
+    return _STORAGES[url]
+
+
+def _unit_task(trace: Trace, backend: Backend, work: UnitWork, i: int, unit: TuningUnit, storage, url: str | None,
+               queue_name: str | None, warm: ClockSetting | None) -> tuple[int, UnitSearch | None]:  # fmt: skip
+    """One unit as a joblib task: claimed from the queue first when the storage is shared (None: a worker has it)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # in joblib's worker processes too
+    if storage is None and url is not None:
+        storage = _storage_here(url)
+    if queue_name is None:
+        return i, run_unit(trace, backend, work, unit, storage, warm)
+    queue = UnitQueue(storage, queue_name)
+    claimed = queue.claim(i)
+    if claimed is None:
+        return i, None
+    with queue.owning(claimed[1]):
+        return i, run_unit(trace, backend, work, unit, storage, warm)
+
+
 def run_unit_studies(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
     warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
 ) -> tuple[list[TuningUnit], list[UnitSearch]]:  # fmt: skip
     """Partition the trace and run (or resume) each tuning unit's study.
 
+    With a storage other processes can see, the units are a queue that ``freqopt worker`` processes join
+    (freqopt.search.workers); units they ran are read back from the storage, units whose worker died are resumed
+    here. ``config.n_jobs`` > 1 runs this process's share in that many joblib processes.
+
     Args:
         warm_start: per unit, a setting to enqueue first and always offer (a coarser granularity's choice).
 
     Returns:
-        The units and, per unit, its study's outcome.
+        The units and, per unit, its study's outcome (in unit order, whoever ran it).
     """
+    from joblib import Parallel, delayed
+
     units = partition(trace, granularity)
     space = "power" if granularity == "power-cap" else "clocks"
     two_d = space == "clocks" and len(backend.spec.mem_clocks_mhz) > 1
-    n_trials = config.n_trials_2d if two_d else config.n_trials_1d
-    prefix = study_prefix(trace, backend.spec, config.seed)
-    warm_start = warm_start or [None] * len(units)
-    searches = []
-    for i, unit in enumerate(units):
-        digest = hashlib.sha1(unit.name.encode()).hexdigest()[:10]
-        searches.append(
-            search_unit(
-                backend, unit.kernels(trace), name=unit.name, study_name=f"{prefix}-{granularity}-{digest}",
-                storage=storage, space=space, n_trials=n_trials, finalist_repeats=config.finalist_repeats,
-                finalist_slowdown=max(0.05, 3 * config.max_slowdown), seed=config.seed,
-                warm_start=[warm_start[i]] if warm_start[i] not in (None, DEFAULT_SETTING) else [],
-            )
-        )  # fmt: skip
-        if on_unit:
-            on_unit(granularity, i + 1, len(units))
-    return units, searches
+    work = UnitWork(
+        prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
+        n_trials=config.n_trials_2d if two_d else config.n_trials_1d, finalist_repeats=config.finalist_repeats,
+        finalist_slowdown=max(0.05, 3 * config.max_slowdown), seed=config.seed,
+    )  # fmt: skip
+    warm = [None if w in (None, DEFAULT_SETTING) else w for w in (warm_start or [None] * len(units))]
+    queue = UnitQueue.create(storage, work, len(units), warm) if is_persistent(storage) else None
+    parallel = config.n_jobs > 1
+    tasks = (delayed(_unit_task)(trace, backend, work, i, unit, None if parallel else storage,
+                                 config.storage if parallel else None, queue.name if queue else None, warm[i])
+             for i, unit in enumerate(units))  # fmt: skip
+    results: dict[int, UnitSearch] = {}
+    for i, result in Parallel(n_jobs=config.n_jobs, return_as="generator_unordered")(tasks):
+        if result is not None:
+            results[i] = result
+            if on_unit:
+                on_unit(granularity, len(results), len(units))
+    if queue is not None:
+        queue.settle()  # units other workers hold: wait for them, or take them over if their worker is gone
+        for i, unit in enumerate(units):
+            if i not in results:
+                results[i] = run_unit(trace, backend, work, unit, storage, warm[i])
+                if on_unit:
+                    on_unit(granularity, len(results), len(units))
+    return units, [results[i] for i in range(len(units))]
 
 
 @dataclass(frozen=True)
@@ -416,6 +479,9 @@ def run_search(
         validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
     # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
     ideal_validator = Validator(trace, backend, config.validation_repeats, log=validator.log) if validator.switching else None
+    prefix = study_prefix(trace, backend.spec, config.seed)
+    if is_persistent(storage):
+        publish_job(storage, prefix, trace, backend, config.seed)
     baseline = validator.baseline()
     results: dict[str, GranularityResult] = {}
     coarser = None
@@ -427,4 +493,7 @@ def run_search(
                                          ideal_validator if g == "kernel" else None)  # fmt: skip
         if g != "power-cap":
             coarser = results[g]
-    return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage)
+    if is_persistent(storage):
+        finish_job(storage, prefix)
+    n_new = validator.log.n_new + sum(u.n_new_measurements for r in results.values() for u in r.unit_searches)
+    return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new)

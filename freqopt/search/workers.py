@@ -1,0 +1,301 @@
+"""Many processes, one search: a granularity's tuning units are a work queue in the search's Optuna storage.
+
+The leader (``freqopt search`` with persistent storage) publishes the job (workload, GPU type, backend, seed) as
+user attributes of study ``<prefix>`` and, for each granularity, enqueues one WAITING trial per tuning unit in a
+queue study. A process claims a unit by moving its trial to RUNNING with BaseStorage.set_trial_state_values,
+which Optuna's storages make exclusive (RDB storages under a row lock, the journal under its file lock: exactly
+one claimant gets True), runs the unit's study (search_unit) and completes the trial. While it works, a thread
+stamps the trial with a heartbeat; a unit whose owner stopped stamping (or whose process on this host is gone) is
+failed, and the leader resumes that unit's study itself.
+
+A unit's study is the same whoever runs it (its trials are seeded by index, its noise by sample index, and every
+measurement is logged once: freqopt.search.journal), so the result does not depend on how many workers joined,
+and no measurement is lost or taken twice. Locally, the leader runs its share of the units in ``n_jobs``
+processes with joblib.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+
+from freqopt.backends.base import Backend, ClockSetting
+from freqopt.errors import StorageError
+from freqopt.search.journal import digest
+from freqopt.search.study import UnitSearch, search_unit
+from freqopt.search.units import TuningUnit
+from freqopt.trace import Trace
+
+__all__ = ["UnitWork", "UnitQueue", "WorkerReport", "publish_job", "finish_job", "load_job", "trace_from_job",
+           "run_unit", "serve", "is_persistent", "HEARTBEAT_S", "STALE_S"]
+
+HEARTBEAT_S = 5.0  # how often an owner stamps its unit
+STALE_S = 60.0  # a unit not stamped for this long has lost its owner
+
+_JOB, _STATE, _QUEUE, _WORK = "freqopt_job", "freqopt_state", "freqopt_queue", "freqopt_work"
+
+
+def is_persistent(storage) -> bool:
+    """Whether other processes can see ``storage`` (anything but None or Optuna's in-memory storage)."""
+    return storage is not None and not isinstance(storage, optuna.storages.InMemoryStorage)
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """How one granularity's units are searched: the arguments of search_unit that every process must share."""
+
+    prefix: str
+    granularity: str
+    space: str
+    n_trials: int
+    finalist_repeats: int
+    finalist_slowdown: float
+    seed: int
+
+    def study_name(self, unit: TuningUnit) -> str:
+        return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
+
+
+def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, storage,
+             warm_start: ClockSetting | None) -> UnitSearch:  # fmt: skip
+    """Run (or resume, or read back) one unit's study."""
+    return search_unit(
+        backend, unit.kernels(trace), name=unit.name, study_name=work.study_name(unit), storage=storage,
+        space=work.space, n_trials=work.n_trials, finalist_repeats=work.finalist_repeats,
+        finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=[warm_start] if warm_start else [],
+    )  # fmt: skip
+
+
+# -- the job: what a worker needs to rebuild the search ---------------------------------------------------------
+def _job_study(storage, prefix: str) -> optuna.Study:
+    return optuna.create_study(study_name=prefix, storage=storage, load_if_exists=True)
+
+
+def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int) -> None:
+    """Record the search's workload, GPU type, backend kind and seed, and mark it running."""
+    from freqopt.backends.simulated import SimulatedGPU
+
+    w = trace.workload
+    job = {
+        "model": w.model, "config": dataclasses.asdict(w.config), "micro_batch_size": w.micro_batch_size,
+        "layout": dataclasses.asdict(w.layout), "mode": trace.meta.get("mode", "train"), "gpu": backend.spec.name,
+        "backend": "sim" if isinstance(backend, SimulatedGPU) else "nvml", "seed": seed,
+    }  # fmt: skip
+    study = _job_study(storage, prefix)
+    study.set_user_attr(_JOB, job)
+    study.set_user_attr(_STATE, "running")
+
+
+def finish_job(storage, prefix: str) -> None:
+    _job_study(storage, prefix).set_user_attr(_STATE, "done")
+
+
+def load_job(storage, prefix: str) -> dict | None:
+    """The job's attributes (job, state, current queue), or None if no search of that name has started."""
+    try:
+        attrs = optuna.load_study(study_name=prefix, storage=storage).user_attrs
+    except KeyError:  # no such study yet
+        return None
+    if _JOB not in attrs:
+        return None
+    return {"job": attrs[_JOB], "state": attrs.get(_STATE), "queue": attrs.get(_QUEUE)}
+
+
+def trace_from_job(job: dict) -> Trace:
+    """The leader's trace, traced again from the job's workload."""
+    from freqopt.layout import Layout
+    from freqopt.models import MODELS, Workload
+    from freqopt.trace import trace_iteration
+
+    config = type(MODELS[job["model"]])(**job["config"])
+    workload = Workload(job["model"], config, job["micro_batch_size"], Layout(**job["layout"]))
+    return trace_iteration(workload, job["mode"])
+
+
+# -- the queue ------------------------------------------------------------------------------------------------
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(trial: optuna.trial.FrozenTrial, now: float) -> bool:
+    """A RUNNING unit's owner is alive if it stamped the unit within STALE_S and, on this host, its process runs."""
+    stamped = trial.user_attrs.get("alive_at")
+    if stamped is None:  # claimed a moment ago, not stamped yet
+        stamped = trial.datetime_start.timestamp() if trial.datetime_start else now
+    if now - stamped > STALE_S or trial.user_attrs.get("owner") == _owner():  # not the asking process's own
+        return False
+    host, _, pid = str(trial.user_attrs.get("owner", "")).rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's live process
+            return True
+    return True
+
+
+class UnitQueue:
+    """One granularity's units as trials of a queue study: WAITING (to do), RUNNING (claimed), COMPLETE (done),
+    FAIL (owner lost; the leader resumes the unit)."""
+
+    def __init__(self, storage, name: str):
+        self.storage, self.name = storage, name
+        self.study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
+
+    @classmethod
+    def create(cls, storage, work: UnitWork, n_units: int, warm_start: list[ClockSetting | None]) -> UnitQueue:
+        """The queue of this work (created with its units if new) published as the job's current queue."""
+        name = f"{work.prefix}-{work.granularity}-queue-{digest((work, tuple(warm_start)))[:10]}"
+        queue = cls(storage, name)
+        if not queue.study.get_trials(deepcopy=False):
+            queue.study.set_user_attr(_WORK, dataclasses.asdict(work))
+            for i, warm in enumerate(warm_start):
+                warm_attr = None if warm is None else [warm.sm_clock_mhz, warm.mem_clock_mhz, warm.power_limit_w]
+                queue.study.enqueue_trial({}, user_attrs={"unit": i, "warm_start": warm_attr})
+        _job_study(storage, work.prefix).set_user_attr(_QUEUE, name)
+        return queue
+
+    @property
+    def work(self) -> UnitWork:
+        return UnitWork(**self.study.user_attrs[_WORK])
+
+    def _items(self, states=None) -> list[optuna.trial.FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=states)
+
+    def claim(self, unit: int | None = None) -> tuple[int, int, ClockSetting | None] | None:
+        """Claim ``unit`` (or the first waiting unit): (unit index, queue trial id, warm start), or None if it is
+        (they are all) taken."""
+        for trial in self._items(states=(TrialState.WAITING,)):
+            if unit is not None and trial.user_attrs["unit"] != unit:
+                continue
+            try:
+                won = self.storage.set_trial_state_values(trial._trial_id, state=TrialState.RUNNING)
+            except UpdateFinishedTrialError:
+                won = False
+            if won:
+                self.storage.set_trial_user_attr(trial._trial_id, "owner", _owner())
+                self.storage.set_trial_user_attr(trial._trial_id, "alive_at", time.time())
+                warm = trial.user_attrs.get("warm_start")
+                return trial.user_attrs["unit"], trial._trial_id, None if warm is None else ClockSetting(*warm)
+            if unit is not None:
+                return None
+        return None
+
+    @contextmanager
+    def owning(self, trial_id: int) -> Iterator[None]:
+        """Stamp the claimed unit every HEARTBEAT_S while the body runs; complete it if the body returns."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                try:
+                    self.storage.set_trial_user_attr(trial_id, "alive_at", time.time())
+                except Exception:  # a lost connection must not kill the work; the next beat retries
+                    pass
+
+        thread = threading.Thread(target=beat, name="freqopt-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        except BaseException:  # an error or an interrupt: give the unit up at once (its study resumes it)
+            stop.set()
+            thread.join()
+            self.storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+            raise
+        stop.set()
+        thread.join()
+        self.storage.set_trial_state_values(trial_id, state=TrialState.COMPLETE, values=[0.0])
+
+    def settle(self, poll_s: float = 0.5, on_wait: Callable[[int], None] | None = None) -> None:
+        """Wait until no unit is held by a live owner; units whose owner is gone are failed (and so left to the
+        caller to resume)."""
+        while True:
+            now = time.time()
+            running = self._items(states=(TrialState.RUNNING,))
+            live = 0
+            for trial in running:
+                if _owner_alive(trial, now):
+                    live += 1
+                else:
+                    try:
+                        self.storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+                    except UpdateFinishedTrialError:  # it finished meanwhile
+                        pass
+            if not live:
+                return
+            if on_wait:
+                on_wait(live)
+            time.sleep(poll_s)
+
+    def done_units(self) -> set[int]:
+        return {t.user_attrs["unit"] for t in self._items(states=(TrialState.COMPLETE,))}
+
+
+def check_worker_backend(job: dict, backend_name: str | None) -> str:
+    """The backend a worker must use: the leader's. Raises StorageError (as a mismatch of the search) if told
+    otherwise."""
+    if backend_name is not None and backend_name != job["backend"]:
+        raise StorageError(f"the search measures with backend {job['backend']!r}; a worker must too "
+                           f"(drop --backend {backend_name})")  # fmt: skip
+    return job["backend"]
+
+
+@dataclass
+class WorkerReport:
+    """What a worker did: units it ran, measurements it took (not read back), and whether it stopped idle."""
+
+    units: int = 0
+    n_new_measurements: int = 0
+    idle_timeout: bool = False
+
+
+def serve(storage, prefix: str, trace: Trace, backend: Backend, *, idle_s: float, poll_s: float = 0.5,
+          on_unit: Callable[[str, str], None] | None = None) -> WorkerReport:  # fmt: skip
+    """Claim and run units of search ``prefix`` until it is done, or until nothing was claimable for ``idle_s``.
+
+    Args:
+        storage: the search's Optuna storage.
+        prefix: the search's name (runner.study_prefix of its trace, GPU and seed).
+        trace, backend: the search's trace (trace_from_job) and this worker's GPU.
+        on_unit: called as on_unit(granularity, unit name) after each unit this worker ran.
+    """
+    from freqopt.search.units import partition
+
+    report = WorkerReport()
+    units: dict[str, list[TuningUnit]] = {}
+    idle_since = time.monotonic()
+    while True:
+        state = load_job(storage, prefix)
+        if state and state["queue"]:
+            queue = UnitQueue(storage, state["queue"])
+            claimed = queue.claim()
+            if claimed is not None:
+                i, trial_id, warm = claimed
+                work = queue.work
+                unit = units.setdefault(work.granularity, partition(trace, work.granularity))[i]
+                with queue.owning(trial_id):
+                    result = run_unit(trace, backend, work, unit, storage, warm)
+                report.units += 1
+                report.n_new_measurements += result.n_new_measurements
+                if on_unit:
+                    on_unit(work.granularity, unit.name)
+                idle_since = time.monotonic()
+                continue
+        if state and state["state"] == "done":
+            return report
+        if time.monotonic() - idle_since > idle_s:
+            report.idle_timeout = True
+            return report
+        time.sleep(poll_s)
