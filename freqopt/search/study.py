@@ -171,6 +171,7 @@ def search_unit(
     finalist_slowdown: float = 0.05,
     seed: int = 0,
     warm_start: Sequence[ClockSetting] = (),
+    constrained: bool = False,
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -187,6 +188,10 @@ def search_unit(
         seed: the sampler's seed.
         warm_start: settings known to be good (a coarser granularity's choice, a previous table): enqueued first
             and always offered to the allocator.
+        constrained: sample only where the unit is within ``finalist_slowdown`` of its default (a constraint of
+            Optuna's GPSampler, Trial.set_constraint): for a unit that is the whole iteration, whose options beyond
+            the budget are useless, so that its trials crowd the budget's edge. It costs GP time (a second model),
+            so units of finer granularities, which trade slowdown among themselves, sample the whole front.
 
     Returns:
         UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
@@ -206,6 +211,11 @@ def search_unit(
             study.tell(trial.number, state=TrialState.FAIL)
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             objective.first(ClockSetting(*trial.user_attrs["setting"]))
+        # The default first: its mean time bounds the region worth sampling (when constrained).
+        for _ in range(1 + finalist_repeats - len(objective.samples[DEFAULT_SETTING])):
+            objective.measure(DEFAULT_SETTING)
+        limit_s = objective.option(DEFAULT_SETTING).time_s * (1.0 + finalist_slowdown)
+
         while (done := len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))) < n_trials:
             # A fresh sampler per trial, seeded by the trial's index: the n-th suggestion depends only on the
             # study's history, not on how many processes the search took to get there.
@@ -220,15 +230,16 @@ def search_unit(
                 study.tell(trial, state=TrialState.PRUNED)
                 continue
             trial.set_user_attr("setting", [setting.sm_clock_mhz, setting.mem_clock_mhz, setting.power_limit_w])
-            study.tell(trial, objective.first(setting))
+            values = objective.first(setting)
+            if constrained:  # feasible (<= 0): within the limit; constrained LogEHVI samples where that holds
+                trial.set_constraint("within_limit", values[0] / limit_s - 1.0)
+            study.tell(trial, values)
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         pareto = {ClockSetting(*t.user_attrs["setting"]) for t in _pareto_front(complete)}
         for setting in warm_start:
             objective.first(setting)
             pareto.add(setting)
 
-    for _ in range(1 + finalist_repeats):
-        objective.measure(DEFAULT_SETTING)
     default = objective.option(DEFAULT_SETTING)
     for setting in sorted(pareto, key=lambda s: objective.option(s).time_s):
         if objective.option(setting).time_s <= default.time_s * (1 + finalist_slowdown):

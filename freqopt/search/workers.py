@@ -62,6 +62,7 @@ class UnitWork:
     finalist_repeats: int
     finalist_slowdown: float
     seed: int
+    constrained: bool = False
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
@@ -74,6 +75,7 @@ def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, s
         backend, unit.kernels(trace), name=unit.name, study_name=work.study_name(unit), storage=storage,
         space=work.space, n_trials=work.n_trials, finalist_repeats=work.finalist_repeats,
         finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=[warm_start] if warm_start else [],
+        constrained=work.constrained,
     )  # fmt: skip
 
 
