@@ -32,9 +32,9 @@ def test_same_workload_matches_every_class_exactly(kernel_table, small_trace):
     schedule = transfer_table(kernel_table, small_trace)
     assert schedule.count(EXACT) == len(small_trace.kernel_classes())
     assert schedule.count(BY_KIND) == schedule.count(UNMATCHED) == 0
-    by_signature = {e["signature"]: ClockSetting(e["sm_clock_mhz"], e["mem_clock_mhz"], e["power_limit_w"])
-                    for e in kernel_table.entries}  # fmt: skip
-    assert schedule.per_kernel() == tuple(by_signature[k.signature] for k in small_trace.kernels)
+    by_class = {e["unit"]: ClockSetting(e["sm_clock_mhz"], e["mem_clock_mhz"], e["power_limit_w"])
+                for e in kernel_table.entries}  # fmt: skip
+    assert schedule.per_kernel() == tuple(by_class[k.class_key] for k in small_trace.kernels)
 
 
 def test_tensor_parallel_target_matches_by_kind_and_leaves_collectives_at_default(kernel_table):

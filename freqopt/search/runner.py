@@ -9,6 +9,7 @@ validation until the validated slowdown meets the limit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from freqopt.errors import InvalidSettingError, StorageError
 from freqopt.search.allocate import allocate
 from freqopt.search.journal import MeasurementLog, digest
 from freqopt.search.study import UnitSearch
-from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, partition
+from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, kernel_families, partition
 from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
 from freqopt.trace import Trace
 
@@ -87,6 +88,8 @@ class SearchConfig:
         switching: validate schedules as a phase-switching runtime realizes them (freqopt.phases), with each
             change of clocks landing one clock-switch latency late, so the budget is met with switching costs
             included; the free-switching ("ideal") figure is measured beside it.
+        share_classes: at kernel level, run full studies only for one kernel class per family (kind and
+            arithmetic intensity) and short warm-started ones for the rest (run_unit_studies).
         n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
             process per real GPU: start ``freqopt worker`` on each).
     """
@@ -102,6 +105,7 @@ class SearchConfig:
     storage: str | None = None
     switching: bool = True
     n_jobs: int = 1
+    share_classes: bool = True
 
     def __post_init__(self):
         if self.n_jobs < 1:
@@ -270,7 +274,7 @@ def _storage_here(url: str):
 
 
 def _unit_task(trace: Trace, backend: Backend, work: UnitWork, i: int, unit: TuningUnit, storage, url: str | None,
-               queue_name: str | None, warm: ClockSetting | None) -> tuple[int, UnitSearch | None]:  # fmt: skip
+               queue_name: str | None, warm: list[ClockSetting]) -> tuple[int, UnitSearch | None]:  # fmt: skip
     """One unit as a joblib task: claimed from the queue first when the storage is shared (None: a worker has it)."""
     import optuna
 
@@ -287,11 +291,51 @@ def _unit_task(trace: Trace, backend: Backend, work: UnitWork, i: int, unit: Tun
         return i, run_unit(trace, backend, work, unit, storage, warm)
 
 
+def _run_units(trace: Trace, backend: Backend, config: SearchConfig, work: UnitWork, units: list[TuningUnit],
+               which: list[int], warm: list[list[ClockSetting]], storage, progress: Callable[[], None]
+               ) -> dict[int, UnitSearch]:  # fmt: skip
+    """Run units ``which`` (indices into ``units``) with their warm starts: through a queue that workers share when
+    the storage is persistent, in ``config.n_jobs`` joblib processes."""
+    from joblib import Parallel, delayed
+
+    queue = UnitQueue.create(storage, work, which, warm) if is_persistent(storage) else None
+    parallel = config.n_jobs > 1
+    tasks = (delayed(_unit_task)(trace, backend, work, i, units[i], None if parallel else storage,
+                                 config.storage if parallel else None, queue.name if queue else None, w)
+             for i, w in zip(which, warm))  # fmt: skip
+    results: dict[int, UnitSearch] = {}
+    for i, result in Parallel(n_jobs=config.n_jobs, return_as="generator_unordered")(tasks):
+        if result is not None:
+            results[i] = result
+            progress()
+    if queue is not None:
+        queue.settle()  # units other workers hold: wait for them, or take them over if their worker is gone
+        for i, w in zip(which, warm):
+            if i not in results:
+                results[i] = run_unit(trace, backend, work, units[i], storage, w)
+                progress()
+    return results
+
+
+def _shared_settings(search: UnitSearch, slack: float, n: int = 5) -> list[ClockSetting]:
+    """Up to ``n`` of a representative's options within ``slack`` of its default time, spread over that range."""
+    useful = [o for o in search.options[1:] if o.time_s <= search.default.time_s * (1 + slack)]
+    useful.sort(key=lambda o: o.time_s)
+    if len(useful) > n:
+        useful = [useful[round(j * (len(useful) - 1) / (n - 1))] for j in range(n)]
+    return [o.setting for o in useful]
+
+
 def run_unit_studies(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
     warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
 ) -> tuple[list[TuningUnit], list[UnitSearch]]:  # fmt: skip
     """Partition the trace and run (or resume) each tuning unit's study.
+
+    Kernel level, with ``config.share_classes``: the units are grouped by kernel_families; each family's
+    representative runs a full study first, and the other members run short ones warm-started with the
+    representative's useful settings (what one kernel class teaches about kernels of the same kind and
+    arithmetic intensity).
 
     With a storage other processes can see, the units are a queue that ``freqopt worker`` processes join
     (freqopt.search.workers); units they ran are read back from the storage, units whose worker died are resumed
@@ -303,8 +347,6 @@ def run_unit_studies(
     Returns:
         The units and, per unit, its study's outcome (in unit order, whoever ran it).
     """
-    from joblib import Parallel, delayed
-
     units = partition(trace, granularity)
     space = "power" if granularity == "power-cap" else "clocks"
     two_d = space == "clocks" and len(backend.spec.mem_clocks_mhz) > 1
@@ -313,25 +355,32 @@ def run_unit_studies(
         n_trials=config.n_trials_2d if two_d else config.n_trials_1d, finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
     )  # fmt: skip
-    warm = [None if w in (None, DEFAULT_SETTING) else w for w in (warm_start or [None] * len(units))]
-    queue = UnitQueue.create(storage, work, len(units), warm) if is_persistent(storage) else None
-    parallel = config.n_jobs > 1
-    tasks = (delayed(_unit_task)(trace, backend, work, i, unit, None if parallel else storage,
-                                 config.storage if parallel else None, queue.name if queue else None, warm[i])
-             for i, unit in enumerate(units))  # fmt: skip
-    results: dict[int, UnitSearch] = {}
-    for i, result in Parallel(n_jobs=config.n_jobs, return_as="generator_unordered")(tasks):
-        if result is not None:
-            results[i] = result
-            if on_unit:
-                on_unit(granularity, len(results), len(units))
-    if queue is not None:
-        queue.settle()  # units other workers hold: wait for them, or take them over if their worker is gone
-        for i, unit in enumerate(units):
-            if i not in results:
-                results[i] = run_unit(trace, backend, work, unit, storage, warm[i])
-                if on_unit:
-                    on_unit(granularity, len(results), len(units))
+    inherited = [[] if w in (None, DEFAULT_SETTING) else [w] for w in (warm_start or [None] * len(units))]
+    done = 0
+
+    def progress() -> None:
+        nonlocal done
+        done += 1
+        if on_unit:
+            on_unit(granularity, done, len(units))
+
+    if granularity != "kernel" or not config.share_classes or len(units) == 1:
+        results = _run_units(trace, backend, config, work, units, list(range(len(units))), inherited, storage,
+                             progress)  # fmt: skip
+        return units, [results[i] for i in range(len(units))]
+    families = kernel_families(trace, units)
+    leaders = [f[0] for f in families]
+    results = _run_units(trace, backend, config, work, units, leaders, [inherited[i] for i in leaders], storage,
+                         progress)  # fmt: skip
+    members, warm = [], []
+    for family in families:
+        shared = _shared_settings(results[family[0]], work.finalist_slowdown)
+        for i in family[1:]:
+            members.append(i)
+            warm.append(inherited[i] + [s for s in shared if s not in inherited[i]])
+    if members:
+        member_work = dataclasses.replace(work, n_trials=max(4, work.n_trials // 3), spread=False)
+        results.update(_run_units(trace, backend, config, member_work, units, members, warm, storage, progress))
     return units, [results[i] for i in range(len(units))]
 
 

@@ -105,8 +105,11 @@ class _Objective:
         mem = spec.mem_clocks_mhz[0]
         if len(spec.mem_clocks_mhz) > 1:
             mem = trial.suggest_categorical("mem_clock_mhz", list(spec.mem_clocks_mhz))
-        if not spec.supports(sm, mem):
-            return None
+        if not spec.supports(sm, mem):  # above what this memory clock allows: the highest SM clock it does allow
+            allowed = self.sm_clocks[self.sm_clocks <= spec.max_sm_clock_for_mem_mhz.get(mem, spec.max_sm_clock_mhz)]
+            if not len(allowed) or not spec.supports(int(allowed[-1]), mem):
+                return None
+            sm = int(allowed[-1])
         return ClockSetting(sm_clock_mhz=int(sm), mem_clock_mhz=int(mem))
 
     def measure(self, setting: ClockSetting) -> tuple[float, float]:
@@ -172,6 +175,7 @@ def search_unit(
     seed: int = 0,
     warm_start: Sequence[ClockSetting] = (),
     constrained: bool = False,
+    spread: bool = True,
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -188,6 +192,8 @@ def search_unit(
         seed: the sampler's seed.
         warm_start: settings known to be good (a coarser granularity's choice, a previous table): enqueued first
             and always offered to the allocator.
+        spread: also enqueue the top of the range and a spread below it (off for a unit whose warm starts come
+            from a kernel class like it, which already span its useful range).
         constrained: sample only where the unit is within ``finalist_slowdown`` of its default (a constraint of
             Optuna's GPSampler, Trial.set_constraint): for a unit that is the whole iteration, whose options beyond
             the budget are useless, so that its trials crowd the budget's edge. It costs GP time (a second model),
@@ -198,7 +204,7 @@ def search_unit(
     """
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}")
-    warm = [_params(s, backend, space) for s in warm_start] + _warm_start_points(backend, space)
+    warm = [_params(s, backend, space) for s in warm_start] + (_warm_start_points(backend, space) if spread else [])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(study_name=study_name, storage=storage, directions=["minimize", "minimize"],

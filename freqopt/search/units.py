@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from freqopt.errors import UnknownNameError
 from freqopt.trace import Kernel, Trace
 
-__all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity"]
+__all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity", "kernel_families"]
 
 # Coarse to fine. power-cap tunes the whole-GPU power limit; the others lock (SM, memory) clock pairs.
 GRANULARITIES = ("power-cap", "iteration", "pass", "kernel")
@@ -54,3 +55,25 @@ def partition(trace: Trace, granularity: str) -> list[TuningUnit]:
     for i, k in enumerate(trace.kernels):
         groups.setdefault(key(k), []).append(i)
     return [TuningUnit(name, tuple(idx)) for name, idx in groups.items()]
+
+
+def kernel_families(trace: Trace, units: list[TuningUnit]) -> list[list[int]]:
+    """Kernel-level units grouped by what governs their response to clocks: kind (gemm, elementwise, ...), the
+    collective's group size, and arithmetic intensity (FLOPs per byte of the whole unit) in half-octave bins,
+    which places a unit on the roofline (Williams et al. 2009) and so fixes how its time and power scale with the
+    SM and memory clocks.
+
+    Returns:
+        Lists of indices into ``units``, each led by its representative: the unit with the most work
+        (FLOPs / 256 + bytes, a roofline-weighted size; 256 FLOP/B is near the ridge point of current GPUs).
+    """
+    groups: dict[tuple, list[int]] = {}
+    weight = []
+    for i, unit in enumerate(units):
+        kernels = unit.kernels(trace)
+        flops, nbytes = sum(k.flops for k in kernels), sum(k.mem_bytes for k in kernels)
+        intensity = flops / nbytes if nbytes else math.inf
+        bin_ = "inf" if not math.isfinite(intensity) else round(2 * math.log2(max(intensity, 1e-6)))
+        groups.setdefault((kernels[0].kind, kernels[0].group_size, bin_), []).append(i)
+        weight.append(flops / 256 + nbytes)
+    return [sorted(members, key=lambda i: (-weight[i], i)) for members in groups.values()]

@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -63,19 +63,20 @@ class UnitWork:
     finalist_slowdown: float
     seed: int
     constrained: bool = False
+    spread: bool = True
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
 
 
 def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, storage,
-             warm_start: ClockSetting | None) -> UnitSearch:  # fmt: skip
+             warm_start: Sequence[ClockSetting] = ()) -> UnitSearch:  # fmt: skip
     """Run (or resume, or read back) one unit's study."""
     return search_unit(
         backend, unit.kernels(trace), name=unit.name, study_name=work.study_name(unit), storage=storage,
         space=work.space, n_trials=work.n_trials, finalist_repeats=work.finalist_repeats,
-        finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=[warm_start] if warm_start else [],
-        constrained=work.constrained,
+        finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=list(warm_start),
+        constrained=work.constrained, spread=work.spread,
     )  # fmt: skip
 
 
@@ -157,14 +158,16 @@ class UnitQueue:
         self.study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
 
     @classmethod
-    def create(cls, storage, work: UnitWork, n_units: int, warm_start: list[ClockSetting | None]) -> UnitQueue:
-        """The queue of this work (created with its units if new) published as the job's current queue."""
-        name = f"{work.prefix}-{work.granularity}-queue-{digest((work, tuple(warm_start)))[:10]}"
+    def create(cls, storage, work: UnitWork, units: Sequence[int],
+               warm_start: Sequence[Sequence[ClockSetting]]) -> UnitQueue:  # fmt: skip
+        """The queue of this work on ``units`` (indices into the granularity's partition), each with its warm
+        starts, created if new and published as the job's current queue."""
+        name = f"{work.prefix}-{work.granularity}-queue-{digest((work, tuple(units), tuple(map(tuple, warm_start))))[:10]}"
         queue = cls(storage, name)
         if not queue.study.get_trials(deepcopy=False):
             queue.study.set_user_attr(_WORK, dataclasses.asdict(work))
-            for i, warm in enumerate(warm_start):
-                warm_attr = None if warm is None else [warm.sm_clock_mhz, warm.mem_clock_mhz, warm.power_limit_w]
+            for i, warm in zip(units, warm_start):
+                warm_attr = [[w.sm_clock_mhz, w.mem_clock_mhz, w.power_limit_w] for w in warm]
                 queue.study.enqueue_trial({}, user_attrs={"unit": i, "warm_start": warm_attr})
         _job_study(storage, work.prefix).set_user_attr(_QUEUE, name)
         return queue
@@ -176,8 +179,8 @@ class UnitQueue:
     def _items(self, states=None) -> list[optuna.trial.FrozenTrial]:
         return self.study.get_trials(deepcopy=False, states=states)
 
-    def claim(self, unit: int | None = None) -> tuple[int, int, ClockSetting | None] | None:
-        """Claim ``unit`` (or the first waiting unit): (unit index, queue trial id, warm start), or None if it is
+    def claim(self, unit: int | None = None) -> tuple[int, int, list[ClockSetting]] | None:
+        """Claim ``unit`` (or the first waiting unit): (unit index, queue trial id, warm starts), or None if it is
         (they are all) taken."""
         for trial in self._items(states=(TrialState.WAITING,)):
             if unit is not None and trial.user_attrs["unit"] != unit:
@@ -189,8 +192,8 @@ class UnitQueue:
             if won:
                 self.storage.set_trial_user_attr(trial._trial_id, "owner", _owner())
                 self.storage.set_trial_user_attr(trial._trial_id, "alive_at", time.time())
-                warm = trial.user_attrs.get("warm_start")
-                return trial.user_attrs["unit"], trial._trial_id, None if warm is None else ClockSetting(*warm)
+                warm = [ClockSetting(*w) for w in trial.user_attrs["warm_start"]]
+                return trial.user_attrs["unit"], trial._trial_id, warm
             if unit is not None:
                 return None
         return None
