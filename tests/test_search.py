@@ -95,3 +95,35 @@ def test_main_job_done_criterion(tmp_path):
     for g in res.values():
         assert g["slowdown_pct"] <= 1.0
     assert res["kernel"]["ideal_slowdown_pct"] <= 1.0
+
+
+def test_a_pair_the_memory_clock_does_not_allow_is_snapped_to_its_highest_sm_clock():
+    import optuna
+
+    from freqopt.backends.base import ClockSetting
+    from freqopt.search.journal import MeasurementLog
+    from freqopt.search.study import _Objective
+
+    spec = get_gpu("rtx3080ti")  # 405 MHz memory allows SM clocks up to 420 MHz only
+    objective = _Objective(SimulatedGPU(spec), [], "u", "clocks", MeasurementLog(optuna.create_study()))
+    trial = optuna.trial.FixedTrial({"sm_clock_mhz": 2100, "mem_clock_mhz": 405})
+    assert objective.suggest(trial) == ClockSetting(420, 405)
+    assert spec.supports(420, 405) and not spec.supports(2100, 405)
+
+
+def test_kernel_families_group_each_class_once_led_by_the_largest(gpt3_small_trace):
+    from freqopt.search.units import kernel_families
+
+    units = partition(gpt3_small_trace, "kernel")
+    families = kernel_families(gpt3_small_trace, units)
+    assert sorted(i for f in families for i in f) == list(range(len(units)))
+    assert 1 < len(families) < len(units)  # classes do share families (e.g. the forward and backward GEMMs)
+
+    def work(i):
+        ks = units[i].kernels(gpt3_small_trace)
+        return sum(k.flops for k in ks) / 256 + sum(k.mem_bytes for k in ks)
+
+    for family in families:
+        kinds = {units[i].kernels(gpt3_small_trace)[0].kind for i in family}
+        assert len(kinds) == 1
+        assert work(family[0]) == max(work(i) for i in family)
