@@ -92,11 +92,11 @@ def test_a_killed_workers_unit_is_taken_over(tmp_path):
 
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "j.log")))
     work = UnitWork("p", "kernel", "clocks", 4, 0, 0.05, 0)
-    queue = UnitQueue.create(storage, work, 3, [None, ClockSetting(1500, None, None), None])
+    queue = UnitQueue.create(storage, work, [0, 1, 2], [[], [ClockSetting(1500, None, None)], []])
     assert queue.work == work
     dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     claimed = queue.claim(1)
-    assert claimed == (1, claimed[1], ClockSetting(1500, None, None))
+    assert claimed == (1, claimed[1], [ClockSetting(1500, None, None)])
     assert queue.claim(1) is None  # exclusive
     storage.set_trial_user_attr(claimed[1], "owner", f"{os.uname().nodename}:{dead.pid}")
     dead.send_signal(signal.SIGKILL)
