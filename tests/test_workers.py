@@ -120,3 +120,12 @@ def test_worker_bad_input_is_one_line(tmp_path, args, message):
                           text=True, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_worker_must_measure_with_the_searchs_backend():
+    from freqopt.errors import InvalidSettingError
+    from freqopt.search.workers import check_worker_backend
+
+    assert check_worker_backend({"backend": "sim"}, None) == "sim"
+    with pytest.raises(InvalidSettingError, match="drop --backend nvml"):
+        check_worker_backend({"backend": "sim"}, "nvml")

@@ -31,7 +31,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from freqopt.backends.base import Backend, ClockSetting
-from freqopt.errors import StorageError
+from freqopt.errors import InvalidSettingError
 from freqopt.search.journal import digest
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import TuningUnit
@@ -249,10 +249,13 @@ class UnitQueue:
 
 
 def check_worker_backend(job: dict, backend_name: str | None) -> str:
-    """The backend a worker must use: the leader's. Raises StorageError (as a mismatch of the search) if told
-    otherwise."""
+    """The backend a worker must use: the leader's.
+
+    Raises:
+        InvalidSettingError: told to use another.
+    """
     if backend_name is not None and backend_name != job["backend"]:
-        raise StorageError(f"the search measures with backend {job['backend']!r}; a worker must too "
+        raise InvalidSettingError(f"the search measures with backend {job['backend']!r}; a worker must too "
                            f"(drop --backend {backend_name})")  # fmt: skip
     return job["backend"]
 
