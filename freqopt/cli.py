@@ -205,8 +205,9 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
     console.print(f"traced {workload.model}{where}: {len(trace)} kernels, {len(trace.kernel_classes())} kernel "
                   f"classes, {trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU {spec.name}"
                   + (" (simulated)" if backend_name == "sim" else ""))  # fmt: skip
-    console.print(f"search {study_prefix(trace, spec, config.seed)}; other processes join it with: freqopt worker "
-                  f"--storage {config.storage} --study {study_prefix(trace, spec, config.seed)}", soft_wrap=True)
+    name = study_prefix(trace, spec, config.seed)
+    console.print(f"search {name}; other processes join it with: freqopt worker --storage {config.storage} "
+                  f"--study {name}", soft_wrap=True)
     total = sum(len(partition(trace, g)) for g in config.granularities)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:  # fmt: skip

@@ -35,14 +35,12 @@ class MeasurementLog:
 
     Attributes:
         n_new: measurements taken through this object (not read back from storage).
-        cost_new_gpu_s: GPU-seconds those took.
     """
 
     def __init__(self, study: optuna.Study):
         self.study = study
         self.records: dict[str, list] = {k: v for k, v in study.user_attrs.items() if k.startswith(_PREFIX)}
         self.n_new = 0
-        self.cost_new_gpu_s = 0.0
 
     def measure(self, tag: str, sample: int, take: Callable[[int], Measurement]) -> Measurement:
         """The ``sample``-th measurement of ``tag``: read back if recorded, else ``take(sample)``, recorded first.
@@ -61,12 +59,4 @@ class MeasurementLog:
         self.study.set_user_attr(key, record)
         self.records[key] = record
         self.n_new += 1
-        self.cost_new_gpu_s += m.cost_gpu_s
         return m
-
-    def count(self, tag: str) -> int:
-        """How many samples of ``tag`` are recorded."""
-        n = 0
-        while f"{_PREFIX}{tag}#{n}" in self.records:
-            n += 1
-        return n

@@ -559,12 +559,12 @@ def run_search(
         StorageError: the storage URL cannot be opened.
     """
     storage = open_storage(config.storage)
+    prefix = study_prefix(trace, backend.spec, config.seed)
     if validator is None:
-        log = validation_log(storage, study_prefix(trace, backend.spec, config.seed))
+        log = validation_log(storage, prefix)
         validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
     # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
     ideal_validator = Validator(trace, backend, config.validation_repeats, log=validator.log) if validator.switching else None
-    prefix = study_prefix(trace, backend.spec, config.seed)
     if is_persistent(storage):
         publish_job(storage, prefix, trace, backend, config.seed)
     baseline = validator.baseline()
