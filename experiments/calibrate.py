@@ -6,7 +6,8 @@ figures, and derive the other GPU types.
     python experiments/calibrate.py --derive-only   # keep the fitted V100, derive the other GPU types again
     python experiments/calibrate.py --record   # keep every constant; record the residuals under today's traces
 
-Writes the [power_model] block of every search_spaces/*.toml, experiments/calibration_residuals.json (the fitted
+Writes the [power_model] block of every search_spaces/*.toml but those fitted to measurements of their own
+(h100-sxm: experiments/calibrate_h100.py), experiments/calibration_residuals.json (the fitted
 host gaps of the two workloads and the residuals that tests/test_calibration.py holds the committed constants
 to) and experiments/calibration.md.
 Method and sources: freqopt/calibration.py.
@@ -30,7 +31,9 @@ MCDONALD = HERE / "data" / "mcdonald_v100_training.csv"
 RESIDUALS = HERE / "calibration_residuals.json"
 REFERENCE = "v100-pcie"  # the Zeus sweep's GPU: a 250 W V100 (McDonald et al. 2022 also ran 250 W V100s)
 # Published anchor: an H200 at 700 W sustains about 1500 MHz under full load (shared/calibration/published.md).
-SUSTAINED_GEMM_CLOCK_MHZ = {"h100-sxm": 1500, "h200-sxm": 1500}
+SUSTAINED_GEMM_CLOCK_MHZ = {"h200-sxm": 1500}
+# GPU types fitted to measurements of their own (experiments/calibrate_h100.py): never derived from the V100.
+MEASURED = {"h100-sxm"}
 
 
 def write_power_model(name: str, pm, note: str) -> None:
@@ -84,7 +87,7 @@ def main() -> int:
         gaps = json.loads(RESIDUALS.read_text())["host_gaps_s"]
     if not args.check:
         for name in list_gpus():
-            if name == REFERENCE:
+            if name == REFERENCE or name in MEASURED:
                 continue
             target = get_gpu(name)
             anchor = SUSTAINED_GEMM_CLOCK_MHZ.get(name)

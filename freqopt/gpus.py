@@ -34,6 +34,12 @@ class PowerModel:
     + (p_mem_clock + p_mem_active * u_mem) * m/m_max``, where V(f) is flat at ``v_min_rel * V_max`` up to
     ``f_knee_mhz`` and rises linearly to V_max at the highest SM clock. Every term is in watts at the highest
     clocks; the CMOS dynamic-power law P ~ C V^2 f gives the scaling.
+
+    Operators whose SM work is not tensor-core FLOPs draw SM power of their own while busy, in watts at the
+    highest clocks (scaled by V^2 f like the other SM terms; zero where a GPU type has no measurement):
+    ``p_sfu_w`` for transcendental elementwise operators (GELU, softmax: special-function units),
+    ``p_norm_w`` for layer norms (row reductions), ``p_attention_w`` for fused attention (softmax and rescaling
+    besides its matmuls). A copy defines the memory terms and draws none.
     """
 
     p_const_w: float
@@ -45,6 +51,9 @@ class PowerModel:
     v_min_rel: float
     f_knee_mhz: float
     power_window_s: float
+    p_sfu_w: float = 0.0
+    p_norm_w: float = 0.0
+    p_attention_w: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,15 @@ class GPUSpec:
         mem_efficiency: fraction of memory bandwidth a streaming kernel reaches.
         overlap_exponent: p of the roofline with partial overlap, t = (t_c^p + t_m^p)^(1/p).
         kernel_fixed_s: launch and tail latency added to every kernel, s.
+        gemm_k_overhead: a GEMM's per-tile prologue and epilogue, in units of its inner dimension K: it runs at
+            ``gemm_efficiency * K / (K + gemm_k_overhead)`` of peak (0: size-independent).
+        gemm_fixed_s: time a GEMM spends besides its tiles (ramp-up, the last wave's tail) with its tensor cores
+            idle, s, on top of ``kernel_fixed_s``.
+        attention_efficiency: fraction of tensor peak fused attention reaches on its causal work.
+        layer_norm_bandwidth_rel: the layer-norm forward kernel's bandwidth relative to a streaming copy's.
+        host_issue_s: host time to issue one kernel of a training step (Python, dispatcher, launch); the GPU
+            idles when it outruns the host (0: an infinitely fast host).
+        host_gemm_issue_s: the same for a GEMM (cuBLAS's heuristics and launch cost more).
         clock_switch_s: time for a clock change to take effect, s.
         energy_counter_period_s: update period of nvmlDeviceGetTotalEnergyConsumption, s.
         power_model: see PowerModel.
@@ -133,6 +151,12 @@ class GPUSpec:
     power_model: PowerModel
     interconnect: Interconnect
     sources: dict[str, str] = field(default_factory=dict)
+    gemm_k_overhead: float = 0.0
+    gemm_fixed_s: float = 0.0
+    attention_efficiency: float | None = None
+    layer_norm_bandwidth_rel: float = 1.0
+    host_issue_s: float = 0.0
+    host_gemm_issue_s: float = 0.0
 
     @property
     def max_sm_clock_mhz(self) -> int:
@@ -256,4 +280,10 @@ def get_gpu(name: str) -> GPUSpec:
         power_model=PowerModel(**{k: float(v) for k, v in pm.items()}),
         interconnect=Interconnect(**data["interconnect"]),
         sources=dict(data.get("sources", {})),
+        gemm_k_overhead=float(m.get("gemm_k_overhead", 0.0)),
+        gemm_fixed_s=float(m.get("gemm_fixed_us", 0.0)) * 1e-6,
+        attention_efficiency=float(m["attention_efficiency"]) if "attention_efficiency" in m else None,
+        layer_norm_bandwidth_rel=float(m.get("layer_norm_bandwidth_rel", 1.0)),
+        host_issue_s=float(data.get("host", {}).get("issue_us", 0.0)) * 1e-6,
+        host_gemm_issue_s=float(data.get("host", {}).get("gemm_issue_us", 0.0)) * 1e-6,
     )

@@ -55,3 +55,49 @@ def test_capping_trades_time_for_energy_as_measured(rows):
             base = next(b for b in rows if b["batch_size"] == r["batch_size"] and b["power_limit_w"] == 250)
             assert r["time_rel_simulated"] > 1.05
             assert energy_rel / base["avg_power_simulated_w"] < 0.95
+
+
+# -- the H100, fitted to read-only measurements of a real one (experiments/calibrate_h100.py) ------------------------
+
+H100_REPORTED = json.loads((EXPERIMENTS / "h100_calibration_residuals.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def h100_rows():
+    from freqopt import calibration_h100
+
+    points = calibration_h100.load_points(EXPERIMENTS / "data" / "h100")
+    return calibration_h100.residuals(get_gpu("h100-sxm"), points)
+
+
+def test_h100_residuals_within_what_the_fit_reported(h100_rows):
+    from freqopt.calibration_h100 import summarize
+
+    assert len(h100_rows) == len(H100_REPORTED["points"])
+    got = summarize(h100_rows)
+    for key, reported in H100_REPORTED["summary"].items():
+        assert got[key]["n"] == reported["n"]
+        assert got[key]["max_abs"] <= reported["max_abs"] + 0.01, key
+        assert got[key]["rms"] <= reported["rms"] + 0.01, key
+
+
+def test_h100_fit_meets_its_aims(h100_rows):
+    """Power within 5 % rms and the power limit's throttled GEMM clocks within 3 % rms of the real H100's."""
+    from freqopt.calibration_h100 import summarize
+
+    got = summarize(h100_rows)
+    assert got["power_error_pct"]["rms"] < 5.0
+    assert got["clock_error_pct"]["rms"] < 3.0
+    assert got["time_error_pct"]["rms"] < 10.0
+
+
+def test_h100_throttles_large_gemms_and_not_launch_bound_ones(h100_rows):
+    """The measured behaviour: a sustained 8192^3 GEMM is held near 1358 MHz at the 700 W limit; a launch-bound
+    1024^3 GEMM runs at 1980 MHz and draws about 320 W, since the GPU idles between kernels at ~124 W."""
+    rows = {r["point"]: r for r in h100_rows}
+    big = rows["micro/gemm_bf16_8192"]
+    assert 1300 < big["clock_simulated_mhz"] < 1500 and abs(big["power_simulated_w"] - 700) < 1
+    small = rows["micro/gemm_bf16_1024"]
+    assert 250 < small["power_simulated_w"] < 380
+    idle = rows["idle/context at 1980 MHz"]
+    assert abs(idle["power_error_pct"]) < 5

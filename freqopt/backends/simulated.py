@@ -2,16 +2,30 @@
 
 Time of a kernel at SM clock f and memory clock m (roofline with partial overlap, design.md section 3)::
 
-    t_flops = FLOPs / (n_sms * flops_per_clock_per_sm * f * gemm_efficiency)    # tensor or CUDA cores
+    t_flops = FLOPs / (n_sms * flops_per_clock_per_sm * f * efficiency)    # tensor or CUDA cores
     t_l2    = bytes / (l2_bytes_per_clock * f)                                 # SM-side load/store limit
     t_sm    = (t_flops^p + t_l2^p)^(1/p)
     t_dram  = bytes / (bandwidth(m) * mem_efficiency)
-    t       = (t_sm^p + t_dram^p)^(1/p) + t_fixed
+    t       = (t_sm^p + t_dram^p)^(1/p) + t_fixed  (+ gemm_fixed for a GEMM)
+
+where a GEMM's efficiency is ``gemm_efficiency * K / (K + gemm_k_overhead)`` (K its inner dimension), fused
+attention's ``attention_efficiency`` on its causal work (its backward runs 1.25x the 2x-forward FLOP count:
+FlashAttention-2 recomputes the scores), and the layer-norm forward streams at ``layer_norm_bandwidth_rel`` of a
+copy's bandwidth (all fitted on the H100, experiments/calibrate_h100.py).
 
 Power while it runs (PowerModel, CMOS P ~ C V^2 f with activity factors u_sm = t_flops / t for arithmetic, and
 u_mem = t_dram / t for memory traffic, whose power sits in the memory term)::
 
-    P = p_const + p_leak V + (p_sm_clock + p_sm_active u_sm) V^2 f/f_max + (p_mem_clock + p_mem_active u_mem) m/m_max
+    P = p_const + p_leak V + (p_sm_clock + p_sm_active u_sm + p_op b) V^2 f/f_max + (p_mem_clock + p_mem_active u_mem) m/m_max
+
+with u_sm the kernel's FLOP rate over the best GEMM's, u_mem its bytes over what a streaming copy would move in
+its time, b its busy share (outside the fixed latency), and p_op the SM power of its operator class:
+transcendental (GELU, softmax), layer norm, attention (PowerModel).
+
+Host: the host issues each kernel of a step in ``host_issue_s`` (GEMMs: ``host_gemm_issue_s``); a kernel starts
+no earlier than it is issued, and the GPU idles at its baseline power (an idle GPU with a context at that clock)
+while it waits (``host_gaps``). A step starts from an idle GPU (training loops read the loss each step); a
+measurement loop replays back to back, so only a host slower than the GPU shows.
 
 Collectives (all-reduce, ring algorithm) are timed by their bytes on the interconnect (GPUSpec.interconnect)::
 
@@ -58,12 +72,75 @@ ENERGY_COUNTER_RESOLUTION_J = 1e-3  # nvmlDeviceGetTotalEnergyConsumption counts
 CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
 
 
+# Operators whose SM work besides FLOPs draws power of its own (PowerModel): special-function (transcendental)
+# elementwise operators and softmaxes, layer norms, fused attention. Matched on the ATen operator's name.
+SFU_OPS = frozenset({
+    "aten.gelu", "aten.gelu_backward", "aten.tanh", "aten.tanh_backward", "aten.exp", "aten.sigmoid",
+    "aten.sigmoid_backward", "aten.silu", "aten.silu_backward", "aten.erf", "aten.rsqrt", "aten._softmax",
+    "aten._softmax_backward_data", "aten._log_softmax", "aten._log_softmax_backward_data",
+})  # fmt: skip
+# FlashAttention-2's backward recomputes the scores: 5 matmuls against the 4 that the 2x-forward FLOP count
+# (torch.utils.flop_counter's convention) holds, i.e. 2.5x the forward's work (Dao 2023, arXiv 2307.08691, sec. 3).
+ATTENTION_BACKWARD_WORK = 1.25
+_GEMM_INNER_DIM_ARG = {"aten.mm": 0, "aten.bmm": 0, "aten.addmm": 1, "aten.baddbmm": 1}
+
+
+def gemm_inner_dim(kernel: Kernel) -> int | None:
+    """K of a GEMM kernel (the reduced dimension: the last of its first matrix operand), None for other kernels."""
+    arg = _GEMM_INNER_DIM_ARG.get(kernel.name)
+    if arg is None or len(kernel.shapes) <= arg or not kernel.shapes[arg]:
+        return None
+    return int(kernel.shapes[arg][-1])
+
+
+def host_issue_s(spec: GPUSpec, kernels: Sequence[Kernel]) -> np.ndarray:
+    """Host time to issue each kernel, s, shape (K,): ``spec.host_gemm_issue_s`` for GEMMs, else
+    ``spec.host_issue_s`` (both 0 where the GPU type has no host measurement)."""
+    return np.array([spec.host_gemm_issue_s if k.kind == "gemm" else spec.host_issue_s for k in kernels])
+
+
+def host_gaps(time_s: np.ndarray, issue_s: np.ndarray, on_stream: np.ndarray, *, loop: bool) -> np.ndarray:
+    """Idle time the GPU spends before each kernel waiting for the host to issue it, s, shape of ``time_s``.
+
+    The host issues kernel i at H_i = issue_s[0] + ... + issue_s[i]; a training-stream kernel starts at
+    max(end of the previous one, H_i), so it ends at e_i = T_i + max(0, max_{j<=i} (H_j - T_{j-1})), T the running
+    sum of kernel times, and the gap before it is the rise of that maximum. This is one step issued from an idle
+    GPU (a training loop that reads the loss each step). ``loop``: the kernels are replayed back to back with no
+    synchronization, so in steady state the host runs ahead unless it is the slower side; the period is
+    max(GPU time, host time) and the gaps are scaled to fill the difference.
+
+    Args:
+        time_s: kernel times, (K,) or (K, F) (one column per candidate clock).
+        issue_s: host issue time per kernel, (K,).
+        on_stream: (K,) bool, kernels of the training stream (communication kernels overlap it and get no gap).
+        loop: as above.
+    """
+    if not issue_s.any():
+        return np.zeros_like(time_s)
+    t = np.where(on_stream.reshape(-1, *[1] * (time_s.ndim - 1)), time_s, 0.0)
+    issued = np.cumsum(issue_s).reshape(-1, *[1] * (time_s.ndim - 1))
+    done = np.cumsum(t, axis=0)
+    slack = np.where(on_stream.reshape(issued.shape), issued - (done - t), -np.inf)
+    waited = np.maximum.accumulate(np.maximum(slack, 0.0), axis=0)
+    gaps = np.diff(waited, axis=0, prepend=np.zeros((1, *time_s.shape[1:])))
+    if loop:
+        short = np.maximum(issued[-1] - done[-1], 0.0)  # host time per repetition beyond the GPU's
+        total = gaps.sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gaps = np.where(total > 0, gaps * (short / total), 0.0)
+    return gaps
+
+
 class KernelPhysics:
     """Per-kernel time and power at every supported SM clock, for one list of kernels.
 
     Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock:
     ``time_s``, ``power_w``, ``energy_j``, and ``baseline_power_w`` (the board's power with no activity at that
-    clock: constant, leakage and clock-tree terms).
+    clock: constant, leakage and clock-tree terms; what an idle GPU with a context draws).
+
+    A tensor-core kernel's SM activity is its FLOP rate over the rate of the best large GEMM at that clock
+    (``gemm_efficiency`` of peak), so a GEMM with a short inner dimension, or attention, draws less per clock and
+    throttles less under the power limit, as measured on the H100 (../shared/calibration/h100).
     """
 
     def __init__(self, spec: GPUSpec, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray):
@@ -71,7 +148,19 @@ class KernelPhysics:
         p = spec.overlap_exponent
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
         m = np.asarray(mem_clock_mhz, dtype=float)[:, None]  # (K, 1)
-        flops = np.array([k.flops * (CAUSAL_WORK_FRACTION if k.causal else 1.0) for k in kernels])[:, None]
+        attention_eff = spec.attention_efficiency or spec.gemm_efficiency
+        work, efficiency = [], []  # FLOPs the GPU runs; fraction of peak it reaches on them
+        for k in kernels:
+            w = k.flops * (CAUSAL_WORK_FRACTION if k.causal else 1.0)
+            if k.kind == "attention":
+                w *= ATTENTION_BACKWARD_WORK if k.name.endswith("_backward") else 1.0
+                efficiency.append(attention_eff)
+            else:
+                inner = gemm_inner_dim(k) if k.tensor_core else None
+                scale = inner / (inner + spec.gemm_k_overhead) if inner else 1.0
+                efficiency.append(spec.gemm_efficiency * scale)
+            work.append(w)
+        work, efficiency = np.array(work)[:, None], np.array(efficiency)[:, None]  # (K, 1) each
         per_clock = np.array(
             [spec.tensor_flops_per_clock_per_sm if k.tensor_core else spec.cuda_flops_per_clock_per_sm for k in kernels]
         )[:, None]
@@ -79,23 +168,31 @@ class KernelPhysics:
         link_s, latency_s, link_j = _link_costs(spec, kernels)  # (K, 1) each
         # A collective's loads and stores go through the few SMs NCCL runs on, not the whole GPU.
         sm_share = np.array([spec.interconnect.nccl_sms / spec.n_sms if k.is_collective else 1.0 for k in kernels])
-        t_flops = flops / (spec.n_sms * per_clock * f * 1e6 * spec.gemm_efficiency)  # (K, F)
+        peak = spec.n_sms * per_clock * f * 1e6  # (K, F), FLOP/s
+        t_ideal = work / (peak * spec.gemm_efficiency)  # (K, F): at the best GEMM's rate
+        t_flops = work / (peak * efficiency)  # (K, F)
         t_l2 = nbytes / (spec.l2_bytes_per_clock * sm_share[:, None] * f * 1e6)  # (K, F)
         t_sm = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
         bandwidth = spec.mem_bandwidth_gbs * 1e9 * m / spec.max_mem_clock_mhz  # (K, 1), B/s
-        t_dram = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1)
+        t_stream = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1): at a streaming copy's rate
+        slow = np.array([spec.layer_norm_bandwidth_rel if k.name == "aten.native_layer_norm" else 1.0
+                         for k in kernels])[:, None]  # fmt: skip
+        t_dram = t_stream / slow  # (K, 1)
         t_busy = (t_sm**p + t_dram**p + link_s**p) ** (1 / p)  # (K, F)
-        self.time_s = t_busy + latency_s + spec.kernel_fixed_s  # (K, F)
-        u_sm = t_flops / self.time_s
-        u_mem = t_dram / self.time_s
+        gemm_fixed = np.array([spec.gemm_fixed_s if k.kind == "gemm" else 0.0 for k in kernels])[:, None]
+        self.time_s = t_busy + latency_s + spec.kernel_fixed_s + gemm_fixed  # (K, F)
+        u_sm = t_ideal / self.time_s
+        u_mem = t_stream / self.time_s  # bytes moved over what a copy would move meanwhile
         pm = spec.power_model
+        op_w = np.array([pm.p_attention_w if k.kind == "attention" else pm.p_norm_w if k.kind == "normalization"
+                         else pm.p_sfu_w if k.name in SFU_OPS else 0.0 for k in kernels])[:, None]  # fmt: skip
         v = voltage_rel(spec, f)  # (1, F)
         f_rel = f / spec.max_sm_clock_mhz
         m_rel = m / spec.max_mem_clock_mhz
         self.baseline_power_w = pm.p_const_w + pm.p_leak_w * v + pm.p_sm_clock_w * v**2 * f_rel + pm.p_mem_clock_w * m_rel
         self.power_w = (
             self.baseline_power_w
-            + pm.p_sm_active_w * u_sm * v**2 * f_rel
+            + (pm.p_sm_active_w * u_sm + op_w * t_busy / self.time_s) * v**2 * f_rel
             + pm.p_mem_active_w * u_mem * m_rel
             + link_j / self.time_s
         )  # (K, F)
@@ -229,6 +326,11 @@ class SimulatedGPU(Backend):
         eff = np.minimum(requested[:, None], caps[None, :])  # (K, F)
         t = phys.time_s[k_idx[:, None], eff]  # (K, F)
         e = phys.energy_j[k_idx[:, None], eff]  # (K, F)
+        # The GPU idles at its baseline power while it waits for the host (host_gaps), before each kernel.
+        on_stream = np.array([k.stream == 0 for k in kernels], dtype=bool)
+        gaps = host_gaps(t, host_issue_s(spec, kernels), on_stream, loop=loop)  # (K, F)
+        t = t + gaps
+        e = e + gaps * phys.baseline_power_w[k_idx[:, None], eff]
         avg_power = np.add.reduceat(e, starts, axis=0) / np.add.reduceat(t, starts, axis=0)  # (W, F)
         window_limit = limit[starts]  # (W,)
         ok = avg_power <= window_limit[:, None] + 1e-9  # (W, F); power rises with the clock
@@ -246,8 +348,8 @@ class SimulatedGPU(Backend):
             alpha = np.where(ok[w_idx, best] & (denominator > 0), (window_limit * t_lo - e_lo) / denominator, 0.0)
         alpha = np.clip(alpha, 0.0, 1.0)[window]  # (K,)
         lo, hi = eff[k_idx, best[window]], eff[k_idx, above[window]]  # (K,)
-        time_s = (1 - alpha) * phys.time_s[k_idx, lo] + alpha * phys.time_s[k_idx, hi]
-        energy_j = (1 - alpha) * phys.energy_j[k_idx, lo] + alpha * phys.energy_j[k_idx, hi]
+        time_s = (1 - alpha) * t[k_idx, best[window]] + alpha * t[k_idx, above[window]]
+        energy_j = (1 - alpha) * e[k_idx, best[window]] + alpha * e[k_idx, above[window]]
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)
         clocks = (1 - alpha) * f[lo] + alpha * f[hi]
         side = np.array([k.stream != 0 for k in kernels])

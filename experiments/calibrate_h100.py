@@ -1,0 +1,114 @@
+"""Fit the simulated H100 to read-only measurements of a real H100 (experiments/data/h100/).
+
+    python experiments/calibrate_h100.py           # fit, write search_spaces/h100-sxm.toml, the report and residuals
+    python experiments/calibrate_h100.py --check   # only print the committed constants' residuals
+
+Writes the fitted block and the [power_model] block of search_spaces/h100-sxm.toml,
+experiments/h100_calibration_residuals.json (guarded by tests/test_calibration.py) and
+experiments/h100_calibration.md. Method, points and assumptions: freqopt/calibration_h100.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+from freqopt import calibration_h100 as cal
+from freqopt.gpus import get_gpu, search_spaces_dir
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "h100"
+RESIDUALS = HERE / "h100_calibration_residuals.json"
+REPORT = HERE / "h100_calibration.md"
+GPU = "h100-sxm"
+
+
+def _replace_block(text: str, marker: str, body: list[str]) -> str:
+    pattern = rf"# BEGIN {marker} .*?# END {marker}"
+    block = [f"# BEGIN {marker} (written by experiments/calibrate_h100.py; edit there)", *body, f"# END {marker}"]
+    new, n = re.subn(pattern, lambda _: "\n".join(block), text, flags=re.S)
+    if n != 1:
+        raise SystemExit(f"search_spaces/{GPU}.toml lacks its '# BEGIN {marker}' block")
+    return new
+
+
+def write_toml(spec) -> None:
+    path = search_spaces_dir() / f"{GPU}.toml"
+    values = cal.current_values(spec)
+    fitted = ["# Fitted to experiments/data/h100 (method: freqopt/calibration_h100.py; residuals: "
+              "experiments/h100_calibration.md)."]
+    fitted += [f"{k} = {values[k]:.6g}" for k in ("gemm_efficiency", "gemm_k_overhead", "gemm_fixed_us",
+                                                  "attention_efficiency", "mem_efficiency", "layer_norm_bandwidth_rel")]  # fmt: skip
+    fitted.append(f"kernel_fixed_us = {spec.kernel_fixed_s * 1e6:g}  # {cal.ASSUMED['kernel_fixed_us'][1]}")
+    fitted += ["", "[host]", "# Host time to issue one kernel of a training step (fitted: launch-bound points)",
+               f"issue_us = {values['host_issue_us']:.6g}", f"gemm_issue_us = {values['host_gemm_issue_us']:.6g}", ""]
+    pm = ["# Fitted to experiments/data/h100 (method: freqopt/calibration_h100.py); assumed: "
+          + "; ".join(f"{k} ({why})" for k, (_, why) in cal.ASSUMED.items() if k in
+                      ("p_mem_clock_w", "p_leak_w", "power_window_s")),
+          "[power_model]"]  # fmt: skip
+    pm += [f"{k} = {v:.6g}" for k, v in dataclasses.asdict(spec.power_model).items()]
+    text = path.read_text()
+    text = _replace_block(text, "fitted", fitted)
+    text = _replace_block(text, "power_model", pm)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def report(rows: list[dict], summary: dict, spec) -> str:
+    lines = ["# Calibration of the simulated H100 against a real one", "",
+             "Produced by `python experiments/calibrate_h100.py`; data in [data/h100/](data/h100/README.md) "
+             "(one H100 80GB HBM3, read-only, default settings, 2026-11-23); method, points and assumptions in "
+             "`freqopt/calibration_h100.py`. Errors are the simulated GPU's, in % of the measured value; clocks "
+             "only where the 700 W limit throttled the GPU.", "",
+             "| point | time measured (us) | simulated (us) | error (%) | power measured (W) | simulated (W) | "
+             "error (%) | clock measured (MHz) | simulated (MHz) | error (%) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+
+    def cell(r, key, scale=1.0, fmt="{:.1f}"):
+        return fmt.format(r[key] * scale) if key in r else ""
+
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["point"].replace("|", "\\|"), cell(r, "time_measured_s", 1e6), cell(r, "time_simulated_s", 1e6),
+            cell(r, "time_error_pct", fmt="{:+.1f}"), cell(r, "power_measured_w"), cell(r, "power_simulated_w"),
+            cell(r, "power_error_pct", fmt="{:+.1f}"), cell(r, "clock_measured_mhz", fmt="{:.0f}"),
+            cell(r, "clock_simulated_mhz", fmt="{:.0f}"), cell(r, "clock_error_pct", fmt="{:+.1f}")]) + " |")  # fmt: skip
+    lines += ["", "| error | points | max abs (%) | rms (%) |", "|---|---:|---:|---:|"]
+    for key, s in summary.items():
+        lines.append(f"| {key.removesuffix('_error_pct')} | {s['n']} | {s['max_abs']:.1f} | {s['rms']:.1f} |")
+    values = cal.current_values(spec)
+    lines += ["", "## Fitted", "", "| constant | value |", "|---|---:|"]
+    lines += [f"| {k} | {v:.4g} |" for k, v in values.items()]
+    lines += ["", "## Assumed (what the data cannot separate)", "", "| constant | value | why |", "|---|---:|---|"]
+    lines += [f"| {k} | {v:g} | {why} |" for k, (v, why) in cal.ASSUMED.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="print the committed constants' residuals only")
+    args = parser.parse_args()
+    points = cal.load_points(DATA)
+    spec = get_gpu(GPU)
+    if not args.check:
+        spec = cal.fit(spec, points)
+        write_toml(spec)
+        get_gpu.cache_clear()
+        spec = get_gpu(GPU)
+    rows = cal.residuals(spec, points)
+    summary = cal.summarize(rows)
+    text = report(rows, summary, spec)
+    print(text)
+    if not args.check:
+        RESIDUALS.write_text(json.dumps({"summary": summary, "points": rows}, indent=1) + "\n")
+        REPORT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
