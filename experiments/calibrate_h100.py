@@ -48,7 +48,7 @@ def write_toml(spec) -> None:
                f"issue_us = {values['host_issue_us']:.6g}", f"gemm_issue_us = {values['host_gemm_issue_us']:.6g}", ""]
     pm = ["# Fitted to experiments/data/h100 (method: freqopt/calibration_h100.py); assumed: "
           + "; ".join(f"{k} ({why})" for k, (_, why) in cal.ASSUMED.items() if k in
-                      ("p_mem_clock_w", "p_leak_w", "power_window_s")),
+                      ("p_mem_clock_w", "p_mem_active_w", "p_leak_w", "power_window_s")),
           "[power_model]"]  # fmt: skip
     pm += [f"{k} = {v:.6g}" for k, v in dataclasses.asdict(spec.power_model).items()]
     text = path.read_text()

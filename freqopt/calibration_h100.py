@@ -55,7 +55,7 @@ _UNALIGNED = ("8192x768,768x50257", "8192x50257,50257x768")
 
 # name -> (lower, upper, start). Time: GEMM and attention efficiency, streaming bandwidth, layer norm's, the
 # host's issue times. Power: the baseline's constant and clock-tree terms, SM activity, memory activity, the
-# voltage curve, and the SM power of transcendental, layer-norm and attention kernels.
+# voltage curve, on-chip streaming, and the SM power of transcendental, layer-norm and attention kernels.
 FIT_PARAMETERS: dict[str, tuple[float, float, float]] = {
     "gemm_efficiency": (0.6, 1.0, 0.92),
     "gemm_k_overhead": (0.0, 1500.0, 150.0),
@@ -68,7 +68,7 @@ FIT_PARAMETERS: dict[str, tuple[float, float, float]] = {
     "p_const_w": (0.0, 150.0, 55.0),
     "p_sm_clock_w": (0.0, 300.0, 30.0),
     "p_sm_active_w": (100.0, 1500.0, 700.0),
-    "p_mem_active_w": (50.0, 700.0, 380.0),
+    "p_sm_stream_w": (0.0, 700.0, 250.0),
     "v_min_rel": (0.4, 0.95, 0.65),
     "f_knee_mhz": (600.0, 1700.0, 1000.0),
     "p_sfu_w": (0.0, 900.0, 250.0),
@@ -80,6 +80,10 @@ ASSUMED: dict[str, tuple[float, str]] = {
     "p_mem_clock_w": (40.2, "memory power at 2619 MHz with no traffic: nvidia-smi's 'GPU Memory Power Readings' "
                             "average (40.2 W, nvidia-smi-q.txt, taken while the board averaged 116 W: an upper "
                             "bound); memory power against SM power is not otherwise separable at one memory clock"),
+    "p_mem_active_w": (104.6, "DRAM power at full bandwidth: 3.9 pJ/bit (HBM2 with its interface, O'Connor et al. "
+                               "2017, 'Fine-Grained DRAM', MICRO) x 3352 GB/s; the rest of a copy's power above idle "
+                               "is on-chip (L2, crossbar, load/store: p_sm_stream_w, fitted) and scales with the SM "
+                               "clock's V^2 f. Readings at one SM clock cannot split the two"),
     "p_leak_w": (0.0, "leakage folded into the constant and clock-tree terms: two idle readings cannot separate "
                       "a voltage-linear term from a V^2 f one"),
     "power_window_s": (0.00436959, "the power limit's control window, from the V100 fit (experiments/calibrate.py)"),
@@ -201,7 +205,8 @@ def with_values(spec: GPUSpec, values: dict[str, float]) -> GPUSpec:
     """``spec`` with fitted (FIT_PARAMETERS) and assumed (ASSUMED) values set."""
     pm_fields = {f.name for f in dataclasses.fields(spec.power_model)}
     pm = {k: v for k, v in values.items() if k in pm_fields}
-    pm.update(p_mem_clock_w=ASSUMED["p_mem_clock_w"][0], p_leak_w=ASSUMED["p_leak_w"][0],
+    pm.update(p_mem_clock_w=ASSUMED["p_mem_clock_w"][0], p_mem_active_w=ASSUMED["p_mem_active_w"][0],
+              p_leak_w=ASSUMED["p_leak_w"][0],
               power_window_s=ASSUMED["power_window_s"][0])  # fmt: skip
     model = {k: values[k] for k in _MODEL_KEYS if k in values and k != "gemm_fixed_us"}
     if "gemm_fixed_us" in values:

@@ -39,7 +39,9 @@ class PowerModel:
     highest clocks (scaled by V^2 f like the other SM terms; zero where a GPU type has no measurement):
     ``p_sfu_w`` for transcendental elementwise operators (GELU, softmax: special-function units),
     ``p_norm_w`` for layer norms (row reductions), ``p_attention_w`` for fused attention (softmax and rescaling
-    besides its matmuls). A copy defines the memory terms and draws none.
+    besides its matmuls). ``p_sm_stream_w`` is the on-chip power of streaming data (L2, crossbar, load/store
+    units) at full memory bandwidth, on the SM clock's voltage and frequency, beside the DRAM's own
+    ``p_mem_active_w``.
     """
 
     p_const_w: float
@@ -52,6 +54,7 @@ class PowerModel:
     f_knee_mhz: float
     power_window_s: float
     p_sfu_w: float = 0.0
+    p_sm_stream_w: float = 0.0
     p_norm_w: float = 0.0
     p_attention_w: float = 0.0
 

@@ -88,3 +88,57 @@ def test_unsupported_clock_is_refused():
 
     with pytest.raises(InvalidSettingError):
         SimulatedGPU(H100).measure([COPY], ClockSetting(sm_clock_mhz=1234))
+
+
+# -- host issue time (launch-bound steps) -----------------------------------------------------------------------------
+
+from freqopt.backends.simulated import host_gaps  # noqa: E402
+
+TINY = Kernel("aten.add", "elementwise", "forward", 0.0, 3 * 2.0 * 1024, "bfloat16", ((1024,), (1024,)))
+
+
+def test_host_gaps_follow_the_issue_times():
+    """A GPU faster than the host waits for each kernel; one slower than it never waits after the first."""
+    on = np.ones(3, dtype=bool)
+    fast_gpu = host_gaps(np.array([1.0, 1.0, 1.0]), np.array([2.0, 2.0, 2.0]), on, loop=False)
+    np.testing.assert_allclose(fast_gpu, [2.0, 1.0, 1.0])  # starts at 2, 4, 6: each waits for its issue
+    slow_gpu = host_gaps(np.array([5.0, 5.0, 5.0]), np.array([1.0, 1.0, 1.0]), on, loop=False)
+    np.testing.assert_allclose(slow_gpu, [1.0, 0.0, 0.0])
+    # Short kernels after a long one find the host ahead, until the burst catches up with it (issued at 2.5).
+    mixed = host_gaps(np.array([1.0, 0.1, 0.1, 0.1]), np.array([1.0, 0.5, 0.5, 0.5]), np.ones(4, bool), loop=False)
+    np.testing.assert_allclose(mixed, [1.0, 0.0, 0.0, 0.3], atol=1e-12)
+    # In a back-to-back loop the period is the slower side's: host 6 against GPU 3, then GPU 15 against host 3.
+    assert host_gaps(np.array([1.0, 1.0, 1.0]), np.array([2.0, 2.0, 2.0]), on, loop=True).sum() == pytest.approx(3.0)
+    assert host_gaps(np.array([5.0, 5.0, 5.0]), np.array([1.0, 1.0, 1.0]), on, loop=True).sum() == 0.0
+
+
+def test_communication_kernels_do_not_wait_for_the_host():
+    gaps = host_gaps(np.array([1.0, 1.0]), np.array([2.0, 2.0]), np.array([True, False]), loop=False)
+    assert gaps[1] == 0.0
+
+
+def test_launch_bound_kernels_idle_at_the_context_power():
+    """Tiny kernels on the H100: the step takes the host's issue time and draws little more than the idle power
+    with a context open (~124 W measured, experiments/data/h100)."""
+    gpu = SimulatedGPU(H100, noise=False)
+    n = 50
+    time_s, energy_j, _ = gpu.run([TINY] * n, [ClockSetting()] * n, loop=False)
+    assert time_s.sum() == pytest.approx(n * H100.host_issue_s, rel=0.05)
+    baseline = physics(TINY).baseline_power_w[0, -1]
+    assert baseline < energy_j.sum() / time_s.sum() < baseline + 60
+
+
+def test_no_host_time_where_a_gpu_type_has_none():
+    v100 = get_gpu("v100-pcie")
+    assert v100.host_issue_s == 0.0
+    time_s, _, _ = SimulatedGPU(v100, noise=False).run([TINY] * 5, [ClockSetting()] * 5, loop=False)
+    np.testing.assert_allclose(time_s, physics(TINY, v100).time_s[0, -1])
+
+
+def test_short_inner_dimension_gemms_draw_less_and_throttle_less():
+    """Measured on the H100: an 8192^3 GEMM is held lower (1358 MHz) than the GPT-3 Small MLP GEMM (1467 MHz)."""
+    gpu = SimulatedGPU(H100, noise=False)
+    mlp = Kernel("aten.mm", "gemm", "forward", 2.0 * 8192 * 768 * 3072, 2.0 * (8192 * 768 + 768 * 3072 + 8192 * 3072),
+                 "bfloat16", ((8192, 768), (768, 3072)), True)  # fmt: skip
+    big, short = gpu.true_measure([GEMM], ClockSetting()), gpu.true_measure([mlp], ClockSetting())
+    assert big.sm_clock_mhz < short.sm_clock_mhz < 1980

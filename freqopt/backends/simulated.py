@@ -16,7 +16,8 @@ copy's bandwidth (all fitted on the H100, experiments/calibrate_h100.py).
 Power while it runs (PowerModel, CMOS P ~ C V^2 f with activity factors u_sm = t_flops / t for arithmetic, and
 u_mem = t_dram / t for memory traffic, whose power sits in the memory term)::
 
-    P = p_const + p_leak V + (p_sm_clock + p_sm_active u_sm + p_op b) V^2 f/f_max + (p_mem_clock + p_mem_active u_mem) m/m_max
+    P = p_const + p_leak V + (p_sm_clock + p_sm_active u_sm + p_sm_stream u_mem + p_op b) V^2 f/f_max
+        + (p_mem_clock + p_mem_active u_mem) m/m_max
 
 with u_sm the kernel's FLOP rate over the best GEMM's, u_mem its bytes over what a streaming copy would move in
 its time, b its busy share (outside the fixed latency), and p_op the SM power of its operator class:
@@ -192,7 +193,7 @@ class KernelPhysics:
         self.baseline_power_w = pm.p_const_w + pm.p_leak_w * v + pm.p_sm_clock_w * v**2 * f_rel + pm.p_mem_clock_w * m_rel
         self.power_w = (
             self.baseline_power_w
-            + (pm.p_sm_active_w * u_sm + op_w * t_busy / self.time_s) * v**2 * f_rel
+            + (pm.p_sm_active_w * u_sm + pm.p_sm_stream_w * u_mem + op_w * t_busy / self.time_s) * v**2 * f_rel
             + pm.p_mem_active_w * u_mem * m_rel
             + link_j / self.time_s
         )  # (K, F)
