@@ -116,8 +116,9 @@ def load_zeus_points(path: str | Path) -> list[ZeusPoint]:
 
 def bert_squad_trace(batch_size: int) -> Trace:
     """One FP32 training iteration of a BERT-base-shaped encoder on SQuAD (Devlin et al. 2019: 12 layers, 768, 12
-    heads; bidirectional attention; a 2-way span head stands in for the vocabulary head)."""
-    config = GPTConfig(n_layers=12, d_model=768, n_heads=12, vocab_size=2, seq_len=BERT_SQUAD_SEQ_LEN, causal=False)
+    heads; bidirectional attention; a 2-way span head stands in for the vocabulary head, not padded)."""
+    config = GPTConfig(n_layers=12, d_model=768, n_heads=12, vocab_size=2, seq_len=BERT_SQUAD_SEQ_LEN, causal=False,
+                       vocab_multiple=1)
     return trace_training_iteration(Workload("bert-base-squad", config, batch_size), dtype=torch.float32)
 
 

@@ -66,6 +66,8 @@ def _stdout_console():
 def _model_options(f):
     f = click.option("--layout", default=None,
                      help="Parallel layout dp=N,tp=M (data- and tensor-parallel degrees); default one GPU.")(f)
+    f = click.option("--vocab-multiple", type=int, default=None,
+                     help="Pad the vocabulary to a multiple of this (default 128 for GPT-3, 1 for BERT; 1: none).")(f)
     f = click.option("--n-heads", type=int, default=None, help="Override the number of attention heads.")(f)
     f = click.option("--seq-len", type=int, default=None, help="Override the sequence length (tokens).")(f)
     f = click.option("--micro-batch-size", type=int, default=None, help="Sequences per GPU per step (default 4).")(f)
@@ -80,22 +82,25 @@ def cli() -> None:
 
 @cli.command()
 @_model_options
-def models(micro_batch_size, seq_len, n_heads, layout) -> None:
-    """List the models, with parameter counts computed from the PyTorch modules (per GPU under --layout)."""
+def models(micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:
+    """List the models, with parameter counts computed from the PyTorch modules (per GPU under --layout) and the
+    vocabulary the embedding and output layer hold (the tokenizer's in parentheses where padded)."""
     from rich.table import Table
 
     from freqopt.layout import parse_layout
     from freqopt.models import count_parameters, get_workload, list_models
 
     parsed = parse_layout(layout)
-    columns = ["model", "layers", "d_model", "heads", "seq len", "parameters"]
+    columns = ["model", "layers", "d_model", "heads", "seq len", "vocabulary (padded)", "parameters"]
     if not parsed.is_single_gpu:
         columns.append(f"parameters per GPU ({parsed})")
     table = Table(*columns)
     for name in list_models():
-        w = get_workload(name, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads)
+        w = get_workload(name, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                         vocab_multiple=vocab_multiple)  # fmt: skip
         c = w.config
-        row = [name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len),
+        vocab = str(c.padded_vocab_size) + (f" ({c.vocab_size})" if c.padded_vocab_size != c.vocab_size else "")
+        row = [name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len), vocab,
                f"{count_parameters(c) / 1e6:,.1f} M"]  # fmt: skip
         if not parsed.is_single_gpu:
             fits = c.n_heads % parsed.tp == 0
@@ -141,7 +146,7 @@ def gpus() -> None:
                    "`freqopt worker` per GPU).")
 @_model_options
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
-           micro_batch_size, seq_len, n_heads, layout) -> None:  # fmt: skip
+           micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities.
 
     A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
@@ -157,7 +162,7 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     # Validate everything before any work or any file is touched.
     slowdown = parse_slowdown(max_slowdown)
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            layout=parse_layout(layout))  # fmt: skip
+                            vocab_multiple=vocab_multiple, layout=parse_layout(layout))  # fmt: skip
     requested = get_gpu(gpu) if gpu else None
     check_backend(backend)
     granularities = GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
@@ -327,7 +332,7 @@ def worker(storage, name, backend, wait_s, json_path) -> None:
 @click.option("--trials", default=None, type=int, help="Trials per tuning unit of the native search.")
 @_model_options
 def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, json_path, seed, trials,
-             micro_batch_size, seq_len, n_heads, layout) -> None:  # fmt: skip
+             micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
     """Apply a clock table to another model or layout, validate it, and compare it with a native search."""
     import optuna
     from rich.console import Console
@@ -344,7 +349,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
     from freqopt.transfer import evaluate_transfer
 
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            layout=parse_layout(layout))  # fmt: skip
+                            vocab_multiple=vocab_multiple, layout=parse_layout(layout))  # fmt: skip
     if gpu is not None:
         get_gpu(gpu)  # an unknown name fails as such before the table is read
     table = load_table(table_path)
@@ -405,7 +410,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of weights, tokens and simulated noise.")
 @_model_options
 def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, micro_batch_size,
-          seq_len, n_heads, layout) -> None:  # fmt: skip
+          seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
     """Train on synthetic tokens under the DVFS runtime and report time and energy per step."""
     from rich.table import Table
 
@@ -417,7 +422,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     from freqopt.train import train as run_training
 
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            layout=parse_layout(layout))  # fmt: skip
+                            vocab_multiple=vocab_multiple, layout=parse_layout(layout))  # fmt: skip
     check_backend(backend)
     if steps < 1:
         raise InvalidSettingError(f"--steps must be a positive integer, not {steps}")
@@ -474,6 +479,77 @@ def _relaunch_under_deepspeed(world_size: int) -> None:
 
 @cli.command()
 @click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm (nvml: the real GPU's).")
+@click.option("--backend", default="sim", show_default=True,
+              help="sim (the simulated GPU) or nvml (trains on the first visible GPU and reads it, never sets it).")
+@click.option("--device", default=None, help="nvml: where the model trains (default cuda; cpu for tests).")
+@click.option("--steps", default=10, show_default=True, type=int,
+              help="nvml: fewest measured steps; more run until the window spans 1 s and 5 energy-counter updates.")
+@click.option("--json", "json_path", default=None, help="Also write the profile as JSON to this file.")
+@_model_options
+def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> None:
+    """Report one training iteration: time, energy, average power, FLOPs and a breakdown by kernel kind.
+
+    With --backend nvml the GPU is only read: the measurement is shown beside the simulated GPU's prediction,
+    and one step under torch.profiler beside the trace, kind by kind."""
+    from rich.table import Table
+
+    from freqopt.backends import check_backend, get_backend
+    from freqopt.gpus import DEFAULT_GPU, get_gpu
+    from freqopt.layout import parse_layout
+    from freqopt.models import get_workload
+    from freqopt.profile import check_device
+    from freqopt.profile import profile as run_profile
+    from freqopt.tables import atomic_write_text
+
+    workload = get_workload(model, layout=parse_layout(layout), **sizes)
+    requested = get_gpu(gpu) if gpu else None
+    check_backend(backend)
+    if steps < 1:
+        raise InvalidSettingError(f"--steps must be a positive integer, not {steps}")
+    if backend == "nvml":
+        device = check_device(device or "cuda")
+    elif device is not None:
+        raise InvalidSettingError("--device applies to --backend nvml; the simulated GPU trains nothing")
+    if json_path:
+        _check_writable_file(Path(json_path))
+    nvml = backend == "nvml"
+    measuring = get_backend(backend, requested if nvml else requested or get_gpu(DEFAULT_GPU), read_only=nvml)
+    try:
+        report = run_profile(workload, measuring, device=device, steps=steps)
+    finally:
+        measuring.close()
+    console = _stdout_console()
+    where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else "simulated"
+    console.print(f"{workload.model} ({workload.layout}), one training iteration on {report.gpu} ({where}): "
+                  f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
+                  f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
+    time_s, energy_j = sum(f.time_s for f in report.by_kind.values()), sum(f.energy_j for f in report.by_kind.values())
+    kinds = Table("kind", "kernels", "time (s)", "time (%)", "energy (J)", "energy (%)",
+                  title="by kernel kind" + (" (the simulated GPU's prediction)" if nvml else ""))  # fmt: skip
+    for kind, f in report.by_kind.items():
+        kinds.add_row(kind, str(f.n_kernels), f"{f.time_s:.6f}", f"{100 * f.time_s / time_s:.1f}", f"{f.energy_j:.4f}",
+                      f"{100 * f.energy_j / energy_j:.1f}")  # fmt: skip
+    console.print(kinds)
+    if nvml:
+        p = report.predicted
+        versus = Table("per step", "measured", "predicted (simulated)", "measured / predicted")
+        for name, m, q, fmt in (("time (s)", report.time_s, p.time_s, ".5f"), ("energy (J)", report.energy_j,
+                                p.energy_j, ".3f"), ("avg power (W)", report.avg_power_w, p.avg_power_w, ".1f")):  # fmt: skip
+            versus.add_row(name, format(m, fmt), format(q, fmt), f"{m / q:.3f}")
+        console.print(versus)
+        seen = Table("kind", "traced kernels", "predicted time (s)", "profiled kernels",
+                     f"measured time (s, {report.profiler_time})", title="trace against torch.profiler, one step")  # fmt: skip
+        for kind, r in report.profiler_by_kind.items():
+            seen.add_row(kind, str(r.traced_n_kernels), f"{r.predicted_time_s:.6f}", str(r.profiled_n_kernels),
+                         f"{r.measured_time_s:.6f}")  # fmt: skip
+        console.print(seen)
+    if json_path:
+        atomic_write_text(json_path, json.dumps(report.summary(), indent=1) + "\n")
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`).")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--granularity", default="kernel", show_default=True, help="iteration, pass or kernel.")
 @click.option("--max-slowdown", default="1%", show_default=True, help="Allowed slowdown: 1% or 0.01.")
@@ -483,7 +559,7 @@ def _relaunch_under_deepspeed(world_size: int) -> None:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the first search and of the noise.")
 @_model_options
 def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, json_path, seed, micro_batch_size,
-              seq_len, n_heads, layout) -> None:  # fmt: skip
+              seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
     """The Bayesian search against an exhaustive sweep of every unit at every setting (simulated GPU)."""
     import optuna
     from rich.console import Console
@@ -500,7 +576,7 @@ def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, js
 
     slowdown = parse_slowdown(max_slowdown)
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            layout=parse_layout(layout))  # fmt: skip
+                            vocab_multiple=vocab_multiple, layout=parse_layout(layout))  # fmt: skip
     spec = get_gpu(gpu or DEFAULT_GPU)
     if granularity not in ("iteration", "pass", "kernel"):
         raise InvalidSettingError(f"--granularity {granularity!r}: choose iteration, pass or kernel")
@@ -569,7 +645,7 @@ def parse_caps(text: str) -> list[float]:
               help="Host time per iteration in which the GPU idles (data loading, Python).")
 @_model_options
 def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micro_batch_size, seq_len,
-             n_heads, layout) -> None:  # fmt: skip
+             n_heads, vocab_multiple, layout) -> None:  # fmt: skip
     """Measure one iteration at each power limit, relative to the GPU's default limit (McDonald et al. 2022)."""
     from rich.table import Table
 
@@ -582,7 +658,7 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
     from freqopt.trace import MODES, trace_iteration
 
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            layout=parse_layout(layout))  # fmt: skip
+                            vocab_multiple=vocab_multiple, layout=parse_layout(layout))  # fmt: skip
     spec = get_gpu(gpu or DEFAULT_GPU)
     if mode not in MODES:
         raise InvalidSettingError(f"--mode {mode!r} is not a mode; choose train or inference")

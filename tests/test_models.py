@@ -98,3 +98,55 @@ def test_tiny_gpt_trains_on_cpu():
         opt.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_gpt3_vocabulary_is_padded_to_a_multiple_of_128_and_bert_is_not():
+    c = get_workload("gpt3-small").config
+    assert (c.vocab_size, c.vocab_multiple, c.padded_vocab_size) == (50257, 128, 50304)  # nanoGPT's 50304
+    model = build_model(c)
+    assert tuple(model.wte.weight.shape) == (50304, 768) and model.lm_head.weight is model.wte.weight
+    assert get_workload("gpt3-small", vocab_multiple=1).config.padded_vocab_size == 50257
+    bert = get_workload("bert-base").config
+    assert bert.padded_vocab_size == bert.vocab_size == 30522  # HF bert-base-uncased, as McDonald et al. ran it
+    assert get_workload("bert-base", vocab_multiple=128).config.padded_vocab_size == 30592
+
+
+def test_trace_runs_the_logit_gemm_on_the_padded_vocabulary():
+    from freqopt.trace import trace_training_iteration
+
+    trace = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=1, seq_len=64))
+    widths = {n for k in trace.kernels if k.kind == "gemm" for shape in k.shapes for n in shape}
+    assert 50304 in widths and 50257 not in widths
+
+
+@pytest.mark.parametrize("bad", [0, -128, 2.5])
+def test_vocab_multiple_must_be_a_positive_integer(bad):
+    with pytest.raises(InvalidSettingError, match=r"^vocab_multiple must be a positive integer, not"):
+        get_workload("gpt3-small", vocab_multiple=bad)
+
+
+def test_cli_models_states_the_padded_vocabulary_and_checks_vocab_multiple(capsys):
+    from freqopt.cli import main
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "50304 (50257)" in out and "30522" in out
+    assert main(["models", "--vocab-multiple", "1"]) == 0
+    assert "50304" not in capsys.readouterr().out
+    assert main(["models", "--vocab-multiple", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "vocab_multiple must be a positive integer" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("micro_batch", [1, 3])
+def test_loss_takes_targets_sliced_from_a_token_batch(micro_batch):
+    """Targets sliced from a (B, T + 1) batch are not contiguous for B > 1; the loss must take them."""
+    from dataclasses import replace
+
+    for name in ("gpt3-small", "bert-base"):
+        config = replace(get_workload(name, seq_len=16).config, n_layers=1, d_model=32, n_heads=2, vocab_size=97)
+        model = build_model(config, device="cpu", dtype=torch.float32)
+        tokens = torch.randint(0, 97, (micro_batch, 17))
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        assert torch.isfinite(loss)

@@ -10,9 +10,9 @@ from freqopt.trace import PASSES, trace_training_iteration
 def narayanan_training_flops(workload) -> float:
     """FLOPs of one training iteration without activation recomputation (Narayanan et al. 2021, SC'21, section
     5.1): the transformer layers' 72 B s l h^2 (1 + s / 6h) (their 96 with recomputation, times 3/4) plus the
-    logit layer's 6 B s V h."""
+    logit layer's 6 B s V h, V the vocabulary the layer holds (padded, as Megatron-LM pads it)."""
     c = workload.config
-    B, s, l, h, V = workload.micro_batch_size, c.seq_len, c.n_layers, c.d_model, c.vocab_size
+    B, s, l, h, V = workload.micro_batch_size, c.seq_len, c.n_layers, c.d_model, c.padded_vocab_size
     return 72 * B * s * l * h * h * (1 + s / (6 * h)) + 6 * B * s * V * h
 
 

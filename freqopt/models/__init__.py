@@ -51,9 +51,18 @@ def list_models() -> list[str]:
 
 def get_workload(
     model: str, *, micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
-    layout: Layout | None = None,
+    layout: Layout | None = None, vocab_multiple: int | None = None,
 ) -> Workload:
     """The named model with optional overrides, on an optional parallel layout (default one GPU).
+
+    Args:
+        model: a name of ``list_models()``.
+        micro_batch_size: sequences per model replica per step (default 4).
+        seq_len: tokens per sequence (default the model's context: 2048 for GPT-3, 512 for BERT).
+        n_heads: attention heads; must divide d_model.
+        layout: data- and tensor-parallel degrees (default one GPU).
+        vocab_multiple: pad the embedding and output layer's vocabulary to a multiple of this (default the model's:
+            128 for the GPT-3 family, as Megatron-LM; 1 for BERT); 1 = no padding.
 
     Raises:
         UnknownNameError: unknown model; the message lists the known ones.
@@ -63,15 +72,18 @@ def get_workload(
     if model not in MODELS:
         raise UnknownNameError(f"unknown model {model!r}; known models: {', '.join(MODELS)} (see `freqopt models`)")
     config = MODELS[model]
-    for flag, value in (("--micro-batch-size", micro_batch_size), ("--seq-len", seq_len), ("--n-heads", n_heads)):
-        if value is not None and value < 1:
-            raise InvalidSettingError(f"{flag} must be a positive integer, not {value}")
+    for name, value in (("micro_batch_size", micro_batch_size), ("seq_len", seq_len), ("n_heads", n_heads),
+                        ("vocab_multiple", vocab_multiple)):  # fmt: skip
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
     if seq_len is not None:
         config = dataclasses.replace(config, seq_len=seq_len)
+    if vocab_multiple is not None:
+        config = dataclasses.replace(config, vocab_multiple=vocab_multiple)
     if n_heads is not None:
         if config.d_model % n_heads:
             raise InvalidSettingError(
-                f"--n-heads {n_heads} does not divide d_model {config.d_model} of {model}; pick a divisor"
+                f"n_heads {n_heads} does not divide d_model {config.d_model} of {model}; pick a divisor"
             )
         config = dataclasses.replace(config, n_heads=n_heads)
     layout = layout or SINGLE_GPU

@@ -23,6 +23,9 @@ __all__ = ["BertConfig", "BertModel", "BERT_CONFIGS"]
 
 @dataclass(frozen=True)
 class BertConfig(AttentionShape):
+    """A BERT model's shape. The vocabulary is not padded by default (``vocab_multiple`` 1): 30522 rows, as in
+    HF bert-base-uncased, which the V100 calibration data of McDonald et al. 2022 ran."""
+
     n_layers: int
     d_model: int
     n_heads: int
@@ -31,6 +34,7 @@ class BertConfig(AttentionShape):
     segment_embeddings: bool = True  # BERT's token-type embeddings; DistilBERT drops them
     causal: bool = False  # bidirectional attention
     ffn_mult: int = 4
+    vocab_multiple: int = 1  # embedding and output rows: vocab_size rounded up to a multiple of this
 
 
 BERT_CONFIGS: dict[str, BertConfig] = {
@@ -74,20 +78,21 @@ class EncoderBlock(nn.Module):
 
 
 class BertModel(nn.Module):
-    """BertModel(config)(idx, targets) -> MLM cross-entropy; (idx) -> logits (B, T, V). idx, targets (B, T)."""
+    """BertModel(config)(idx, targets) -> MLM cross-entropy; (idx) -> logits (B, T, V), V the padded vocabulary
+    (``config.padded_vocab_size``). idx, targets (B, T) token ids below ``config.vocab_size``, of any strides."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         d = config.d_model
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, d)
+        self.wte = nn.Embedding(config.padded_vocab_size, d)
         self.wpe = nn.Embedding(config.seq_len, d)
         self.wse = nn.Embedding(2, d) if config.segment_embeddings else None
         self.ln_emb = nn.LayerNorm(d, eps=1e-12)
         self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
         self.head_dense = nn.Linear(d, d)
         self.head_ln = nn.LayerNorm(d, eps=1e-12)
-        self.lm_head = nn.Linear(d, config.vocab_size)
+        self.lm_head = nn.Linear(d, config.padded_vocab_size)
         self.lm_head.weight = self.wte.weight  # tied, as in BERT's MLM head
         self.apply(init_weights)  # N(0, 0.02), as BERT (Devlin et al. 2019)
 
@@ -102,4 +107,4 @@ class BertModel(nn.Module):
         logits = self.lm_head(self.head_ln(F.gelu(self.head_dense(x))))  # (B, T, V)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
