@@ -1,0 +1,138 @@
+"""freqopt.profile and `freqopt profile`: the simulated iteration by kernel kind, and a real training step measured
+read-only through the stand-in NVML (tests/fake_pynvml.py) on the CPU, compared with the trace and torch.profiler."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from freqopt.backends.simulated import SimulatedGPU
+from freqopt.cli import main
+from freqopt.errors import InvalidSettingError
+from freqopt.gpus import get_gpu
+from freqopt.models import Workload, get_workload
+from freqopt.models.gpt3 import GPTConfig
+from freqopt.profile import check_device, profile
+from freqopt.trace import trace_training_iteration
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
+
+TINY = {"n_layers": 1, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len": 16}
+
+
+def test_sim_profile_breaks_the_iteration_down_by_kind(small_trace):
+    r = profile(small_trace.workload, SimulatedGPU(get_gpu("h100-sxm")))  # gpt3-small, 1 x 256 tokens
+    assert r.backend == "sim" and r.gpu == "h100-sxm" and r.time_s > 0 and r.energy_j > 0
+    assert sum(f.time_s for f in r.by_kind.values()) == pytest.approx(r.time_s, rel=1e-9)
+    assert sum(f.energy_j for f in r.by_kind.values()) == pytest.approx(r.energy_j, rel=1e-9)
+    assert sum(f.n_kernels for f in r.by_kind.values()) == len(small_trace)
+    assert r.flops == small_trace.total_flops
+    assert {"gemm", "attention", "optimizer"} <= set(r.by_kind)
+    assert r.avg_power_w == pytest.approx(r.energy_j / r.time_s)
+    doc = r.summary()
+    assert doc["avg_power_w"] == pytest.approx(r.energy_j / r.time_s)
+    assert "measured" not in doc and "profiler_by_kind" not in doc  # nvml only
+
+
+def test_cli_profile_writes_the_json_document(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "gpt3-small", "--seq-len", "256", "--micro-batch-size", "1",
+                 "--json", str(out)]) == 0  # fmt: skip
+    assert "gemm" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert {"time_s", "energy_j", "avg_power_w", "flops", "by_kind"} <= set(doc)
+    assert all(set(v) == {"time_s", "energy_j", "n_kernels"} for v in doc["by_kind"].values())
+    trace = trace_training_iteration(get_workload("gpt3-small", seq_len=256, micro_batch_size=1))
+    assert doc["flops"] == trace.total_flops
+    assert not [p for p in tmp_path.iterdir() if p.name != "p.json"]  # written atomically: no temporary left
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "gpt4"], "unknown model"),
+    (["--model", "gpt3-small", "--json", "/no/such/dir/p.json"], "cannot write --json"),
+    (["--model", "gpt3-small", "--backend", "tpu"], "unknown backend"),
+    (["--model", "gpt3-small", "--steps", "0"], "--steps must be a positive integer"),
+    (["--model", "gpt3-small", "--device", "cpu"], "--device applies to --backend nvml"),
+])  # fmt: skip
+def test_cli_profile_bad_input_is_one_line_exit_2(args, message, capsys):
+    assert main(["profile", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("freqopt: error:") and message in err
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch")
+def test_cuda_device_on_a_cpu_only_torch_says_what_to_do():
+    with pytest.raises(InvalidSettingError, match="needs a CUDA build of torch.*pass device 'cpu'"):
+        check_device("cuda")
+    assert check_device("cpu") == "cpu"
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    nvml = FakeNVML(gpus=[FakeGPU(realtime=True, counter_period_s=0.01)])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+    monkeypatch.setenv("FREQOPT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls on a shared CPU: several threads only wait for each other
+    yield nvml
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_nvml_profile_measures_a_real_step_beside_the_prediction_and_sets_nothing(fake, read_only):
+    from freqopt.backends import get_backend
+
+    fake.root = True  # even where changes would be allowed
+    workload = Workload("tiny", GPTConfig(**TINY), 2)
+    backend = get_backend("nvml", None, read_only=read_only)
+    # A writable backend checks its permission when opened and restores the GPU when closed; profile sets nothing.
+    calls_before = len(fake.set_calls())
+    try:
+        r = profile(workload, backend, device="cpu", steps=3, warmup_steps=1)
+        assert fake.set_calls()[calls_before:] == []
+    finally:
+        backend.close()
+    assert not read_only or fake.set_calls() == []
+    assert r.backend == "nvml" and r.device == "cpu"
+    assert r.time_s > 0 and r.energy_j > 0 and r.predicted.time_s > 0 and r.predicted.energy_j > 0
+    assert r.avg_power_w == pytest.approx(400.0, rel=0.25)  # the stand-in board draws 400 W
+    assert r.window_s >= 1.0 and r.window_s >= 5 * r.counter_period_s and r.n_steps >= 3
+    trace = trace_training_iteration(workload, dtype=torch.float32)
+    gemm = r.profiler_by_kind["gemm"]
+    assert gemm.profiled_n_kernels == gemm.traced_n_kernels == sum(k.kind == "gemm" for k in trace.kernels)
+    assert gemm.measured_time_s > 0 and gemm.predicted_time_s > 0
+    doc = r.summary()
+    assert {"measured", "predicted", "measured_over_predicted", "profiler_by_kind"} <= set(doc)
+    assert doc["measured_over_predicted"]["energy"] == pytest.approx(r.energy_j / r.predicted.energy_j)
+
+
+def test_nvml_profile_refuses_a_layout_of_several_gpus(fake):
+    from freqopt.backends import get_backend
+    from freqopt.layout import parse_layout
+
+    workload = get_workload("gpt3-small", seq_len=16, micro_batch_size=1, layout=parse_layout("dp=2"))
+    with get_backend("nvml", None, read_only=True) as backend:
+        with pytest.raises(InvalidSettingError, match="single-GPU layout"):
+            profile(workload, backend, device="cpu")
+    assert fake.set_calls() == []
+
+
+def test_cli_profile_on_nvml_is_read_only(fake, tmp_path, capsys, monkeypatch):
+    from freqopt import models
+
+    monkeypatch.setitem(models.MODELS, "tiny-gpt", GPTConfig(**TINY))
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "tiny-gpt", "--backend", "nvml", "--device", "cpu", "--micro-batch-size", "2",
+                 "--steps", "2", "--json", str(out)]) == 0  # fmt: skip
+    assert "trace against torch.profiler" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["backend"] == "nvml" and doc["measured"]["energy_j"] > 0 and doc["predicted"]["energy_j"] > 0
+    row = doc["profiler_by_kind"]["gemm"]
+    assert row["profiled_n_kernels"] == row["traced_n_kernels"] > 0
+    assert fake.set_calls() == []  # not even the permission check of a writable backend
