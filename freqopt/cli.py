@@ -419,6 +419,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     from freqopt.layout import parse_layout
     from freqopt.models import get_workload
     from freqopt.tables import atomic_write_text, load_table
+    from freqopt.train import check_training_device
     from freqopt.train import train as run_training
 
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
@@ -434,12 +435,13 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
         _check_writable_file(Path(json_path))
     table = load_table(table_path) if table_path else None
     requested = get_gpu(gpu) if gpu else (get_gpu(table.gpu) if table else None)
+    device = device or ("cuda" if backend == "nvml" else "cpu")
+    check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
     if workload.layout.world_size > 1 and "WORLD_SIZE" not in os.environ:
         _relaunch_under_deepspeed(workload.layout.world_size)
         return
     measuring = get_backend(backend, requested if backend == "nvml" else requested or get_gpu(DEFAULT_GPU), seed=seed,
                             read_only=read_only)  # fmt: skip
-    device = device or ("cuda" if backend == "nvml" else "cpu")
     rank = int(os.environ.get("RANK", "0"))
     try:
         if table is not None:
@@ -470,8 +472,10 @@ def _relaunch_under_deepspeed(world_size: int) -> None:
     """Run this same command under DeepSpeed's launcher, one process per rank (gloo on a CPU machine)."""
     import subprocess
 
+    # As a module (-m freqopt.cli), not a script: a script's folder (freqopt/) would come first on sys.path, and
+    # freqopt/profile.py would shadow the standard library's profile module.
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(world_size), "--no_local_rank",
-           str(Path(__file__).resolve()), *sys.argv[1:]]  # fmt: skip
+           "--module", "freqopt.cli", *sys.argv[1:]]  # fmt: skip
     code = subprocess.call(cmd)
     if code:
         raise click.exceptions.Exit(code)

@@ -14,8 +14,8 @@ matmuls where a GPU runs one fused kernel. Collectives are the profiler's ``gloo
 each one's process group, which the profiler does not record, is taken from a ``record_function`` label that this
 script puts around every ``torch.distributed.all_reduce`` call, and the two lists are checked to agree.
 
-The model is a GPTModel; ``deepspeed_config`` is the configuration used (ZeRO stage 0, AdamW, AutoTP when
-tp > 1, as in ../shared/deepspeed-notes.md).
+The model is a GPTModel; ``deepspeed_config`` is the configuration used (ZeRO stage 0, AutoTP when tp > 1, as in
+../shared/deepspeed-notes.md), with ``adamw_factory``'s AdamW as the client optimizer, as ``freqopt train`` runs.
 """
 
 from __future__ import annotations
@@ -27,24 +27,43 @@ import re
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["deepspeed_config", "TINY_GPT", "main"]
+__all__ = ["deepspeed_config", "adamw_factory", "TINY_GPT", "main"]
 
 # A GPT small enough to train on two CPU ranks in seconds, with every kind of layer the real models have.
 TINY_GPT = {"n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 512, "seq_len": 16}
 _LABEL = "freqopt.all_reduce"
 
 
-def deepspeed_config(micro_batch_size: int, tp: int) -> dict:
-    """DeepSpeed configuration: ZeRO stage 0 data parallelism, AdamW, AutoTP tensor parallelism when tp > 1."""
+def deepspeed_config(micro_batch_size: int, tp: int, *, bf16: bool = False) -> dict:
+    """DeepSpeed configuration: ZeRO stage 0 data parallelism, gradient clipping at 1.0 (GPT-3, Brown et al. 2020
+    appendix B; DeepSpeed's usual setting), AutoTP tensor parallelism when tp > 1, and with ``bf16`` BF16 weights
+    over DeepSpeed's FP32 master weights. The optimizer is not configured here: pass ``adamw_factory(...)`` to
+    ``deepspeed.initialize(optimizer=...)``."""
     config = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "zero_optimization": {"stage": 0},
         "gradient_clipping": 1.0,
     }
+    if bf16:
+        config["bf16"] = {"enabled": True}
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
     return config
+
+
+def adamw_factory(*, fused: bool):
+    """DeepSpeed's client optimizer, as a callable of the parameters: torch's AdamW with GPT-3's settings (lr 6e-4
+    of GPT-3 Small, betas (0.9, 0.95), eps 1e-8, weight decay 0.1; Brown et al. 2020, Table 2.1 and appendix B),
+    the fused multi-tensor kernel (``fused=True``, CUDA) or the foreach one (CPU), as freqopt's trace models the
+    step (one fused AdamW kernel). A callable, so that DeepSpeed hands it the parameters after AutoTP has sharded
+    the module and, with bf16, its FP32 master copies become the optimizer's parameters."""
+    import torch
+
+    def make(params):
+        return torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                 fused=True if fused else None, foreach=None if fused else True)  # fmt: skip
+
+    return make
 
 
 def _label_all_reduces() -> None:
@@ -133,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)  # equal initial weights on every rank
     config = GPTConfig(**TINY_GPT)
     model = GPTModel(config)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+    engine, *_ = deepspeed.initialize(model=model, optimizer=adamw_factory(fused=False),
                                       config=deepspeed_config(args.micro_batch_size, layout.tp))  # fmt: skip
     # Every rank of a tp group must feed the same tokens (AutoTP checks); dp ranks get their own.
     data_rank = rank // layout.tp

@@ -3,8 +3,8 @@
 On the simulated backend the model trains for real on this machine's CPU (a small configuration), the runtime
 follows its phases through the module hooks, and each step's GPU time and energy come from the simulated GPU
 running the traced iteration with the settings the runtime asked for (switch latency included). On the nvml
-backend the model trains on the GPU and steps are measured in blocks long enough for the energy counter
-(CUDA-event time, counter-delta energy). With a layout of more than one rank the job runs under DeepSpeed
+backend the model trains on the GPU: each step is timed by CUDA events, and energy is the counter's delta over each
+block of consecutive steps with the same clocks. With a layout of more than one rank the job runs under DeepSpeed
 (ZeRO stage 0 data parallelism, AutoTP tensor parallelism), started with DeepSpeed's launcher.
 
 ``compare``: blocks of steps alternate between the table and the default settings, so both see the same
@@ -20,13 +20,15 @@ from dataclasses import dataclass
 import torch
 
 from freqopt.backends.base import Backend, Measurement
+from freqopt.errors import InvalidSettingError
 from freqopt.models import Workload, build_model
+from freqopt.models.ops import MixedPrecisionAdamW
 from freqopt.phases import quiet_backward_hooks
 from freqopt.runtime import DVFSRuntime, plan_phases
 from freqopt.tables import ClockTable
 from freqopt.trace import trace_training_iteration
 
-__all__ = ["StepRecord", "TrainReport", "train"]
+__all__ = ["StepRecord", "TrainReport", "check_training_device", "train"]
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,35 @@ def _blocks(steps: int, compare: bool, has_table: bool) -> list[bool]:
     return [(i // block) % 2 == 0 for i in range(steps)]
 
 
+def check_training_device(device: str) -> None:
+    """Check that this torch can train on ``device`` ("cpu", "cuda", "cuda:N").
+
+    Raises:
+        InvalidSettingError: ``device`` is CUDA and this torch is a CPU build (``torch.version.cuda`` is None) or
+            sees no CUDA device; the message says what to install or to train on "cpu".
+    """
+    if not str(device).startswith("cuda"):
+        return
+    if torch.version.cuda is None:
+        raise InvalidSettingError(
+            f"device {device!r}: torch {torch.__version__} is a CPU build; install a CUDA build of torch (on Linux "
+            "x86-64 a plain `pip install 'torch>=2.4,<2.14'` from PyPI is one) or train on device 'cpu'"
+        )
+    if not torch.cuda.is_available():
+        raise InvalidSettingError(
+            f"device {device!r}: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device; check the "
+            "NVIDIA driver and CUDA_VISIBLE_DEVICES, or train on device 'cpu'"
+        )
+
+
 def train(workload: Workload, backend: Backend, *, table: ClockTable | None, steps: int, compare: bool = False,
           device: str = "cpu", seed: int = 0, on_step=None) -> TrainReport:  # fmt: skip
     """Train ``workload`` for ``steps`` steps on synthetic tokens under the DVFS runtime (module docstring).
+
+    The optimizer is the one freqopt's trace models: on one rank ``MixedPrecisionAdamW`` (FP32 master weights,
+    one fused AdamW kernel; BF16 weights on CUDA, FP32 on the CPU), gradients clipped at 1.0; under DeepSpeed
+    torch's AdamW (fused on CUDA, foreach on the CPU) over DeepSpeed's FP32 master weights, with BF16 weights on
+    CUDA and the same clipping.
 
     Args:
         workload: model, micro-batch and layout (a layout of more than one rank needs the DeepSpeed launcher's
@@ -84,48 +112,63 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
         table: the clock table, or None for default settings.
         steps: training steps.
         compare: alternate blocks with and without the table.
-        device: where the model trains ("cuda" with the nvml backend).
-        on_step: called with each StepRecord (progress).
+        device: where the model trains ("cuda" with the nvml backend; "cpu" trains there, the GPU idling).
+        on_step: called with each StepRecord (progress; on the nvml backend at the end of each block).
 
     Returns:
-        TrainReport.
+        TrainReport. On the simulated backend each step's time and energy are the simulated GPU's. On the nvml
+        backend each step's time is its own (CUDA events when training on CUDA, else wall time), and its energy
+        the mean over its block of consecutive steps with the same clocks (the counter's delta over the block),
+        since NVML's energy counter moves only every few tens of milliseconds; a block shorter than that reads
+        a coarse or zero energy.
+
+    Raises:
+        InvalidSettingError: see ``check_training_device``.
     """
+    check_training_device(device)
     torch.manual_seed(seed)
     layout = workload.layout
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    on_cuda = str(device).startswith("cuda")
+    dtype = torch.bfloat16 if on_cuda else torch.float32
     trace = trace_training_iteration(workload)
     model = build_model(workload.config, device=device, dtype=torch.float32)
     engine = None
     if layout.world_size > 1:
         import deepspeed
 
-        from freqopt.deepspeed_profile import deepspeed_config
+        from freqopt.deepspeed_profile import adamw_factory, deepspeed_config
 
-        deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo")
-        config = deepspeed_config(workload.micro_batch_size, layout.tp)
-        if dtype == torch.bfloat16:
-            config["bf16"] = {"enabled": True}
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
+        config = deepspeed_config(workload.micro_batch_size, layout.tp, bf16=dtype == torch.bfloat16)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=adamw_factory(fused=on_cuda), config=config)
         runtime = DVFSRuntime.for_deepspeed(engine, table=table, backend=backend, trace=trace)
         data_rank = int(os.environ.get("RANK", "0")) // layout.tp
     else:
         model = model.to(dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        optimizer = MixedPrecisionAdamW(model.parameters())  # GPT-3's AdamW settings, clipping at 1.0
         runtime = DVFSRuntime(model, optimizer, table=table, backend=backend, trace=trace)
         data_rank = 0
     generator = torch.Generator().manual_seed(seed + 1000 * data_rank)
     schedule = _blocks(steps, compare, table is not None)
     table_plan, default_plan = runtime.plan, plan_phases(None, trace, backend.spec)
     records, losses = [], []
+    block: list[tuple[int, bool, float]] = []  # (step, with_table, time_s) of the real GPU's current block
+    energy_before = None
     with runtime:
         for i, with_table in enumerate(schedule):
             runtime.plan = table_plan if with_table else default_plan
-            # Synthetic tokens; the targets are the next tokens, as in language-model training.
+            # Synthetic tokens from the tokenizer's vocabulary (not the padding); the targets are the next tokens.
             tokens = torch.randint(0, workload.config.vocab_size,
                                    (workload.micro_batch_size, workload.config.seq_len + 1), generator=generator)
             idx, targets = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+            if not runtime.simulated and energy_before is None:
+                if on_cuda:
+                    torch.cuda.synchronize(device)
+                energy_before = backend.device.energy_j()  # the block starts
+            if on_cuda:
+                start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start_event.record()
             started = time.perf_counter()
-            energy_before = None if runtime.simulated else backend.device.energy_j()
             if engine is not None:
                 loss = engine(idx, targets)
                 with quiet_backward_hooks():
@@ -137,15 +180,25 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
                     loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
+            if on_cuda:
+                end_event.record()
+            losses.append(float(loss.detach()))  # waits for the step on CUDA
             if runtime.simulated:
                 m = runtime.step_measurement()
-                record = StepRecord(i, with_table, m.time_s, m.energy_j)
+                records.append(StepRecord(i, with_table, m.time_s, m.energy_j))
+                if on_step:
+                    on_step(records[-1])
+                continue
+            if on_cuda:
+                end_event.synchronize()
+                block.append((i, with_table, start_event.elapsed_time(end_event) / 1000.0))
             else:
-                torch.cuda.synchronize()
-                record = StepRecord(i, with_table, time.perf_counter() - started,
-                                    backend.device.energy_j() - energy_before)  # fmt: skip
-            records.append(record)
-            if on_step:
-                on_step(record)
+                block.append((i, with_table, time.perf_counter() - started))
+            if i + 1 == len(schedule) or schedule[i + 1] != with_table:  # the block ends
+                energy_j = (backend.device.energy_j() - energy_before) / len(block)
+                for step, on_table, time_s in block:
+                    records.append(StepRecord(step, on_table, time_s, energy_j))
+                    if on_step:
+                        on_step(records[-1])
+                block, energy_before = [], None
     return TrainReport(tuple(records), losses[0], losses[-1], runtime.switches / max(steps, 1))

@@ -4,6 +4,7 @@ simulated timeline, and the GPU restored on every exit path (SIGTERM mid-run; `f
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -123,6 +124,45 @@ def test_cli_train_bad_input(args, fragment, capsys):
     assert main(["train", "--model", "gpt3-small", "--seq-len", "16", "--micro-batch-size", "1", *args]) == 2
     err = capsys.readouterr().err
     assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+def _check_whole_steps(report, steps):
+    assert [r.step for r in report.steps] == list(range(steps))
+    assert all(r.time_s > 0 and r.energy_j > 0 for r in report.steps)
+    assert math.isfinite(report.loss_first) and math.isfinite(report.loss_last)
+
+
+@pytest.mark.parametrize("micro_batch", [1, 3])
+def test_train_runs_whole_steps_on_the_simulated_gpu(micro_batch):
+    from freqopt.train import train
+
+    report = train(Workload("tiny", TINY, micro_batch), SimulatedGPU(H100, seed=0), table=None, steps=2)
+    _check_whole_steps(report, 2)
+
+
+@pytest.mark.parametrize("micro_batch", [1, 3])
+def test_train_runs_whole_steps_through_nvml_on_the_cpu(fake_gpu, micro_batch):
+    from freqopt.backends.nvml import NVMLBackend
+    from freqopt.nvml import open_devices
+    from freqopt.train import train
+
+    gpu = fake_gpu.gpus[0]
+    gpu.realtime, gpu.counter_period_s = True, 0.001  # the counter moves within a tiny model's steps
+    backend = NVMLBackend(open_devices()[0], torch_device="cpu")
+    report = train(Workload("tiny", TINY, micro_batch), backend, table=None, steps=3, device="cpu")
+    _check_whole_steps(report, 3)
+    assert (gpu.locked_sm_mhz, gpu.power_limit_mw) == (None, 650_000)
+
+
+@pytest.mark.parametrize("cuda_version, fragment", [(None, "is a CPU build; install a CUDA build of torch"),
+                                                    ("12.4", "sees no CUDA device")])  # fmt: skip
+def test_cli_train_on_nvml_without_cuda_torch_is_one_clear_line(fake_gpu, monkeypatch, capsys, cuda_version, fragment):
+    monkeypatch.setattr(torch.version, "cuda", cuda_version)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = main(["train", "--model", "gpt3-small", "--backend", "nvml", "--seq-len", "16", "--micro-batch-size", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and "device 'cpu'" in err and len(err.strip().splitlines()) == 1
+    assert fake_gpu.calls == []  # refused before the GPU was opened
 
 
 TRAIN_CHILD = textwrap.dedent("""

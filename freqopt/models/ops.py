@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -243,9 +244,19 @@ class MixedPrecisionAdamW:
         self.exp_avg = [torch.zeros_like(m) for m in self.master]
         self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]
         self.steps = [torch.zeros((), dtype=torch.float32, device=m.device) for m in self.master]
+        self._step_pre_hooks: OrderedDict = OrderedDict()  # weakly referenced by the handles, as in torch.optim
+
+    def register_step_pre_hook(self, hook) -> torch.utils.hooks.RemovableHandle:
+        """Call ``hook(optimizer, args, kwargs)`` before each step, as torch.optim.Optimizer does (the DVFS
+        runtime marks the optimizer phase this way); returns a handle whose ``remove()`` unregisters it."""
+        handle = torch.utils.hooks.RemovableHandle(self._step_pre_hooks)
+        self._step_pre_hooks[handle.id] = hook
+        return handle
 
     @torch.no_grad()
     def step(self) -> None:
+        for hook in list(self._step_pre_hooks.values()):
+            hook(self, (), {})
         grads = [p.grad.float() if p.grad is not None else torch.zeros_like(m) for p, m in zip(self.params, self.master)]
         if self.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_'s multi-tensor path
             sq_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) ** 2
@@ -259,6 +270,10 @@ class MixedPrecisionAdamW:
         )  # fmt: skip
         torch._foreach_copy_(self.params, self.master)
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients (``set_to_none``, the default) or zero them in place."""
         for p in self.params:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
