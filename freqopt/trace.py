@@ -2,8 +2,11 @@
 
 A TorchDispatchMode sees every ATen operator the forward pass, ``loss.backward()`` and the optimizer step
 dispatch. Each operator that computes or moves data becomes a Kernel; views (``OpOverload.is_view``) and
-allocations are not kernels. FLOPs come from torch.utils.flop_counter's formulas; device-memory bytes are the
-bytes of the tensors each operator reads and writes (what an unfused eager kernel moves).
+allocations are not kernels. Each Kernel keeps the call that launches it again (``Kernel.call``, an OpCall: the
+operator overload, and its arguments with every tensor reduced to shape, strides, dtype and storage offset), which
+freqopt.replay uses to re-run the kernel itself on a real device. FLOPs come from torch.utils.flop_counter's
+formulas; device-memory bytes are the bytes of the tensors each operator reads and writes (what an unfused eager
+kernel moves).
 
 A parallel layout (freqopt.layout) traces one rank as DeepSpeed runs it (checked against a real run in
 tests/test_deepspeed.py):
@@ -35,7 +38,8 @@ from freqopt.models.ops import MixedPrecisionAdamW
 from freqopt.models.parallel import COMM_STREAM, COMPUTE_STREAM, all_reduce, shard_tensor_parallel
 from freqopt.phases import PhaseHooks, quiet_backward_hooks
 
-__all__ = ["Kernel", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration", "MODES", "PASSES"]
+__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration",
+           "record_call", "MODES", "PASSES"]
 
 MODES = ("train", "inference")
 
@@ -69,6 +73,106 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """A tensor argument of a recorded operator, without its data: what a replay allocates to call it again.
+
+    Attributes:
+        shape, stride: in elements, as the operator saw them (strides of transposed or broadcast views kept).
+        dtype: element type.
+        offset: storage offset, elements (0 for a tensor at the start of its storage).
+    """
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int = 0
+
+    @property
+    def storage_elements(self) -> int:
+        """Elements the storage must hold for this view: offset + 1 + sum((size - 1) * stride); 0 if empty."""
+        if any(s == 0 for s in self.shape):
+            return 0
+        return self.offset + 1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride))
+
+
+class _Device:
+    """Stands for a ``torch.device`` argument: a replay passes the device it replays on."""
+
+    def __repr__(self) -> str:
+        return "DEVICE"
+
+    def __reduce__(self):
+        return "DEVICE"
+
+
+DEVICE = _Device()
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """What it takes to call a traced operator again: the overload and its arguments, data left out.
+
+    Attributes:
+        op: the overload, ``namespace.packet.overload`` (``aten.gelu.default``, ``aten._foreach_add_.Scalar``,
+            ``freqopt.flash_attention.default``); ``torch.ops`` resolves it.
+        args: positional arguments: a TensorSpec per tensor, tuples for lists (of tensors or of ints), ``DEVICE``
+            for a device, and scalars, bools, strings, None, dtypes, layouts and memory formats as themselves.
+        kwargs: keyword arguments, (name, value) pairs in call order, values as in ``args``.
+        unreplayable: why the call cannot be made again (an argument of another type), or None.
+    """
+
+    op: str
+    args: tuple = ()
+    kwargs: tuple[tuple[str, object], ...] = ()
+    unreplayable: str | None = None
+
+    @property
+    def tensors(self) -> list[TensorSpec]:
+        """Every TensorSpec in the arguments, in order (lists flattened)."""
+        found: list[TensorSpec] = []
+
+        def visit(value) -> None:
+            if isinstance(value, TensorSpec):
+                found.append(value)
+            elif isinstance(value, tuple):
+                for v in value:
+                    visit(v)
+
+        visit(self.args)
+        visit(tuple(v for _, v in self.kwargs))
+        return found
+
+
+_PLAIN = (bool, int, float, complex, str, type(None), torch.dtype, torch.layout, torch.memory_format)
+
+
+class _Unreplayable(Exception):
+    pass
+
+
+def _arg_spec(value):
+    """The hashable replay spec of one argument (OpCall.args); raises _Unreplayable for any other type."""
+    if isinstance(value, torch.Tensor):
+        return TensorSpec(tuple(value.shape), tuple(value.stride()), value.dtype, int(value.storage_offset()))
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, torch.device):
+        return DEVICE
+    if isinstance(value, (list, tuple)):
+        return tuple(_arg_spec(v) for v in value)
+    raise _Unreplayable(f"an argument of type {type(value).__name__}")
+
+
+def record_call(func, args: tuple, kwargs: dict) -> OpCall:
+    """The OpCall of ``func(*args, **kwargs)`` (func an OpOverload): shapes, strides, dtypes, the rest as is."""
+    op = f"{func.namespace}.{func._overloadpacket.__name__}.{func._overloadname}"
+    try:
+        return OpCall(op, _arg_spec(tuple(args)), tuple((k, _arg_spec(v)) for k, v in kwargs.items()))
+    except _Unreplayable as e:
+        return OpCall(op, unreplayable=str(e))
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One GPU kernel of a traced iteration.
 
@@ -90,6 +194,9 @@ class Kernel:
         group_size: ranks in the collective's group (1: not a collective).
         group_stride: distance between the group's global ranks (1 for tp groups, tp for dp groups), which
             decides whether the group spans nodes.
+        call: how to call the operator again (freqopt.replay): its overload and argument specs; None for a kernel
+            not recorded by the tracer. Not part of equality, hash, signature or repr, so kernel classes are as
+            before; it holds shapes, not tensors.
     """
 
     name: str
@@ -105,6 +212,7 @@ class Kernel:
     comm_bytes: float = 0.0
     group_size: int = 1
     group_stride: int = 1
+    call: OpCall | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def signature(self) -> str:
@@ -179,17 +287,18 @@ class _KernelRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         packet = func._overloadpacket
         op = packet.__name__
         if func.is_view or op in _NOT_KERNELS or func.namespace not in ("aten", "freqopt"):
-            return out
+            return func(*args, **kwargs)
+        call = record_call(func, args, kwargs)  # before the call: an in-place operator could change its inputs
+        out = func(*args, **kwargs)
         inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         outputs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         if not inputs and not outputs:
             return out
         if op == "all_reduce":
-            self.kernels.append(_all_reduce_kernel(*args, pass_name=self.pass_name))
+            self.kernels.append(_all_reduce_kernel(*args, pass_name=self.pass_name, call=call))
             return out
         # In-place and out= operators return their (already counted) inputs: count each storage once as written.
         written = [o for o in outputs if not any(o is i for i in inputs)]
@@ -213,12 +322,14 @@ class _KernelRecorder(TorchDispatchMode):
                 shapes=_shapes(inputs),
                 tensor_core=kind in ("gemm", "attention") and dtype in ("bfloat16", "float16"),
                 causal=kind == "attention" and bool(args[-1]),
+                call=call,
             )
         )
         return out
 
 
-def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stream: int, *, pass_name: str) -> Kernel:
+def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stream: int, *, pass_name: str,
+                       call: OpCall | None = None) -> Kernel:
     """A ring all-reduce of x over group_size ranks (NCCL's ring algorithm, Patarasuk & Yuan 2009): a
     reduce-scatter then an all-gather, each n - 1 steps of S / n bytes. Per rank it sends and receives
     2 (n - 1) / n S bytes, adds (n - 1) / n of the elements, and reads and writes its chunks in device memory
@@ -229,6 +340,7 @@ def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stre
         name="freqopt.all_reduce", kind="all-reduce", pass_name=pass_name,
         flops=x.numel() * (n - 1) / n, mem_bytes=5 * (n - 1) / n * nbytes, dtype=_dtype_name(x.dtype),
         shapes=(tuple(x.shape),), stream=stream, comm_bytes=nbytes, group_size=n, group_stride=group_stride,
+        call=call,
     )  # fmt: skip
 
 

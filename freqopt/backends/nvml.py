@@ -7,20 +7,26 @@ protocol's warm-up, then for a window of at least ``min_counter_updates`` counte
 the window's CUDA-event time over the repetitions, energy per repetition the counter's delta over them. The
 counter's update period is detected during the first warm-up (freqopt.replay.detect_counter_period's method),
 not assumed. In read-only mode only the GPU's current settings can be measured: any other setting is refused.
+
+Kernels run as themselves (freqopt.replay); those that cannot (collectives, which need other ranks, or an operator
+that fails) run as copies of their bytes, and the backend logs a warning naming them, once per operator.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
 from freqopt.errors import GPUPermissionError
 from freqopt.nvml import GPUStateGuard, NVMLDevice
-from freqopt.replay import build_replay
+from freqopt.replay import ReplayPlan, build_replay
 from freqopt.trace import Kernel
 
 __all__ = ["NVMLBackend", "COUNTER_DETECTION_S"]
+
+logger = logging.getLogger(__name__)
 
 COUNTER_DETECTION_S = 1.0  # polling time to find the counter's period: 10 updates at the slowest documented 100 ms
 
@@ -34,6 +40,10 @@ class NVMLBackend(Backend):
         protocol: warm-up and window of each measurement.
 
     Use as a context manager (or call ``close()``): it restores the GPU on exit, exception and signals.
+
+    Attributes:
+        copied_ops: kernel name -> why the replay ran it as a copy of its bytes, for every such operator so far
+            (each logged once, as a warning of the ``freqopt.backends.nvml`` logger).
     """
 
     def __init__(self, device: NVMLDevice, *, torch_device: str = "cuda:0", protocol: MeasurementProtocol | None = None):
@@ -44,6 +54,7 @@ class NVMLBackend(Backend):
         self.counter_period_s: float | None = None
         self.guard = GPUStateGuard(device)
         self._applied: ClockSetting | None = None
+        self.copied_ops: dict[str, str] = {}  # kernel name -> why the replay runs it as a copy of its bytes
         self.guard.__enter__()
         if not device.read_only:
             self._check_permission()
@@ -106,6 +117,17 @@ class NVMLBackend(Backend):
         self._applied = setting
 
     # -- measurement ---------------------------------------------------------------------------------------------
+    def _replay(self, kernels: Sequence[Kernel], cache: dict | None = None) -> ReplayPlan:
+        """The kernels' replay plan on this backend's device (input tensors shared through ``cache``); warns (once
+        per operator, through logging) about the operators it runs as copies of their bytes, not as themselves."""
+        plan = build_replay(kernels, self.torch_device, cache=cache)
+        new = {name: reason for name, reason in plan.copies().items() if name not in self.copied_ops}
+        if new:
+            self.copied_ops.update(new)
+            logger.warning("replaying %d operator(s) as device-to-device copies of their traced bytes, not as "
+                           "themselves: %s", len(new), "; ".join(f"{n} ({r})" for n, r in new.items()))  # fmt: skip
+        return plan
+
     def _sync(self) -> None:
         import torch
 
@@ -183,7 +205,7 @@ class NVMLBackend(Backend):
     def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
                 sample: int | None = None) -> Measurement:  # fmt: skip
         self.apply(setting)
-        return self._measure_plan(build_replay(kernels, self.torch_device))
+        return self._measure_plan(self._replay(kernels))
 
     def measure_schedule(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "",
                          switching: bool = True, sample: int | None = None) -> Measurement:  # fmt: skip
@@ -195,7 +217,8 @@ class NVMLBackend(Backend):
                 phases[-1][1].append(kernel)
             else:
                 phases.append((setting, [kernel]))
-        plans = [(s, build_replay(ks, self.torch_device)) for s, ks in phases]
+        cache: dict = {}  # the phases share their input tensors: one iteration's worth, however many phases
+        plans = [(s, self._replay(ks, cache)) for s, ks in phases]
 
         def iteration() -> None:
             for setting, plan in plans:
