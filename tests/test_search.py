@@ -106,7 +106,7 @@ def test_a_pair_the_memory_clock_does_not_allow_is_snapped_to_its_highest_sm_clo
 
     spec = get_gpu("rtx3080ti")  # 405 MHz memory allows SM clocks up to 420 MHz only
     objective = _Objective(SimulatedGPU(spec), [], "u", "clocks", MeasurementLog(optuna.create_study()))
-    trial = optuna.trial.FixedTrial({"sm_clock_mhz": 2100, "mem_clock_mhz": 405})
+    trial = optuna.trial.FixedTrial({"sm_clock_mhz": 2100, "mem_clock_index": 0})  # 405 MHz
     assert objective.suggest(trial) == ClockSetting(420, 405)
     assert spec.supports(420, 405) and not spec.supports(2100, 405)
 
