@@ -41,7 +41,8 @@ def real_run(request, tmp_path_factory):
         pytest.importorskip("transformers", reason="AutoTP needs transformers: pip install -e '.[tp]'")
     out = tmp_path_factory.mktemp(layout.replace("=", ""))
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--no_local_rank",
-           "--master_port", str(_free_port()), ds_profile.__file__, "--layout", layout,
+           # As a module: run as a script, freqopt/ would lead sys.path and freqopt/profile.py shadow stdlib profile.
+           "--master_port", str(_free_port()), "--module", "freqopt.deepspeed_profile", "--layout", layout,
            "--micro-batch-size", str(MICRO_BATCH), "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
