@@ -140,7 +140,7 @@ def gpus() -> None:
 @click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for tables and storage.")
 @click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
-@click.option("--trials", default=None, type=int, help="Trials per tuning unit (default 14, or 30 with memory clocks).")
+@click.option("--trials", default=None, type=int, help="Trials per tuning unit (default 14, plus 4 per memory clock beyond the first).")
 @click.option("--jobs", default=1, show_default=True, type=int,
               help="Processes that run tuning units in parallel (simulated GPU; for real GPUs start a "
                    "`freqopt worker` per GPU).")

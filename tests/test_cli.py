@@ -69,7 +69,7 @@ def test_unwritable_out_dir(tmp_path, capsys):
 def test_models_and_gpus_list(capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "gpt3-175b" in out and "174,604.3 M" in out
+    assert "gpt3-175b" in out and "174,604.8 M" in out  # vocabulary padded to 50304
     assert main(["gpus"]) == 0
     assert "h100-sxm (default)" in capsys.readouterr().out
 

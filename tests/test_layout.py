@@ -122,8 +122,11 @@ def test_all_reduce_draws_little_sm_power_and_is_nearly_clock_independent():
                                        ((8192, 8192), (8192, 8192)), True)], np.array([2619]))  # fmt: skip
     top, mid = -1, H100.sm_clocks_mhz.index(1380)
     assert comm.power_w[0, top] < 0.75 * gemm.power_w[0, top]
-    active_sm = comm.power_w[0, top] - comm.baseline_power_w[0, top]
-    assert active_sm < 60  # link and memory traffic only: tens of watts above the idle-at-clock baseline
+    active = comm.power_w[0, top] - comm.baseline_power_w[0, top]
+    gemm_active = gemm.power_w[0, top] - gemm.baseline_power_w[0, top]
+    # Link and memory traffic only (5 (n-1)/n of the message read and written at the link's pace): a small share
+    # of a GEMM's power above the idle-at-clock baseline.
+    assert active < 0.2 * gemm_active
     assert comm.time_s[0, mid] / comm.time_s[0, top] < 1.1  # 30 % lower SM clock, under 10 % slower
 
 

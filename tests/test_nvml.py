@@ -267,14 +267,24 @@ def test_cli_reset_reports_nothing_to_do(fake, capsys):
     assert "nothing to restore" in capsys.readouterr().out
 
 
-def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path):
+@pytest.fixture
+def tiny_model(monkeypatch):
+    """A two-layer GPT registered as a model name: the nvml backend now replays every kernel as itself, and
+    gpt3-small's fused AdamW over 125 M parameters takes seconds a replay on a CPU."""
+    from freqopt.models import MODELS, GPTConfig
+
+    monkeypatch.setitem(MODELS, "tiny-gpt", GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16))
+    return "tiny-gpt"
+
+
+def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path, tiny_model):
     from freqopt.cli import main
 
     fake.root = True
     for g in fake.gpus:
         g.realtime, g.counter_period_s = True, 0.02
     out = tmp_path / "r.json"
-    assert main(["search", "--backend", "nvml", "--model", "gpt3-small", "--max-slowdown", "5%", "--granularity",
+    assert main(["search", "--backend", "nvml", "--model", tiny_model, "--max-slowdown", "5%", "--granularity",
                  "iteration", "--trials", "2", "--seq-len", "16", "--micro-batch-size", "1", "--out",
                  str(tmp_path / "o"), "--json", str(out)]) == 0  # fmt: skip
     result = json.loads(out.read_text())["results"]["iteration"]
@@ -298,14 +308,14 @@ def test_cli_search_without_permission_is_one_clear_line(fake, tmp_path, capsys)
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
-def test_cli_powercap_on_the_nvml_backend_puts_the_limit_back(fake, tmp_path):
+def test_cli_powercap_on_the_nvml_backend_puts_the_limit_back(fake, tmp_path, tiny_model):
     from freqopt.cli import main
 
     fake.root = True
     fake.gpus[0].power_limit_mw = 680_000  # found below the default
     for g in fake.gpus:
         g.realtime, g.counter_period_s = True, 0.02
-    assert main(["powercap", "--backend", "nvml", "--model", "gpt3-small", "--caps", "400", "--seq-len", "16",
+    assert main(["powercap", "--backend", "nvml", "--model", tiny_model, "--caps", "400", "--seq-len", "16",
                  "--micro-batch-size", "1", "--json", str(tmp_path / "p.json")]) == 0  # fmt: skip
     assert ("nvmlDeviceSetPowerManagementLimit", 0, 400_000) in fake.set_calls()
     assert fake.gpus[0].power_limit_mw == 680_000  # the value found, not the default

@@ -79,7 +79,10 @@ class SearchConfig:
         max_slowdown: allowed fractional slowdown of the iteration, in [0, 1) (0.01 = 1 %).
         granularities: which of GRANULARITIES to search.
         n_trials_1d: trials per unit when the space has one dimension (SM clock only, or power limit).
-        n_trials_2d: trials per unit when memory clocks are searched too.
+        n_trials_2d: trials per unit when memory clocks are searched too; None: ``n_trials_1d`` plus
+            ``n_trials_per_mem_clock`` for each memory clock beyond the first (H100, 2 clocks: 18; RTX 3080 Ti,
+            5 clocks: 30).
+        n_trials_per_mem_clock: see n_trials_2d.
         finalist_repeats: extra measurements of each finalist (noise-aware selection).
         validation_repeats: measurements of the whole iteration, averaged, for the baseline and each schedule.
         max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
@@ -97,7 +100,8 @@ class SearchConfig:
     max_slowdown: float
     granularities: tuple[str, ...] = GRANULARITIES
     n_trials_1d: int = 14
-    n_trials_2d: int = 30
+    n_trials_2d: int | None = None
+    n_trials_per_mem_clock: int = 4
     finalist_repeats: int = 2
     validation_repeats: int = 3
     max_validation_rounds: int = 8
@@ -349,10 +353,13 @@ def run_unit_studies(
     """
     units = partition(trace, granularity)
     space = "power" if granularity == "power-cap" else "clocks"
-    two_d = space == "clocks" and len(backend.spec.mem_clocks_mhz) > 1
+    n_mem = len(backend.spec.mem_clocks_mhz) if space == "clocks" else 1
+    n_trials = config.n_trials_1d
+    if n_mem > 1:
+        n_trials = config.n_trials_2d or config.n_trials_1d + config.n_trials_per_mem_clock * (n_mem - 1)
     work = UnitWork(
         prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
-        n_trials=config.n_trials_2d if two_d else config.n_trials_1d, finalist_repeats=config.finalist_repeats,
+        n_trials=n_trials, finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
     )  # fmt: skip
     inherited = [[] if w in (None, DEFAULT_SETTING) else [w] for w in (warm_start or [None] * len(units))]
