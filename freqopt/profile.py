@@ -177,12 +177,9 @@ def check_device(device: str) -> str:
         return device
     if parsed.type != "cuda":
         raise InvalidSettingError(f"device {device!r}: profile trains on 'cuda' (the GPU NVML measures) or 'cpu'")
-    if torch.version.cuda is None:
-        raise InvalidSettingError(f"device {device!r} needs a CUDA build of torch (this one, {torch.__version__}, is "
-                                  "CPU-only); install a CUDA build, or pass device 'cpu'")  # fmt: skip
-    if not torch.cuda.is_available():
-        raise InvalidSettingError(f"device {device!r}: torch sees no CUDA GPU; make one visible "
-                                  "(CUDA_VISIBLE_DEVICES), or pass device 'cpu'")  # fmt: skip
+    from freqopt.train import check_training_device
+
+    check_training_device(device)  # a CUDA build of torch that sees a GPU
     if parsed.index not in (None, 0):
         raise InvalidSettingError(f"device {device!r}: NVML measures the first visible GPU; pass device 'cuda' and "
                                   "choose the GPU with CUDA_VISIBLE_DEVICES")  # fmt: skip

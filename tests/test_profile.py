@@ -67,7 +67,7 @@ def test_cli_profile_bad_input_is_one_line_exit_2(args, message, capsys):
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch")
 def test_cuda_device_on_a_cpu_only_torch_says_what_to_do():
-    with pytest.raises(InvalidSettingError, match="needs a CUDA build of torch.*pass device 'cpu'"):
+    with pytest.raises(InvalidSettingError, match="CPU build; install a CUDA build of torch.*device 'cpu'"):
         check_device("cuda")
     assert check_device("cpu") == "cpu"
 
