@@ -2,7 +2,7 @@
 RTX 3080 Ti, local and global allocation, goals "no slowdown" and "minimal energy-delay product", and the
 energy saved against the allowed slowdown from 0 % to 100 %.
 
-    python experiments/repro_spaan.py       # about 6 minutes on 2 cores; writes experiments/spaan/
+    python experiments/repro_spaan.py       # 20-30 minutes on 2 cores; writes experiments/spaan/
 
 Paper: "Reducing Compute Waste in LLMs through Kernel-Level DVFS" (arXiv 2601.08539, ACM Computing Frontiers
 2026); its figures as quoted in shared/calibration/published.md. Setup here, as theirs: GPT-3 XL (24 layers,
