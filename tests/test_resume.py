@@ -81,6 +81,19 @@ def _search_command(json_path):
             "--out", "out", "--json", str(json_path)]  # fmt: skip
 
 
+def _logged_measurements(db) -> int:
+    """Measurements logged in a search's SQLite storage so far (study user attributes, freqopt/search/journal.py)."""
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("SELECT COUNT(*) FROM study_user_attributes").fetchone()[0]
+    except sqlite3.Error:  # tables not created yet, or locked for a moment
+        return 0
+
+
 def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path):
     env = {**os.environ, "COLUMNS": "200"}
     whole, killed = tmp_path / "whole", tmp_path / "killed"  # each its own storage, out/freqopt.db
@@ -88,10 +101,17 @@ def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path):
     killed.mkdir()
     subprocess.run(_search_command(whole / "r.json"), cwd=whole, env=env, check=True, capture_output=True, timeout=600)
     kills = 0
-    for delay_s in (4.0, 7.0, 5.0, 9.0):  # SIGKILL mid-run, at a different point each time
+    db = killed / "out" / "freqopt.db"
+    for extra_s in (0.0, 1.5, 0.5, 2.5):  # SIGKILL mid-run, at a different point each time
         proc = subprocess.Popen(_search_command(killed / "r.json"), cwd=killed, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        time.sleep(delay_s)
+        # Kill once this run has logged measurements of its own: a fixed delay can fall inside start-up (importing
+        # torch and tracing) on a loaded machine, and then no run is killed mid-search at all.
+        before = _logged_measurements(db)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and _logged_measurements(db) <= before + 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(extra_s)
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
