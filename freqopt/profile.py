@@ -251,12 +251,10 @@ class _Trainer:
         self.model = build_model(config, device=device, dtype=self.dtype)
         self.optimizer = MixedPrecisionAdamW(self.model.parameters())
         generator = torch.Generator().manual_seed(seed + 1)
-        self.batches = []
-        for _ in range(N_BATCHES):  # made before any timing, so no step pays for the host-to-device copy
-            tokens = torch.randint(0, config.vocab_size, (workload.micro_batch_size, config.seq_len + 1),
-                                   generator=generator)  # (B, T + 1)  # fmt: skip
-            # (B, T) each; contiguous, as the models flatten targets with view().
-            self.batches.append((tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)))
+        from freqopt.train import synthetic_batch
+
+        # Made before any timing, so no step pays for the host-to-device copy.
+        self.batches = [synthetic_batch(workload, generator, device) for _ in range(N_BATCHES)]
         self.n = 0
 
     def sync(self) -> None:

@@ -28,7 +28,7 @@ from freqopt.runtime import DVFSRuntime, plan_phases
 from freqopt.tables import ClockTable
 from freqopt.trace import trace_training_iteration
 
-__all__ = ["StepRecord", "TrainReport", "check_training_device", "train"]
+__all__ = ["StepRecord", "TrainReport", "check_training_device", "synthetic_batch", "train"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,14 @@ def _blocks(steps: int, compare: bool, has_table: bool) -> list[bool]:
         return [has_table] * steps
     block = max(1, steps // 4)
     return [(i // block) % 2 == 0 for i in range(steps)]
+
+
+def synthetic_batch(workload: Workload, generator: torch.Generator, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of synthetic language-model data: tokens (B, T) drawn from the tokenizer's vocabulary (not its
+    padding) and their targets (B, T), the next tokens, both on ``device``."""
+    config = workload.config
+    tokens = torch.randint(0, config.vocab_size, (workload.micro_batch_size, config.seq_len + 1), generator=generator)
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
 def check_training_device(device: str) -> None:
@@ -157,10 +165,7 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
     with runtime:
         for i, with_table in enumerate(schedule):
             runtime.plan = table_plan if with_table else default_plan
-            # Synthetic tokens from the tokenizer's vocabulary (not the padding); the targets are the next tokens.
-            tokens = torch.randint(0, workload.config.vocab_size,
-                                   (workload.micro_batch_size, workload.config.seq_len + 1), generator=generator)
-            idx, targets = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+            idx, targets = synthetic_batch(workload, generator, device)
             if not runtime.simulated and energy_before is None:
                 if on_cuda:
                     torch.cuda.synchronize(device)
