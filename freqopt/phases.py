@@ -45,14 +45,19 @@ def quiet_backward_hooks():
 
 
 def phase_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules whose forward and backward starts are phase boundaries, in forward order: the children of every
-    block in the model's ``layers`` ModuleList, and the model's other direct children (embeddings, final norm,
-    output layer). Works on a DeepSpeed engine's ``module`` too."""
+    """The modules whose forward and backward starts are phase boundaries: the children of every block in the
+    model's ModuleList of blocks, and the model's other direct children (embeddings, final norm, output layer).
+    A child that holds the ModuleList further down (a Hugging Face model's ``model`` or ``transformer``, or a
+    wrapper around one) is searched in turn, so ``LlamaForCausalLM`` gives ``model.embed_tokens``,
+    ``model.layers.0.self_attn``, ..., ``model.norm``, ``lm_head``. Works on a DeepSpeed engine's ``module`` too.
+    Blocks' children come in registration order; the hooks mark them in the order they run."""
     out = []
     for name, child in model.named_children():
         if isinstance(child, nn.ModuleList):
             for i, block in enumerate(child):
                 out.extend((f"{name}.{i}.{sub}", m) for sub, m in block.named_children())
+        elif any(isinstance(m, nn.ModuleList) for m in child.modules()):
+            out.extend((f"{name}.{sub}", m) for sub, m in phase_modules(child))
         else:
             out.append((name, child))
     return out

@@ -36,6 +36,8 @@ from torch.utils.flop_counter import flop_registry
 from freqopt.models import Workload, build_model
 from freqopt.models.ops import MixedPrecisionAdamW
 from freqopt.models.parallel import COMM_STREAM, COMPUTE_STREAM, all_reduce, shard_tensor_parallel
+from freqopt.models.meta_checks import MetaChecks
+from freqopt.models.sdpa import FusedSDPA
 from freqopt.phases import PhaseHooks, quiet_backward_hooks
 
 __all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration",
@@ -51,12 +53,19 @@ _KINDS = {
     "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "baddbmm": "gemm",
     "flash_attention": "attention", "flash_attention_backward": "attention",
     "native_layer_norm": "normalization", "native_layer_norm_backward": "normalization",
-    "_softmax": "softmax", "_softmax_backward_data": "softmax",
+    "_softmax": "softmax", "_softmax_backward_data": "softmax", "_safe_softmax": "softmax",
     "_log_softmax": "softmax", "_log_softmax_backward_data": "softmax",
     "nll_loss_forward": "reduction", "nll_loss_backward": "reduction",
     "sum": "reduction", "mean": "reduction",
     "embedding": "embedding", "embedding_dense_backward": "embedding",
-    "_fused_adamw_": "optimizer", "_foreach_add_": "optimizer",
+    "_fused_adamw_": "optimizer", "_fused_adam_": "optimizer", "_fused_sgd_": "optimizer",
+    # torch.optim's multi-tensor (foreach) optimizers: AdamW, Adam, SGD with momentum and the like.
+    "_foreach_add_": "optimizer", "_foreach_add": "optimizer", "_foreach_sub_": "optimizer",
+    "_foreach_mul_": "optimizer", "_foreach_mul": "optimizer", "_foreach_div_": "optimizer",
+    "_foreach_div": "optimizer", "_foreach_lerp_": "optimizer", "_foreach_addcmul_": "optimizer",
+    "_foreach_addcdiv_": "optimizer", "_foreach_sqrt": "optimizer", "_foreach_sqrt_": "optimizer",
+    "_foreach_maximum_": "optimizer", "_foreach_neg": "optimizer", "_foreach_neg_": "optimizer",
+    "_foreach_pow": "optimizer", "_foreach_reciprocal_": "optimizer", "_foreach_sign": "optimizer",
     "_to_copy": "memcpy", "copy_": "memcpy", "_foreach_copy_": "memcpy", "clone": "memcpy",
     "_foreach_norm": "reduction", "linalg_vector_norm": "reduction", "stack": "memcpy",
     "all_reduce": "all-reduce",
@@ -308,7 +317,7 @@ class _KernelRecorder(TorchDispatchMode):
             mem_bytes = sum(map(_tensor_bytes, inputs))
         formula = flop_registry.get(packet)
         flops = float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
-        floating = [t for t in inputs if t.is_floating_point()] or inputs
+        floating = [t for t in inputs if t.is_floating_point()] or inputs or outputs  # outputs: factories (full)
         dtype = _dtype_name(floating[0].dtype)
         kind = _KINDS.get(op, "elementwise")
         self.kernels.append(
@@ -418,7 +427,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
             return sq_norm
 
         optimizer = MixedPrecisionAdamW(params, reduce_sq_norm=reduce_norm)
-        with recorder, hooks:
+        with recorder, hooks, FusedSDPA(), MetaChecks():
             loss = model(idx, idx)
             recorder.pass_name = "backward"
             with quiet_backward_hooks():
@@ -430,7 +439,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
             hooks.mark_step()
             optimizer.step()
     else:
-        with torch.no_grad(), recorder, hooks:
+        with torch.no_grad(), recorder, hooks, FusedSDPA(), MetaChecks():
             model(idx)
     n_params = sum(p.numel() for p in model.parameters())
     meta = {"n_params": n_params, "mode": mode, "layout": layout.as_dict(), "marks": tuple(recorder.marks)}

@@ -5,11 +5,17 @@ it only has a shape, and the tracer records it as a communication kernel. ``shar
 model the way DeepSpeed's AutoTP training does (deepspeed.module_inject: ``LinearLayer`` and
 ``LinearAllreduce``, checked against a real two-rank DeepSpeed run in tests/test_deepspeed.py):
 
-* q_proj, k_proj, v_proj, up_proj become column-parallel: each rank holds out_features / tp rows of the weight
-  (and bias); forward is ``x @ W_r^T + b_r``; backward all-reduces the input gradient over the tp group.
+* q_proj, k_proj, v_proj, gate_proj, up_proj become column-parallel: each rank holds out_features / tp rows of
+  the weight (and bias); forward is ``x @ W_r^T + b_r``; backward all-reduces the input gradient over the tp group.
 * o_proj, down_proj become row-parallel: each rank holds in_features / tp columns; forward is ``x_r @ W_r^T``,
   all-reduced over the tp group, then the full bias is added; backward needs no collective.
 * Embeddings, layer norms and the output layer stay replicated.
+
+Hugging Face models (freqopt.models.hf) use the same names (Llama, Mistral, Qwen2: q/k/v/o_proj, gate/up/down_proj;
+their heads and key/value heads are divided by tp, which the attention's ``view(..., -1, head_dim)`` follows).
+GPT-2's ``transformers.pytorch_utils.Conv1D`` layers (weight (in, out)) are sharded as Megatron-LM shards GPT-2:
+the fused q/k/v ``c_attn`` and the MLP's ``c_fc`` column-parallel (each rank holds the q, k and v columns of its
+nh / tp heads, so the attention's ``split_size`` becomes d / tp), both ``c_proj`` row-parallel.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ import torch.nn as nn
 
 __all__ = ["all_reduce", "shard_tensor_parallel", "COLUMN_PARALLEL", "ROW_PARALLEL", "COMPUTE_STREAM", "COMM_STREAM"]
 
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "up_proj")
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
+# GPT-2's Conv1D layers (Hugging Face transformers): fused q/k/v and MLP up projection; attention and MLP outputs.
+CONV1D_COLUMN_PARALLEL = ("c_attn", "c_fc")
+CONV1D_ROW_PARALLEL = ("c_proj",)
 COMPUTE_STREAM = 0  # the training stream: kernels run in issue order
 COMM_STREAM = 1  # a side stream: data-parallel gradient buckets overlap the backward pass (ZeRO-1 overlap_comm)
 
@@ -109,8 +118,27 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> nn.Module:
         return model
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and name in COLUMN_PARALLEL:
-                setattr(parent, name, ColumnParallelLinear(child, tp))
-            elif isinstance(child, nn.Linear) and name in ROW_PARALLEL:
-                setattr(parent, name, RowParallelLinear(child, tp))
+            if _is_conv1d(child) and name in CONV1D_COLUMN_PARALLEL + CONV1D_ROW_PARALLEL:
+                child = _conv1d_as_linear(child)
+                column = name in CONV1D_COLUMN_PARALLEL
+                if name == "c_attn" and hasattr(parent, "split_size"):  # GPT-2 attention splits q, k, v of d each
+                    parent.split_size //= tp
+            elif isinstance(child, nn.Linear) and name in COLUMN_PARALLEL + ROW_PARALLEL:
+                column = name in COLUMN_PARALLEL
+            else:
+                continue
+            setattr(parent, name, ColumnParallelLinear(child, tp) if column else RowParallelLinear(child, tp))
     return model
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    """A transformers.pytorch_utils.Conv1D (GPT-2's linear layer, weight (in, out)), told by type name so that this
+    module does not import transformers."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def _conv1d_as_linear(conv: nn.Module) -> nn.Linear:
+    """An nn.Linear of a Conv1D's shape (weight (out, in)) on its device, for the sharded layers to read."""
+    in_features, out_features = conv.weight.shape
+    return nn.Linear(in_features, out_features, bias=conv.bias is not None, device=conv.weight.device,
+                     dtype=conv.weight.dtype)

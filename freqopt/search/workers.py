@@ -118,10 +118,10 @@ def load_job(storage, prefix: str) -> dict | None:
 def trace_from_job(job: dict) -> Trace:
     """The leader's trace, traced again from the job's workload."""
     from freqopt.layout import Layout
-    from freqopt.models import MODELS, Workload
+    from freqopt.models import Workload, config_from_dict
     from freqopt.trace import trace_iteration
 
-    config = type(MODELS[job["model"]])(**job["config"])
+    config = config_from_dict(job["model"], job["config"])
     workload = Workload(job["model"], config, job["micro_batch_size"], Layout(**job["layout"]))
     return trace_iteration(workload, job["mode"])
 
