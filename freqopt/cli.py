@@ -81,10 +81,12 @@ def cli() -> None:
 
 
 @cli.command()
+@click.argument("names", nargs=-1)
 @_model_options
-def models(micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:
-    """List the models, with parameter counts computed from the PyTorch modules (per GPU under --layout) and the
-    vocabulary the embedding and output layer hold (the tokenizer's in parentheses where padded)."""
+def models(names, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:
+    """List the models (or only NAMES, which may include hf:PATH for a Hugging Face config.json), with parameter
+    counts computed from the PyTorch modules (per GPU under --layout) and the vocabulary the embedding and output
+    layer hold (the tokenizer's in parentheses where padded)."""
     from rich.table import Table
 
     from freqopt.layout import parse_layout
@@ -95,15 +97,15 @@ def models(micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:
     if not parsed.is_single_gpu:
         columns.append(f"parameters per GPU ({parsed})")
     table = Table(*columns)
-    for name in list_models():
+    for name in names or list_models():
         w = get_workload(name, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                          vocab_multiple=vocab_multiple)  # fmt: skip
         c = w.config
         vocab = str(c.padded_vocab_size) + (f" ({c.vocab_size})" if c.padded_vocab_size != c.vocab_size else "")
-        row = [name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len), vocab,
+        row = [w.model, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len), vocab,
                f"{count_parameters(c) / 1e6:,.1f} M"]  # fmt: skip
         if not parsed.is_single_gpu:
-            fits = c.n_heads % parsed.tp == 0
+            fits = c.n_heads % parsed.tp == 0 and getattr(c, "n_kv_heads", c.n_heads) % parsed.tp == 0
             row.append(f"{count_parameters(c, parsed.tp) / 1e6:,.1f} M" if fits else f"tp must divide {c.n_heads} heads")
         table.add_row(*row)
     _stdout_console().print(table)
@@ -130,7 +132,7 @@ def gpus() -> None:
 
 
 @cli.command()
-@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--granularity", default="all", show_default=True, help="all, power-cap, iteration, pass or kernel.")
@@ -222,7 +224,7 @@ def _run_search(workload, spec, backend, config, backend_name, out: Path, json_p
             progress.update(task, advance=1, description=f"{granularity}: unit {done}/{n}")
 
         result = run_search(trace, backend, config, on_unit=on_unit)
-    stem = f"{workload.model}-{spec.name}" + ("" if workload.layout.is_single_gpu
+    stem = f"{workload.model.replace(':', '-')}-{spec.name}" + ("" if workload.layout.is_single_gpu
                                                else f"-dp{workload.layout.dp}tp{workload.layout.tp}")  # fmt: skip
     paths = {}
     for g in result.results:
@@ -398,7 +400,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
 
 
 @cli.command()
-@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--table", "table_path", default=None, help="A clock table to apply (default: none, default clocks).")
 @click.option("--steps", default=8, show_default=True, type=int, help="Training steps.")
 @click.option("--backend", default="sim", show_default=True, help="sim (simulated GPU timeline) or nvml (a real GPU).")
@@ -482,7 +484,7 @@ def _relaunch_under_deepspeed(world_size: int) -> None:
 
 
 @cli.command()
-@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm (nvml: the real GPU's).")
 @click.option("--backend", default="sim", show_default=True,
               help="sim (the simulated GPU) or nvml (trains on the first visible GPU and reads it, never sets it).")
@@ -553,7 +555,7 @@ def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> N
 
 
 @cli.command()
-@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--granularity", default="kernel", show_default=True, help="iteration, pass or kernel.")
 @click.option("--max-slowdown", default="1%", show_default=True, help="Allowed slowdown: 1% or 0.01.")
@@ -638,7 +640,7 @@ def parse_caps(text: str) -> list[float]:
 
 
 @cli.command()
-@click.option("--model", required=True, help="Model name (see `freqopt models`).")
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--caps", default=None, help="Power limits in W, e.g. 100,150,200,250; default: 4 from min to default.")
 @click.option("--mode", default="train", show_default=True, help="train (one training step) or inference (one batch).")

@@ -1,0 +1,168 @@
+"""Hugging Face causal LMs as workloads (hf:PATH): traced with fused attention, FLOPs against the analytic count,
+parallel layouts, phase marks, a search, and the errors for missing transformers or bad configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+pytest.importorskip("transformers")
+
+from freqopt.errors import InvalidSettingError, UnknownNameError  # noqa: E402
+from freqopt.layout import Layout  # noqa: E402
+from freqopt.models import build_model, config_from_dict, count_parameters, get_workload  # noqa: E402
+from freqopt.models.parallel import COMM_STREAM  # noqa: E402
+from freqopt.trace import trace_iteration  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "hf"
+CONFIGS = ("llama", "mistral", "qwen2", "gpt2")
+B, T = 2, 128
+
+
+def hf(name: str) -> str:
+    return f"hf:{DATA / name}"
+
+
+_traces: dict = {}
+
+
+def traced(name: str, layout: Layout | None = None):
+    key = (name, layout)
+    if key not in _traces:
+        _traces[key] = trace_iteration(get_workload(hf(name), micro_batch_size=B, seq_len=T, layout=layout))
+    return _traces[key]
+
+
+def matmul_parameters(model: nn.Module) -> int:
+    """Weights of the Linear and GPT-2 Conv1D layers, the output layer included (counted even when tied to the
+    embedding: its matmul runs either way); embeddings, norms and biases excluded."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_attention_is_one_fused_kernel_each_way(name):
+    trace = traced(name)
+    c = trace.workload.config
+    attention = [k for k in trace.kernels if k.kind == "attention"]
+    assert [k.pass_name for k in attention] == ["forward"] * c.n_layers + ["backward"] * c.n_layers
+    assert all(k.causal and k.tensor_core for k in attention)
+    q, kk, v = attention[0].shapes[:3]
+    assert q == (B, c.n_heads, T, c.head_dim) and kk == v == (B, c.n_kv_heads, T, c.head_dim)  # GQA read as is
+    assert not [k for k in trace.kernels if k.name in ("aten.bmm", "aten.baddbmm")]
+    scores = [k for k in trace.kernels if any(len(s) >= 2 and s[-2:] == (T, T) for s in k.shapes)]
+    assert not scores, [k.name for k in scores]  # no (T, T) score or mask tensor anywhere
+    assert {k.name for k in trace.kernels if k.kind == "softmax"} <= {"aten._log_softmax",
+                                                                       "aten._log_softmax_backward_data"}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_flops_match_the_analytic_count(name):
+    trace = traced(name)
+    c = trace.workload.config
+    model = build_model(c)
+    expected = 6 * B * T * matmul_parameters(model) + 12 * c.n_layers * B * T * T * c.n_heads * c.head_dim
+    assert trace.total_flops == pytest.approx(expected, rel=0.05)
+    assert trace.meta["n_params"] == count_parameters(c)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_data_parallel_buckets_gradients(name):
+    single, dp = traced(name), traced(name, Layout(dp=2))
+    buckets = [k for k in dp.kernels if k.kind == "all-reduce" and k.stream == COMM_STREAM]
+    assert buckets and all(k.pass_name == "backward" and k.group_size == 2 for k in buckets)
+    # the buckets carry every gradient once, in bf16
+    assert sum(k.comm_bytes for k in buckets) == 2 * single.meta["n_params"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_tensor_parallel_shards_heads_and_adds_all_reduces(name):
+    single, tp = traced(name), traced(name, Layout(tp=2))
+    c = tp.workload.config
+    forward_reduces = [k for k in tp.kernels if k.kind == "all-reduce" and k.pass_name == "forward"]
+    assert len(forward_reduces) == 2 * c.n_layers  # after the attention output and the MLP down projection
+    assert all(k.shapes == ((B, T, c.d_model),) for k in forward_reduces)
+    assert any(k.kind == "all-reduce" and k.pass_name == "backward" for k in tp.kernels)
+    q, kk, _ = next(k for k in tp.kernels if k.kind == "attention").shapes[:3]
+    assert q[1] == c.n_heads // 2 and kk[1] == c.n_kv_heads // 2
+    assert tp.meta["n_params"] < single.meta["n_params"]
+    gemm_flops = sum(k.flops for k in tp.kernels if k.kind == "gemm")
+    assert gemm_flops < sum(k.flops for k in single.kernels if k.kind == "gemm")
+
+
+def test_tensor_parallel_must_divide_the_key_value_heads():
+    with pytest.raises(InvalidSettingError, match="key/value heads"):
+        get_workload(hf("mistral"), layout=Layout(tp=4))  # 8 heads, 2 key/value heads
+
+
+def test_phase_marks_are_the_decoder_layers_children():
+    trace = traced("llama")
+    labels = [label for label, _ in trace.meta["marks"]]
+    assert "fwd:model.model.layers.0.self_attn" in labels and "bwd:model.model.layers.1.mlp" in labels
+    assert "fwd:model.model.embed_tokens" in labels and "fwd:model.lm_head" in labels
+    assert labels.count("step") == 1
+    gpt2 = [label for label, _ in traced("gpt2").meta["marks"]]
+    assert "fwd:model.transformer.h.1.attn" in gpt2
+
+
+def test_config_is_hashable_and_rebuilds_from_its_dict():
+    w = get_workload(hf("qwen2"), micro_batch_size=B, seq_len=T)
+    c = w.config
+    assert w.model == "hf:qwen2" and c.seq_len == T and c.tied_embeddings and c.n_kv_heads == 2
+    assert get_workload(hf("qwen2")).config.seq_len == 2048  # min(max_position_embeddings 4096, 2048)
+    assert get_workload(hf("llama")).config.seq_len == 512  # max_position_embeddings
+    again = config_from_dict(w.model, dataclasses.asdict(c))
+    assert again == c and hash(again) == hash(c)
+    assert len(trace_iteration(dataclasses.replace(w, config=again))) == len(trace_iteration(w))
+
+
+def test_a_short_search_runs_on_an_hf_trace():
+    from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.gpus import get_gpu
+    from freqopt.search.runner import SearchConfig, run_search
+
+    config = SearchConfig(max_slowdown=0.01, granularities=("pass",), n_trials_1d=4, n_trials_per_mem_clock=1,
+                          validation_repeats=1, finalist_repeats=0)  # fmt: skip
+    result = run_search(traced("llama"), SimulatedGPU(get_gpu("h100-sxm")), config)
+    validated = result.results["pass"].validated
+    assert validated.time_s <= result.baseline.time_s * 1.02
+    assert validated.energy_j < result.baseline.energy_j
+
+
+def test_missing_transformers_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(UnknownNameError, match=r"pip install 'freqopt\[hf\]'"):
+        get_workload(hf("llama"))
+
+
+def test_bad_configs_name_their_path(tmp_path):
+    with pytest.raises(UnknownNameError, match="no Hugging Face config at .*nowhere"):
+        get_workload(f"hf:{tmp_path / 'nowhere'}")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(InvalidSettingError, match=f"cannot read the Hugging Face config .*{tmp_path.name}"):
+        get_workload(f"hf:{tmp_path}")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(InvalidSettingError, match="names no model_type"):
+        get_workload(f"hf:{tmp_path}")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    with pytest.raises(UnknownNameError, match=tmp_path.name):
+        get_workload(f"hf:{tmp_path}")
+    with pytest.raises(InvalidSettingError, match="exceeds the 512 positions"):
+        get_workload(hf("llama"), seq_len=1024)
+    with pytest.raises(InvalidSettingError, match="n_heads applies to the built-in models"):
+        get_workload(hf("llama"), n_heads=4)
+
+
+def test_sdpa_on_real_tensors_is_untouched():
+    from freqopt.models.sdpa import FusedSDPA
+
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with FusedSDPA():
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, expected)
