@@ -1,0 +1,159 @@
+"""freqopt.step_trace.trace_step: a user's own training step, traced with passes, fused attention and torch.optim's
+kernels, searchable, with clear errors for wrong input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from freqopt.errors import InvalidSettingError
+from freqopt.step_trace import trace_step
+
+V, D, N_HEADS, N_KV_HEADS, N_LAYERS, B, T = 512, 128, 4, 2, 2, 2, 64
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head_dim = D // N_HEADS
+        self.norm_1 = RMSNorm(D)
+        self.q = nn.Linear(D, D, bias=False)
+        self.kv = nn.Linear(D, 2 * N_KV_HEADS * self.head_dim, bias=False)
+        self.o = nn.Linear(D, D, bias=False)
+        self.norm_2 = RMSNorm(D)
+        self.gate = nn.Linear(D, 4 * D, bias=False)
+        self.up = nn.Linear(D, 4 * D, bias=False)
+        self.down = nn.Linear(4 * D, D, bias=False)
+
+    def forward(self, x):  # (B, T, D)
+        h = self.norm_1(x)
+        q = self.q(h).view(B, T, N_HEADS, self.head_dim).transpose(1, 2)
+        k, v = self.kv(h).view(B, T, 2, N_KV_HEADS, self.head_dim).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, nh, T, hd)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, D))
+        h = self.norm_2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))  # SwiGLU
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.layers = nn.ModuleList(Block() for _ in range(N_LAYERS))
+        self.norm = RMSNorm(D)
+        self.head = nn.Linear(D, V, bias=False)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.layers:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def make_step(device="meta", **optimizer_kwargs):
+    with torch.device(device):
+        model = TinyLM().to(torch.bfloat16)
+        idx = torch.zeros(B, T, dtype=torch.long)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **optimizer_kwargs)
+
+    def step():
+        loss = F.cross_entropy(model(idx).flatten(0, 1).float(), idx.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step, model
+
+
+FOREACH_ADAMW = {"aten._foreach_lerp_", "aten._foreach_addcmul_", "aten._foreach_sqrt", "aten._foreach_div_",
+                 "aten._foreach_addcdiv_", "aten._foreach_mul_", "aten._foreach_add_"}  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer_kwargs, expected_ops", [
+    ({"foreach": True}, FOREACH_ADAMW),
+    ({}, FOREACH_ADAMW),  # torch.optim's default for CUDA parameters
+    ({"fused": True}, {"aten._fused_adamw_"}),
+])  # fmt: skip
+def test_user_step_traces_with_passes_fused_attention_and_optimizer_kernels(optimizer_kwargs, expected_ops):
+    step, model = make_step(**optimizer_kwargs)
+    trace = trace_step(step, name="tiny-lm", module=model, micro_batch_size=B, seq_len=T)
+    assert {k.pass_name for k in trace.kernels} == {"forward", "backward", "optimizer"}
+    attention = [k for k in trace.kernels if k.kind == "attention"]
+    assert [k.pass_name for k in attention] == ["forward"] * N_LAYERS + ["backward"] * N_LAYERS
+    assert attention[0].causal and attention[0].shapes[1] == (B, N_KV_HEADS, T, D // N_HEADS)
+    assert not [k for k in trace.kernels if k.name in ("aten.bmm", "aten._softmax", "aten._safe_softmax")]
+    optimizer = [k for k in trace.kernels if k.pass_name == "optimizer"]
+    assert expected_ops <= {k.name for k in optimizer}
+    assert all(k.kind == "optimizer" for k in optimizer)  # no zeros of lazily made state: warm-up step untraced
+    n_params = sum(p.numel() for p in model.parameters())
+    fused = [k.shapes for k in optimizer if k.name == "aten._fused_adamw_"]
+    n_tensors = len(list(model.parameters()))  # params, grads, two moments, and a step counter each
+    assert fused in ([], [((5 * n_tensors, 4 * n_params + n_tensors),)])
+    assert trace.meta["n_params"] == n_params
+    labels = [label for label, _ in trace.meta["marks"]]
+    assert "fwd:layers.0.q" in labels and "bwd:layers.1.down" in labels and labels.count("step") == 1
+    assert trace.workload.model == "tiny-lm" and trace.workload.config.seq_len == T
+    # forward GEMM FLOPs: 2 x tokens x matmul weights
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    forward_gemm = sum(k.flops for k in trace.kernels if k.kind == "gemm" and k.pass_name == "forward")
+    assert forward_gemm == 2 * B * T * weights
+
+
+def test_a_search_runs_on_a_user_trace():
+    from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.gpus import get_gpu
+    from freqopt.search.runner import SearchConfig, run_search
+
+    step, model = make_step(fused=True)
+    trace = trace_step(step, name="tiny-lm", module=model)
+    config = SearchConfig(max_slowdown=0.01, granularities=("pass",), n_trials_1d=4, n_trials_per_mem_clock=1,
+                          validation_repeats=1, finalist_repeats=0)  # fmt: skip
+    result = run_search(trace, SimulatedGPU(get_gpu("h100-sxm")), config)
+    assert result.results["pass"].validated.energy_j < result.baseline.energy_j
+
+
+def test_real_tensors_are_refused():
+    step, model = make_step(device="cpu", foreach=True)
+    with pytest.raises(InvalidSettingError, match=r"module has parameters on cpu; build the model .*torch.device\('meta'\)"):
+        trace_step(step, name="x", module=model)
+    with pytest.raises(InvalidSettingError, match=r"on a cpu tensor of shape .*torch.device\('meta'\)"):
+        trace_step(step, name="x")  # no module: found at the first operator
+
+
+def test_a_step_without_backward_is_refused():
+    _, model = make_step()
+
+    def forward_only():
+        model(torch.zeros(B, T, dtype=torch.long, device="meta"))
+
+    with pytest.raises(InvalidSettingError, match=r"ran no backward pass; call loss.backward\(\)"):
+        trace_step(forward_only, name="x", module=model)
+
+
+def test_a_step_that_raises_is_wrapped():
+    def broken():
+        raise ValueError("boom\nsecond line")
+
+    with pytest.raises(InvalidSettingError, match=r"^step_fn raised ValueError: boom$") as info:
+        trace_step(broken, name="x")
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_step_without_kernels_and_bad_arguments_are_refused():
+    with pytest.raises(InvalidSettingError, match="launched no kernel"):
+        trace_step(lambda: None, name="x")
+    with pytest.raises(InvalidSettingError, match="name must be a non-empty string"):
+        trace_step(lambda: None, name="")
+    with pytest.raises(InvalidSettingError, match="step_fn must be a zero-argument callable"):
+        trace_step(None, name="x")
