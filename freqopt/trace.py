@@ -433,5 +433,8 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
         with torch.no_grad(), recorder, hooks:
             model(idx)
     n_params = sum(p.numel() for p in model.parameters())
-    meta = {"n_params": n_params, "mode": mode, "layout": layout.as_dict(), "marks": tuple(recorder.marks)}
+    from freqopt.fingerprint import FINGERPRINT_KEY, module_fingerprint
+
+    meta = {"n_params": n_params, "mode": mode, "layout": layout.as_dict(), "marks": tuple(recorder.marks),
+            FINGERPRINT_KEY: module_fingerprint(model)}  # checked by the runtime: freqopt.fingerprint
     return Trace(workload=workload, kernels=tuple(recorder.kernels), meta=meta)
