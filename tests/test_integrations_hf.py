@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,8 @@ class Failing(TrainerGPT):
 
 
 def pass_table() -> ClockTable:
-    entries = [{"unit": p, "sm_clock_mhz": c, "mem_clock_mhz": 2619, "power_limit_w": None} for p, c in SETTINGS.items()]
+    entries = [{"unit": p, "sm_clock_mhz": c, "mem_clock_mhz": 2619, "power_limit_w": None}
+               for p, c in SETTINGS.items()]  # fmt: skip
     return ClockTable({"granularity": "pass", "entries": entries, "gpu": {"name": "h100-sxm"}})
 
 
@@ -57,9 +59,10 @@ def dataset(n: int = 8):
 
 
 def trainer(model, tmp_path, callback, steps=3):
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=2,
-                                          report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-                                          learning_rate=1e-3, disable_tqdm=True)  # fmt: skip
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps,
+                                          per_device_train_batch_size=2, report_to=[], use_cpu=True,
+                                          save_strategy="no", logging_strategy="no", learning_rate=1e-3,
+                                          disable_tqdm=True)  # fmt: skip
     return transformers.Trainer(model=model, args=args, train_dataset=dataset(), callbacks=[callback])
 
 
@@ -176,11 +179,17 @@ def test_gpu_restored_when_training_raises_on_the_nvml_backend(fake_gpu, tmp_pat
 
 
 def test_freqopt_does_not_import_transformers_and_the_integration_says_how_to_install_it():
-    script = ("import sys; import freqopt, freqopt.runtime, freqopt.integrations, freqopt.fingerprint\n"
-              "assert 'transformers' not in sys.modules, 'transformers imported'\n"
-              "sys.modules['transformers'] = None  # as if not installed\n"
-              "from freqopt.errors import MissingDependencyError\n"
-              "try:\n    import freqopt.integrations.hf\nexcept MissingDependencyError as e:\n    print(e)\n")  # fmt: skip
+    script = textwrap.dedent("""
+        import sys
+        import freqopt, freqopt.runtime, freqopt.integrations, freqopt.fingerprint
+        assert 'transformers' not in sys.modules, 'transformers imported'
+        sys.modules['transformers'] = None  # as if not installed
+        from freqopt.errors import MissingDependencyError
+        try:
+            import freqopt.integrations.hf
+        except MissingDependencyError as e:
+            print(e)
+    """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).parent.parent)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -24,7 +24,6 @@ transformers is optional: ``import freqopt`` never imports it, and importing thi
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
@@ -120,11 +119,15 @@ class FreqoptCallback(TrainerCallback):
         from freqopt.nvml import NVMLError, open_devices
 
         if device.type != "cuda":
-            raise InvalidSettingError(f"backend 'nvml' needs the model on a CUDA device, not {device}; use backend 'sim'")
+            raise InvalidSettingError(
+                f"backend 'nvml' needs the model on a CUDA device, not {device}; use backend 'sim'"
+            )
         index = device.index if device.index is not None else torch.cuda.current_device()
         devices = open_devices()
         if index >= len(devices):
-            raise NVMLError(f"NVML sees {len(devices)} GPU(s) but the model is on cuda:{index}; check CUDA_VISIBLE_DEVICES")
+            raise NVMLError(
+                f"NVML sees {len(devices)} GPU(s) but the model is on cuda:{index}; check CUDA_VISIBLE_DEVICES"
+            )
         return NVMLBackend(devices[index], torch_device=f"cuda:{index}")
 
     # -- Trainer events --------------------------------------------------------------------------------------
