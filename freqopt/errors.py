@@ -13,6 +13,8 @@ __all__ = [
     "OutputError",
     "StorageError",
     "GPUPermissionError",
+    "TraceMismatchError",
+    "MissingDependencyError",
 ]
 
 
@@ -44,3 +46,11 @@ class StorageError(FreqoptError):
 
 class GPUPermissionError(FreqoptError):
     """Changing clocks or the power limit needs root or CAP_SYS_ADMIN."""
+
+
+class TraceMismatchError(FreqoptError):
+    """A trace recorded from another module than the one a DVFS runtime is attached to (freqopt.fingerprint)."""
+
+
+class MissingDependencyError(FreqoptError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra that installs it."""

@@ -38,7 +38,8 @@ _HOOK_WARNING = "Full backward hook is firing when gradients are computed with r
 @contextlib.contextmanager
 def quiet_backward_hooks():
     """A context in which PyTorch's warning about full backward hooks on modules without gradient inputs (the
-    embeddings) is silenced; wrap ``loss.backward()`` in it."""
+    embeddings) is silenced; wrap ``loss.backward()`` in it when using ``PhaseHooks`` directly (DVFSRuntime
+    silences it itself while entered)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_HOOK_WARNING)
         yield

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import queue
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.phases import STEP_MARK, PhaseHooks, Realizer, phase_spans
+from freqopt.fingerprint import check_trace_module, unwrap_module
+from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, Realizer, phase_spans
 from freqopt.tables import ClockTable
 from freqopt.trace import Trace
 from freqopt.transfer import transfer_table
@@ -97,18 +99,35 @@ class _Controller:
 class DVFSRuntime:
     """Apply a clock table to a training job at phase boundaries (module docstring).
 
+    While entered it also silences PyTorch's UserWarning "Full backward hook is firing when gradients are computed
+    with respect to module outputs since no inputs require gradients", which its backward hook on the embeddings
+    (whose inputs are token ids) raises every step: a ``warnings.catch_warnings()`` with one "ignore" filter for that
+    message, entered with the runtime and exited with it (so, as with any catch_warnings, filters changed inside
+    the ``with`` block are restored on exit too).
+
     Args:
-        model: the module being trained (a DeepSpeed engine's ``module``).
+        model: the module being trained; a DeepSpeed engine, DDP or ``torch.compile`` wrapper is looked through to
+            the module it wraps (freqopt.fingerprint.unwrap_module).
         optimizer: a torch.optim.Optimizer whose step marks the optimizer phase, or None (call ``mark_step()``).
         table: the clock table; None runs at default settings (still counting phases).
         backend: an NVMLBackend (the GPU the job runs on) or a SimulatedGPU (a simulated timeline).
         trace: the trace of the job's workload (trace_iteration), whose marks the hooks follow.
+        check_trace: refuse a ``model`` the trace was not recorded from (freqopt.fingerprint); False lets a module
+            with the same phase modules follow another module's trace (a small model driving a large model's
+            simulated timeline, as the tests do).
+
+    Raises:
+        TraceMismatchError: ``check_trace`` and the trace is of a module of another structure (a trace recorded
+            without a fingerprint is accepted with a TraceFingerprintWarning).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer=None, *, table: ClockTable | None, backend: Backend,
-                 trace: Trace):  # fmt: skip
+                 trace: Trace, check_trace: bool = True):  # fmt: skip
         from freqopt.backends.simulated import SimulatedGPU
 
+        model = unwrap_module(model)
+        if check_trace:
+            check_trace_module(trace, model)
         self.model, self.optimizer, self.backend, self.trace = model, optimizer, backend, trace
         self.simulated = isinstance(backend, SimulatedGPU)
         self.plan = plan_phases(table, trace, backend.spec)
@@ -120,6 +139,7 @@ class DVFSRuntime:
         self._handles: list = []
         self._controller = _Controller(backend, self.simulated)
         self._thread = threading.Thread(target=self._controller.run, name="freqopt-dvfs", daemon=True)
+        self._warnings = warnings.catch_warnings()
         self.switches = 0
 
     @classmethod
@@ -180,6 +200,8 @@ class DVFSRuntime:
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def __enter__(self) -> DVFSRuntime:
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message=_HOOK_WARNING, category=UserWarning)
         self._thread.start()
         self._hooks.__enter__()
         if self.optimizer is not None and hasattr(self.optimizer, "register_step_pre_hook"):
@@ -197,4 +219,5 @@ class DVFSRuntime:
             engine_step[0].step = engine_step[1]
         self._controller.requests.put(None)
         self._thread.join(timeout=30)
+        self._warnings.__exit__(*exc)
         self.backend.close()

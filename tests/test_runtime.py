@@ -58,7 +58,7 @@ def test_simulated_runtime_measures_the_phases_it_requested():
     model = build_model(TINY, device="cpu", dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
     table = pass_table(1500, 1200)
-    with DVFSRuntime(model, optimizer, table=table, backend=sim, trace=trace) as runtime:
+    with DVFSRuntime(model, optimizer, table=table, backend=sim, trace=trace, check_trace=False) as runtime:
         train_steps(model, optimizer)
         measured = runtime.step_measurement()
         plan = runtime.plan
@@ -89,7 +89,8 @@ def test_runtime_switches_through_the_controller_and_restores(fake_gpu):
     backend = NVMLBackend(open_devices()[0], torch_device="cpu")
     model = build_model(TINY, device="cpu", dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
-    with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=backend, trace=trace) as runtime:
+    with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=backend, trace=trace,
+                     check_trace=False) as runtime:
         train_steps(model, optimizer)
         while not runtime._controller.requests.empty():
             time.sleep(0.01)
