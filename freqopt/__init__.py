@@ -39,7 +39,7 @@ _LAZY = {
     "ClockTable": "freqopt.tables",
     "SearchConfig": "freqopt.search",
     "SearchResult": "freqopt.search",
-    "parse_slowdown": "freqopt.search.budget",
+    "parse_slowdown": "freqopt.budget",
     "get_gpu": "freqopt.gpus",
     "list_gpus": "freqopt.gpus",
     "FreqoptError": "freqopt.errors",

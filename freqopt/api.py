@@ -137,7 +137,7 @@ def search(
     """
     from freqopt.backends.simulated import SimulatedGPU
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
-    from freqopt.search.budget import parse_slowdown
+    from freqopt.budget import parse_slowdown
     from freqopt.trace import Trace
 
     # Every check before any work or any file is touched, in the CLI's order.
