@@ -147,7 +147,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     def on_unit(granularity: str, done: int, n: int) -> None:
         progress.update(progress.task_ids[0], advance=1, description=f"{granularity}: unit {done}/{n}")
 
-    status.start()
+    if console.is_terminal:  # transient there; elsewhere stopping it would leave a blank line before any error
+        status.start()
     try:
         result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity, backend=backend,
                             storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
@@ -155,7 +156,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                             vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start)  # fmt: skip
     finally:
         status.stop()
-        progress.stop()
+        if progress.task_ids:  # started (stopping one never started prints a blank line)
+            progress.stop()
     _stdout_console().print(_search_table(result))
     console.print(f"done in {time.monotonic() - started:.0f} s; studies in {result.storage}")
     if json_path:
