@@ -4,48 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import click
 
+from freqopt.budget import parse_slowdown
 from freqopt.errors import FreqoptError, InvalidSettingError, OutputError
 
 __all__ = ["main", "cli", "parse_slowdown"]
-
-
-def parse_slowdown(text: str) -> float:
-    """A slowdown as a fraction: "1%" -> 0.01, "0.01" -> 0.01.
-
-    Raises:
-        InvalidSettingError: not a number, negative, or 100 % or more.
-    """
-    raw = str(text).strip()
-    if raw.startswith("-"):
-        raise InvalidSettingError(f"--max-slowdown {text!r} is negative; a slowdown is in [0, 100%), like 1% or 0.01")
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)", raw)
-    if not match:
-        raise InvalidSettingError(f"--max-slowdown {text!r} is not a slowdown; write a percentage like 1% or a fraction like 0.01")
-    value = float(match.group(1)) / (100.0 if match.group(2) else 1.0)
-    if not 0.0 <= value < 1.0:
-        raise InvalidSettingError(
-            f"--max-slowdown {text!r} is outside [0, 100%); write a percentage like 1% or a fraction like 0.01"
-        )
-    return value
-
-
-def _check_writable_dir(path: Path) -> None:
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"--out {path} is a file; give a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".freqopt-write-check-"):
-            pass
-    except OSError as e:
-        raise OutputError(f"cannot write to {path}: {e.strerror or e}; choose another --out directory") from e
 
 
 def _check_writable_file(path: Path) -> None:
@@ -153,115 +121,76 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
 
     A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
     (NAME is printed at the start) joins it from another process or machine."""
-    from freqopt.backends import check_backend, get_backend
-    from freqopt.gpus import DEFAULT_GPU, get_gpu
-    from freqopt.layout import parse_layout
-    from freqopt.models import get_workload
-    from freqopt.search import GRANULARITIES, SearchConfig
-    from freqopt.search.runner import open_storage
-    from freqopt.search.units import check_granularity
-
-    # Validate everything before any work or any file is touched.
-    slowdown = parse_slowdown(max_slowdown)
-    workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            vocab_multiple=vocab_multiple, layout=parse_layout(layout))  # fmt: skip
-    requested = get_gpu(gpu) if gpu else None
-    check_backend(backend)
-    granularities = GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
-    if trials is not None and trials < 1:
-        raise InvalidSettingError(f"--trials must be a positive integer, not {trials}")
-    if jobs < 1:
-        raise InvalidSettingError(f"--jobs must be a positive integer, not {jobs}")
-    if jobs > 1 and backend != "sim":
-        raise InvalidSettingError("--jobs applies to the simulated GPU; with real GPUs start one `freqopt worker` "
-                                  "per GPU against the search's --storage")  # fmt: skip
-    out = Path(out_dir)
-    if json_path:
-        _check_writable_file(Path(json_path))
-    # A real GPU is opened (and its permissions checked) before anything is written.
-    measuring = get_backend(backend, requested if backend == "nvml" else requested or get_gpu(DEFAULT_GPU), seed=seed)
-    try:
-        _check_writable_dir(out)
-        storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
-        open_storage(storage)  # a bad URL fails here, before any work
-        counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
-        config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage,
-                              n_jobs=jobs, **counts)  # fmt: skip
-        _run_search(workload, measuring.spec, measuring, config, backend, out, json_path)
-    finally:
-        measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
-
-
-def _run_search(workload, spec, backend, config, backend_name, out: Path, json_path) -> None:
-    import optuna
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from freqopt.search import partition, run_search
-    from freqopt.search.runner import study_prefix
-    from freqopt.tables import atomic_write_text, table_from_result, write_table, write_table_csv
-    from freqopt.trace import trace_training_iteration
+    from freqopt.api import search as run_search
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if json_path:
+        _check_writable_file(Path(json_path))
     console = Console(stderr=True)
     started = time.monotonic()
-    with console.status(f"tracing one training iteration of {workload.model}"):
-        trace = trace_training_iteration(workload)
-    where = "" if workload.layout.is_single_gpu else f" ({workload.layout}, one rank of {workload.layout.world_size})"
-    console.print(f"traced {workload.model}{where}: {len(trace)} kernels, {len(trace.kernel_classes())} kernel "
-                  f"classes, {trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU {spec.name}"
-                  + (" (simulated)" if backend_name == "sim" else ""))  # fmt: skip
-    name = study_prefix(trace, spec, config.seed)
-    console.print(f"search {name}; other processes join it with: freqopt worker --storage {config.storage} "
-                  f"--study {name}", soft_wrap=True)
-    total = sum(len(partition(trace, g)) for g in config.granularities)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:  # fmt: skip
-        task = progress.add_task("searching tuning units", total=total)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=False)  # fmt: skip
+    status = console.status(f"tracing one training iteration of {model}")
 
-        def on_unit(granularity: str, done: int, n: int) -> None:
-            progress.update(task, advance=1, description=f"{granularity}: unit {done}/{n}")
+    def on_start(start) -> None:
+        status.stop()
+        w = start.trace.workload
+        where = "" if w.layout.is_single_gpu else f" ({w.layout}, one rank of {w.layout.world_size})"
+        console.print(f"traced {w.model}{where}: {len(start.trace)} kernels, {len(start.trace.kernel_classes())} "
+                      f"kernel classes, {start.trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU "
+                      f"{start.spec.name}" + (" (simulated)" if start.backend == "sim" else ""))  # fmt: skip
+        console.print(f"search {start.study_name}; other processes join it with: freqopt worker --storage "
+                      f"{start.storage} --study {start.study_name}", soft_wrap=True)  # fmt: skip
+        progress.add_task("searching tuning units", total=start.n_units)
+        progress.start()
 
-        result = run_search(trace, backend, config, on_unit=on_unit)
-    stem = f"{workload.model.replace(':', '-')}-{spec.name}" + ("" if workload.layout.is_single_gpu
-                                               else f"-dp{workload.layout.dp}tp{workload.layout.tp}")  # fmt: skip
-    paths = {}
-    for g in result.results:
-        table = table_from_result(result, g, spec, backend=backend_name, seed=config.seed)
-        paths[g] = write_table(table, out / f"{stem}-{g}.json")
-        write_table_csv(table, out / f"{stem}-{g}.csv")
+    def on_unit(granularity: str, done: int, n: int) -> None:
+        progress.update(progress.task_ids[0], advance=1, description=f"{granularity}: unit {done}/{n}")
 
-    base = result.baseline
-    rich_table = Table(title=f"{workload.model} ({workload.layout}) on {spec.name}, max slowdown {100 * config.max_slowdown:g} % "
-                             f"(validated by measuring the whole iteration, clock switches taking "
-                             f"{1e3 * spec.clock_switch_s:g} ms)")  # fmt: skip
+    if console.is_terminal:  # transient there; elsewhere stopping it would leave a blank line before any error
+        status.start()
+    try:
+        result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity, backend=backend,
+                            storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
+                            micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                            vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start)  # fmt: skip
+    finally:
+        status.stop()
+        if progress.task_ids:  # started (stopping one never started prints a blank line)
+            progress.stop()
+    _stdout_console().print(_search_table(result))
+    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {result.storage}")
+    if json_path:
+        from freqopt.tables import atomic_write_text
+
+        atomic_write_text(json_path, json.dumps(result.summary(), indent=1) + "\n")
+
+
+def _search_table(result):
+    """The rich table of a SearchResult: the baseline, then one row per granularity."""
+    from rich.table import Table
+
+    w, spec, summary = result.trace.workload, result.spec, result.summary()
+    table = Table(title=f"{w.model} ({w.layout}) on {spec.name}, max slowdown {100 * result.max_slowdown:g} % "
+                        f"(validated by measuring the whole iteration, clock switches taking "
+                        f"{1e3 * spec.clock_switch_s:g} ms)")  # fmt: skip
     for col in ("granularity", "energy/iter (J)", "time/iter (s)", "energy saved (%)", "slowdown (%)",
                 "free switching: saved/slowdown (%)", "settings", "measurements", "search cost (GPU-h)",
                 "clock table"):  # fmt: skip
-        rich_table.add_column(col, justify="left" if col in ("granularity", "clock table") else "right")
-    rich_table.add_row("baseline (default)", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-",
-                       "-", "-", "-")  # fmt: skip
-    summary = {"baseline": {"time_s": base.time_s, "energy_j": base.energy_j}, "results": {},
-               "n_new_measurements": result.n_new_measurements}  # fmt: skip
+        table.add_column(col, justify="left" if col in ("granularity", "clock table") else "right")
+    base = result.baseline
+    table.add_row("baseline (default)", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-", "-",
+                  "-", "-")  # fmt: skip
     for g, r in result.results.items():
-        saved, slow = result.energy_saved_pct(g), result.slowdown_pct(g)
-        ideal_saved, ideal_slow = result.ideal_energy_saved_pct(g), result.ideal_slowdown_pct(g)
-        ideal = "-" if ideal_saved is None else f"{ideal_saved:.2f} / {ideal_slow:.2f}"
-        rich_table.add_row(g, f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}", f"{saved:.2f}", f"{slow:.2f}",
-                           ideal, str(r.n_settings), str(r.n_measurements), f"{r.search_cost_gpu_s / 3600:.3f}",
-                           str(paths[g]))  # fmt: skip
-        summary["results"][g] = {
-            "energy_saved_pct": saved, "slowdown_pct": slow,
-            "ideal_energy_saved_pct": ideal_saved, "ideal_slowdown_pct": ideal_slow,
-            "predicted_energy_saved_pct": result.predicted_energy_saved_pct(g),
-            "n_settings": r.n_settings, "n_measurements": r.n_measurements,
-            "search_cost_gpu_s": r.search_cost_gpu_s, "table": str(paths[g]),
-        }  # fmt: skip
-    _stdout_console().print(rich_table)
-    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {config.storage}")
-    if json_path:
-        atomic_write_text(json_path, json.dumps(summary, indent=1) + "\n")
+        doc = summary["results"][g]
+        ideal = ("-" if doc["ideal_energy_saved_pct"] is None
+                 else f"{doc['ideal_energy_saved_pct']:.2f} / {doc['ideal_slowdown_pct']:.2f}")  # fmt: skip
+        table.add_row(g, f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}", f"{doc['energy_saved_pct']:.2f}",
+                      f"{doc['slowdown_pct']:.2f}", ideal, str(r.n_settings), str(r.n_measurements),
+                      f"{r.search_cost_gpu_s / 3600:.3f}", doc["table"] or "-")  # fmt: skip
+    return table
 
 
 @cli.command()
@@ -348,6 +277,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
     from freqopt.search.runner import open_storage
     from freqopt.tables import atomic_write_text, load_table
     from freqopt.trace import trace_training_iteration
+    from freqopt.api import check_writable_dir
     from freqopt.transfer import evaluate_transfer
 
     workload = get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
@@ -365,7 +295,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
         out = Path(out_dir)
         if json_path:
             _check_writable_file(Path(json_path))
-        _check_writable_dir(out)
+        check_writable_dir(out)
         storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
         open_storage(storage)
         counts = {"n_trials_1d": trials, "n_trials_2d": trials} if trials else {}
@@ -500,34 +430,17 @@ def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> N
     and one step under torch.profiler beside the trace, kind by kind."""
     from rich.table import Table
 
-    from freqopt.backends import check_backend, get_backend
-    from freqopt.gpus import DEFAULT_GPU, get_gpu
     from freqopt.layout import parse_layout
-    from freqopt.models import get_workload
-    from freqopt.profile import check_device
     from freqopt.profile import profile as run_profile
     from freqopt.tables import atomic_write_text
 
-    workload = get_workload(model, layout=parse_layout(layout), **sizes)
-    requested = get_gpu(gpu) if gpu else None
-    check_backend(backend)
-    if steps < 1:
-        raise InvalidSettingError(f"--steps must be a positive integer, not {steps}")
-    if backend == "nvml":
-        device = check_device(device or "cuda")
-    elif device is not None:
-        raise InvalidSettingError("--device applies to --backend nvml; the simulated GPU trains nothing")
     if json_path:
         _check_writable_file(Path(json_path))
-    nvml = backend == "nvml"
-    measuring = get_backend(backend, requested if nvml else requested or get_gpu(DEFAULT_GPU), read_only=nvml)
-    try:
-        report = run_profile(workload, measuring, device=device, steps=steps)
-    finally:
-        measuring.close()
+    report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout, **sizes)
+    nvml = report.backend == "nvml"
     console = _stdout_console()
     where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else "simulated"
-    console.print(f"{workload.model} ({workload.layout}), one training iteration on {report.gpu} ({where}): "
+    console.print(f"{report.model} ({parse_layout(layout)}), one training iteration on {report.gpu} ({where}): "
                   f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
                   f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
     time_s, energy_j = sum(f.time_s for f in report.by_kind.values()), sum(f.energy_j for f in report.by_kind.values())

@@ -66,7 +66,7 @@ class Layout:
         if n_heads % self.tp:
             divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
             raise InvalidSettingError(
-                f"--layout tp={self.tp} does not divide the {n_heads} attention heads of {model}; "
+                f"layout tp={self.tp} does not divide the {n_heads} attention heads of {model}; "
                 f"choose tp from {', '.join(map(str, divisors))}"
             )
 
@@ -92,14 +92,14 @@ def parse_layout(text: str | None) -> Layout:
     for part in str(text).split(","):
         match = _PART.fullmatch(part)
         if not match:
-            raise InvalidSettingError(f"--layout {text!r} is not a layout; write it like dp=8,tp=4 (dp and tp, "
+            raise InvalidSettingError(f"layout {text!r} is not a layout; write it like dp=8,tp=4 (dp and tp, "
                                       "each a positive integer)")  # fmt: skip
         key, value = match.group(1), match.group(2).strip()
         if key == "pp":
-            raise InvalidSettingError(f"--layout {text!r}: pipeline parallelism is not supported; use dp and tp")
+            raise InvalidSettingError(f"layout {text!r}: pipeline parallelism is not supported; use dp and tp")
         if key in degrees:
-            raise InvalidSettingError(f"--layout {text!r} gives {key} twice; write it like dp=8,tp=4")
+            raise InvalidSettingError(f"layout {text!r} gives {key} twice; write it like dp=8,tp=4")
         if not value.isdigit() or int(value) < 1:
-            raise InvalidSettingError(f"--layout {text!r}: {key} must be a positive integer, not {value!r}")
+            raise InvalidSettingError(f"layout {text!r}: {key} must be a positive integer, not {value!r}")
         degrees[key] = int(value)
     return Layout(**degrees)

@@ -34,7 +34,7 @@ from freqopt.errors import FreqoptError, GPUPermissionError, InvalidSettingError
 __all__ = ["NVMLError", "NVMLDevice", "GPUState", "GPUStateGuard", "open_devices", "state_dir", "reset_from_state_files",
            "READ_ONLY_HINT"]
 
-READ_ONLY_HINT = "run as root or with CAP_SYS_ADMIN to change clocks, or pass --read-only to measure at the current settings"
+READ_ONLY_HINT = "run as root or with CAP_SYS_ADMIN to change clocks, or measure read-only, at the current settings"
 
 
 class NVMLError(FreqoptError):
@@ -61,7 +61,7 @@ def _call(what: str, fn, *args):
         if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
             raise NVMLError(f"{what}: this GPU or driver does not support it ({e})") from e
         if code in (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED):
-            raise NVMLError(f"{what}: no NVIDIA driver found ({e}); use --backend sim on a machine without a GPU") from e
+            raise NVMLError(f"{what}: no NVIDIA driver found ({e}); use backend sim (the simulated GPU) on a machine without a GPU") from e
         raise NVMLError(f"{what}: NVML error {e}") from e
 
 

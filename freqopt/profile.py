@@ -186,54 +186,75 @@ def check_device(device: str) -> str:
     return device
 
 
-def profile(workload: Workload, backend: Backend, *, device: str | None = None, steps: int = 10,
-            warmup_steps: int = 3, seed: int = 0) -> ProfileReport:  # fmt: skip
+def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=None, device: str | None = None,
+            steps: int = 10, warmup_steps: int = 3, seed: int = 0, micro_batch_size: int | None = None,
+            seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
+            layout=None) -> ProfileReport:  # fmt: skip
     """Profile one training iteration of ``workload`` (module docstring).
 
     Args:
-        workload: model, micro-batch and layout; on a real GPU a single-GPU layout.
-        backend: a SimulatedGPU (traced and simulated; the other arguments are unused) or an NVMLBackend (trained
-            and measured at the GPU's current settings, read-only: however the backend was opened, profile reads
-            the GPU through a read-only NVMLDevice of its own and never calls an NVML set function).
-        device: nvml: where the model trains, default "cuda"; "cpu" trains on the CPU while the counter of the
+        workload: a model name (freqopt.models.list_models) or a Workload; on a real GPU a single-GPU layout.
+        backend: "sim" or a SimulatedGPU (traced and simulated; ``device``, ``steps``' count and ``seed`` unused),
+            or "nvml" or an NVMLBackend (trained and measured at the GPU's current settings, read-only: a name
+            opens the GPU read-only, and however a backend was opened, profile reads the GPU through a read-only
+            NVMLDevice of its own and never calls an NVML set function). A name is opened and closed here.
+        gpu: GPU type name or GPUSpec: the simulated one (default h100-sxm), or what the real GPU must be.
+        device: nvml only: where the model trains, default "cuda"; "cpu" trains on the CPU while the counter of the
             first visible GPU is read (for tests with a stand-in NVML).
         steps: nvml: the fewest steps in the measured window; more run until it spans ``MIN_WINDOW_S`` and
             ``MIN_COUNTER_UPDATES`` counter periods.
         warmup_steps: nvml: untimed steps first (allocator, cuBLAS heuristics, clocks ramping up).
         seed: nvml: seed of the weights and the synthetic tokens.
+        micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides, model names only.
 
     Returns:
         ProfileReport.
 
     Raises:
-        InvalidSettingError: a non-positive ``steps``, a negative ``warmup_steps``, a device the model cannot train
-            on (check_device), or a layout of more than one rank on a real GPU.
-        NVMLError: reading the energy counter failed.
+        UnknownNameError: unknown model, GPU type or backend.
+        InvalidSettingError: a bad override, a non-positive ``steps``, a negative ``warmup_steps``, a ``device``
+            with the simulated GPU or one the model cannot train on (check_device), or a layout of more than one
+            rank on a real GPU.
+        NVMLError, GPUPermissionError: the real GPU cannot be opened or read.
     """
     from freqopt.backends.nvml import NVMLBackend
     from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
 
-    if isinstance(backend, SimulatedGPU):
-        trace = trace_training_iteration(workload)
-        total, by_kind = simulate_by_kind(trace, backend)
-        return ProfileReport(workload.model, backend.spec.name, "sim", total.time_s, total.energy_j, trace.total_flops,
-                             by_kind)  # fmt: skip
-    if not isinstance(backend, NVMLBackend):
+    workload = resolve_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    spec = resolve_gpu(gpu)
+    backend = resolve_backend(backend)
+    if isinstance(backend, Backend) and not isinstance(backend, (SimulatedGPU, NVMLBackend)):
         raise InvalidSettingError(f"profile needs a SimulatedGPU or an NVMLBackend, not {type(backend).__name__}")
-    if steps < 1:
-        raise InvalidSettingError(f"steps must be a positive integer, not {steps}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidSettingError(f"steps must be a positive integer, not {steps!r}")
     if warmup_steps < 0:
         raise InvalidSettingError(f"warmup_steps must not be negative, not {warmup_steps}")
-    device = check_device(device or "cuda")
-    if workload.layout.world_size > 1:
-        raise InvalidSettingError(f"profile on a real GPU trains one GPU; pass a single-GPU layout, not "
-                                  f"{workload.layout} (the simulated GPU profiles one rank of any layout)")  # fmt: skip
-    from freqopt.nvml import NVMLDevice
+    real = backend == "nvml" or isinstance(backend, NVMLBackend)
+    if real:
+        device = check_device(device or "cuda")
+        if workload.layout.world_size > 1:
+            raise InvalidSettingError(f"profile on a real GPU trains one GPU; pass a single-GPU layout, not "
+                                      f"{workload.layout} (the simulated GPU profiles one rank of any layout)")  # fmt: skip
+    elif device is not None:
+        raise InvalidSettingError("device applies to backend nvml; the simulated GPU trains nothing")
+    measuring, opened = open_backend(backend, spec, seed=seed, read_only=backend == "nvml")
+    try:
+        if not real:
+            trace = trace_training_iteration(workload)
+            total, by_kind = simulate_by_kind(trace, measuring)
+            return ProfileReport(workload.model, measuring.spec.name, "sim", total.time_s, total.energy_j,
+                                 trace.total_flops, by_kind)  # fmt: skip
+        from freqopt.nvml import NVMLDevice
 
-    # Every NVML call below goes through a read-only NVMLDevice of its own over the backend's GPU, which refuses
-    # set and reset calls before they reach NVML; the backend (and its guard) is left as the caller opened it.
-    reader = NVMLDevice(backend.device.handle, backend.device.index, read_only=True)
-    return _profile_real(workload, backend, reader, device, steps, warmup_steps, seed)
+        # Every NVML call below goes through a read-only NVMLDevice of its own over the backend's GPU, which refuses
+        # set and reset calls before they reach NVML; the backend (and its guard) is left as the caller opened it.
+        reader = NVMLDevice(measuring.device.handle, measuring.device.index, read_only=True)
+        return _profile_real(workload, measuring, reader, device, steps, warmup_steps, seed)
+    finally:
+        if opened:
+            measuring.close()
 
 
 class _Trainer:

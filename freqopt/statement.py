@@ -95,13 +95,13 @@ def energy_statement(
             PUE and a profile.
     """
     if iterations < 1 or gpus < 1:
-        raise InvalidSettingError("--iterations and --gpus must be positive integers")
+        raise InvalidSettingError(f"iterations and gpus must be positive integers, not {iterations} and {gpus}")
     if pue is not None and profile is not None:
-        raise InvalidSettingError("give --pue or --site-pue-profile, not both")
+        raise InvalidSettingError("give a PUE or a site PUE profile, not both")
     if pue is not None and pue < 1.0:
-        raise InvalidSettingError(f"--pue {pue:g} is below 1; PUE is facility energy over IT energy, at least 1")
+        raise InvalidSettingError(f"pue {pue:g} is below 1; PUE is facility energy over IT energy, at least 1")
     if grid_gco2_per_kwh < 0:
-        raise InvalidSettingError("--grid-gco2-per-kwh must not be negative")
+        raise InvalidSettingError(f"grid_gco2_per_kwh must not be negative, not {grid_gco2_per_kwh:g}")
     d = table.data
     base, tuned = d["baseline"], d["validated"]
     scale = iterations * gpus
@@ -110,7 +110,7 @@ def energy_statement(
     mean_pue = pue if pue is not None else (float(np.mean(profile.values)) if profile else DEFAULT_PUE)
     pue_source = (f"{pue:g} (given)" if pue is not None else
                   f"{mean_pue:.3f} (mean of the site's {profile.period}ly profile)" if profile else
-                  f"{DEFAULT_PUE:g} (industry average, Uptime Institute 2023; pass --pue for your site)")  # fmt: skip
+                  f"{DEFAULT_PUE:g} (industry average, Uptime Institute 2023; give your site's PUE)")  # fmt: skip
     w = d["workload"]
     lines = [
         "# Energy statement", "",
@@ -135,7 +135,7 @@ def energy_statement(
               f"{saved_kwh * mean_pue * grid_gco2_per_kwh / 1000:,.3f} kg CO2e, for "
               f"{100 * (tuned['time_s'] / base['time_s'] - 1):+.2f} % wall time.", "",
               f"PUE: {pue_source}. Grid carbon intensity: {grid_gco2_per_kwh:g} gCO2e/kWh"
-              + (" (world average 2022, Ember 2023; pass --grid-gco2-per-kwh for your grid)."
+              + (" (world average 2022, Ember 2023; give your grid's intensity)."
                  if grid_gco2_per_kwh == DEFAULT_GRID_GCO2_PER_KWH else " (given).")]  # fmt: skip
     if profile is not None:
         duration_h = runs[list(runs)[1]][1] / 3600

@@ -23,8 +23,8 @@ from freqopt import __version__
 from freqopt.errors import ClockTableError, OutputError
 from freqopt.gpus import GPUSpec
 
-__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "table_from_result", "write_table",
-           "write_table_csv", "load_table", "atomic_write_text"]
+__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "table_from_result", "result_table",
+           "table_stem", "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text"]
 
 SCHEMA_NAME = "freqopt.clock-table"
 SCHEMA_VERSION = 1
@@ -178,6 +178,49 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
         },
     }  # fmt: skip
     return ClockTable(data)
+
+
+def result_table(result, granularity: str) -> ClockTable:
+    """The clock table of one granularity of a SearchResult, for the GPU type, backend and seed it records
+    (``result.spec``; the search_spaces/ type of ``result.gpu`` where it has none).
+
+    Raises:
+        UnknownNameError: ``granularity`` was not searched; the message lists those that were.
+    """
+    from freqopt.errors import UnknownNameError
+    from freqopt.gpus import get_gpu
+
+    if granularity not in result.results:
+        raise UnknownNameError(f"granularity {granularity!r} was not searched; choose from "
+                               f"{', '.join(result.results) or 'none (no granularity was searched)'}")  # fmt: skip
+    spec = result.spec if result.spec is not None else get_gpu(result.gpu)
+    return table_from_result(result, granularity, spec, backend=result.backend_name, seed=result.seed)
+
+
+def table_stem(result) -> str:
+    """The file-name stem of a search's tables: MODEL-GPU, and -dpNtpM under a parallel layout (the ':' of an
+    ``hf:NAME`` model becomes '-', which file systems and shells take without quoting)."""
+    w = result.trace.workload
+    return f"{w.model.replace(':', '-')}-{result.gpu}" + ("" if w.layout.is_single_gpu else f"-dp{w.layout.dp}tp{w.layout.tp}")
+
+
+def write_result_tables(result, out: str | Path) -> dict[str, Path]:
+    """Write each searched granularity's clock table into folder ``out`` as STEM-GRANULARITY.json and .csv
+    (table_stem), atomically.
+
+    Returns:
+        granularity -> the JSON file's path.
+
+    Raises:
+        OutputError: ``out`` cannot be written.
+    """
+    out = Path(out)
+    paths = {}
+    for g in result.results:
+        table = result_table(result, g)
+        paths[g] = write_table(table, out / f"{table_stem(result)}-{g}.json")
+        write_table_csv(table, out / f"{table_stem(result)}-{g}.csv")
+    return paths
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

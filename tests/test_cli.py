@@ -16,7 +16,7 @@ def test_parse_slowdown(text, value):
 
 @pytest.mark.parametrize("text", ["abc", "-5%", "100%", "1", "1.5", "", "5%%", "nan"])
 def test_parse_slowdown_refuses(text):
-    with pytest.raises(InvalidSettingError, match="max-slowdown"):
+    with pytest.raises(InvalidSettingError, match="max_slowdown"):
         parse_slowdown(text)
 
 
@@ -29,7 +29,7 @@ BAD = [
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "layer"], "unknown granularity"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--n-heads", "7"], "does not divide"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--backend", "tpu"], "unknown backend"),
-    (["--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "--trials"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "n_trials"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "foo://bar"], "cannot open Optuna storage"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "sqlite:////no/such/dir/x.db"],
      "cannot open Optuna storage"),

@@ -33,7 +33,7 @@ def test_any_slowdown_text_parses_or_is_refused_clearly(text):
     try:
         value = parse_slowdown(text)
     except InvalidSettingError as e:
-        assert "--max-slowdown" in str(e) and "\n" not in str(e)
+        assert "max_slowdown" in str(e) and "\n" not in str(e)
     else:
         assert 0.0 <= value < 1.0
 
@@ -44,7 +44,7 @@ def test_any_layout_text_parses_or_is_refused_clearly(text):
     try:
         layout = parse_layout(text)
     except InvalidSettingError as e:
-        assert "--layout" in str(e) and "\n" not in str(e)
+        assert "layout" in str(e) and "\n" not in str(e)
     else:
         assert layout.dp >= 1 and layout.tp >= 1
 

@@ -45,7 +45,7 @@ def test_discovery_honours_cuda_visible_devices(fake, monkeypatch):
 
 def test_no_driver_says_to_use_the_simulator(fake):
     fake.driver = False
-    with pytest.raises(NVMLError, match="no NVIDIA driver found.*--backend sim"):
+    with pytest.raises(NVMLError, match="no NVIDIA driver found.*backend sim"):
         open_devices()
 
 
@@ -74,7 +74,7 @@ def test_energy_counter_is_read_in_joules_and_moves_only_at_its_period(fake):
 
 def test_set_without_permission_says_how_to_proceed(fake):
     device = open_devices()[0]
-    with pytest.raises(GPUPermissionError, match="CAP_SYS_ADMIN.*--read-only"):
+    with pytest.raises(GPUPermissionError, match="CAP_SYS_ADMIN.*read-only"):
         device.lock_sm_clock(1500)
     assert fake.gpus[0].locked_sm_mhz is None
 

@@ -39,7 +39,7 @@ def test_benchmark_summary_has_the_issue_keys_and_ratios(small_trace):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--granularity", "power-cap"], "choose iteration, pass or kernel"),
-    (["--repeats", "0"], "--repeats must be a positive integer"),
+    (["--repeats", "0"], "repeats must be a positive integer"),
     (["--max-slowdown", "-1%"], "negative"),
     (["--gpu", "tpu-v5"], "unknown GPU"),
 ])  # fmt: skip

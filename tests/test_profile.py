@@ -56,8 +56,8 @@ def test_cli_profile_writes_the_json_document(tmp_path, capsys):
     (["--model", "gpt4"], "unknown model"),
     (["--model", "gpt3-small", "--json", "/no/such/dir/p.json"], "cannot write --json"),
     (["--model", "gpt3-small", "--backend", "tpu"], "unknown backend"),
-    (["--model", "gpt3-small", "--steps", "0"], "--steps must be a positive integer"),
-    (["--model", "gpt3-small", "--device", "cpu"], "--device applies to --backend nvml"),
+    (["--model", "gpt3-small", "--steps", "0"], "steps must be a positive integer"),
+    (["--model", "gpt3-small", "--device", "cpu"], "device applies to backend nvml"),
 ])  # fmt: skip
 def test_cli_profile_bad_input_is_one_line_exit_2(args, message, capsys):
     assert main(["profile", *args]) == 2

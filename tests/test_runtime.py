@@ -119,7 +119,7 @@ def test_cli_train_compare_on_the_simulated_gpu(tmp_path, capsys):
     (["--steps", "0"], "--steps must be a positive integer"),
     (["--compare"], "--compare needs --table"),
     (["--backend", "tpu"], "unknown backend"),
-    (["--read-only"], "--read-only applies to --backend nvml"),
+    (["--read-only"], "read_only applies to backend nvml"),
 ])  # fmt: skip
 def test_cli_train_bad_input(args, fragment, capsys):
     assert main(["train", "--model", "gpt3-small", "--seq-len", "16", "--micro-batch-size", "1", *args]) == 2

@@ -25,14 +25,14 @@ def get_backend(name: str, spec: GPUSpec | None, *, seed: int = 0, read_only: bo
 
     Raises:
         UnknownNameError: unknown backend name.
-        InvalidSettingError: --read-only with the simulated GPU, or a GPU type other than the real GPU's.
+        InvalidSettingError: read_only with the simulated GPU, or a GPU type other than the real GPU's.
         NVMLError, GPUPermissionError: see freqopt.nvml.
     """
     from freqopt.errors import InvalidSettingError
 
     if name == "sim":
         if read_only:
-            raise InvalidSettingError("--read-only applies to --backend nvml; the simulated GPU changes nothing real")
+            raise InvalidSettingError("read_only applies to backend nvml; the simulated GPU changes nothing real")
         from freqopt.backends.simulated import SimulatedGPU
         from freqopt.gpus import DEFAULT_GPU, get_gpu
 
@@ -43,13 +43,13 @@ def get_backend(name: str, spec: GPUSpec | None, *, seed: int = 0, read_only: bo
 
         devices = open_devices(read_only=read_only)
         if not devices:
-            raise NVMLError("no GPU is visible (CUDA_VISIBLE_DEVICES); use --backend sim")
+            raise NVMLError("no GPU is visible (CUDA_VISIBLE_DEVICES); use backend sim (the simulated GPU)")
         import torch
 
         # Kernels are replayed on the first visible CUDA device; without CUDA (tests with a stand-in NVML) on the CPU.
         backend = NVMLBackend(devices[0], torch_device="cuda:0" if torch.cuda.is_available() else "cpu")
         if spec is not None and backend.spec.name != spec.name:
             backend.close()
-            raise InvalidSettingError(f"--gpu {spec.name} but GPU 0 is a {backend.spec.name}; omit --gpu with --backend nvml")
+            raise InvalidSettingError(f"gpu {spec.name} was asked for, but GPU 0 is a {backend.spec.name}; give no gpu with backend nvml")
         return backend
     raise UnknownNameError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")

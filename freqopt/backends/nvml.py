@@ -91,7 +91,7 @@ class NVMLBackend(Backend):
         if self.device.read_only:
             if setting != DEFAULT_SETTING:
                 raise GPUPermissionError(f"read-only: cannot measure at {setting.label()}; only at the GPU's current "
-                                         "settings (drop --read-only to search)")  # fmt: skip
+                                         "settings (open the GPU without read-only to search)")  # fmt: skip
             self._applied = setting
             return
         spec = self.spec

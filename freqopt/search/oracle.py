@@ -126,10 +126,10 @@ def benchmark(trace: Trace, backend: SimulatedGPU, config: SearchConfig, *, gran
     from freqopt.errors import InvalidSettingError
 
     if granularity not in ("iteration", "pass", "kernel"):
-        raise InvalidSettingError(f"--granularity {granularity!r}: the benchmark compares clock granularities; "
+        raise InvalidSettingError(f"granularity {granularity!r}: the benchmark compares clock granularities; "
                                   "choose iteration, pass or kernel")  # fmt: skip
     if repeats < 1:
-        raise InvalidSettingError(f"--repeats must be a positive integer, not {repeats}")
+        raise InvalidSettingError(f"repeats must be a positive integer, not {repeats}")
     clocks = [g for g in GRANULARITIES if g != "power-cap"]
     chain = tuple(clocks[: clocks.index(granularity) + 1])
     # Each run validates with its own Validator, so every validation it needs is measured and paid for.

@@ -113,7 +113,7 @@ class SearchConfig:
 
     def __post_init__(self):
         if self.n_jobs < 1:
-            raise InvalidSettingError(f"--jobs must be a positive integer, not {self.n_jobs}")
+            raise InvalidSettingError(f"n_jobs must be a positive integer, not {self.n_jobs}")
         if not 0.0 <= self.max_slowdown < 1.0:
             raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
         for g in self.granularities:
@@ -161,13 +161,54 @@ class GranularityResult:
 
 @dataclass(frozen=True)
 class SearchResult:
+    """A search's outcome: the measured baseline and one validated result per granularity.
+
+    Attributes:
+        trace: the searched iteration.
+        gpu: the GPU type's name; spec: the GPU type itself (clock lists as the backend reported them).
+        max_slowdown: the budget, a fraction.
+        baseline: the whole iteration at default settings (time_s, energy_j per iteration).
+        results: granularity -> GranularityResult, coarse to fine.
+        storage: the Optuna storage URL (None: in memory).
+        n_new_measurements: measurements this process took (the rest were read back, or taken by other workers).
+        backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
+        table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
+    """
+
     trace: Trace
     gpu: str
     max_slowdown: float
     baseline: Measurement
     results: dict[str, GranularityResult]
     storage: str | None
-    n_new_measurements: int = 0  # taken by this process (the rest: read back, or taken by other workers)
+    n_new_measurements: int = 0
+    spec: object = field(default=None, repr=False)  # GPUSpec
+    backend_name: str | None = None
+    seed: int = 0
+    table_paths: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """The JSON document ``freqopt search --json`` writes (freqopt.search.summary.summarize)."""
+        from freqopt.search.summary import summarize
+
+        return summarize(self, self.table_paths)
+
+    def table(self, granularity: str):
+        """The clock table (freqopt.tables.ClockTable) of one searched granularity.
+
+        Raises:
+            UnknownNameError: ``granularity`` was not searched.
+        """
+        from freqopt.tables import result_table
+
+        return result_table(self, granularity)
+
+    def write_tables(self, out) -> dict:
+        """Write each granularity's clock table as JSON and CSV into folder ``out``; returns granularity -> JSON
+        path (freqopt.tables.write_result_tables)."""
+        from freqopt.tables import write_result_tables
+
+        return write_result_tables(self, out)
 
     def energy_saved_pct(self, g: str) -> float:
         return 100.0 * (1.0 - self.results[g].validated.energy_j / self.baseline.energy_j)
@@ -588,4 +629,5 @@ def run_search(
     if is_persistent(storage):
         finish_job(storage, prefix)
     n_new = validator.log.n_new + sum(u.n_new_measurements for r in results.values() for u in r.unit_searches)
-    return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new)
+    return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
+                        spec=backend.spec, backend_name=getattr(backend, "name", None), seed=config.seed)

@@ -256,7 +256,7 @@ def check_worker_backend(job: dict, backend_name: str | None) -> str:
     """
     if backend_name is not None and backend_name != job["backend"]:
         raise InvalidSettingError(f"the search measures with backend {job['backend']!r}; a worker must too "
-                           f"(drop --backend {backend_name})")  # fmt: skip
+                           f"(give no backend, or {job['backend']!r}, not {backend_name!r})")  # fmt: skip
     return job["backend"]
 
 

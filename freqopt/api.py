@@ -1,0 +1,201 @@
+"""freqopt's one-call search: ``freqopt.search(model_or_trace, max_slowdown=...)``.
+
+    >>> import freqopt
+    >>> result = freqopt.search("gpt3-small", max_slowdown="1%", seq_len=256, micro_batch_size=1,
+    ...                         granularity="pass", n_trials=6)  # doctest: +SKIP
+    >>> result.summary()["results"]["pass"]["energy_saved_pct"]  # doctest: +SKIP
+
+Every argument is checked before any work is done or any file is written; errors are freqopt.errors types whose
+one-line messages name the argument (``n_trials``, ``out``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from freqopt.errors import InvalidSettingError, OutputError
+
+__all__ = ["search", "SearchStart", "check_writable_dir"]
+
+
+@dataclass(frozen=True)
+class SearchStart:
+    """What a search is about to do, passed to ``on_start`` once the iteration is traced and before any
+    measurement.
+
+    Attributes:
+        trace: the iteration's kernels (freqopt.trace.Trace).
+        spec: the GPU type measured on (freqopt.gpus.GPUSpec).
+        backend: the backend's name ("sim", "nvml") or class name.
+        study_name: the search's name in the storage: ``freqopt worker --storage URL --study NAME`` joins it.
+        storage: the Optuna storage URL (None: in memory, so no worker can join).
+        n_units: tuning units over all granularities (each is reported once through ``on_unit``).
+    """
+
+    trace: object = field(repr=False)
+    spec: object = field(repr=False)
+    backend: str
+    study_name: str
+    storage: str | None
+    n_units: int
+
+
+def check_writable_dir(path: str | Path, *, argument: str = "out") -> Path:
+    """Make folder ``path`` (with its parents) and prove it writable by creating and removing a file in it.
+
+    Raises:
+        OutputError: ``path`` is a file, or cannot be created or written; the message names ``argument``.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{argument} {path} is a file; give a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".freqopt-write-check-"):
+            pass
+    except OSError as e:
+        raise OutputError(f"cannot write to {path}: {e.strerror or e}; choose another {argument} directory") from e
+    return path
+
+
+def _granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
+    from freqopt.search.units import GRANULARITIES, check_granularity
+
+    if isinstance(granularity, str):
+        return GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
+    chosen = {check_granularity(g) for g in granularity}
+    if not chosen:
+        raise InvalidSettingError("granularity is empty; give 'all' or some of " + ", ".join(GRANULARITIES))
+    return tuple(g for g in GRANULARITIES if g in chosen)  # coarse to fine: finer ones start from coarser ones
+
+
+def _positive_int(name: str, value, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
+
+
+def search(
+    model_or_trace,
+    *,
+    max_slowdown: float | str,
+    gpu=None,
+    granularity: str | Sequence[str] = "all",
+    backend="sim",
+    storage: str | None = None,
+    out: str | Path | None = None,
+    seed: int = 0,
+    n_trials: int | None = None,
+    n_jobs: int = 1,
+    micro_batch_size: int | None = None,
+    seq_len: int | None = None,
+    n_heads: int | None = None,
+    vocab_multiple: int | None = None,
+    layout=None,
+    on_unit: Callable[[str, int, int], None] | None = None,
+    on_start: Callable[[SearchStart], None] | None = None,
+):
+    """Search clock settings that cut the energy of one training iteration within a slowdown budget.
+
+    Traces one training iteration (for a model name), runs the per-unit Optuna studies of each granularity,
+    allocates the budget over the units and validates each schedule by measuring the whole iteration
+    (freqopt.search.run_search).
+
+    Args:
+        model_or_trace: a model name (freqopt.models.list_models), a Workload, or a Trace already traced.
+        max_slowdown: allowed slowdown of the iteration: a fraction (0.01) or a string ("1%", "0.01").
+        gpu: GPU type name or GPUSpec; default h100-sxm on the simulated GPU, the real GPU's type on nvml.
+        granularity: "all", one of power-cap, iteration, pass, kernel, or a sequence of them.
+        backend: "sim" (the simulated GPU), "nvml" (the first visible real GPU; needs root to set clocks) or a
+            Backend object (then used as given and not closed here).
+        storage: Optuna storage URL (freqopt.search.runner.open_storage); default sqlite:///OUT/freqopt.db with
+            ``out``, else in memory.
+        out: folder for the clock tables (STEM-GRANULARITY.json and .csv, freqopt.tables.write_result_tables)
+            and the default storage; None writes no file.
+        seed: seeds the samplers and the simulated GPU's noise.
+        n_trials: trials per tuning unit; default 14, plus 4 per memory clock beyond the first (SearchConfig).
+        n_jobs: processes that run tuning units in parallel; simulated GPU only (one ``freqopt worker`` per
+            real GPU instead).
+        micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides, model names only.
+        on_unit: called as on_unit(granularity, units_done, units_total) after each tuning unit's study.
+        on_start: called once with a SearchStart after tracing, before the first measurement.
+
+    Returns:
+        SearchResult: ``.summary()`` (the JSON document), ``.table(granularity)``, ``.write_tables(folder)``;
+        ``.table_paths`` lists the tables written under ``out``.
+
+    Raises:
+        UnknownNameError: unknown model, GPU type, backend or granularity.
+        InvalidSettingError: a bad slowdown, override, layout, n_trials or n_jobs, or n_jobs > 1 on a real GPU.
+        OutputError: ``out`` is a file or cannot be written.
+        StorageError: ``storage`` cannot be opened.
+        NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.nvml).
+    """
+    from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
+    from freqopt.budget import parse_slowdown
+    from freqopt.trace import Trace
+
+    # Every check before any work or any file is touched, in the CLI's order.
+    slowdown = parse_slowdown(max_slowdown)
+    sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+             "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    if isinstance(model_or_trace, Trace):
+        trace, workload = model_or_trace, model_or_trace.workload
+        given = [name for name, value in sizes.items() if value is not None]
+        if given:
+            raise InvalidSettingError(f"{', '.join(given)} apply to a model name, not to a Trace (already traced); "
+                                      "pass the model's name instead")  # fmt: skip
+    else:
+        trace, workload = None, resolve_workload(model_or_trace, **sizes)
+    requested = resolve_gpu(gpu)
+    backend = resolve_backend(backend)
+    granularities = _granularities(granularity)
+    _positive_int("n_trials", n_trials, optional=True)
+    _positive_int("n_jobs", n_jobs)
+    if n_jobs > 1 and not (backend == "sim" or isinstance(backend, SimulatedGPU)):
+        raise InvalidSettingError("n_jobs > 1 applies to the simulated GPU (backend 'sim'); with real GPUs start "
+                                  "one `freqopt worker` per GPU against the search's storage")  # fmt: skip
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidSettingError(f"seed must be an integer, not {seed!r}")
+    # A real GPU is opened (and its permissions checked) before anything is written.
+    measuring, opened = open_backend(backend, requested, seed=seed)
+    try:
+        return _search(trace, workload, measuring, backend if isinstance(backend, str) else None, slowdown,
+                       granularities, storage, out, seed, n_trials, n_jobs, on_unit, on_start)  # fmt: skip
+    finally:
+        if opened:
+            measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
+
+
+def _search(trace, workload, measuring, backend_name, slowdown, granularities, storage, out, seed, n_trials, n_jobs,
+            on_unit, on_start):  # fmt: skip
+    import optuna
+
+    from freqopt.search import SearchConfig, partition, run_search
+    from freqopt.search.runner import open_storage, study_prefix
+    from freqopt.trace import trace_training_iteration
+
+    if out is not None:
+        out = check_writable_dir(out)
+        storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
+    open_storage(storage)  # a bad URL fails here, before any work
+    counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
+    config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage,
+                          n_jobs=n_jobs, **counts)  # fmt: skip
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if trace is None:
+        trace = trace_training_iteration(workload)
+    name = backend_name or getattr(measuring, "name", None) or type(measuring).__name__
+    if on_start is not None:
+        on_start(SearchStart(trace, measuring.spec, name, study_prefix(trace, measuring.spec, seed), storage,
+                             sum(len(partition(trace, g)) for g in granularities)))  # fmt: skip
+    result = run_search(trace, measuring, config, on_unit=on_unit)
+    result = replace(result, backend_name=name)
+    if out is not None:
+        result = replace(result, table_paths=result.write_tables(out))
+    return result

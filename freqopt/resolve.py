@@ -1,0 +1,91 @@
+"""What a caller names, made into objects and checked: a model (with size overrides and a layout), a GPU type, a
+backend. The API functions (freqopt.search, freqopt.profile) take names or objects alike through these helpers.
+"""
+
+from __future__ import annotations
+
+from freqopt.backends import Backend, check_backend, get_backend
+from freqopt.errors import InvalidSettingError
+from freqopt.gpus import DEFAULT_GPU, GPUSpec, get_gpu
+from freqopt.layout import Layout, parse_layout
+
+__all__ = ["resolve_workload", "resolve_gpu", "resolve_backend", "open_backend"]
+
+
+def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int | None = None,
+                     n_heads: int | None = None, vocab_multiple: int | None = None,
+                     layout: Layout | str | None = None):  # fmt: skip
+    """A Workload from a model name and overrides (freqopt.models.get_workload), or ``model`` itself if it is one.
+
+    Args:
+        model: a model name (freqopt.models.list_models) or a Workload.
+        micro_batch_size, seq_len, n_heads, vocab_multiple: see get_workload; only with a model name.
+        layout: a Layout or its text ("dp=2,tp=4"); None: one GPU.
+
+    Raises:
+        UnknownNameError: unknown model.
+        InvalidSettingError: a bad override or layout, or overrides given with a Workload (which is already sized).
+    """
+    from freqopt.models import Workload, get_workload
+
+    overrides = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+                 "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    if isinstance(model, Workload):
+        given = [name for name, value in overrides.items() if value is not None]
+        if given:
+            raise InvalidSettingError(f"{', '.join(given)} apply to a model name, not to a Workload (already sized); "
+                                      "pass them to freqopt.get_workload instead")  # fmt: skip
+        return model
+    if not isinstance(model, str):
+        raise InvalidSettingError(f"model must be a model name or a Workload, not {type(model).__name__}")
+    if layout is not None and not isinstance(layout, Layout):
+        layout = parse_layout(layout)
+    return get_workload(model, **{**overrides, "layout": layout})
+
+
+def resolve_gpu(gpu: GPUSpec | str | None) -> GPUSpec | None:
+    """The GPU type named ``gpu`` (freqopt.gpus.get_gpu), ``gpu`` itself if it is a GPUSpec, or None.
+
+    Raises:
+        UnknownNameError: unknown GPU type.
+    """
+    if gpu is None or isinstance(gpu, GPUSpec):
+        return gpu
+    if not isinstance(gpu, str):
+        raise InvalidSettingError(f"gpu must be a GPU type's name or a GPUSpec, not {type(gpu).__name__}")
+    return get_gpu(gpu)
+
+
+def resolve_backend(backend: Backend | str) -> Backend | str:
+    """``backend`` checked: a Backend as is, or a known backend name (freqopt.backends.BACKENDS).
+
+    Raises:
+        UnknownNameError: unknown backend name.
+    """
+    if isinstance(backend, Backend):
+        return backend
+    if not isinstance(backend, str):
+        raise InvalidSettingError(f"backend must be a backend name (sim, nvml) or a Backend, not "
+                                  f"{type(backend).__name__}")  # fmt: skip
+    return check_backend(backend)
+
+
+def open_backend(backend: Backend | str, gpu: GPUSpec | None, *, seed: int = 0,
+                 read_only: bool = False) -> tuple[Backend, bool]:  # fmt: skip
+    """The backend to measure on, and whether the caller opened it here (and so must close it).
+
+    A name opens one (freqopt.backends.get_backend): "sim" simulates ``gpu`` (default h100-sxm); "nvml" opens the
+    first visible real GPU, which must be of type ``gpu`` when one is given. A Backend is used as given, and must
+    be of type ``gpu`` when one is given.
+
+    Raises:
+        InvalidSettingError: the backend's GPU is not of type ``gpu``.
+        NVMLError, GPUPermissionError: see freqopt.nvml.
+    """
+    if isinstance(backend, Backend):
+        if gpu is not None and backend.spec.name != gpu.name:
+            raise InvalidSettingError(f"gpu {gpu.name} was asked for, but the backend given measures a "
+                                      f"{backend.spec.name}; pass no gpu, or a backend of that type")  # fmt: skip
+        return backend, False
+    spec = gpu if backend == "nvml" else gpu or get_gpu(DEFAULT_GPU)
+    return get_backend(backend, spec, seed=seed, read_only=read_only), True

@@ -1,0 +1,41 @@
+"""A search's outcome as a JSON-ready document (what ``freqopt search --json`` writes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["summarize"]
+
+
+def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> dict:
+    """The summary document of a SearchResult.
+
+    Args:
+        result: a SearchResult.
+        table_paths: granularity -> the clock table's JSON file, where one was written.
+
+    Returns:
+        ``{"baseline": {"time_s", "energy_j"}, "results": {GRANULARITY: {"energy_saved_pct", "slowdown_pct",
+        "ideal_energy_saved_pct", "ideal_slowdown_pct", "predicted_energy_saved_pct", "n_settings",
+        "n_measurements", "search_cost_gpu_s", "table"}}, "n_new_measurements"}``, granularities coarse to fine.
+        Percentages are of the baseline (validated: the whole iteration measured with the schedule as a runtime
+        realizes it; ideal: with free, instant switching, kernel level only, else None; predicted: the sum of the
+        units' own measurements). time_s in s, energy_j in J per iteration, search_cost_gpu_s in GPU-seconds;
+        "table" is the path as a string, or None where no table was written.
+    """
+    paths = dict(table_paths or {})
+    base = result.baseline
+    doc = {"baseline": {"time_s": base.time_s, "energy_j": base.energy_j}, "results": {},
+           "n_new_measurements": result.n_new_measurements}  # fmt: skip
+    for g, r in result.results.items():
+        doc["results"][g] = {
+            "energy_saved_pct": result.energy_saved_pct(g), "slowdown_pct": result.slowdown_pct(g),
+            "ideal_energy_saved_pct": result.ideal_energy_saved_pct(g),
+            "ideal_slowdown_pct": result.ideal_slowdown_pct(g),
+            "predicted_energy_saved_pct": result.predicted_energy_saved_pct(g),
+            "n_settings": r.n_settings, "n_measurements": r.n_measurements,
+            "search_cost_gpu_s": r.search_cost_gpu_s,
+            "table": str(paths[g]) if g in paths else None,
+        }  # fmt: skip
+    return doc
