@@ -25,7 +25,7 @@ from freqopt.search.runner import (SearchConfig, SearchResult, Validator, open_s
                                    validation_log)
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 from freqopt.tables import ClockTable
-from freqopt.trace import Trace
+from freqopt.kernels import Trace
 
 __all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "evaluate_transfer"]
 

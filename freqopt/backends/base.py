@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from freqopt.gpus import GPUSpec
-from freqopt.trace import Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "Backend"]
 

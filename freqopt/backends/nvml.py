@@ -22,7 +22,7 @@ from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measur
 from freqopt.errors import GPUPermissionError
 from freqopt.nvml import GPUStateGuard, NVMLDevice
 from freqopt.replay import ReplayPlan, build_replay
-from freqopt.trace import Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["NVMLBackend", "COUNTER_DETECTION_S"]
 

@@ -63,7 +63,7 @@ import numpy as np
 
 from freqopt.backends.base import Backend, ClockSetting, Measurement, MeasurementProtocol
 from freqopt.gpus import GPUSpec
-from freqopt.trace import Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["SimulatedGPU", "KernelPhysics"]
 

@@ -17,7 +17,7 @@ from freqopt.backends.simulated import SimulatedGPU
 from freqopt.search.runner import SearchConfig, SearchResult, Validator, allocate_validated, run_search
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, partition
-from freqopt.trace import Trace
+from freqopt.kernels import Trace
 
 __all__ = ["OracleResult", "oracle_search", "BenchmarkResult", "benchmark"]
 

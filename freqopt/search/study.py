@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING
 from freqopt.search.journal import MeasurementLog
-from freqopt.trace import Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["Option", "UnitSearch", "search_unit", "SPACES"]
 

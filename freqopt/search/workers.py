@@ -35,7 +35,7 @@ from freqopt.errors import InvalidSettingError
 from freqopt.search.journal import digest
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import TuningUnit
-from freqopt.trace import Trace
+from freqopt.kernels import Trace
 
 __all__ = ["UnitWork", "UnitQueue", "WorkerReport", "publish_job", "finish_job", "load_job", "trace_from_job",
            "run_unit", "serve", "is_persistent", "HEARTBEAT_S", "STALE_S"]
