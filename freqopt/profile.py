@@ -29,8 +29,8 @@ import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, Measurement
 from freqopt.errors import InvalidSettingError
-from freqopt.models import Workload, build_model
 from freqopt.kernels import Trace
+from freqopt.models import Workload, build_model
 from freqopt.trace import _KINDS, _NOT_KERNELS, trace_training_iteration
 
 __all__ = ["KindFigures", "ProfilerRow", "ProfileReport", "profile", "simulate_by_kind", "profiled_kinds",

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.kernels import Trace
 from freqopt.phases import STEP_MARK, PhaseHooks, Realizer, phase_spans
 from freqopt.tables import ClockTable
-from freqopt.kernels import Trace
 from freqopt.transfer import transfer_table
 
 __all__ = ["PhasePlan", "DVFSRuntime", "plan_phases"]

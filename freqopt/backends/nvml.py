@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
 from freqopt.errors import GPUPermissionError
+from freqopt.kernels import Kernel
 from freqopt.nvml import GPUStateGuard, NVMLDevice
 from freqopt.replay import ReplayPlan, build_replay
-from freqopt.kernels import Kernel
 
 __all__ = ["NVMLBackend", "COUNTER_DETECTION_S"]
 

@@ -32,10 +32,10 @@ from optuna.trial import TrialState
 
 from freqopt.backends.base import Backend, ClockSetting
 from freqopt.errors import InvalidSettingError
+from freqopt.kernels import Trace
 from freqopt.search.journal import digest
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import TuningUnit
-from freqopt.kernels import Trace
 
 __all__ = ["UnitWork", "UnitQueue", "WorkerReport", "publish_job", "finish_job", "load_job", "trace_from_job",
            "run_unit", "serve", "is_persistent", "HEARTBEAT_S", "STALE_S"]
