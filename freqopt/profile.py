@@ -4,8 +4,8 @@ On the simulated GPU (``SimulatedGPU``) the iteration is traced (freqopt.trace) 
 settings, noiselessly (``SimulatedGPU.run(..., loop=False)``: one step issued from an idle GPU); per-kernel time and
 energy are summed by ``Kernel.kind``.
 
-On a real GPU (``NVMLBackend``) the model trains for real, read-only: nothing is ever set through NVML (the device
-is held read-only for the whole call, so a set call would raise). After a few warm-up steps, steps run until the
+On a real GPU (``NVMLBackend``) the model trains for real, read-only: profile reads the backend's energy counter
+(``Backend.energy_j``) and never applies a setting. After a few warm-up steps, steps run until the
 window spans at least ``MIN_WINDOW_S`` and ``MIN_COUNTER_UPDATES`` updates of the energy counter (its period is
 detected by polling, freqopt.replay.detect_counter_period); time per step comes from CUDA events (perf_counter on
 the CPU), energy per step from the nvmlDeviceGetTotalEnergyConsumption delta. The measurement is set beside the
@@ -193,9 +193,9 @@ def profile(workload: Workload, backend: Backend, *, device: str | None = None, 
 
     Args:
         workload: model, micro-batch and layout; on a real GPU a single-GPU layout.
-        backend: a SimulatedGPU (traced and simulated; the other arguments are unused) or an NVMLBackend (trained
-            and measured at the GPU's current settings, read-only: however the backend was opened, profile reads
-            the GPU through a read-only NVMLDevice of its own and never calls an NVML set function).
+        backend: a simulated one (``backend.simulated``: traced and simulated; the other arguments are unused) or
+            a real GPU (trained and measured at the GPU's current settings, read-only: however the backend was
+            opened, profile only reads its energy counter and never applies a setting).
         device: nvml: where the model trains, default "cuda"; "cpu" trains on the CPU while the counter of the
             first visible GPU is read (for tests with a stand-in NVML).
         steps: nvml: the fewest steps in the measured window; more run until it spans ``MIN_WINDOW_S`` and
@@ -211,16 +211,11 @@ def profile(workload: Workload, backend: Backend, *, device: str | None = None, 
             on (check_device), or a layout of more than one rank on a real GPU.
         NVMLError: reading the energy counter failed.
     """
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.backends.simulated import SimulatedGPU
-
-    if isinstance(backend, SimulatedGPU):
+    if backend.simulated:
         trace = trace_training_iteration(workload)
         total, by_kind = simulate_by_kind(trace, backend)
-        return ProfileReport(workload.model, backend.spec.name, "sim", total.time_s, total.energy_j, trace.total_flops,
-                             by_kind)  # fmt: skip
-    if not isinstance(backend, NVMLBackend):
-        raise InvalidSettingError(f"profile needs a SimulatedGPU or an NVMLBackend, not {type(backend).__name__}")
+        return ProfileReport(workload.model, backend.spec.name, backend.name, total.time_s, total.energy_j,
+                             trace.total_flops, by_kind)  # fmt: skip
     if steps < 1:
         raise InvalidSettingError(f"steps must be a positive integer, not {steps}")
     if warmup_steps < 0:
@@ -229,12 +224,9 @@ def profile(workload: Workload, backend: Backend, *, device: str | None = None, 
     if workload.layout.world_size > 1:
         raise InvalidSettingError(f"profile on a real GPU trains one GPU; pass a single-GPU layout, not "
                                   f"{workload.layout} (the simulated GPU profiles one rank of any layout)")  # fmt: skip
-    from freqopt.nvml import NVMLDevice
-
-    # Every NVML call below goes through a read-only NVMLDevice of its own over the backend's GPU, which refuses
-    # set and reset calls before they reach NVML; the backend (and its guard) is left as the caller opened it.
-    reader = NVMLDevice(backend.device.handle, backend.device.index, read_only=True)
-    return _profile_real(workload, backend, reader, device, steps, warmup_steps, seed)
+    # The GPU is only read, through the backend's energy counter (Backend.energy_j); nothing is applied, and the
+    # backend (and its guard) is left as the caller opened it.
+    return _profile_real(workload, backend, device, steps, warmup_steps, seed)
 
 
 class _Trainer:
@@ -277,7 +269,7 @@ class _Trainer:
         self.sync()
 
 
-def _counter_period_s(backend, reader, trainer: _Trainer) -> float:
+def _counter_period_s(backend: Backend, trainer: _Trainer) -> float:
     """The energy counter's update period, s: polled (freqopt.replay.detect_counter_period) from a thread while
     training steps keep the GPU busy; the GPU type's documented period if the counter barely moved. Cached on the
     backend, as its own measurements cache it."""
@@ -289,7 +281,7 @@ def _counter_period_s(backend, reader, trainer: _Trainer) -> float:
 
     def poll() -> None:
         try:
-            found.append(detect_counter_period(reader.energy_j, duration_s=COUNTER_DETECTION_S))
+            found.append(detect_counter_period(backend.energy_j, duration_s=COUNTER_DETECTION_S))
         except RuntimeError:
             pass
 
@@ -302,7 +294,7 @@ def _counter_period_s(backend, reader, trainer: _Trainer) -> float:
     return backend.counter_period_s
 
 
-def _profile_real(workload: Workload, backend, reader, device: str, steps: int, warmup_steps: int,
+def _profile_real(workload: Workload, backend: Backend, device: str, steps: int, warmup_steps: int,
                   seed: int) -> ProfileReport:  # fmt: skip
     from freqopt.backends.simulated import SimulatedGPU
 
@@ -311,10 +303,10 @@ def _profile_real(workload: Workload, backend, reader, device: str, steps: int, 
     predicted, by_kind = simulate_by_kind(trace, SimulatedGPU(backend.spec, noise=False))
     for _ in range(warmup_steps):
         trainer.step()
-    period_s = _counter_period_s(backend, reader, trainer)  # its steps warm up too
+    period_s = _counter_period_s(backend, trainer)  # its steps warm up too
     need_s = max(MIN_WINDOW_S, MIN_COUNTER_UPDATES * period_s)
     trainer.sync()
-    energy_before = reader.energy_j()
+    energy_before = backend.energy_j()
     if trainer.cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -327,7 +319,7 @@ def _profile_real(workload: Workload, backend, reader, device: str, steps: int, 
         end.record()
         trainer.sync()
     wall_s = time.perf_counter() - t0
-    energy_j = reader.energy_j() - energy_before
+    energy_j = backend.energy_j() - energy_before
     window_s = start.elapsed_time(end) / 1000.0 if trainer.cuda else wall_s
     rows = _compare_with_profiler(trainer, by_kind)
     return ProfileReport(workload.model, backend.spec.name, "nvml", window_s / n, energy_j / n, trace.total_flops,
