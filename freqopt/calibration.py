@@ -33,8 +33,9 @@ import torch
 from freqopt.backends.base import ClockSetting
 from freqopt.backends.simulated import SimulatedGPU
 from freqopt.gpus import GPUSpec, PowerModel
+from freqopt.kernels import Trace
 from freqopt.models import GPTConfig, Workload
-from freqopt.trace import Trace, trace_training_iteration
+from freqopt.trace import trace_training_iteration
 
 __all__ = ["ZeusPoint", "McDonaldFigure", "load_zeus_points", "load_mcdonald_figures", "bert_squad_trace",
            "mcdonald_traces", "simulate", "residuals", "mcdonald_residuals", "fit_power_model", "FIT_PARAMETERS",
@@ -234,7 +235,7 @@ def derive_power_model(reference: GPUSpec, target: GPUSpec, *, sustained_gemm_cl
     if sustained_gemm_clock_mhz is None:
         return pm
     from freqopt.backends.simulated import KernelPhysics
-    from freqopt.trace import Kernel
+    from freqopt.kernels import Kernel
 
     n = 8192
     gemm = Kernel("aten.mm", "gemm", "forward", 2.0 * n**3, 3.0 * n * n * 2, "bfloat16", ((n, n), (n, n)), True)

@@ -36,7 +36,7 @@ import numpy as np
 from freqopt.backends.base import DEFAULT_SETTING
 from freqopt.backends.simulated import KernelPhysics, SimulatedGPU
 from freqopt.gpus import GPUSpec
-from freqopt.trace import Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["Point", "load_points", "residuals", "summarize", "fit", "FIT_PARAMETERS", "ASSUMED", "with_values"]
 

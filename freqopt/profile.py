@@ -4,8 +4,8 @@ On the simulated GPU (``SimulatedGPU``) the iteration is traced (freqopt.trace) 
 settings, noiselessly (``SimulatedGPU.run(..., loop=False)``: one step issued from an idle GPU); per-kernel time and
 energy are summed by ``Kernel.kind``.
 
-On a real GPU (``NVMLBackend``) the model trains for real, read-only: nothing is ever set through NVML (the device
-is held read-only for the whole call, so a set call would raise). After a few warm-up steps, steps run until the
+On a real GPU (``NVMLBackend``) the model trains for real, read-only: profile reads the backend's energy counter
+(``Backend.energy_j``) and never applies a setting. After a few warm-up steps, steps run until the
 window spans at least ``MIN_WINDOW_S`` and ``MIN_COUNTER_UPDATES`` updates of the energy counter (its period is
 detected by polling, freqopt.replay.detect_counter_period); time per step comes from CUDA events (perf_counter on
 the CPU), energy per step from the nvmlDeviceGetTotalEnergyConsumption delta. The measurement is set beside the
@@ -29,8 +29,9 @@ import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, Measurement
 from freqopt.errors import InvalidSettingError
+from freqopt.kernels import Trace
 from freqopt.models import Workload, build_model
-from freqopt.trace import _KINDS, _NOT_KERNELS, Trace, trace_training_iteration
+from freqopt.trace import _KINDS, _NOT_KERNELS, trace_training_iteration
 
 __all__ = ["KindFigures", "ProfilerRow", "ProfileReport", "profile", "simulate_by_kind", "profiled_kinds",
            "check_device", "MIN_WINDOW_S", "MIN_COUNTER_UPDATES", "STEP_LABEL"]
@@ -194,10 +195,11 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
 
     Args:
         workload: a model name (freqopt.models.list_models) or a Workload; on a real GPU a single-GPU layout.
-        backend: "sim" or a SimulatedGPU (traced and simulated; ``device``, ``steps``' count and ``seed`` unused),
-            or "nvml" or an NVMLBackend (trained and measured at the GPU's current settings, read-only: a name
-            opens the GPU read-only, and however a backend was opened, profile reads the GPU through a read-only
-            NVMLDevice of its own and never calls an NVML set function). A name is opened and closed here.
+        backend: "sim" or a simulated backend (``backend.simulated``: traced and simulated; ``device``, ``steps``'
+            count and ``seed`` unused), or "nvml" or an NVMLBackend (trained and measured at the GPU's current
+            settings, read-only: a name opens the GPU read-only, and however a backend was opened, profile only
+            reads its energy counter (Backend.energy_j) and never applies a setting). A name is opened and closed
+            here.
         gpu: GPU type name or GPUSpec: the simulated one (default h100-sxm), or what the real GPU must be.
         device: nvml only: where the model trains, default "cuda"; "cpu" trains on the CPU while the counter of the
             first visible GPU is read (for tests with a stand-in NVML).
@@ -217,21 +219,17 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
             rank on a real GPU.
         NVMLError, GPUPermissionError: the real GPU cannot be opened or read.
     """
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.backends.simulated import SimulatedGPU
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
 
     workload = resolve_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     spec = resolve_gpu(gpu)
     backend = resolve_backend(backend)
-    if isinstance(backend, Backend) and not isinstance(backend, (SimulatedGPU, NVMLBackend)):
-        raise InvalidSettingError(f"profile needs a SimulatedGPU or an NVMLBackend, not {type(backend).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InvalidSettingError(f"steps must be a positive integer, not {steps!r}")
     if warmup_steps < 0:
         raise InvalidSettingError(f"warmup_steps must not be negative, not {warmup_steps}")
-    real = backend == "nvml" or isinstance(backend, NVMLBackend)
+    real = not backend.simulated if isinstance(backend, Backend) else backend == "nvml"
     if real:
         device = check_device(device or "cuda")
         if workload.layout.world_size > 1:
@@ -244,14 +242,11 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         if not real:
             trace = trace_training_iteration(workload)
             total, by_kind = simulate_by_kind(trace, measuring)
-            return ProfileReport(workload.model, measuring.spec.name, "sim", total.time_s, total.energy_j,
+            return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
                                  trace.total_flops, by_kind)  # fmt: skip
-        from freqopt.nvml import NVMLDevice
-
-        # Every NVML call below goes through a read-only NVMLDevice of its own over the backend's GPU, which refuses
-        # set and reset calls before they reach NVML; the backend (and its guard) is left as the caller opened it.
-        reader = NVMLDevice(measuring.device.handle, measuring.device.index, read_only=True)
-        return _profile_real(workload, measuring, reader, device, steps, warmup_steps, seed)
+        # The GPU is only read, through the backend's energy counter (Backend.energy_j); nothing is applied, and a
+        # backend the caller opened is left as it was opened.
+        return _profile_real(workload, measuring, device, steps, warmup_steps, seed)
     finally:
         if opened:
             measuring.close()
@@ -297,7 +292,7 @@ class _Trainer:
         self.sync()
 
 
-def _counter_period_s(backend, reader, trainer: _Trainer) -> float:
+def _counter_period_s(backend: Backend, trainer: _Trainer) -> float:
     """The energy counter's update period, s: polled (freqopt.replay.detect_counter_period) from a thread while
     training steps keep the GPU busy; the GPU type's documented period if the counter barely moved. Cached on the
     backend, as its own measurements cache it."""
@@ -309,7 +304,7 @@ def _counter_period_s(backend, reader, trainer: _Trainer) -> float:
 
     def poll() -> None:
         try:
-            found.append(detect_counter_period(reader.energy_j, duration_s=COUNTER_DETECTION_S))
+            found.append(detect_counter_period(backend.energy_j, duration_s=COUNTER_DETECTION_S))
         except RuntimeError:
             pass
 
@@ -322,7 +317,7 @@ def _counter_period_s(backend, reader, trainer: _Trainer) -> float:
     return backend.counter_period_s
 
 
-def _profile_real(workload: Workload, backend, reader, device: str, steps: int, warmup_steps: int,
+def _profile_real(workload: Workload, backend: Backend, device: str, steps: int, warmup_steps: int,
                   seed: int) -> ProfileReport:  # fmt: skip
     from freqopt.backends.simulated import SimulatedGPU
 
@@ -331,10 +326,10 @@ def _profile_real(workload: Workload, backend, reader, device: str, steps: int, 
     predicted, by_kind = simulate_by_kind(trace, SimulatedGPU(backend.spec, noise=False))
     for _ in range(warmup_steps):
         trainer.step()
-    period_s = _counter_period_s(backend, reader, trainer)  # its steps warm up too
+    period_s = _counter_period_s(backend, trainer)  # its steps warm up too
     need_s = max(MIN_WINDOW_S, MIN_COUNTER_UPDATES * period_s)
     trainer.sync()
-    energy_before = reader.energy_j()
+    energy_before = backend.energy_j()
     if trainer.cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -347,7 +342,7 @@ def _profile_real(workload: Workload, backend, reader, device: str, steps: int, 
         end.record()
         trainer.sync()
     wall_s = time.perf_counter() - t0
-    energy_j = reader.energy_j() - energy_before
+    energy_j = backend.energy_j() - energy_before
     window_s = start.elapsed_time(end) / 1000.0 if trainer.cuda else wall_s
     rows = _compare_with_profiler(trainer, by_kind)
     return ProfileReport(workload.model, backend.spec.name, "nvml", window_s / n, energy_j / n, trace.total_flops,

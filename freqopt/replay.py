@@ -40,7 +40,7 @@ import torch
 
 import freqopt.models.ops  # noqa: F401  registers torch.ops.freqopt.flash_attention*
 import freqopt.models.parallel  # noqa: F401  registers torch.ops.freqopt.all_reduce
-from freqopt.trace import COLLECTIVE_KINDS, DEVICE, Kernel, OpCall, TensorSpec
+from freqopt.kernels import COLLECTIVE_KINDS, DEVICE, Kernel, OpCall, TensorSpec
 
 __all__ = ["ReplayPlan", "build_replay", "detect_counter_period", "resolve_op", "FLOAT_STD", "COPY_OP"]
 

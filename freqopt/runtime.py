@@ -16,9 +16,10 @@ on the current stream and hands (event, setting) to a controller thread, which w
 reached the boundary) and then calls NVML, as Perseus does; the training stream is never synchronized. On exit,
 error or signal the backend restores the GPU (freqopt.nvml.GPUStateGuard).
 
-On the simulated backend there is no GPU to switch: the controller records the setting requested at each phase,
-and ``step_measurement()`` measures the traced iteration with the settings the runtime actually asked for,
-switch latency included, so a table's realizable savings can be measured without a GPU.
+On the simulated backend there is no GPU to switch: the controller applies each setting to the simulated GPU, which
+only records it (``SimulatedGPU.applied``), and ``step_measurement()`` measures the traced iteration with the
+settings the runtime actually asked for, switch latency included, so a table's realizable savings can be measured
+without a GPU.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.fingerprint import check_trace_module, unwrap_module
+from freqopt.kernels import Trace
 from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, Realizer, phase_spans
 from freqopt.tables import ClockTable
-from freqopt.trace import Trace
 from freqopt.transfer import transfer_table
 
 __all__ = ["PhasePlan", "DVFSRuntime", "plan_phases"]
@@ -77,7 +78,6 @@ class _Controller:
     """The thread that applies settings once the GPU reaches the boundary that asked for them."""
 
     backend: Backend
-    simulated: bool
     requests: queue.Queue = field(default_factory=queue.Queue)
     error: BaseException | None = None
 
@@ -90,8 +90,7 @@ class _Controller:
             try:
                 if event is not None:
                     event.synchronize()  # this thread waits for the GPU; the training stream does not
-                if not self.simulated:
-                    self.backend.apply(setting)
+                self.backend.apply(setting)
             except BaseException as e:  # surfaced to the training thread at the next boundary
                 self.error = e
 
@@ -110,7 +109,8 @@ class DVFSRuntime:
             the module it wraps (freqopt.fingerprint.unwrap_module).
         optimizer: a torch.optim.Optimizer whose step marks the optimizer phase, or None (call ``mark_step()``).
         table: the clock table; None runs at default settings (still counting phases).
-        backend: an NVMLBackend (the GPU the job runs on) or a SimulatedGPU (a simulated timeline).
+        backend: the GPU the job runs on (NVMLBackend), or a simulated one (``backend.simulated``: a SimulatedGPU,
+            whose timeline step_measurement reads).
         trace: the trace of the job's workload (trace_iteration), whose marks the hooks follow.
         check_trace: refuse a ``model`` the trace was not recorded from (freqopt.fingerprint); False lets a module
             with the same phase modules follow another module's trace (a small model driving a large model's
@@ -123,13 +123,11 @@ class DVFSRuntime:
 
     def __init__(self, model: torch.nn.Module, optimizer=None, *, table: ClockTable | None, backend: Backend,
                  trace: Trace, check_trace: bool = True):  # fmt: skip
-        from freqopt.backends.simulated import SimulatedGPU
-
         model = unwrap_module(model)
         if check_trace:
             check_trace_module(trace, model)
         self.model, self.optimizer, self.backend, self.trace = model, optimizer, backend, trace
-        self.simulated = isinstance(backend, SimulatedGPU)
+        self.simulated = backend.simulated
         self.plan = plan_phases(table, trace, backend.spec)
         self._expected = self.plan.labels
         self._position = 0  # index of the phase the job is in
@@ -137,7 +135,7 @@ class DVFSRuntime:
         self._requested = list(self.plan.settings)  # the setting in force in each phase of the current step
         self._hooks = PhaseHooks(model, self._on_mark)
         self._handles: list = []
-        self._controller = _Controller(backend, self.simulated)
+        self._controller = _Controller(backend)
         self._thread = threading.Thread(target=self._controller.run, name="freqopt-dvfs", daemon=True)
         self._warnings = warnings.catch_warnings()
         self.switches = 0

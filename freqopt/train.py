@@ -169,7 +169,7 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
             if not runtime.simulated and energy_before is None:
                 if on_cuda:
                     torch.cuda.synchronize(device)
-                energy_before = backend.device.energy_j()  # the block starts
+                energy_before = backend.energy_j()  # the block starts
             if on_cuda:
                 start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start_event.record()
@@ -200,7 +200,7 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
             else:
                 block.append((i, with_table, time.perf_counter() - started))
             if i + 1 == len(schedule) or schedule[i + 1] != with_table:  # the block ends
-                energy_j = (backend.device.energy_j() - energy_before) / len(block)
+                energy_j = (backend.energy_j() - energy_before) / len(block)
                 for step, on_table, time_s in block:
                     records.append(StepRecord(step, on_table, time_s, energy_j))
                     if on_step:

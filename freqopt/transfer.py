@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.search.runner import (SearchConfig, SearchResult, Validator, open_storage, run_search, study_prefix,
                                    validation_log)
+from freqopt.kernels import Trace
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 from freqopt.tables import ClockTable
-from freqopt.trace import Trace
 
 __all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "evaluate_transfer"]
 

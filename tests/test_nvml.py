@@ -260,6 +260,26 @@ def test_backend_schedule_switches_per_phase_and_restores(fake):
     assert fake.gpus[0].locked_sm_mhz is None
 
 
+def test_backend_interface_applies_keeps_and_reads_the_counter(fake):
+    """Backend.apply sets one setting and keeps it; energy_j is NVML's mJ counter / 1000; the context manager
+    restores the GPU."""
+    from freqopt.backends.base import ClockSetting
+
+    with backend(fake, root=True) as b:
+        assert b.name == "nvml" and not b.simulated
+        b.apply(ClockSetting(sm_clock_mhz=1200, power_limit_w=500.0))
+        assert fake.gpus[0].locked_sm_mhz == 1200 and fake.gpus[0].power_limit_mw == 500_000
+        n_calls = len(fake.set_calls())
+        b.apply(ClockSetting(sm_clock_mhz=1200, power_limit_w=500.0))  # already there: nothing is called
+        assert len(fake.set_calls()) == n_calls
+        fake.gpus[0].realtime = False  # the counter moves only when the test says
+        assert b.energy_j() == int(fake.gpus[0].energy_mj) / 1000.0
+        start = b.energy_j()
+        fake.gpus[0].advance(1.0)
+        assert b.energy_j() - start == pytest.approx(400.0, rel=0.05)  # the fake board draws 400 W
+    assert fake.gpus[0].locked_sm_mhz is None and fake.gpus[0].power_limit_mw == 700_000
+
+
 def test_cli_reset_reports_nothing_to_do(fake, capsys):
     from freqopt.cli import main
 

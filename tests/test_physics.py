@@ -142,3 +142,28 @@ def test_short_inner_dimension_gemms_draw_less_and_throttle_less():
                  "bfloat16", ((8192, 768), (768, 3072)), True)  # fmt: skip
     big, short = gpu.true_measure([GEMM], ClockSetting()), gpu.true_measure([mlp], ClockSetting())
     assert big.sm_clock_mhz < short.sm_clock_mhz < 1980
+
+
+def test_simulated_gpu_backend_interface():
+    """apply records a supported setting and refuses others; energy_j counts each measurement's replay loop (its
+    average power over the protocol's GPU-seconds, at 1 mJ); the context manager closes the backend."""
+    from freqopt.errors import InvalidSettingError
+
+    with SimulatedGPU(H100, noise=False) as gpu:
+        assert gpu.name == "sim" and gpu.simulated
+        assert gpu.applied == ClockSetting()
+        gpu.apply(ClockSetting(sm_clock_mhz=1200, mem_clock_mhz=2619, power_limit_w=500.0))
+        assert gpu.applied == ClockSetting(1200, 2619, 500.0)
+        with pytest.raises(InvalidSettingError):
+            gpu.apply(ClockSetting(sm_clock_mhz=1201))
+        with pytest.raises(InvalidSettingError):
+            gpu.apply(ClockSetting(power_limit_w=5000.0))
+        assert gpu.applied == ClockSetting(1200, 2619, 500.0)  # a refused setting leaves the held one
+        assert gpu.energy_j() == 0.0
+        m = gpu.measure([GEMM, COPY], ClockSetting(sm_clock_mhz=1200))
+        assert gpu.energy_j() == pytest.approx(m.avg_power_w * m.cost_gpu_s, abs=1e-3)
+        before = gpu.energy_j()
+        s = gpu.measure_schedule([GEMM, COPY], [ClockSetting(1200), ClockSetting(1500)])
+        assert gpu.energy_j() - before == pytest.approx(s.avg_power_w * s.cost_gpu_s, abs=2e-3)
+        gpu.true_measure([GEMM, COPY], ClockSetting())  # the oracle's view runs nothing
+        assert gpu.energy_j() - before == pytest.approx(s.avg_power_w * s.cost_gpu_s, abs=2e-3)

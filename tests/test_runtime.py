@@ -63,6 +63,7 @@ def test_simulated_runtime_measures_the_phases_it_requested():
         measured = runtime.step_measurement()
         plan = runtime.plan
     assert set(plan.settings) == {ClockSetting(1500, 2619), ClockSetting(1200, 2619)}
+    assert sim.applied == plan.settings[-1]  # the controller applied the last phase's setting to the simulated GPU
     expected = sim.measure_schedule(trace.kernels, plan.per_kernel(list(plan.settings), len(trace)), switching=True)
     assert measured == expected
     default = sim.measure_schedule(trace.kernels, plan_phases(None, trace, H100).per_kernel(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from freqopt.gpus import GPUSpec
-from freqopt.trace import Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "Backend"]
 
@@ -88,10 +88,48 @@ class MeasurementProtocol:
 
 
 class Backend(abc.ABC):
-    """One GPU: what it supports, and measurements of kernels at a setting."""
+    """One GPU: what it supports, measurements of kernels at a setting, the setting it is held at, and its energy
+    counter.
 
+    Use as a context manager (or call ``close()``): on exit the GPU is returned to the state it was found in.
+
+    Attributes:
+        name: the backend's name, as ``freqopt.backends.get_backend`` takes it: "sim" or "nvml".
+        simulated: True where measurements come from a model of the GPU, not from the GPU running the job (so a
+            training job's own steps cannot be timed or metered on it; the runtime asks the model instead).
+        spec: the GPU type.
+        protocol: warm-up and window of each measurement.
+        counter_period_s: the energy counter's update period once detected, s; None until then.
+    """
+
+    name: str
+    simulated: bool = False
     spec: GPUSpec
     protocol: MeasurementProtocol
+    counter_period_s: float | None = None
+
+    @abc.abstractmethod
+    def apply(self, setting: ClockSetting) -> None:
+        """Put the GPU at ``setting`` and keep it there until the next ``apply`` or ``close`` (None fields: the
+        GPU's defaults).
+
+        Raises:
+            GPUPermissionError: a real GPU that may not be changed (read-only, or no permission).
+            InvalidSettingError: clocks or a power limit the GPU does not support.
+        """
+
+    @abc.abstractmethod
+    def energy_j(self) -> float:
+        """The GPU's cumulative energy counter, J: only differences between two readings mean anything."""
+
+    def close(self) -> None:
+        """Return the GPU to the state it was found in (a real GPU); nothing for a simulated one."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @abc.abstractmethod
     def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
@@ -109,9 +147,6 @@ class Backend(abc.ABC):
         Returns:
             Time and energy per repetition, and the GPU-seconds spent.
         """
-
-    def close(self) -> None:
-        """Return the GPU to the state it was found in (a real GPU); nothing for a simulated one."""
 
     @abc.abstractmethod
     def measure_schedule(

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
 from freqopt.errors import GPUPermissionError
+from freqopt.kernels import Kernel
 from freqopt.nvml import GPUStateGuard, NVMLDevice
 from freqopt.replay import ReplayPlan, build_replay
-from freqopt.trace import Kernel
 
 __all__ = ["NVMLBackend", "COUNTER_DETECTION_S"]
 
@@ -45,6 +45,8 @@ class NVMLBackend(Backend):
         copied_ops: kernel name -> why the replay ran it as a copy of its bytes, for every such operator so far
             (each logged once, as a warning of the ``freqopt.backends.nvml`` logger).
     """
+
+    name = "nvml"
 
     def __init__(self, device: NVMLDevice, *, torch_device: str = "cuda:0", protocol: MeasurementProtocol | None = None):
         self.device = device
@@ -70,13 +72,12 @@ class NVMLBackend(Backend):
             raise
 
     def close(self) -> None:
+        """Restore the GPU's clocks and power limit as the guard found them (freqopt.nvml.GPUStateGuard)."""
         self.guard.__exit__(None, None, None)
 
-    def __enter__(self) -> NVMLBackend:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def energy_j(self) -> float:
+        """The GPU's energy counter, J: nvmlDeviceGetTotalEnergyConsumption (mJ since the driver loaded) / 1000."""
+        return self.device.energy_j()
 
     # -- settings ------------------------------------------------------------------------------------------------
     def apply(self, setting: ClockSetting) -> None:

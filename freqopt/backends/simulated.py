@@ -55,15 +55,16 @@ run to run in energy, design.md section 3; 0.2 % in time) and an energy counter 
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
 
-from freqopt.backends.base import Backend, ClockSetting, Measurement, MeasurementProtocol
+from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
 from freqopt.gpus import GPUSpec
-from freqopt.trace import Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["SimulatedGPU", "KernelPhysics"]
 
@@ -271,14 +272,46 @@ class SimulatedGPU(Backend):
         seed: seeds the measurement noise; equal seeds and equal calls give equal measurements.
         noise: False for noiseless measurements (the oracle, tests).
         protocol: warm-up and window of each measurement (sets its GPU-second cost).
+
+    Attributes:
+        applied: the setting last given to ``apply`` (the default until then); measurements take their settings
+            as arguments and do not change it.
     """
+
+    name = "sim"
+    simulated = True
 
     def __init__(self, spec: GPUSpec, *, seed: int = 0, noise: bool = True, protocol: MeasurementProtocol | None = None):
         self.spec = spec
         self.seed = seed
         self.noise = noise
         self.protocol = protocol or MeasurementProtocol()
+        self.applied = DEFAULT_SETTING
         self._repeats: dict[tuple, int] = defaultdict(int)
+        self._energy_j = 0.0  # the counter: what every measurement's replay loop has drawn
+
+    def apply(self, setting: ClockSetting) -> None:
+        """Record ``setting`` as the one the GPU holds, after the checks a real GPU's would pass.
+
+        Raises:
+            InvalidSettingError: clocks or a power limit this GPU type does not support.
+        """
+        spec = self.spec
+        if setting.sm_clock_mhz is not None or setting.mem_clock_mhz is not None:
+            spec.check_clocks(*spec.resolve_clocks(setting.sm_clock_mhz, setting.mem_clock_mhz))
+        if setting.power_limit_w is not None:
+            spec.check_power_limit(setting.power_limit_w)
+        self.applied = setting
+
+    def energy_j(self) -> float:
+        """The simulated energy counter, J, at the real counter's 1 mJ resolution: each measurement adds the
+        noiseless energy of its replay loop, its kernels' average power over the protocol's warm-up and window
+        (``Measurement.cost_gpu_s``); ``true_measure`` and ``run`` add nothing."""
+        return math.floor(self._energy_j / ENERGY_COUNTER_RESOLUTION_J) * ENERGY_COUNTER_RESOLUTION_J
+
+    def _meter(self, time_s: float, energy_j: float) -> None:
+        """Advance the counter by one measurement's loop: ``energy_j / time_s`` W for the protocol's GPU-seconds."""
+        self._energy_j += energy_j / time_s * self.protocol.cost_gpu_s(self.spec.energy_counter_period_s)
 
     # -- physics -------------------------------------------------------------------------------------------
     def _sm_index(self, sm_clock_mhz: int | None) -> int:
@@ -397,6 +430,7 @@ class SimulatedGPU(Backend):
     def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
                 sample: int | None = None) -> Measurement:  # fmt: skip
         true = self.true_measure(kernels, setting)
+        self._meter(true.time_s, true.energy_j)
         return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting), sample)
 
     def measure_schedule(
@@ -408,4 +442,5 @@ class SimulatedGPU(Backend):
         latency = self.spec.clock_switch_s if switching else 0.0
         t, e, clocks = self.run(kernels, settings, loop=True, switch_latency_s=latency)
         clock = float(np.average(clocks, weights=t))
+        self._meter(float(t.sum()), float(e.sum()))
         return self._noisy(float(t.sum()), float(e.sum()), clock, (key, "schedule", switching, tuple(settings)), sample)

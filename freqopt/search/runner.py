@@ -19,12 +19,12 @@ import numpy as np
 
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
 from freqopt.errors import InvalidSettingError, StorageError
+from freqopt.kernels import Trace
 from freqopt.search.allocate import allocate
 from freqopt.search.journal import MeasurementLog, digest
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, kernel_families, partition
 from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
-from freqopt.trace import Trace
 
 __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage",
            "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated"]

@@ -28,8 +28,8 @@ import optuna
 from optuna.trial import TrialState
 
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING
+from freqopt.kernels import Kernel
 from freqopt.search.journal import MeasurementLog
-from freqopt.trace import Kernel
 
 __all__ = ["Option", "UnitSearch", "search_unit", "SPACES"]
 

@@ -32,10 +32,10 @@ from optuna.trial import TrialState
 
 from freqopt.backends.base import Backend, ClockSetting
 from freqopt.errors import InvalidSettingError
+from freqopt.kernels import Trace
 from freqopt.search.journal import digest
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import TuningUnit
-from freqopt.trace import Trace
 
 __all__ = ["UnitWork", "UnitQueue", "WorkerReport", "publish_job", "finish_job", "load_job", "trace_from_job",
            "run_unit", "serve", "is_persistent", "HEARTBEAT_S", "STALE_S"]
@@ -87,13 +87,11 @@ def _job_study(storage, prefix: str) -> optuna.Study:
 
 def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int) -> None:
     """Record the search's workload, GPU type, backend kind and seed, and mark it running."""
-    from freqopt.backends.simulated import SimulatedGPU
-
     w = trace.workload
     job = {
         "model": w.model, "config": dataclasses.asdict(w.config), "micro_batch_size": w.micro_batch_size,
         "layout": dataclasses.asdict(w.layout), "mode": trace.meta.get("mode", "train"), "gpu": backend.spec.name,
-        "backend": "sim" if isinstance(backend, SimulatedGPU) else "nvml", "seed": seed,
+        "backend": backend.name, "seed": seed,
     }  # fmt: skip
     study = _job_study(storage, prefix)
     study.set_user_attr(_JOB, job)

@@ -1,0 +1,177 @@
+"""freqopt's layers: no import cycle, and no module imports a layer above its own.
+
+The import graph is read from the source with ``ast``: module-level imports and imports inside functions both
+count (a function-level import is still a dependency, only a late one); imports under ``if TYPE_CHECKING:`` do
+not (they never run). Only imports of freqopt's own modules are edges.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
+
+# Lowest first. A module may import modules of its own layer and of the layers below, never of a layer above.
+LAYERS: list[tuple[str, ...]] = [
+    # Foundations: errors, the parallel layout, GPU types, the kernel data classes, the clock-table format (which
+    # also holds the atomic file write that everything writing a file uses).
+    ("freqopt", "freqopt.errors", "freqopt.layout", "freqopt.gpus", "freqopt.kernels", "freqopt.tables"),
+    # NVML device access; the models (PyTorch modules and their custom operators) and the phase hooks on them.
+    ("freqopt.nvml", "freqopt.models", "freqopt.phases"),
+    # Re-running traced kernels on a device.
+    ("freqopt.replay",),
+    # Where measurements come from: the simulated GPU and the real one.
+    ("freqopt.backends",),
+    # The tracer (models -> kernels) and the calibration of the simulated GPU (backends + traces).
+    ("freqopt.trace", "freqopt.calibration", "freqopt.calibration_h100"),
+    # The search, on a backend and a trace.
+    ("freqopt.search",),
+    # What uses the search and its tables: transfer, the runtime, training, profiling, the energy statement.
+    ("freqopt.transfer", "freqopt.runtime", "freqopt.statement", "freqopt.deepspeed_profile", "freqopt.train",
+     "freqopt.profile"),
+    ("freqopt.cli",),
+]  # fmt: skip
+
+# (importer, imported): upward imports that remain, each with the reason. Keep this list short and explained.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("freqopt.phases", "freqopt.backends.base"): "Realizer (realization of schedules) still lives in phases",
+    ("freqopt.phases", "freqopt.backends.simulated"): "Realizer predicts kernel times with its own simulated GPU",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """The freqopt modules ``module`` imports anywhere outside ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)  # ``from pkg import submodule``
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {name for name in found if name == "freqopt" or name.startswith("freqopt.")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """freqopt module -> the freqopt modules it imports (names resolved to existing modules, self-edges dropped)."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        targets = set()
+        for imported in _imports(ast.parse(path.read_text()), name, path.name == "__init__.py"):
+            while imported not in paths and "." in imported:  # ``from freqopt.x import name``: a name, not a module
+                imported = imported.rsplit(".", 1)[0]
+            if imported in paths and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the longest entry that is ``module`` or a package containing it."""
+    best, best_len = None, -1
+    for i, layer in enumerate(LAYERS):
+        for entry in layer:
+            if (module == entry or module.startswith(entry + ".")) and len(entry) > best_len:
+                best, best_len = i, len(entry)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py")
+    return best
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+# Package __init__ modules re-export their submodules, so the package imports its own children: not a cycle of
+# layers, only of names. Edges from a package to its own submodules are left out of the cycle check.
+def _without_package_reexports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
+
+
+def test_the_graph_sees_known_imports():
+    """The graph builder itself: a module-level import, a function-level one, and a TYPE_CHECKING one."""
+    graph = import_graph()
+    assert "freqopt.kernels" in graph["freqopt.backends.base"]  # module level
+    assert "freqopt.backends.simulated" in graph["freqopt.backends"]  # inside get_backend
+    assert "freqopt.models" not in graph["freqopt.kernels"]  # under TYPE_CHECKING only
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(_without_package_reexports(import_graph()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_no_module_imports_a_layer_above_it():
+    upward = []
+    for module, targets in sorted(import_graph().items()):
+        for target in sorted(targets):
+            if layer_of(target) > layer_of(module) and (module, target) not in KNOWN_UPWARD:
+                upward.append(f"{module} (layer {layer_of(module)}) imports {target} (layer {layer_of(target)})")
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_known_upward_imports_still_exist():
+    """A known exception that is gone must leave the list, so the list never hides a new upward import."""
+    graph = import_graph()
+    gone = [f"{m} -> {t}" for m, t in KNOWN_UPWARD if t not in graph[m]]
+    assert not gone, "no longer imported, remove from KNOWN_UPWARD: " + ", ".join(gone)
+
+
+def test_the_kernel_data_classes_import_nothing_of_freqopt():
+    assert import_graph()["freqopt.kernels"] == set()
