@@ -135,10 +135,9 @@ def search(
         StorageError: ``storage`` cannot be opened.
         NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.nvml).
     """
-    from freqopt.backends.simulated import SimulatedGPU
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
     from freqopt.budget import parse_slowdown
-    from freqopt.trace import Trace
+    from freqopt.kernels import Trace
 
     # Every check before any work or any file is touched, in the CLI's order.
     slowdown = parse_slowdown(max_slowdown)
@@ -157,7 +156,7 @@ def search(
     granularities = _granularities(granularity)
     _positive_int("n_trials", n_trials, optional=True)
     _positive_int("n_jobs", n_jobs)
-    if n_jobs > 1 and not (backend == "sim" or isinstance(backend, SimulatedGPU)):
+    if n_jobs > 1 and not (backend == "sim" or getattr(backend, "simulated", False)):
         raise InvalidSettingError("n_jobs > 1 applies to the simulated GPU (backend 'sim'); with real GPUs start "
                                   "one `freqopt worker` per GPU against the search's storage")  # fmt: skip
     if isinstance(seed, bool) or not isinstance(seed, int):

@@ -16,20 +16,27 @@ PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
 LAYERS: list[tuple[str, ...]] = [
     # Foundations: errors, the parallel layout, GPU types, the kernel data classes, the clock-table format (which
     # also holds the atomic file write that everything writing a file uses).
-    ("freqopt", "freqopt.errors", "freqopt.layout", "freqopt.gpus", "freqopt.kernels", "freqopt.tables"),
-    # NVML device access; the models (PyTorch modules and their custom operators) and the phase hooks on them.
-    ("freqopt.nvml", "freqopt.models", "freqopt.phases"),
+    # The package root only names its lazy exports (strings, imported on first use).
+    ("freqopt", "freqopt.errors", "freqopt.layout", "freqopt.gpus", "freqopt.kernels", "freqopt.tables",
+     "freqopt.budget"),
+    # NVML device access; the models (PyTorch modules and their custom operators) and the phase hooks on them, and
+    # the module-structure fingerprint a trace carries.
+    ("freqopt.nvml", "freqopt.models", "freqopt.phases", "freqopt.fingerprint"),
     # Re-running traced kernels on a device.
     ("freqopt.replay",),
     # Where measurements come from: the simulated GPU and the real one.
     ("freqopt.backends",),
     # The tracer (models -> kernels) and the calibration of the simulated GPU (backends + traces).
-    ("freqopt.trace", "freqopt.calibration", "freqopt.calibration_h100"),
+    # The tracers (a built-in or Hugging Face model, or a user's own step function -> kernels), the calibration of
+    # the simulated GPU (backends + traces), and names resolved to models, GPUs and backends.
+    ("freqopt.trace", "freqopt.step_trace", "freqopt.calibration", "freqopt.calibration_h100", "freqopt.resolve"),
     # The search, on a backend and a trace.
     ("freqopt.search",),
     # What uses the search and its tables: transfer, the runtime, training, profiling, the energy statement.
     ("freqopt.transfer", "freqopt.runtime", "freqopt.statement", "freqopt.deepspeed_profile", "freqopt.train",
-     "freqopt.profile"),
+     "freqopt.profile", "freqopt.api"),
+    # Training frameworks' hooks (the Hugging Face Trainer callback).
+    ("freqopt.integrations",),
     ("freqopt.cli",),
 ]  # fmt: skip
 
