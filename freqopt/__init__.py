@@ -41,6 +41,7 @@ _LAZY = {
     "SearchResult": "freqopt.search",
     "parse_slowdown": "freqopt.budget",
     "get_gpu": "freqopt.gpus",
+    "get_backend": "freqopt.backends",
     "list_gpus": "freqopt.gpus",
     "FreqoptError": "freqopt.errors",
     "UnknownNameError": "freqopt.errors",
@@ -49,6 +50,7 @@ _LAZY = {
     "OutputError": "freqopt.errors",
     "StorageError": "freqopt.errors",
     "GPUPermissionError": "freqopt.errors",
+    "TraceMismatchError": "freqopt.errors",
     "NVMLError": "freqopt.nvml",
 }
 

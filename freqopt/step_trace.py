@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from freqopt.errors import InvalidSettingError
+from freqopt.fingerprint import FINGERPRINT_KEY, module_fingerprint
 from freqopt.layout import SINGLE_GPU
 from freqopt.models import Workload
 from freqopt.models.meta_checks import MetaChecks
@@ -200,7 +201,8 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
 
     Returns:
         Trace whose workload is ``Workload(name, StepConfig(...), micro_batch_size)`` on one GPU; ``meta`` holds
-        "n_params" (None without a module), "mode" "train", "layout" and "marks" as trace_iteration's.
+        "n_params" (None without a module), "mode" "train", "layout" and "marks" as trace_iteration's, and with a
+        module its structure fingerprint (freqopt.fingerprint), which DVFSRuntime checks against the module it wraps.
 
     Raises:
         InvalidSettingError: an empty name, a non-callable step_fn, parameters or tensors not on the meta device
@@ -236,4 +238,6 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
     n_params = sum(p.numel() for p in module.parameters()) if module is not None else None
     workload = Workload(name, StepConfig(name, n_params=n_params, seq_len=seq_len), micro_batch_size, SINGLE_GPU)
     meta = {"n_params": n_params, "mode": "train", "layout": SINGLE_GPU.as_dict(), "marks": tuple(recorder.marks)}
+    if module is not None:  # DVFSRuntime checks that it wraps this module (freqopt.fingerprint)
+        meta[FINGERPRINT_KEY] = module_fingerprint(module)
     return Trace(workload=workload, kernels=tuple(kernels), meta=meta)

@@ -11,6 +11,7 @@ Every call is logged, so tests can prove which calls were made.
 from __future__ import annotations
 
 import json
+import os
 import time
 import types
 from dataclasses import asdict, dataclass, field
@@ -68,7 +69,12 @@ class FakeNVML:
 
     def save(self, path: str | Path | None = None) -> None:
         """Write the GPUs' state (what survives a process: the GPU keeps its settings) to ``path``."""
-        Path(path or self.persist).write_text(json.dumps({"root": self.root, "gpus": [asdict(g) for g in self.gpus]}))
+        # Atomically (a temporary file renamed over the old one): a test polls this file while a child process
+        # rewrites it, and must never read it half-written.
+        target = Path(path or self.persist)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps({"root": self.root, "gpus": [asdict(g) for g in self.gpus]}))
+        os.replace(partial, target)
 
     @classmethod
     def load(cls, path: str | Path, **kwargs) -> FakeNVML:

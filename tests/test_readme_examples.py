@@ -42,8 +42,22 @@ def session(tmp_path_factory) -> tuple[Path, dict]:
     """The first block (trace and search), run in a fresh folder: the others continue its session."""
     folder, namespace = tmp_path_factory.mktemp("readme"), {"__name__": "__main__"}
     run_python("search", folder, namespace)
-    assert (folder / "my-gpt-iteration.json").is_file()
+    assert (folder / "tables" / "my-lm-h100-sxm-iteration.json").is_file()
     return folder, namespace
+
+
+def test_search_example_traces_the_users_model_and_meets_the_budget(session):
+    """The user's own module (SDPA, RMSNorm, SwiGLU, torch.optim.AdamW) through freqopt.trace_step and
+    freqopt.search: attention traced as the fused kernel, all three passes, and a validated table within budget."""
+    trace, result = session[1]["trace"], session[1]["result"]
+    kinds = {k.kind for k in trace.kernels}
+    assert {"gemm", "attention", "optimizer"} <= kinds
+    assert not [k for k in trace.kernels if k.name in ("aten._softmax", "aten._safe_softmax", "aten.bmm")]  # no math path
+    assert {k.pass_name for k in trace.kernels} == {"forward", "backward", "optimizer"}
+    assert sum(k.kind == "attention" for k in trace.kernels) == 4  # 2 layers, forward and backward
+    row = result.summary()["results"]["iteration"]
+    assert row["slowdown_pct"] <= 1.0 + 0.1  # the budget, within the simulated timing noise
+    assert row["energy_saved_pct"] > 0
 
 
 def test_the_readme_has_the_examples():
