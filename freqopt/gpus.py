@@ -28,7 +28,7 @@ DEFAULT_GPU = "h100-sxm"
 
 @dataclass(frozen=True)
 class PowerModel:
-    """Board power as a function of SM clock, memory clock and activity (design.md section 3).
+    """Board power as a function of SM clock, memory clock and activity.
 
     ``P = p_const + p_leak * V/V_max + (p_sm_clock + p_sm_active * u_sm) * (V/V_max)^2 * f/f_max
     + (p_mem_clock + p_mem_active * u_mem) * m/m_max``, where V(f) is flat at ``v_min_rel * V_max`` up to

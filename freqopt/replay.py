@@ -1,5 +1,5 @@
-"""Replay a tuning unit's kernels on a device, each as itself, and time them (design.md section 2: the nvml backend
-replays the unit's kernels in a loop for a measurement window).
+"""Replay a tuning unit's kernels on a device, each as itself, and time them (the nvml backend replays a
+unit's kernels in a loop for a measurement window).
 
 Each traced kernel carries the call that launched it (``Kernel.call``, freqopt.trace.OpCall: the ATen or freqopt
 operator overload and its arguments, tensors as shape, strides, dtype and storage offset). The replay allocates

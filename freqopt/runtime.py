@@ -1,4 +1,4 @@
-"""The DVFS runtime: applies a clock table to a running PyTorch or DeepSpeed training job (design.md section 6).
+"""The DVFS runtime: applies a clock table to a running PyTorch or DeepSpeed training job.
 
     with DVFSRuntime(model, optimizer, table=table, backend=backend, workload=workload) as runtime:
         for batch in batches:

@@ -44,7 +44,7 @@ __all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "trace_training_iteration"
 MODES = ("train", "inference")
 
 
-# ATen operator (overload packet name) -> kernel kind, design.md section 2.
+# ATen operator (overload packet name) -> kernel kind; any other computing operator is elementwise.
 _KINDS = {
     "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "baddbmm": "gemm",
     "flash_attention": "attention", "flash_attention_backward": "attention",

@@ -1,4 +1,5 @@
-"""Apply a clock table found on one workload or layout to another (design.md section 5: portable signatures).
+"""Apply a clock table found on one workload or layout to another (kernel classes matched by
+portable signatures).
 
 A kernel-level table holds one setting per kernel class. On another layout the same class may have other shapes
 (tensor parallelism splits the projections; another micro-batch changes every activation), so each of the

@@ -1,4 +1,4 @@
-"""The simulated GPU's physics (design.md section 3)."""
+"""The simulated GPU's physics (freqopt/backends/simulated.py's module docstring)."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """The simulated GPU: a roofline time model and a DVFS power model, calibrated against published measurements.
 
-Time of a kernel at SM clock f and memory clock m (roofline with partial overlap, design.md section 3)::
+Time of a kernel at SM clock f and memory clock m (roofline with partial overlap)::
 
     t_flops = FLOPs / (n_sms * flops_per_clock_per_sm * f * efficiency)    # tensor or CUDA cores
     t_l2    = bytes / (l2_bytes_per_clock * f)                                 # SM-side load/store limit
@@ -50,7 +50,7 @@ share of the window that brings the average to the limit (so the effective clock
 clock it requests the highest.
 
 Measurement: the kernels are replayed in a loop; the window is read with the noise of a real reading (0.5 %
-run to run in energy, design.md section 3; 0.2 % in time) and an energy counter of 1 mJ resolution.
+run to run in energy and 0.2 % in time: assumed spreads of repeated readings, not yet measured) and an energy counter of 1 mJ resolution.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from freqopt.kernels import Kernel
 
 __all__ = ["SimulatedGPU", "KernelPhysics"]
 
-ENERGY_NOISE_REL = 0.005  # run-to-run spread of an energy reading (design.md section 3)
+ENERGY_NOISE_REL = 0.005  # run-to-run spread of an energy reading (module docstring)
 TIME_NOISE_REL = 0.002  # run-to-run spread of a CUDA-event timing of a replay loop (assumed: timing is steadier than energy)
 ENERGY_COUNTER_RESOLUTION_J = 1e-3  # nvmlDeviceGetTotalEnergyConsumption counts mJ
 CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)

@@ -1,5 +1,5 @@
 """The oracle and the benchmark: an exhaustive sweep of every tuning unit at every supported setting, on the
-simulated GPU, against which the Bayesian search is measured (design.md section 4).
+simulated GPU, against which the Bayesian search is measured.
 
 The oracle measures each unit at every supported (SM clock, memory clock) pair without noise (the simulated GPU's
 true values), and charges for each the GPU-seconds a real sweep would spend on it (the backend's measurement

@@ -1,4 +1,4 @@
-"""Tuning units: the sets of kernels that share one setting, by granularity (design.md section 2)."""
+"""Tuning units: the sets of kernels that share one setting, by granularity."""
 
 from __future__ import annotations
 
