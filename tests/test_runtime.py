@@ -194,14 +194,18 @@ def _start_training(tmp_path) -> tuple[subprocess.Popen, Path]:
     child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # wait until training runs with the table's clock locked
-        gpu = json.loads(gpu_file.read_text())["gpus"][0]
-        if gpu["locked_sm_mhz"] == 1005:
-            return child, gpu_file
-        assert child.poll() is None, child.stderr.read()
-        time.sleep(0.2)
-    child.kill()
-    raise AssertionError("training never locked the clock")
+    try:
+        while time.monotonic() < deadline:  # wait until training runs with the table's clock locked
+            gpu = json.loads(gpu_file.read_text())["gpus"][0]
+            if gpu["locked_sm_mhz"] == 1005:
+                return child, gpu_file
+            assert child.poll() is None, child.stderr.read()
+            time.sleep(0.2)
+        raise AssertionError("training never locked the clock")
+    except BaseException:
+        child.kill()  # a failed wait must not leave a training child running for its 100,000 steps
+        child.wait()
+        raise
 
 
 def test_sigterm_to_freqopt_train_restores_the_gpu(tmp_path):
