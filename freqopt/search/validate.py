@@ -7,6 +7,7 @@ import numpy as np
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
 from freqopt.kernels import Trace
 from freqopt.search.journal import MeasurementLog, digest
+from freqopt.search.realize import Realizer
 from freqopt.search.units import TuningUnit
 
 __all__ = ["Validator"]
@@ -26,8 +27,9 @@ class Validator:
     Args:
         trace, backend: the iteration and the GPU.
         repeats: measurements averaged per schedule.
-        switching: measure schedules as a phase-switching runtime realizes them (freqopt.phases.Realizer) and
-            with the GPU's clock-switch latency; False: the schedule as given, switching free (the ideal).
+        switching: measure schedules as a phase-switching runtime realizes them (freqopt.search.realize.Realizer,
+            with kernel times from ``backend.kernel_times_s``) and with the GPU's clock-switch latency; False: the
+            schedule as given, switching free (the ideal).
         log: where measurements are recorded and read back on resume (freqopt.search.journal); default an
             in-memory one.
     """
@@ -36,10 +38,8 @@ class Validator:
                  log: MeasurementLog | None = None):  # fmt: skip
         import optuna
 
-        from freqopt.phases import Realizer
-
         self.trace, self.backend, self.repeats, self.switching = trace, backend, repeats, switching
-        self.realize = Realizer(trace, backend.spec) if switching else (lambda schedule: schedule)
+        self.realize = Realizer(trace, backend) if switching else (lambda schedule: schedule)
         self.log = log or MeasurementLog(optuna.create_study())
         self.cache: dict[tuple[ClockSetting, ...], Measurement] = {}
         self.n_measurements = 0
