@@ -112,7 +112,7 @@ def search(
         granularity: "all", one of power-cap, iteration, pass, kernel, or a sequence of them.
         backend: "sim" (the simulated GPU), "nvml" (the first visible real GPU; needs root to set clocks) or a
             Backend object (then used as given and not closed here).
-        storage: Optuna storage URL (freqopt.search.runner.open_storage); default sqlite:///OUT/freqopt.db with
+        storage: Optuna storage URL (freqopt.search.storage.open_storage); default sqlite:///OUT/freqopt.db with
             ``out``, else in memory.
         out: folder for the clock tables (STEM-GRANULARITY.json and .csv, freqopt.tables.write_result_tables)
             and the default storage; None writes no file.
@@ -176,7 +176,7 @@ def _search(trace, workload, measuring, backend_name, slowdown, granularities, s
     import optuna
 
     from freqopt.search import SearchConfig, partition, run_search
-    from freqopt.search.runner import open_storage, study_prefix
+    from freqopt.search.storage import open_storage, study_prefix
     from freqopt.trace import trace_training_iteration
 
     if out is not None:

@@ -210,7 +210,7 @@ def worker(storage, name, backend, wait_s, json_path) -> None:
     from freqopt.backends import check_backend, get_backend
     from freqopt.errors import StorageError
     from freqopt.gpus import get_gpu
-    from freqopt.search.runner import open_storage, study_prefix
+    from freqopt.search.storage import open_storage, study_prefix
     from freqopt.search.workers import WorkerReport, check_worker_backend, load_job, serve, trace_from_job
     from freqopt.tables import atomic_write_text
 
@@ -274,7 +274,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
     from freqopt.layout import parse_layout
     from freqopt.models import get_workload
     from freqopt.search import SearchConfig
-    from freqopt.search.runner import open_storage
+    from freqopt.search.storage import open_storage
     from freqopt.tables import atomic_write_text, load_table
     from freqopt.trace import trace_training_iteration
     from freqopt.api import check_writable_dir

@@ -8,8 +8,8 @@
             optimizer.zero_grad()
 
 The table is laid onto the workload's trace (freqopt.transfer: exact class, else kind and intensity) and made
-realizable (freqopt.phases): one setting per phase, a switch only into a run of phases at least as long as the
-GPU's switch latency. Phase boundaries are module hooks (forward pre-hooks and full backward pre-hooks of the
+realizable (freqopt.search.realize): one setting per phase, a switch only into a run of phases at least as long as
+the GPU's switch latency. Phase boundaries are module hooks (forward pre-hooks and full backward pre-hooks of the
 phase modules) and the optimizer step, the same marks the tracer recorded, so the runtime knows which phase the
 job is entering by counting marks. A switch is never issued from the training thread: the hook records a CUDA event
 on the current stream and hands (event, setting) to a controller thread, which waits for the event (the GPU has
@@ -34,7 +34,8 @@ import torch
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.fingerprint import check_trace_module, unwrap_module
 from freqopt.kernels import Trace
-from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, Realizer, phase_spans
+from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, phase_spans
+from freqopt.search.realize import Realizer
 from freqopt.tables import ClockTable
 from freqopt.transfer import transfer_table
 
@@ -62,13 +63,16 @@ class PhasePlan:
         return out
 
 
-def plan_phases(table: ClockTable | None, trace: Trace, spec) -> PhasePlan:
-    """The realizable phase settings of ``table`` on ``trace`` (all default when ``table`` is None)."""
+def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> PhasePlan:
+    """The realizable phase settings of ``table`` on ``trace`` on ``backend``'s GPU (all default when ``table`` is
+    None): freqopt.search.realize.Realizer, weighing phases by ``backend.kernel_times_s`` at the default setting
+    (the simulated physics on a simulated GPU, kernels timed on the device on a real one) and switching only
+    where a run of phases outlasts the GPU type's clock-switch latency."""
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
     if table is None:
         per_kernel = [DEFAULT_SETTING] * len(trace)
     else:
-        per_kernel = list(Realizer(trace, spec)(transfer_table(table, trace).per_kernel()))
+        per_kernel = list(Realizer(trace, backend)(transfer_table(table, trace).per_kernel()))
     return PhasePlan(tuple(label for label, _, _ in spans), tuple((a, b) for _, a, b in spans),
                      tuple(per_kernel[a] for _, a, _ in spans))  # fmt: skip
 
@@ -128,7 +132,7 @@ class DVFSRuntime:
             check_trace_module(trace, model)
         self.model, self.optimizer, self.backend, self.trace = model, optimizer, backend, trace
         self.simulated = backend.simulated
-        self.plan = plan_phases(table, trace, backend.spec)
+        self.plan = plan_phases(table, trace, backend)
         self._expected = self.plan.labels
         self._position = 0  # index of the phase the job is in
         self._current = self.plan.settings[-1]  # the clocks a previous step left (set before the first step)

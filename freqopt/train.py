@@ -158,7 +158,7 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
         data_rank = 0
     generator = torch.Generator().manual_seed(seed + 1000 * data_rank)
     schedule = _blocks(steps, compare, table is not None)
-    table_plan, default_plan = runtime.plan, plan_phases(None, trace, backend.spec)
+    table_plan, default_plan = runtime.plan, plan_phases(None, trace, backend)
     records, losses = [], []
     block: list[tuple[int, bool, float]] = []  # (step, with_table, time_s) of the real GPU's current block
     energy_before = None

@@ -22,8 +22,11 @@ import math
 from dataclasses import dataclass
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.search.runner import (SearchConfig, SearchResult, Validator, open_storage, run_search, study_prefix,
-                                   validation_log)
+from freqopt.search.config import SearchConfig
+from freqopt.search.result import SearchResult
+from freqopt.search.runner import run_search
+from freqopt.search.storage import open_storage, study_prefix, validation_log
+from freqopt.search.validate import Validator
 from freqopt.kernels import Trace
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 from freqopt.tables import ClockTable

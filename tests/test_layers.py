@@ -41,10 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]  # fmt: skip
 
 # (importer, imported): upward imports that remain, each with the reason. Keep this list short and explained.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("freqopt.phases", "freqopt.backends.base"): "Realizer (realization of schedules) still lives in phases",
-    ("freqopt.phases", "freqopt.backends.simulated"): "Realizer predicts kernel times with its own simulated GPU",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

@@ -260,6 +260,36 @@ def test_backend_schedule_switches_per_phase_and_restores(fake):
     assert fake.gpus[0].locked_sm_mhz is None
 
 
+def test_backend_kernel_times_time_each_distinct_kernel_once_per_setting(fake, monkeypatch):
+    """kernel_times_s applies the setting, replays each kernel signature once per setting (equal kernels share its
+    time) and keeps the times for later calls."""
+    from freqopt.backends.base import ClockSetting
+
+    kernels = tiny_kernels()
+    distinct = {k.signature for k in kernels}
+    assert len(distinct) < len(kernels)  # the trace repeats kernel classes
+    with backend(fake, root=True) as b:
+        replayed = []
+        replay = b._replay
+        def counting_replay(ks, cache=None):
+            replayed.append(ks[0].signature)
+            return replay(ks, cache)
+
+        monkeypatch.setattr(b, "_replay", counting_replay)
+        setting = ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=2619)
+        times = b.kernel_times_s(kernels, setting)
+        assert fake.gpus[0].locked_sm_mhz == 1500
+        assert times.shape == (len(kernels),) and (times > 0).all()
+        assert sorted(replayed) == sorted(distinct)
+        by_signature: dict = {}
+        assert all(by_signature.setdefault(k.signature, t) == t for k, t in zip(kernels, times))
+        assert (b.kernel_times_s(kernels, setting) == times).all() and len(replayed) == len(distinct)  # kept
+        b.kernel_times_s(kernels[:3], ClockSetting(sm_clock_mhz=1200, mem_clock_mhz=2619))
+        assert fake.gpus[0].locked_sm_mhz == 1200
+        assert len(replayed) == len(distinct) + len({k.signature for k in kernels[:3]})  # timed again at 1200 MHz
+    assert fake.gpus[0].locked_sm_mhz is None
+
+
 def test_backend_interface_applies_keeps_and_reads_the_counter(fake):
     """Backend.apply sets one setting and keeps it; energy_j is NVML's mJ counter / 1000; the context manager
     restores the GPU."""

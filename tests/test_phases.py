@@ -8,7 +8,8 @@ from freqopt.backends.simulated import SimulatedGPU
 from freqopt.gpus import get_gpu
 from freqopt.models import Workload, build_model, get_workload
 from freqopt.models.gpt3 import GPTConfig
-from freqopt.phases import STEP_MARK, PhaseHooks, phase_spans, quiet_backward_hooks, realizable_settings
+from freqopt.phases import STEP_MARK, PhaseHooks, phase_spans, quiet_backward_hooks
+from freqopt.search.realize import realizable_settings
 from freqopt.trace import trace_iteration
 
 TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)
@@ -71,3 +72,26 @@ def test_a_switch_lands_one_latency_late():
     assert late.time_s != free.time_s
     uniform = [LOW] * len(trace)
     assert sim.measure_schedule(trace.kernels, uniform, switching=True) == sim.measure_schedule(trace.kernels, uniform)
+
+
+def test_the_realizer_weighs_kernels_by_the_backend_it_is_given():
+    """Realizer(trace, backend) takes its kernel times from backend.kernel_times_s at the default setting: on the
+    simulated GPU, the noiseless physics whatever the backend's noise; a backend with other times realizes the
+    same schedule differently."""
+    from freqopt.search.realize import Realizer
+
+    spec = get_gpu("h100-sxm")
+    trace = trace_iteration(Workload("tiny", TINY, 2), "train", dtype=torch.float32)
+    sim = SimulatedGPU(spec, seed=5)  # noisy measurements; kernel times are noiseless
+    expected, _, _ = SimulatedGPU(spec, noise=False).run(trace.kernels, [DEFAULT_SETTING] * len(trace), loop=True)
+    realizer = Realizer(trace, sim)
+    assert np.array_equal(realizer.kernel_time_s, expected)
+
+    class Slow(SimulatedGPU):  # every kernel a millisecond: every phase outlasts the switch
+        def kernel_times_s(self, kernels, setting):
+            return np.full(len(kernels), 1e-3)
+
+    wanted = tuple(LOW if k.pass_name == "backward" else HIGH for k in trace.kernels)
+    # A tiny model's phases are far shorter than a switch: none is made, the clocks stay as they were set.
+    assert realizer(wanted) == (DEFAULT_SETTING,) * len(trace)
+    assert set(Realizer(trace, Slow(spec))(wanted)) == {LOW, HIGH}  # switches into forward and backward

@@ -66,8 +66,8 @@ def test_simulated_runtime_measures_the_phases_it_requested():
     assert sim.applied == plan.settings[-1]  # the controller applied the last phase's setting to the simulated GPU
     expected = sim.measure_schedule(trace.kernels, plan.per_kernel(list(plan.settings), len(trace)), switching=True)
     assert measured == expected
-    default = sim.measure_schedule(trace.kernels, plan_phases(None, trace, H100).per_kernel(
-        list(plan_phases(None, trace, H100).settings), len(trace)))  # fmt: skip
+    default = sim.measure_schedule(trace.kernels, plan_phases(None, trace, sim).per_kernel(
+        list(plan_phases(None, trace, sim).settings), len(trace)))  # fmt: skip
     assert measured.energy_j < default.energy_j and measured.time_s > default.time_s
     assert runtime.switches == 2 * 2  # into backward and back into forward, per step
 
@@ -88,6 +88,9 @@ def test_runtime_switches_through_the_controller_and_restores(fake_gpu):
     # Phases of milliseconds (a wide 2-layer model's trace) followed through a tiny model's hooks (same modules).
     trace = trace_training_iteration(Workload("wide", GPTConfig(n_layers=2, d_model=2048, n_heads=16, seq_len=2048), 4))
     backend = NVMLBackend(open_devices()[0], torch_device="cpu")
+    # The phases are weighed by the kernels' times on an H100 (the simulated physics), not by replaying this wide
+    # model's kernels on the CPU (minutes); NVMLBackend.kernel_times_s itself is tested in test_nvml.py.
+    backend.kernel_times_s = SimulatedGPU(backend.spec, noise=False).kernel_times_s
     model = build_model(TINY, device="cpu", dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
     with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=backend, trace=trace,

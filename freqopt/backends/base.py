@@ -6,6 +6,8 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from freqopt.gpus import GPUSpec
 from freqopt.kernels import Kernel
 
@@ -146,6 +148,16 @@ class Backend(abc.ABC):
 
         Returns:
             Time and energy per repetition, and the GPU-seconds spent.
+        """
+
+    @abc.abstractmethod
+    def kernel_times_s(self, kernels: Sequence[Kernel], setting: ClockSetting) -> np.ndarray:
+        """Each kernel's time at ``setting`` when the kernels run in a loop, shape (K,), s: what a runtime weighs
+        its kernels by when it picks one setting per phase (freqopt.search.realize). Each backend's docstring says
+        where its times come from.
+
+        Raises:
+            InvalidSettingError: clocks or a power limit the GPU does not support.
         """
 
     @abc.abstractmethod

@@ -18,6 +18,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
 from freqopt.errors import GPUPermissionError
 from freqopt.kernels import Kernel
@@ -29,6 +31,7 @@ __all__ = ["NVMLBackend", "COUNTER_DETECTION_S"]
 logger = logging.getLogger(__name__)
 
 COUNTER_DETECTION_S = 1.0  # polling time to find the counter's period: 10 updates at the slowest documented 100 ms
+KERNEL_TIMING_REPEATS = 5  # timed replays of each distinct kernel in kernel_times_s, after one untimed warm-up
 
 
 class NVMLBackend(Backend):
@@ -57,6 +60,7 @@ class NVMLBackend(Backend):
         self.guard = GPUStateGuard(device)
         self._applied: ClockSetting | None = None
         self.copied_ops: dict[str, str] = {}  # kernel name -> why the replay runs it as a copy of its bytes
+        self._kernel_time_s: dict[tuple[str, ClockSetting], float] = {}  # (Kernel.signature, setting) -> s
         self.guard.__enter__()
         if not device.read_only:
             self._check_permission()
@@ -202,6 +206,47 @@ class NVMLBackend(Backend):
         window = self.protocol.window_s(self.counter_period_s)
         reps, time_s, energy_j = self._timed_window(plan, window)
         return Measurement(time_s / reps, energy_j / reps, warmup + time_s, float(self.device.sm_clock_mhz()))
+
+    def _time_replay(self, plan) -> float:
+        """Mean time of one replay of ``plan``, s: one untimed warm-up, then KERNEL_TIMING_REPEATS replays between
+        two CUDA events (wall-clock time on a CPU device, in tests)."""
+        import torch
+
+        cuda = self.torch_device.startswith("cuda")
+        plan()
+        self._sync()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(KERNEL_TIMING_REPEATS):
+            plan()
+        if cuda:
+            end.record()
+        self._sync()
+        elapsed = start.elapsed_time(end) / 1000.0 if cuda else time.perf_counter() - t0
+        return elapsed / KERNEL_TIMING_REPEATS
+
+    def kernel_times_s(self, kernels: Sequence[Kernel], setting: ClockSetting) -> np.ndarray:
+        """Each kernel's time at ``setting``, shape (K,), s, measured on the device: the setting is applied, each
+        distinct kernel (Kernel.signature) is replayed alone (freqopt.replay.build_replay) once untimed and then
+        KERNEL_TIMING_REPEATS times between two CUDA events, and the mean is kept per (signature, setting) for
+        this backend's lifetime. A kernel timed alone misses what a loop of all of them shares (caches, the power
+        limit's averaging, host gaps), which is enough to weigh the kernels of a phase against each other.
+
+        Raises:
+            GPUPermissionError: read-only device and a setting other than the default; or no permission.
+            InvalidSettingError: clocks or a power limit the GPU does not support.
+        """
+        self.apply(setting)
+        cache: dict = {}  # kernels of one input spec share their input tensors
+        out = np.empty(len(kernels))
+        for i, kernel in enumerate(kernels):
+            key = (kernel.signature, setting)
+            if key not in self._kernel_time_s:
+                self._kernel_time_s[key] = self._time_replay(self._replay([kernel], cache))
+            out[i] = self._kernel_time_s[key]
+        return out
 
     def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
                 sample: int | None = None) -> Measurement:  # fmt: skip

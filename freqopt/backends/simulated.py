@@ -411,6 +411,17 @@ class SimulatedGPU(Backend):
         t, e, clocks = self.run(kernels, [setting] * len(kernels), loop=True)
         return Measurement(time_s=float(t.sum()), energy_j=float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
 
+    def kernel_times_s(self, kernels: Sequence[Kernel], setting: ClockSetting) -> np.ndarray:
+        """Each kernel's noiseless time at ``setting``, the kernels replayed in a loop, shape (K,), s: this GPU
+        type's physics (``run``, power-limit throttling and host gaps included). No GPU-seconds are charged and
+        the energy counter does not move.
+
+        Raises:
+            InvalidSettingError: clocks or a power limit this GPU type does not support.
+        """
+        time_s, _, _ = self.run(kernels, [setting] * len(kernels), loop=True)
+        return time_s
+
     # -- measurement -----------------------------------------------------------------------------------------
     def _noisy(self, time_s: float, energy_j: float, sm_clock_mhz: float, key: tuple, sample: int | None) -> Measurement:
         cost = self.protocol.cost_gpu_s(self.spec.energy_counter_period_s)

@@ -1,7 +1,9 @@
 """Search: tuning units, per-unit Optuna studies, exact budget allocation, validation."""
 
 from freqopt.search.allocate import allocate
-from freqopt.search.runner import GranularityResult, SearchConfig, SearchResult, run_search
+from freqopt.search.config import SearchConfig
+from freqopt.search.result import GranularityResult, SearchResult
+from freqopt.search.runner import run_search
 from freqopt.search.study import Option, UnitSearch, search_unit
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 

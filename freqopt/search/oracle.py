@@ -15,9 +15,13 @@ from dataclasses import dataclass
 from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
 from freqopt.backends.simulated import SimulatedGPU
 from freqopt.kernels import Trace
-from freqopt.search.runner import SearchConfig, SearchResult, Validator, allocate_validated, run_search
+from freqopt.search.allocation import allocate_validated
+from freqopt.search.config import SearchConfig
+from freqopt.search.result import SearchResult
+from freqopt.search.runner import run_search
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, partition
+from freqopt.search.validate import Validator
 
 __all__ = ["OracleResult", "oracle_search", "BenchmarkResult", "benchmark"]
 

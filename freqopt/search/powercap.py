@@ -11,7 +11,7 @@ import numpy as np
 from freqopt.backends.base import Backend, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
 from freqopt.kernels import Trace
-from freqopt.search.runner import Validator
+from freqopt.search.validate import Validator
 
 __all__ = ["CapPoint", "default_caps", "sweep_power_caps"]
 

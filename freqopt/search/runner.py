@@ -1,304 +1,36 @@
-"""The search, end to end, for one trace on one backend (design.md section 4).
+"""The search, end to end, for one trace on one backend.
 
 For each granularity: partition the trace into tuning units, run each unit's study (run_unit_studies), allocate
 the slowdown budget over all units at once (MILP), and validate by measuring the whole iteration with the chosen
 schedule (allocate_validated). Units measured alone do not add up exactly to the iteration (the power limit
 averages power over neighbouring kernels; measurements are noisy), so the allocator's budget is calibrated by
-validation until the validated slowdown meets the limit.
+validation until the validated slowdown meets the limit (freqopt.search.allocation).
+
+This module drives the search (run_search, one granularity after another) and each granularity's unit studies
+(run_unit_studies); the configuration, the result types, the storage, validation and allocation live in their
+own modules of freqopt.search.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
-from freqopt.errors import InvalidSettingError, StorageError
 from freqopt.kernels import Trace
-from freqopt.search.allocate import allocate
-from freqopt.search.journal import MeasurementLog, digest
+from freqopt.search.allocation import Allocation, _as_applied, _prediction, allocate_validated
+from freqopt.search.config import SearchConfig
+from freqopt.search.result import GranularityResult, SearchResult
+from freqopt.search.storage import _storage_here, open_storage, study_prefix, validation_log
 from freqopt.search.study import UnitSearch
-from freqopt.search.units import GRANULARITIES, TuningUnit, check_granularity, kernel_families, partition
+from freqopt.search.units import GRANULARITIES, TuningUnit, kernel_families, partition
+from freqopt.search.validate import Validator, _per_kernel_settings
 from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
 
+# The names below live in the modules of their jobs (config, result, storage, validate, allocation); they are
+# re-exported here, where callers have always imported them from.
 __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage",
            "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated"]
-
-
-def open_storage(url: str | None):
-    """The Optuna storage at ``url``, opened once and shared by every study of a search.
-
-    URLs: None (in memory); an SQLAlchemy URL for optuna.storages.RDBStorage (sqlite:///path.db,
-    postgresql+psycopg2://user@host/db, mysql+pymysql://...; SQLite waits up to 60 s for another process's
-    lock); or journal:PATH for optuna.storages.JournalStorage on a JournalFileBackend (an append-only file that
-    several processes share through its lock; no server needed).
-
-    Raises:
-        StorageError: the URL cannot be opened (unknown scheme, missing folder, unreachable server).
-    """
-    import optuna
-    import sqlalchemy
-
-    if url is None:
-        return None
-    try:
-        if url.startswith("journal:"):
-            path = url.removeprefix("journal:").removeprefix("//")
-            if not path:
-                raise ValueError("no file after journal:")
-            from optuna.storages.journal import JournalFileBackend
-
-            return optuna.storages.JournalStorage(JournalFileBackend(path))
-        engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-        for attempt in range(5):
-            try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):  # processes creating a new
-                # database's tables at once collide ("duplicate key", "relation already exists"): the tables exist now
-                if attempt == 4:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
-    except Exception as e:  # SQLAlchemy, the drivers and the file system raise many kinds; all mean "cannot open"
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise StorageError(
-            f"cannot open Optuna storage {url!r} ({reason}); give a URL like sqlite:///path/to/freqopt.db, "
-            "postgresql+psycopg2://user@host/db or journal:path/to/journal.log"
-        ) from e
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """How to search.
-
-    Attributes:
-        max_slowdown: allowed fractional slowdown of the iteration, in [0, 1) (0.01 = 1 %).
-        granularities: which of GRANULARITIES to search.
-        n_trials_1d: trials per unit when the space has one dimension (SM clock only, or power limit).
-        n_trials_2d: trials per unit when memory clocks are searched too; None: ``n_trials_1d`` plus
-            ``n_trials_per_mem_clock`` for each memory clock beyond the first (H100, 2 clocks: 18; RTX 3080 Ti,
-            5 clocks: 30).
-        n_trials_per_mem_clock: see n_trials_2d.
-        finalist_repeats: extra measurements of each finalist (noise-aware selection).
-        validation_repeats: measurements of the whole iteration, averaged, for the baseline and each schedule.
-        max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
-        seed: seeds the samplers.
-        storage: Optuna storage URL; None keeps studies in memory.
-        switching: validate schedules as a phase-switching runtime realizes them (freqopt.phases), with each
-            change of clocks landing one clock-switch latency late, so the budget is met with switching costs
-            included; the free-switching ("ideal") figure is measured beside it.
-        share_classes: at kernel level, run full studies only for one kernel class per family (kind and
-            arithmetic intensity) and short warm-started ones for the rest (run_unit_studies).
-        n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
-            process per real GPU: start ``freqopt worker`` on each).
-    """
-
-    max_slowdown: float
-    granularities: tuple[str, ...] = GRANULARITIES
-    n_trials_1d: int = 14
-    n_trials_2d: int | None = None
-    n_trials_per_mem_clock: int = 4
-    finalist_repeats: int = 2
-    validation_repeats: int = 3
-    max_validation_rounds: int = 8
-    seed: int = 0
-    storage: str | None = None
-    switching: bool = True
-    n_jobs: int = 1
-    share_classes: bool = True
-
-    def __post_init__(self):
-        if self.n_jobs < 1:
-            raise InvalidSettingError(f"n_jobs must be a positive integer, not {self.n_jobs}")
-        if not 0.0 <= self.max_slowdown < 1.0:
-            raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
-        for g in self.granularities:
-            check_granularity(g)
-
-
-@dataclass(frozen=True)
-class GranularityResult:
-    """The validated outcome of one granularity.
-
-    Attributes:
-        granularity: one of GRANULARITIES.
-        units: per unit, its name, kernel indices and chosen setting.
-        predicted: what the search predicted for the schedule in ``units`` before validating it: the sum of the
-            units' measured options (time_s and energy_j per iteration), or the coarser granularity's prediction
-            when its schedule is kept (_prediction).
-        predicted_baseline: the same sum at the defaults.
-        validated: the whole iteration measured with the schedule, as a runtime realizes it (switching costs
-            included when SearchConfig.switching).
-        ideal: the whole iteration measured with the schedule and free, instant switching (None if not measured).
-        n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
-        unit_searches: each unit's study outcome.
-        study_names: the Optuna studies behind the result.
-    """
-
-    granularity: str
-    units: tuple[tuple[TuningUnit, ClockSetting], ...]
-    predicted: Measurement
-    predicted_baseline: Measurement
-    validated: Measurement
-    n_measurements: int
-    search_cost_gpu_s: float
-    unit_searches: tuple[UnitSearch, ...] = field(repr=False, default=())
-    ideal: Measurement | None = None
-
-    @property
-    def n_settings(self) -> int:
-        """Distinct settings in the schedule."""
-        return len({s for _, s in self.units})
-
-    @property
-    def study_names(self) -> list[str]:
-        return [u.study_name for u in self.unit_searches]
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """A search's outcome: the measured baseline and one validated result per granularity.
-
-    Attributes:
-        trace: the searched iteration.
-        gpu: the GPU type's name; spec: the GPU type itself (clock lists as the backend reported them).
-        max_slowdown: the budget, a fraction.
-        baseline: the whole iteration at default settings (time_s, energy_j per iteration).
-        results: granularity -> GranularityResult, coarse to fine.
-        storage: the Optuna storage URL (None: in memory).
-        n_new_measurements: measurements this process took (the rest were read back, or taken by other workers).
-        backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
-        table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
-    """
-
-    trace: Trace
-    gpu: str
-    max_slowdown: float
-    baseline: Measurement
-    results: dict[str, GranularityResult]
-    storage: str | None
-    n_new_measurements: int = 0
-    spec: object = field(default=None, repr=False)  # GPUSpec
-    backend_name: str | None = None
-    seed: int = 0
-    table_paths: dict = field(default_factory=dict)
-
-    def summary(self) -> dict:
-        """The JSON document ``freqopt search --json`` writes (freqopt.search.summary.summarize)."""
-        from freqopt.search.summary import summarize
-
-        return summarize(self, self.table_paths)
-
-    def table(self, granularity: str):
-        """The clock table (freqopt.tables.ClockTable) of one searched granularity.
-
-        Raises:
-            UnknownNameError: ``granularity`` was not searched.
-        """
-        from freqopt.tables import result_table
-
-        return result_table(self, granularity)
-
-    def write_tables(self, out) -> dict:
-        """Write each granularity's clock table as JSON and CSV into folder ``out``; returns granularity -> JSON
-        path (freqopt.tables.write_result_tables)."""
-        from freqopt.tables import write_result_tables
-
-        return write_result_tables(self, out)
-
-    def energy_saved_pct(self, g: str) -> float:
-        return 100.0 * (1.0 - self.results[g].validated.energy_j / self.baseline.energy_j)
-
-    def slowdown_pct(self, g: str) -> float:
-        return 100.0 * (self.results[g].validated.time_s / self.baseline.time_s - 1.0)
-
-    def ideal_energy_saved_pct(self, g: str) -> float | None:
-        ideal = self.results[g].ideal
-        return None if ideal is None else 100.0 * (1.0 - ideal.energy_j / self.baseline.energy_j)
-
-    def ideal_slowdown_pct(self, g: str) -> float | None:
-        ideal = self.results[g].ideal
-        return None if ideal is None else 100.0 * (ideal.time_s / self.baseline.time_s - 1.0)
-
-    def predicted_energy_saved_pct(self, g: str) -> float:
-        r = self.results[g]
-        return 100.0 * (1.0 - r.predicted.energy_j / r.predicted_baseline.energy_j)
-
-
-def study_prefix(trace: Trace, spec, seed: int) -> str:
-    """A study-name prefix unique to the workload (model, micro-batch, layout, mode), the GPU type (with all its constants, so a recalibrated GPU
-    does not resume studies measured under the old ones) and the seed, so one storage can hold many searches."""
-    w = trace.workload
-    ident = f"{w.model}|{w.config}|{w.micro_batch_size}|{w.layout!r}|{trace.meta.get('mode', 'train')}|{spec!r}|{seed}"
-    layout = "" if w.layout.is_single_gpu else f"-dp{w.layout.dp}tp{w.layout.tp}"
-    return f"{w.model}{layout}-{spec.name}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
-
-
-def validation_log(storage, prefix: str) -> MeasurementLog:
-    """The log of a search's whole-iteration measurements: study ``<prefix>-validation`` in ``storage``."""
-    import optuna
-
-    return MeasurementLog(optuna.create_study(study_name=f"{prefix}-validation", storage=storage, load_if_exists=True))
-
-
-def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
-    per_kernel = [DEFAULT_SETTING] * len(trace)
-    for unit, setting in unit_settings:
-        for k in unit.kernel_indices:
-            per_kernel[k] = setting
-    return per_kernel
-
-
-class Validator:
-    """Measures whole iterations, once per distinct per-kernel schedule, and counts what that cost.
-
-    Args:
-        trace, backend: the iteration and the GPU.
-        repeats: measurements averaged per schedule.
-        switching: measure schedules as a phase-switching runtime realizes them (freqopt.phases.Realizer) and
-            with the GPU's clock-switch latency; False: the schedule as given, switching free (the ideal).
-        log: where measurements are recorded and read back on resume (freqopt.search.journal); default an
-            in-memory one.
-    """
-
-    def __init__(self, trace: Trace, backend: Backend, repeats: int, *, switching: bool = False,
-                 log: MeasurementLog | None = None):  # fmt: skip
-        import optuna
-
-        from freqopt.phases import Realizer
-
-        self.trace, self.backend, self.repeats, self.switching = trace, backend, repeats, switching
-        self.realize = Realizer(trace, backend.spec) if switching else (lambda schedule: schedule)
-        self.log = log or MeasurementLog(optuna.create_study())
-        self.cache: dict[tuple[ClockSetting, ...], Measurement] = {}
-        self.n_measurements = 0
-        self.cost_gpu_s = 0.0
-
-    def __call__(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
-        schedule = self.realize(tuple(schedule))
-        if schedule not in self.cache:
-            tag = digest((schedule, self.switching))
-            ms = [self.log.measure(tag, r, lambda i: self.backend.measure_schedule(
-                      self.trace.kernels, schedule, key=key, switching=self.switching, sample=i))
-                  for r in range(self.repeats)]  # fmt: skip
-            self.cache[schedule] = Measurement(
-                time_s=float(np.mean([m.time_s for m in ms])),
-                energy_j=float(np.mean([m.energy_j for m in ms])),
-                cost_gpu_s=float(np.sum([m.cost_gpu_s for m in ms])),
-            )
-            self.n_measurements += self.repeats
-            self.cost_gpu_s += self.cache[schedule].cost_gpu_s
-        return self.cache[schedule]
-
-    def baseline(self) -> Measurement:
-        return self(tuple([DEFAULT_SETTING] * len(self.trace)), key="baseline")
-
-    def units(self, units: list[TuningUnit], settings: list[ClockSetting], key: str) -> Measurement:
-        return self(tuple(_per_kernel_settings(self.trace, zip(units, settings))), key=key)
 
 
 def _slack(max_slowdown: float, n_units: int) -> float:
@@ -306,16 +38,6 @@ def _slack(max_slowdown: float, n_units: int) -> float:
     finalists are re-measured). A lone unit (the whole iteration) can only ever spend the budget, plus timing
     noise; one of many may spend more where others spend less."""
     return 1.5 * max_slowdown + 0.005 if n_units == 1 else max(0.05, 3 * max_slowdown)
-
-
-_STORAGES: dict[str, object] = {}
-
-
-def _storage_here(url: str):
-    """``url`` opened once per process (joblib workers open their own connection)."""
-    if url not in _STORAGES:
-        _STORAGES[url] = open_storage(url)
-    return _STORAGES[url]
 
 
 def _unit_task(trace: Trace, backend: Backend, work: UnitWork, i: int, unit: TuningUnit, storage, url: str | None,
@@ -430,111 +152,6 @@ def run_unit_studies(
         member_work = dataclasses.replace(work, n_trials=max(4, work.n_trials // 3), spread=False)
         results.update(_run_units(trace, backend, config, member_work, units, members, warm, storage, progress))
     return units, [results[i] for i in range(len(units))]
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """One option per unit and the whole iteration measured with them."""
-
-    chosen: tuple  # Option per unit
-    validated: Measurement
-
-
-def allocate_validated(
-    units: list[TuningUnit], searches: list[UnitSearch], validator: Validator, baseline: Measurement,
-    max_slowdown: float, *, rounds: int = 8, first: list[ClockSetting] | None = None, key: str = "schedule",
-) -> Allocation:  # fmt: skip
-    """The schedule with the least validated energy whose validated slowdown is within ``max_slowdown``.
-
-    The allocator's budget starts at (1 + max_slowdown) x the sum of the units' own defaults and is then moved by
-    the validated overshoot or slack: a secant step on validated slowdown, kept inside the bracket of budgets known
-    to meet and to break the limit, else bisection. ``first``: a schedule (one setting per unit, each among its
-    unit's options) validated before the allocator's, so the result is never worse than it.
-    """
-    options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
-    best = Allocation(tuple(s.default for s in searches), baseline)  # the defaults meet any budget
-
-    def evaluate(chosen: tuple) -> float:
-        nonlocal best
-        measured = validator.units(units, [o.setting for o in chosen], key)
-        slowdown = measured.time_s / baseline.time_s - 1.0
-        if slowdown <= max_slowdown and measured.energy_j < best.validated.energy_j:
-            best = Allocation(chosen, measured)
-        return slowdown
-
-    if first is not None:
-        evaluate(tuple(next(o for o in s.options if o.setting == setting) for s, setting in zip(searches, first)))
-    budget = (1.0 + max_slowdown) * sum(s.default.time_s for s in searches)
-    meets, breaks = None, None  # largest budget validated within the limit, smallest validated over it
-    for _ in range(rounds):
-        try:
-            picks = allocate(options, budget)
-        except InvalidSettingError:  # below the fastest the units can go
-            meets = budget
-            budget = budget * 1.01 if breaks is None else (budget * breaks) ** 0.5
-            continue
-        slowdown = evaluate(tuple(s.options[j] for s, j in zip(searches, picks)))
-        if max_slowdown - 0.1 * max(max_slowdown, 0.001) <= slowdown <= max_slowdown:
-            break  # uses the budget to within a tenth
-        if slowdown <= max_slowdown:
-            meets = budget if meets is None else max(meets, budget)
-        else:
-            breaks = budget if breaks is None else min(breaks, budget)
-        step = budget * (1.0 + max_slowdown) / (1.0 + slowdown)
-        if meets is not None and breaks is not None:
-            if breaks - meets <= 1e-4 * budget:
-                break
-            if not meets < step < breaks:
-                step = (meets * breaks) ** 0.5
-        budget = step
-    return best
-
-
-def _as_applied(
-    trace: Trace, units: list[TuningUnit], settings: list[ClockSetting], validated: Measurement, validator: Validator,
-    baseline: Measurement, max_slowdown: float, *, key: str,
-) -> tuple[list[ClockSetting], Measurement]:  # fmt: skip
-    """The per-unit settings a runtime actually applied, for the clock table.
-
-    With switching costs the runtime realizes a schedule per phase, so some units never run at the setting the
-    allocator gave them. The table then holds, per unit, the realized setting its kernels spend most time in, so
-    that it says what ran (and transfers what ran); that schedule is validated in turn and kept if it meets the
-    budget and still saves energy, else the allocator's settings are kept.
-    """
-    if not validator.switching:
-        return settings, validated
-    realized = validator.realize(tuple(_per_kernel_settings(trace, zip(units, settings))))
-    kernel_time_s = validator.realize.kernel_time_s
-    applied = []
-    for unit in units:
-        weights: dict[ClockSetting, float] = {}
-        for i in unit.kernel_indices:
-            weights[realized[i]] = weights.get(realized[i], 0.0) + float(kernel_time_s[i])
-        applied.append(max(weights, key=weights.get))
-    if applied == list(settings):
-        return settings, validated
-    measured = validator.units(units, applied, key)
-    if measured.time_s / baseline.time_s - 1.0 <= max_slowdown and measured.energy_j < baseline.energy_j:
-        return applied, measured
-    return settings, validated
-
-
-def _prediction(trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], settings: list[ClockSetting],
-                chosen: tuple, coarser: GranularityResult | None) -> tuple[Measurement, Measurement]:  # fmt: skip
-    """What the search predicted, before validating it, for the schedule it ends with, and for the default.
-
-    The schedule in the table is not always the allocator's pick: the coarser granularity's schedule may have
-    validated better (then its own prediction stands: the same schedule, predicted from coarser units), and the
-    runtime realizes settings per phase (then the units' own measurements at the realized settings, where they
-    have them, are summed); otherwise the allocator's sum of its picks."""
-    baseline = Measurement(sum(s.default.time_s for s in searches), sum(s.default.energy_j for s in searches))
-    if coarser is not None and (_per_kernel_settings(trace, zip(units, settings))
-                                == _per_kernel_settings(trace, coarser.units)):  # fmt: skip
-        return coarser.predicted, coarser.predicted_baseline
-    measured = [{o.setting: o for o in s.options} for s in searches]
-    if all(setting in options for setting, options in zip(settings, measured)):
-        chosen = tuple(options[setting] for setting, options in zip(settings, measured))
-    return Measurement(sum(o.time_s for o in chosen), sum(o.energy_j for o in chosen)), baseline
 
 
 def _search_granularity(

@@ -1,0 +1,59 @@
+"""How to search: the budget, granularities, trial counts and storage of one search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freqopt.errors import InvalidSettingError
+from freqopt.search.units import GRANULARITIES, check_granularity
+
+__all__ = ["SearchConfig"]
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How to search.
+
+    Attributes:
+        max_slowdown: allowed fractional slowdown of the iteration, in [0, 1) (0.01 = 1 %).
+        granularities: which of GRANULARITIES to search.
+        n_trials_1d: trials per unit when the space has one dimension (SM clock only, or power limit).
+        n_trials_2d: trials per unit when memory clocks are searched too; None: ``n_trials_1d`` plus
+            ``n_trials_per_mem_clock`` for each memory clock beyond the first (H100, 2 clocks: 18; RTX 3080 Ti,
+            5 clocks: 30).
+        n_trials_per_mem_clock: see n_trials_2d.
+        finalist_repeats: extra measurements of each finalist (noise-aware selection).
+        validation_repeats: measurements of the whole iteration, averaged, for the baseline and each schedule.
+        max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
+        seed: seeds the samplers.
+        storage: Optuna storage URL; None keeps studies in memory.
+        switching: validate schedules as a phase-switching runtime realizes them (freqopt.phases), with each
+            change of clocks landing one clock-switch latency late, so the budget is met with switching costs
+            included; the free-switching ("ideal") figure is measured beside it.
+        share_classes: at kernel level, run full studies only for one kernel class per family (kind and
+            arithmetic intensity) and short warm-started ones for the rest (run_unit_studies).
+        n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
+            process per real GPU: start ``freqopt worker`` on each).
+    """
+
+    max_slowdown: float
+    granularities: tuple[str, ...] = GRANULARITIES
+    n_trials_1d: int = 14
+    n_trials_2d: int | None = None
+    n_trials_per_mem_clock: int = 4
+    finalist_repeats: int = 2
+    validation_repeats: int = 3
+    max_validation_rounds: int = 8
+    seed: int = 0
+    storage: str | None = None
+    switching: bool = True
+    n_jobs: int = 1
+    share_classes: bool = True
+
+    def __post_init__(self):
+        if self.n_jobs < 1:
+            raise InvalidSettingError(f"n_jobs must be a positive integer, not {self.n_jobs}")
+        if not 0.0 <= self.max_slowdown < 1.0:
+            raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
+        for g in self.granularities:
+            check_granularity(g)

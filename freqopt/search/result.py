@@ -1,0 +1,121 @@
+"""A search's outcome: the measured baseline and one validated result per granularity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from freqopt.backends.base import ClockSetting, Measurement
+from freqopt.kernels import Trace
+from freqopt.search.study import UnitSearch
+from freqopt.search.units import TuningUnit
+
+__all__ = ["GranularityResult", "SearchResult"]
+
+
+@dataclass(frozen=True)
+class GranularityResult:
+    """The validated outcome of one granularity.
+
+    Attributes:
+        granularity: one of GRANULARITIES.
+        units: per unit, its name, kernel indices and chosen setting.
+        predicted: what the search predicted for the schedule in ``units`` before validating it: the sum of the
+            units' measured options (time_s and energy_j per iteration), or the coarser granularity's prediction
+            when its schedule is kept (_prediction).
+        predicted_baseline: the same sum at the defaults.
+        validated: the whole iteration measured with the schedule, as a runtime realizes it (switching costs
+            included when SearchConfig.switching).
+        ideal: the whole iteration measured with the schedule and free, instant switching (None if not measured).
+        n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
+        unit_searches: each unit's study outcome.
+        study_names: the Optuna studies behind the result.
+    """
+
+    granularity: str
+    units: tuple[tuple[TuningUnit, ClockSetting], ...]
+    predicted: Measurement
+    predicted_baseline: Measurement
+    validated: Measurement
+    n_measurements: int
+    search_cost_gpu_s: float
+    unit_searches: tuple[UnitSearch, ...] = field(repr=False, default=())
+    ideal: Measurement | None = None
+
+    @property
+    def n_settings(self) -> int:
+        """Distinct settings in the schedule."""
+        return len({s for _, s in self.units})
+
+    @property
+    def study_names(self) -> list[str]:
+        return [u.study_name for u in self.unit_searches]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """A search's outcome: the measured baseline and one validated result per granularity.
+
+    Attributes:
+        trace: the searched iteration.
+        gpu: the GPU type's name; spec: the GPU type itself (clock lists as the backend reported them).
+        max_slowdown: the budget, a fraction.
+        baseline: the whole iteration at default settings (time_s, energy_j per iteration).
+        results: granularity -> GranularityResult, coarse to fine.
+        storage: the Optuna storage URL (None: in memory).
+        n_new_measurements: measurements this process took (the rest were read back, or taken by other workers).
+        backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
+        table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
+    """
+
+    trace: Trace
+    gpu: str
+    max_slowdown: float
+    baseline: Measurement
+    results: dict[str, GranularityResult]
+    storage: str | None
+    n_new_measurements: int = 0
+    spec: object = field(default=None, repr=False)  # GPUSpec
+    backend_name: str | None = None
+    seed: int = 0
+    table_paths: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """The JSON document ``freqopt search --json`` writes (freqopt.search.summary.summarize)."""
+        from freqopt.search.summary import summarize
+
+        return summarize(self, self.table_paths)
+
+    def table(self, granularity: str):
+        """The clock table (freqopt.tables.ClockTable) of one searched granularity.
+
+        Raises:
+            UnknownNameError: ``granularity`` was not searched.
+        """
+        from freqopt.tables import result_table
+
+        return result_table(self, granularity)
+
+    def write_tables(self, out) -> dict:
+        """Write each granularity's clock table as JSON and CSV into folder ``out``; returns granularity -> JSON
+        path (freqopt.tables.write_result_tables)."""
+        from freqopt.tables import write_result_tables
+
+        return write_result_tables(self, out)
+
+    def energy_saved_pct(self, g: str) -> float:
+        return 100.0 * (1.0 - self.results[g].validated.energy_j / self.baseline.energy_j)
+
+    def slowdown_pct(self, g: str) -> float:
+        return 100.0 * (self.results[g].validated.time_s / self.baseline.time_s - 1.0)
+
+    def ideal_energy_saved_pct(self, g: str) -> float | None:
+        ideal = self.results[g].ideal
+        return None if ideal is None else 100.0 * (1.0 - ideal.energy_j / self.baseline.energy_j)
+
+    def ideal_slowdown_pct(self, g: str) -> float | None:
+        ideal = self.results[g].ideal
+        return None if ideal is None else 100.0 * (ideal.time_s / self.baseline.time_s - 1.0)
+
+    def predicted_energy_saved_pct(self, g: str) -> float:
+        r = self.results[g]
+        return 100.0 * (1.0 - r.predicted.energy_j / r.predicted_baseline.energy_j)
