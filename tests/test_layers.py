@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.search",),
     # What uses the search and its tables: transfer, the runtime, training, profiling, the energy statement.
     ("freqopt.transfer", "freqopt.runtime", "freqopt.statement", "freqopt.deepspeed_profile", "freqopt.train",
-     "freqopt.profile", "freqopt.api"),
+     "freqopt.profile", "freqopt.api", "freqopt.benchmark", "freqopt.powercap", "freqopt.worker"),
     # Training frameworks' hooks (the Hugging Face Trainer callback).
     ("freqopt.integrations",),
     ("freqopt.cli",),
