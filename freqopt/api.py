@@ -11,6 +11,7 @@ one-line messages name the argument (``n_trials``, ``out``).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from freqopt.errors import InvalidSettingError, OutputError
 
-__all__ = ["search", "SearchStart", "check_writable_dir"]
+__all__ = ["search", "SearchStart", "check_writable_dir", "check_writable_file", "check_positive_int"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,32 @@ def check_writable_dir(path: str | Path, *, argument: str = "out") -> Path:
     return path
 
 
+def check_writable_file(path: str | Path, *, argument: str) -> Path:
+    """Check that file ``path`` can be written (its folder exists and is writable; it is not a folder) before any
+    work is done, so a long run does not fail at its very end.
+
+    Raises:
+        OutputError: ``path`` is a directory, or its folder is missing or not writable; the message names
+            ``argument``.
+    """
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OutputError(f"{argument} {path} is a directory; give a file path")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise OutputError(f"cannot write {argument} {path}: {parent} is not a writable directory")
+    return path
+
+
+def check_positive_int(name: str, value, *, optional: bool = False) -> None:
+    """Raise InvalidSettingError("NAME must be a positive integer, not VALUE") unless ``value`` is an int >= 1
+    (None passes when ``optional``; a bool never does)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
+
+
 def _granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
     from freqopt.search.units import GRANULARITIES, check_granularity
 
@@ -70,13 +97,6 @@ def _granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
     if not chosen:
         raise InvalidSettingError("granularity is empty; give 'all' or some of " + ", ".join(GRANULARITIES))
     return tuple(g for g in GRANULARITIES if g in chosen)  # coarse to fine: finer ones start from coarser ones
-
-
-def _positive_int(name: str, value, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
 
 
 def search(
@@ -154,8 +174,8 @@ def search(
     requested = resolve_gpu(gpu)
     backend = resolve_backend(backend)
     granularities = _granularities(granularity)
-    _positive_int("n_trials", n_trials, optional=True)
-    _positive_int("n_jobs", n_jobs)
+    check_positive_int("n_trials", n_trials, optional=True)
+    check_positive_int("n_jobs", n_jobs)
     if n_jobs > 1 and not (backend == "sim" or getattr(backend, "simulated", False)):
         raise InvalidSettingError("n_jobs > 1 applies to the simulated GPU (backend 'sim'); with real GPUs start "
                                   "one `freqopt worker` per GPU against the search's storage")  # fmt: skip

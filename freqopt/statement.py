@@ -18,7 +18,8 @@ import numpy as np
 from freqopt.errors import InvalidSettingError
 from freqopt.tables import ClockTable
 
-__all__ = ["DEFAULT_PUE", "DEFAULT_GRID_GCO2_PER_KWH", "PueProfile", "load_pue_profile", "energy_statement"]
+__all__ = ["DEFAULT_PUE", "DEFAULT_GRID_GCO2_PER_KWH", "PueProfile", "load_pue_profile", "energy_statement",
+           "statement"]
 
 DEFAULT_PUE = 1.58  # average data-centre PUE, Uptime Institute Global Data Center Survey 2023
 DEFAULT_GRID_GCO2_PER_KWH = 436.0  # world electricity carbon intensity 2022, Ember Global Electricity Review 2023
@@ -151,3 +152,39 @@ def energy_statement(
                       f"{facility[worst] - facility[best]:,.3f} kWh ({100 * (1 - facility[best] / facility[worst]):.1f} %) "
                       "at the facility."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def statement(table, *, iterations: int = 1000, gpus: int = 1, pue: float | None = None, site_pue_profile=None,
+              grid_gco2_per_kwh: float | None = None, out: str | Path | None = None) -> str:  # fmt: skip
+    """The energy statement (energy_statement) of a clock table, read from its file, optionally written to ``out``.
+
+    Args:
+        table: a ClockTable or the path of one (freqopt.tables.load_table).
+        iterations, gpus, pue: see energy_statement (pue default 1.58, DEFAULT_PUE).
+        site_pue_profile: a PueProfile, or the path of a CSV hour,pue or month,pue (load_pue_profile); None: none.
+        grid_gco2_per_kwh: grid carbon intensity; None: DEFAULT_GRID_GCO2_PER_KWH (436, world 2022).
+        out: also write the statement (markdown) to this file, atomically; checked before anything is read.
+
+    Returns:
+        The statement, markdown.
+
+    Raises:
+        OutputError: ``out`` is a directory or its folder is not writable.
+        ClockTableError: the table cannot be read.
+        InvalidSettingError: see energy_statement and load_pue_profile.
+    """
+    from freqopt.api import check_writable_file
+    from freqopt.tables import atomic_write_text, load_table
+
+    if out is not None:
+        check_writable_file(out, argument="out")
+    if not isinstance(table, ClockTable):
+        table = load_table(table)
+    profile = site_pue_profile
+    if profile is not None and not isinstance(profile, PueProfile):
+        profile = load_pue_profile(profile)
+    grid = DEFAULT_GRID_GCO2_PER_KWH if grid_gco2_per_kwh is None else grid_gco2_per_kwh
+    text = energy_statement(table, iterations=iterations, gpus=gpus, pue=pue, profile=profile, grid_gco2_per_kwh=grid)
+    if out is not None:
+        atomic_write_text(out, text)
+    return text

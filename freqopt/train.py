@@ -28,7 +28,8 @@ from freqopt.runtime import DVFSRuntime, plan_phases
 from freqopt.tables import ClockTable
 from freqopt.trace import trace_training_iteration
 
-__all__ = ["StepRecord", "TrainReport", "check_training_device", "synthetic_batch", "train"]
+__all__ = ["StepRecord", "TrainReport", "TrainingPlan", "plan_training", "check_training_device", "synthetic_batch",
+           "train"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class TrainReport:
     loss_first: float
     loss_last: float
     switches_per_step: float
+    gpu_name: str = ""  # the GPU type measured on (GPUSpec.name)
 
     def mean(self, with_table: bool) -> Measurement | None:
         rows = [s for s in self.steps if s.with_table == with_table]
@@ -206,4 +208,99 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
                     if on_step:
                         on_step(records[-1])
                 block, energy_before = [], None
-    return TrainReport(tuple(records), losses[0], losses[-1], runtime.switches / max(steps, 1))
+    return TrainReport(tuple(records), losses[0], losses[-1], runtime.switches / max(steps, 1), backend.spec.name)
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """A training run whose arguments are all checked (plan_training); ``run()`` opens the GPU and trains.
+
+    Attributes:
+        workload: model, micro-batch and layout.
+        table: the clock table to apply, or None; table_source: where it was read from (for messages).
+        gpu: the GPU type asked for (GPUSpec), or None: h100-sxm simulated, the real GPU's on nvml.
+        backend: "sim" or "nvml"; device: where the model trains; steps, compare, read_only, seed: see train.
+    """
+
+    workload: Workload
+    table: ClockTable | None
+    table_source: str
+    gpu: object
+    backend: str
+    device: str
+    steps: int
+    compare: bool
+    read_only: bool
+    seed: int
+
+    @property
+    def needs_launcher(self) -> bool:
+        """More than one rank, and not yet started by a launcher (no WORLD_SIZE in the environment): the caller
+        must start one process per rank (the CLI runs DeepSpeed's launcher)."""
+        return self.workload.layout.world_size > 1 and "WORLD_SIZE" not in os.environ
+
+    def run(self, on_step=None) -> TrainReport:
+        """Open the backend (checking the table against its GPU type), train (train), close the backend.
+
+        Raises:
+            InvalidSettingError: read_only on the simulated backend (freqopt.backends.get_backend).
+            ClockTableError: the table was searched on another GPU type than the backend's.
+            NVMLError, GPUPermissionError: the real GPU cannot be opened or set.
+        """
+        from freqopt.backends import get_backend
+        from freqopt.gpus import DEFAULT_GPU, get_gpu
+
+        spec = self.gpu if self.backend == "nvml" else self.gpu or get_gpu(DEFAULT_GPU)
+        measuring = get_backend(self.backend, spec, seed=self.seed, read_only=self.read_only)
+        try:
+            if self.table is not None:
+                self.table.check_gpu(measuring.spec, source=self.table_source)  # the GPU the table is applied to
+            return train(self.workload, measuring, table=self.table, steps=self.steps, compare=self.compare,
+                         device=self.device, seed=self.seed, on_step=on_step)  # fmt: skip
+        finally:
+            measuring.close()
+
+
+def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gpu=None, compare: bool = False,
+                  read_only: bool = False, device: str | None = None, seed: int = 0,
+                  micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
+                  vocab_multiple: int | None = None, layout=None) -> TrainingPlan:  # fmt: skip
+    """Check every argument of a training run before any GPU is opened or rank started.
+
+    Args:
+        model: a model name (with the get_workload overrides below) or a Workload.
+        table: a ClockTable, the path of one, or None (default settings).
+        steps: training steps (positive).
+        backend: "sim" (the simulated GPU's timeline) or "nvml" (a real GPU).
+        gpu: GPU type name or GPUSpec (default: the table's, else h100-sxm simulated / the real GPU's).
+        compare: alternate blocks of steps with and without ``table`` (needs one).
+        read_only: nvml only: measure at the GPU's current settings and change nothing (so no table).
+        device: where the model trains; default "cuda" with nvml, "cpu" with sim.
+        seed: seeds weights, tokens and the simulated noise.
+
+    Raises:
+        UnknownNameError: unknown model, backend or GPU type.
+        InvalidSettingError: a bad override, layout or steps; compare without a table; read_only with one; a
+            CUDA device this torch cannot use (check_training_device).
+        ClockTableError: the table cannot be read.
+    """
+    from freqopt.api import check_positive_int
+    from freqopt.resolve import resolve_gpu, resolve_workload
+    from freqopt.backends import check_backend
+    from freqopt.tables import load_table
+
+    workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    check_backend(backend)
+    check_positive_int("steps", steps)
+    if compare and table is None:
+        raise InvalidSettingError("compare needs a table: it alternates steps with and without the table")
+    if read_only and table is not None:
+        raise InvalidSettingError("read_only cannot apply a table (that changes clocks); drop one of them")
+    source = "clock table" if table is None or isinstance(table, ClockTable) else str(table)
+    if table is not None and not isinstance(table, ClockTable):
+        table = load_table(table)
+    requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
+    device = device or ("cuda" if backend == "nvml" else "cpu")
+    check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
+    return TrainingPlan(workload, table, source, requested, backend, device, steps, compare, read_only, seed)

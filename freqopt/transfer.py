@@ -31,7 +31,7 @@ from freqopt.kernels import Trace
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 from freqopt.tables import ClockTable
 
-__all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "evaluate_transfer"]
+__all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "evaluate_transfer", "transfer"]
 
 EXACT, BY_KIND, UNMATCHED = "exact", "by-kind", "unmatched"
 
@@ -180,3 +180,76 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     native_config = dataclasses.replace(config, granularities=native_granularities(schedule.granularity))
     native = run_search(trace, backend, native_config, on_unit=on_unit, validator=validator)
     return TransferReport(schedule, baseline, transferred, native)
+
+
+def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None, backend="sim",
+             storage: str | None = None, out=None, seed: int = 0, n_trials: int | None = None,
+             micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
+             vocab_multiple: int | None = None, layout=None, on_start=None, on_unit=None) -> TransferReport:  # fmt: skip
+    """Apply clock table ``table`` to ``model`` (another model, size or layout), validate it by measuring the
+    target's whole iteration, and search the target natively under the same budget (evaluate_transfer).
+
+    Args:
+        table: a ClockTable or the path of one (freqopt.tables.load_table).
+        model: the target: a model name (with the get_workload overrides below) or a Workload.
+        gpu: GPU type name or GPUSpec; must be the table's (default: the table's).
+        max_slowdown: budget of the native search, a fraction or "1%" (default: the table's).
+        backend: "sim" or "nvml" (freqopt.backends.get_backend); closed when done.
+        storage: Optuna storage URL of the native search; default sqlite:///OUT/freqopt.db with ``out``, else in
+            memory.
+        out: folder of the default storage (created); None: no folder.
+        seed: seeds the samplers and the simulated GPU's noise.
+        n_trials: trials per tuning unit of the native search (default SearchConfig's).
+        micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides of ``model``.
+        on_start: called as on_start(table, trace, spec) once the target is traced, before any measurement.
+        on_unit: called as on_unit(granularity, units_done, units_total) during the native search.
+
+    Returns:
+        TransferReport; ``.schedule.trace.workload`` is the target, ``.native.spec`` the GPU type and
+        ``.native.max_slowdown`` the budget used.
+
+    Raises:
+        UnknownNameError: unknown model, GPU type or backend.
+        ClockTableError: the table cannot be read, or was searched on another GPU type than ``gpu``.
+        InvalidSettingError: a bad slowdown, override, layout or n_trials.
+        OutputError: ``out`` is a file or cannot be written.
+        StorageError: ``storage`` cannot be opened.
+    """
+    import optuna
+
+    from freqopt.api import check_positive_int, check_writable_dir
+    from freqopt.backends import get_backend
+    from freqopt.budget import parse_slowdown
+    from freqopt.gpus import get_gpu
+    from freqopt.resolve import resolve_backend, resolve_gpu, resolve_workload
+    from freqopt.tables import load_table
+    from freqopt.trace import trace_training_iteration
+
+    # Every check before any work, in the order the command line always had.
+    workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    requested = resolve_gpu(gpu)  # an unknown name fails as such before the table is read
+    source = "clock table" if isinstance(table, ClockTable) else str(table)
+    if not isinstance(table, ClockTable):
+        table = load_table(table)
+    spec = requested or get_gpu(table.gpu)
+    table.check_gpu(spec, source=source)
+    slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]
+    check_positive_int("n_trials", n_trials, optional=True)
+    backend = resolve_backend(backend)
+    measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
+    try:
+        if out is not None:
+            out = check_writable_dir(out)
+            storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
+        open_storage(storage)  # a bad URL fails here, before any work
+        counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
+        config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        trace = trace_training_iteration(workload)
+        if on_start is not None:
+            on_start(table, trace, spec)
+        return evaluate_transfer(table, trace, measuring, config, on_unit=on_unit)
+    finally:
+        if isinstance(backend, str):
+            measuring.close()  # a real GPU goes back to what it was found with

@@ -120,8 +120,8 @@ def test_cli_train_compare_on_the_simulated_gpu(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--steps", "0"], "--steps must be a positive integer"),
-    (["--compare"], "--compare needs --table"),
+    (["--steps", "0"], "steps must be a positive integer"),
+    (["--compare"], "compare needs a table"),
     (["--backend", "tpu"], "unknown backend"),
     (["--read-only"], "read_only applies to backend nvml"),
 ])  # fmt: skip

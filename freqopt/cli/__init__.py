@@ -1,0 +1,88 @@
+"""The freqopt command line. It parses arguments, calls the library and renders what it returns; errors print as
+one line and exit non-zero (``main``). The library owns every check.
+
+The commands live by group: freqopt.cli.search (search, worker), freqopt.cli.train (train, profile) and
+freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from freqopt.budget import parse_slowdown
+from freqopt.errors import FreqoptError
+
+__all__ = ["main", "cli", "parse_slowdown"]
+
+
+def check_json_path(json_path: str | None) -> None:
+    """Fail before any work when ``--json PATH`` cannot be written (the flag is the command line's own)."""
+    if json_path:
+        from freqopt.api import check_writable_file
+
+        check_writable_file(Path(json_path), argument="--json")
+
+
+def write_json(json_path: str | None, doc) -> None:
+    """Write ``doc`` as indented JSON to ``json_path`` (atomically), if one was given."""
+    if json_path:
+        import json
+
+        from freqopt.tables import atomic_write_text
+
+        atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
+
+
+def stdout_console():
+    """A rich console for tables: the terminal's width, or 200 columns when output goes to a file or pipe."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def model_options(f):
+    """The get_workload overrides every command on a model takes."""
+    f = click.option("--layout", default=None,
+                     help="Parallel layout dp=N,tp=M (data- and tensor-parallel degrees); default one GPU.")(f)
+    f = click.option("--vocab-multiple", type=int, default=None,
+                     help="Pad the vocabulary to a multiple of this (default 128 for GPT-3, 1 for BERT; 1: none).")(f)
+    f = click.option("--n-heads", type=int, default=None, help="Override the number of attention heads.")(f)
+    f = click.option("--seq-len", type=int, default=None, help="Override the sequence length (tokens).")(f)
+    f = click.option("--micro-batch-size", type=int, default=None, help="Sequences per GPU per step (default 4).")(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="freqopt")
+def cli() -> None:
+    """Find GPU clock settings that cut training energy within a slowdown budget."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI; print freqopt and usage errors as one line and return non-zero."""
+    try:
+        cli.main(args=argv, prog_name="freqopt", standalone_mode=False)
+    except FreqoptError as e:
+        click.echo(f"freqopt: error: {e}", err=True)
+        return e.exit_code
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)
+        return 2
+    except click.UsageError as e:
+        cmd = e.ctx.command_path if e.ctx else "freqopt"
+        click.echo(f"freqopt: error: {e.format_message()} (see `{cmd} --help`)", err=True)
+        return 2
+    except click.Abort:
+        click.echo("freqopt: interrupted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("freqopt: interrupted; finished studies are kept in the storage", err=True)
+        return 130
+    return 0
+
+
+# The command modules register their commands on ``cli`` when imported (after it exists).
+from freqopt.cli import search, tools, train  # noqa: E402,F401

@@ -1,0 +1,127 @@
+"""``freqopt search`` (one search, comparing granularities) and ``freqopt worker`` (joining one from elsewhere)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
+@click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
+@click.option("--granularity", default="all", show_default=True, help="all, power-cap, iteration, pass or kernel.")
+@click.option("--backend", default="sim", show_default=True,
+              help="Measurement backend: sim (simulated GPU) or nvml (the first visible GPU; needs root).")
+@click.option("--storage", default=None, help="Optuna storage URL; default sqlite:///OUT/freqopt.db.")
+@click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for tables and storage.")
+@click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
+@click.option("--trials", default=None, type=int, help="Trials per tuning unit (default 14, plus 4 per memory clock beyond the first).")
+@click.option("--jobs", default=1, show_default=True, type=int,
+              help="Processes that run tuning units in parallel (simulated GPU; for real GPUs start a "
+                   "`freqopt worker` per GPU).")
+@model_options
+def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
+           micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+    """Search clock settings for one training iteration and compare granularities.
+
+    A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
+    (NAME is printed at the start) joins it from another process or machine."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from freqopt.api import search as run_search
+
+    check_json_path(json_path)
+    console = Console(stderr=True)
+    started = time.monotonic()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=False)  # fmt: skip
+    status = console.status(f"tracing one training iteration of {model}")
+
+    def on_start(start) -> None:
+        status.stop()
+        w = start.trace.workload
+        where = "" if w.layout.is_single_gpu else f" ({w.layout}, one rank of {w.layout.world_size})"
+        console.print(f"traced {w.model}{where}: {len(start.trace)} kernels, {len(start.trace.kernel_classes())} "
+                      f"kernel classes, {start.trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU "
+                      f"{start.spec.name}" + (" (simulated)" if start.backend == "sim" else ""))  # fmt: skip
+        console.print(f"search {start.study_name}; other processes join it with: freqopt worker --storage "
+                      f"{start.storage} --study {start.study_name}", soft_wrap=True)  # fmt: skip
+        progress.add_task("searching tuning units", total=start.n_units)
+        progress.start()
+
+    def on_unit(granularity: str, done: int, n: int) -> None:
+        progress.update(progress.task_ids[0], advance=1, description=f"{granularity}: unit {done}/{n}")
+
+    if console.is_terminal:  # transient there; elsewhere stopping it would leave a blank line before any error
+        status.start()
+    try:
+        result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity, backend=backend,
+                            storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
+                            micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                            vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start)  # fmt: skip
+    finally:
+        status.stop()
+        if progress.task_ids:  # started (stopping one never started prints a blank line)
+            progress.stop()
+    stdout_console().print(_search_table(result))
+    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {result.storage}")
+    write_json(json_path, result.summary())
+
+
+def _search_table(result):
+    """The rich table of a SearchResult: the baseline, then one row per granularity."""
+    from rich.table import Table
+
+    w, spec, summary = result.trace.workload, result.spec, result.summary()
+    table = Table(title=f"{w.model} ({w.layout}) on {spec.name}, max slowdown {100 * result.max_slowdown:g} % "
+                        f"(validated by measuring the whole iteration, clock switches taking "
+                        f"{1e3 * spec.clock_switch_s:g} ms)")  # fmt: skip
+    for col in ("granularity", "energy/iter (J)", "time/iter (s)", "energy saved (%)", "slowdown (%)",
+                "free switching: saved/slowdown (%)", "settings", "measurements", "search cost (GPU-h)",
+                "clock table"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("granularity", "clock table") else "right")
+    base = result.baseline
+    table.add_row("baseline (default)", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-", "-",
+                  "-", "-")  # fmt: skip
+    for g, r in result.results.items():
+        doc = summary["results"][g]
+        ideal = ("-" if doc["ideal_energy_saved_pct"] is None
+                 else f"{doc['ideal_energy_saved_pct']:.2f} / {doc['ideal_slowdown_pct']:.2f}")  # fmt: skip
+        table.add_row(g, f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}", f"{doc['energy_saved_pct']:.2f}",
+                      f"{doc['slowdown_pct']:.2f}", ideal, str(r.n_settings), str(r.n_measurements),
+                      f"{r.search_cost_gpu_s / 3600:.3f}", doc["table"] or "-")  # fmt: skip
+    return table
+
+
+@cli.command()
+@click.option("--storage", required=True, help="The search's Optuna storage URL (as `freqopt search` printed it).")
+@click.option("--study", "name", required=True, help="The search's name (printed by `freqopt search`).")
+@click.option("--backend", default=None,
+              help="Measurement backend; default (and required): the search's own, sim or nvml.")
+@click.option("--wait-s", default=600.0, show_default=True, type=float,
+              help="Give up after this long with nothing to claim (or no search of that name).")
+@click.option("--json", "json_path", default=None, help="Also write what this worker did as JSON to this file.")
+def worker(storage, name, backend, wait_s, json_path) -> None:
+    """Join a running search: claim its tuning units from the shared storage and run their studies, until the
+    search is done. One worker per GPU; several may run on one machine with the simulated GPU."""
+    from rich.console import Console
+
+    from freqopt.worker import join_search
+
+    check_json_path(json_path)
+    console = Console(stderr=True)
+
+    def on_join(job, spec, backend_name) -> None:
+        console.print(f"joined {name}: {job['model']} on {spec.name} ({backend_name})")
+
+    report = join_search(storage, name, backend=backend, wait_s=wait_s, on_join=on_join,
+                         on_unit=lambda g, unit: console.print(f"{g}: {unit} done"))  # fmt: skip
+    ending = f"nothing to claim for {wait_s:g} s" if report.idle_timeout else "the search is done"
+    console.print(f"worker stopped ({ending}): {report.units} units, {report.n_new_measurements} measurements")
+    write_json(json_path, {"units": report.units, "n_new_measurements": report.n_new_measurements,
+                           "idle_timeout": report.idle_timeout})  # fmt: skip

@@ -1,0 +1,217 @@
+"""The other commands: listing models and GPU types, applying a table elsewhere (transfer), the search against
+an exhaustive sweep (benchmark), power capping alone (powercap), the energy statement, and reset."""
+
+from __future__ import annotations
+
+import click
+
+from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
+
+@cli.command()
+@click.argument("names", nargs=-1)
+@model_options
+def models(names, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:
+    """List the models (or only NAMES, which may include hf:PATH for a Hugging Face config.json), with parameter
+    counts computed from the PyTorch modules (per GPU under --layout) and the vocabulary the embedding and output
+    layer hold (the tokenizer's in parentheses where padded)."""
+    from rich.table import Table
+
+    from freqopt.layout import parse_layout
+    from freqopt.models import count_parameters, get_workload, list_models
+
+    parsed = parse_layout(layout)
+    columns = ["model", "layers", "d_model", "heads", "seq len", "vocabulary (padded)", "parameters"]
+    if not parsed.is_single_gpu:
+        columns.append(f"parameters per GPU ({parsed})")
+    table = Table(*columns)
+    for name in names or list_models():
+        w = get_workload(name, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                         vocab_multiple=vocab_multiple)  # fmt: skip
+        c = w.config
+        vocab = str(c.padded_vocab_size) + (f" ({c.vocab_size})" if c.padded_vocab_size != c.vocab_size else "")
+        row = [w.model, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.seq_len), vocab,
+               f"{count_parameters(c) / 1e6:,.1f} M"]  # fmt: skip
+        if not parsed.is_single_gpu:
+            fits = c.n_heads % parsed.tp == 0 and getattr(c, "n_kv_heads", c.n_heads) % parsed.tp == 0
+            row.append(f"{count_parameters(c, parsed.tp) / 1e6:,.1f} M" if fits else f"tp must divide {c.n_heads} heads")
+        table.add_row(*row)
+    stdout_console().print(table)
+
+
+@cli.command()
+def gpus() -> None:
+    """List the GPU types in search_spaces/."""
+    from rich.table import Table
+
+    from freqopt.gpus import DEFAULT_GPU, get_gpu, list_gpus
+
+    table = Table("gpu", "name", "SM clocks (MHz)", "memory clocks (MHz)", "power limit (W)", "BF16 peak (TFLOP/s)")
+    for name in list_gpus():
+        g = get_gpu(name)
+        table.add_row(
+            name + (" (default)" if name == DEFAULT_GPU else ""), g.marketing_name,
+            f"{g.sm_clocks_mhz[0]}-{g.max_sm_clock_mhz} ({len(g.sm_clocks_mhz)})",
+            ", ".join(map(str, g.mem_clocks_mhz)),
+            f"{g.power_limit_min_w:g}-{g.power_limit_max_w:g} (default {g.power_limit_default_w:g})",
+            f"{g.tensor_peak_flops / 1e12:,.0f}",
+        )  # fmt: skip
+    stdout_console().print(table)
+
+
+@cli.command()
+@click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
+@click.option("--model", required=True, help="Target model (see `freqopt models`).")
+@click.option("--gpu", default=None, help="GPU type; must be the table's (default: the table's).")
+@click.option("--max-slowdown", default=None, help="Budget of the native search (default: the table's).")
+@click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
+@click.option("--storage", default=None, help="Optuna storage URL of the native search; default sqlite:///OUT/freqopt.db.")
+@click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for the storage.")
+@click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
+@click.option("--trials", default=None, type=int, help="Trials per tuning unit of the native search.")
+@model_options
+def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, json_path, seed, trials,
+             micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+    """Apply a clock table to another model or layout, validate it, and compare it with a native search."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from freqopt.transfer import transfer as run_transfer
+
+    check_json_path(json_path)
+    console = Console(stderr=True)
+    status = console.status("validating the transferred table and searching the target natively")
+
+    def on_start(table, trace, spec) -> None:
+        source, workload = table.data["workload"], trace.workload
+        source_layout = source.get("layout", {"dp": 1, "tp": 1})
+        console.print(f"transferring {table.granularity}-level table of {source['model']} "
+                      f"(dp={source_layout['dp']},tp={source_layout['tp']}, micro-batch {source.get('micro_batch_size')}) "
+                      f"to {workload.model} ({workload.layout}, micro-batch {workload.micro_batch_size}) on {spec.name}")  # fmt: skip
+        status.start()
+
+    def on_unit(granularity: str, done: int, n: int) -> None:
+        status.update(f"native search, {granularity}: unit {done}/{n}")
+
+    try:
+        report = run_transfer(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, storage=storage,
+                              out=out_dir, seed=seed, n_trials=trials, micro_batch_size=micro_batch_size,
+                              seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
+                              on_start=on_start, on_unit=on_unit)  # fmt: skip
+    finally:
+        status.stop()
+    summary = report.summary()
+    workload, spec, native = report.schedule.trace.workload, report.native.spec, report.native
+    t, n = summary["transferred"], summary["native"]
+    rich_table = Table("settings", "energy saved (%)", "slowdown (%)", "kernel classes matched exactly / by kind / not",
+                       title=f"{workload.model} ({workload.layout}) on {spec.name}, {report.schedule.granularity} "
+                             f"level, budget {100 * native.max_slowdown:g} %")  # fmt: skip
+    rich_table.add_row("transferred table", f"{t['energy_saved_pct']:.2f}", f"{t['slowdown_pct']:.2f}",
+                       f"{t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']}")  # fmt: skip
+    rich_table.add_row("native search", f"{n['energy_saved_pct']:.2f}", f"{n['slowdown_pct']:.2f}", "-")
+    stdout_console().print(rich_table)
+    write_json(json_path, summary)
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
+@click.option("--granularity", default="kernel", show_default=True, help="iteration, pass or kernel.")
+@click.option("--max-slowdown", default="1%", show_default=True, help="Allowed slowdown: 1% or 0.01.")
+@click.option("--repeats", default=1, show_default=True, type=int, help="Bayesian searches (seeds) averaged.")
+@click.option("--free-switching", is_flag=True, help="Treat clock switches as free (as Spaan et al. 2026 did).")
+@click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the first search and of the noise.")
+@model_options
+def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, json_path, seed, micro_batch_size,
+              seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+    """The Bayesian search against an exhaustive sweep of every unit at every setting (simulated GPU)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from freqopt.benchmark import benchmark as run_benchmark
+
+    check_json_path(json_path)
+    with Console(stderr=True).status(f"searching {repeats}x and sweeping every setting of {model}"):
+        report = run_benchmark(model, gpu=gpu, granularity=granularity, max_slowdown=max_slowdown, repeats=repeats,
+                               free_switching=free_switching, seed=seed, micro_batch_size=micro_batch_size,
+                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    summary = report.summary()
+    workload, spec = report.trace.workload, report.spec
+    o, b = summary["oracle"], summary["search"]
+    table = Table("", "energy saved (%)", "predicted (%)", "measurements", "search cost (GPU-h)",
+                  title=f"{workload.model} ({workload.layout}) on {spec.name}, {granularity} level, budget "
+                        f"{100 * report.config.max_slowdown:g} %, "
+                        f"{'free switching' if free_switching else 'switching costs included'}")  # fmt: skip
+    table.add_row("Bayesian search", f"{b['energy_saved_pct']:.2f}", f"{b['predicted_energy_saved_pct']:.2f}",
+                  f"{b['n_measurements']:.0f}", f"{b['search_cost_gpu_s'] / 3600:.3f}")  # fmt: skip
+    table.add_row("exhaustive sweep", f"{o['energy_saved_pct']:.2f}", "-", str(o["n_measurements"]),
+                  f"{o['search_cost_gpu_s'] / 3600:.3f}")  # fmt: skip
+    ratio = summary["savings_ratio"]
+    table.add_row("ratio", "-" if ratio is None else f"{ratio:.3f}", "-", "-", f"{summary['cost_ratio']:.4f}")
+    stdout_console().print(table)
+    write_json(json_path, summary)
+
+
+@cli.command()
+def reset() -> None:
+    """Restore GPUs that a killed freqopt left with changed clocks or power limit (from its state files)."""
+    from freqopt.nvml import reset_from_state_files, state_dir
+
+    done = reset_from_state_files()
+    if not done:
+        click.echo(f"nothing to restore: no state files in {state_dir()}")
+    for uuid, what in done:
+        click.echo(f"{uuid}: {what}")
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
+@click.option("--caps", default=None, help="Power limits in W, e.g. 100,150,200,250; default: 4 from min to default.")
+@click.option("--mode", default="train", show_default=True, help="train (one training step) or inference (one batch).")
+@click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
+@click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulated noise.")
+@click.option("--host-gap-ms", default=0.0, show_default=True, type=float,
+              help="Host time per iteration in which the GPU idles (data loading, Python).")
+@model_options
+def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micro_batch_size, seq_len,
+             n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+    """Measure one iteration at each power limit, relative to the GPU's default limit (McDonald et al. 2022)."""
+    from rich.table import Table
+
+    from freqopt.powercap import powercap as run_powercap
+
+    check_json_path(json_path)
+    report = run_powercap(model, gpu=gpu, caps=caps, mode=mode, backend=backend, seed=seed, host_gap_ms=host_gap_ms,
+                          micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                          vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    spec, base = report.spec, report.baseline
+    table = Table("power limit (W)", "time (rel)", "energy (rel)", "avg power (W)", "time/iter (s)", "energy/iter (J)",
+                  title=f"{report.workload.model} {mode} on {spec.name}: relative to the default "
+                        f"{spec.power_limit_default_w:g} W limit")  # fmt: skip
+    table.add_row(f"{spec.power_limit_default_w:g} (default)", "1.000", "1.000", f"{base.avg_power_w:.1f}",
+                  f"{base.time_s:.5f}", f"{base.energy_j:.3f}")  # fmt: skip
+    for p in report.points:
+        table.add_row(f"{p.power_limit_w:g}", f"{p.time_rel:.3f}", f"{p.energy_rel:.3f}", f"{p.avg_power_w:.1f}",
+                      f"{p.time_s:.5f}", f"{p.energy_j:.3f}")  # fmt: skip
+    stdout_console().print(table)
+    write_json(json_path, report.summary())
+
+
+@cli.command()
+@click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
+@click.option("--iterations", default=1000, show_default=True, type=int, help="Training iterations of the run.")
+@click.option("--gpus", default=1, show_default=True, type=int, help="GPUs running the same iterations.")
+@click.option("--pue", default=None, type=float, help="Facility PUE (default 1.58, Uptime Institute 2023 average).")
+@click.option("--site-pue-profile", default=None, help="CSV hour,pue (0-23) or month,pue (1-12): PUE over time.")
+@click.option("--grid-gco2-per-kwh", default=None, type=float, help="Grid carbon intensity (default 436, world 2022).")
+@click.option("--out", "out_path", default=None, help="Also write the statement (markdown) to this file.")
+def statement(table_path, iterations, gpus, pue, site_pue_profile, grid_gco2_per_kwh, out_path) -> None:
+    """Write an energy statement (McDonald et al. 2022) for a run with and without a clock table."""
+    from freqopt.statement import statement as write_statement
+
+    text = write_statement(table_path, iterations=iterations, gpus=gpus, pue=pue, site_pue_profile=site_pue_profile,
+                           grid_gco2_per_kwh=grid_gco2_per_kwh, out=out_path)  # fmt: skip
+    click.echo(text, nl=False)

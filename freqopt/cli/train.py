@@ -1,0 +1,121 @@
+"""``freqopt train`` (training under the DVFS runtime, one process per rank under DeepSpeed's launcher) and
+``freqopt profile`` (one iteration's time, energy and breakdown)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
+@click.option("--table", "table_path", default=None, help="A clock table to apply (default: none, default clocks).")
+@click.option("--steps", default=8, show_default=True, type=int, help="Training steps.")
+@click.option("--backend", default="sim", show_default=True, help="sim (simulated GPU timeline) or nvml (a real GPU).")
+@click.option("--gpu", default=None, help="GPU type of the simulated backend (default: the table's, else h100-sxm).")
+@click.option("--compare", is_flag=True, help="Alternate blocks of steps with and without the table.")
+@click.option("--read-only", is_flag=True, help="nvml: measure at the GPU's current settings; change nothing.")
+@click.option("--device", default=None, help="Where the model trains (default: cuda with nvml, cpu with sim).")
+@click.option("--json", "json_path", default=None, help="Also write the per-step figures as JSON to this file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of weights, tokens and simulated noise.")
+@model_options
+def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, micro_batch_size,
+          seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+    """Train on synthetic tokens under the DVFS runtime and report time and energy per step."""
+    from rich.table import Table
+
+    from freqopt.train import plan_training
+
+    check_json_path(json_path)
+    plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
+                         read_only=read_only, device=device, seed=seed, micro_batch_size=micro_batch_size,
+                         seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    if plan.needs_launcher:
+        _relaunch_under_deepspeed(plan.workload.layout.world_size)
+        return
+    report = plan.run()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    workload = plan.workload
+    summary = report.summary()
+    rich_table = Table("step", "clocks", "time/step (s)", "energy/step (J)",
+                       title=f"{workload.model} ({workload.layout}) training on {report.gpu_name} "
+                             f"({'simulated' if backend == 'sim' else 'NVML'}); loss {report.loss_first:.3f} -> "
+                             f"{report.loss_last:.3f}")  # fmt: skip
+    for r in report.steps:
+        rich_table.add_row(str(r.step), "table" if r.with_table else "default", f"{r.time_s:.5f}", f"{r.energy_j:.3f}")
+    stdout_console().print(rich_table)
+    if "energy_saved_pct" in summary:
+        click.echo(f"with the table: {summary['energy_saved_pct']:.2f} % less energy per step, "
+                   f"{summary['slowdown_pct']:+.2f} % time per step ({report.switches_per_step:.1f} clock switches "
+                   "per step)")  # fmt: skip
+    write_json(json_path, summary)
+
+
+def _relaunch_under_deepspeed(world_size: int) -> None:
+    """Run this same command under DeepSpeed's launcher, one process per rank (gloo on a CPU machine)."""
+    import subprocess
+
+    # As a module (-m freqopt.cli), not a script: a script's folder (freqopt/) would come first on sys.path, and
+    # freqopt/profile.py would shadow the standard library's profile module.
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(world_size), "--no_local_rank",
+           "--module", "freqopt.cli", *sys.argv[1:]]  # fmt: skip
+    code = subprocess.call(cmd)
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
+@click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm (nvml: the real GPU's).")
+@click.option("--backend", default="sim", show_default=True,
+              help="sim (the simulated GPU) or nvml (trains on the first visible GPU and reads it, never sets it).")
+@click.option("--device", default=None, help="nvml: where the model trains (default cuda; cpu for tests).")
+@click.option("--steps", default=10, show_default=True, type=int,
+              help="nvml: fewest measured steps; more run until the window spans 1 s and 5 energy-counter updates.")
+@click.option("--json", "json_path", default=None, help="Also write the profile as JSON to this file.")
+@model_options
+def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> None:
+    """Report one training iteration: time, energy, average power, FLOPs and a breakdown by kernel kind.
+
+    With --backend nvml the GPU is only read: the measurement is shown beside the simulated GPU's prediction,
+    and one step under torch.profiler beside the trace, kind by kind."""
+    from rich.table import Table
+
+    from freqopt.layout import parse_layout
+    from freqopt.profile import profile as run_profile
+
+    check_json_path(json_path)
+    report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout, **sizes)
+    nvml = report.backend == "nvml"
+    console = stdout_console()
+    where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else "simulated"
+    console.print(f"{report.model} ({parse_layout(layout)}), one training iteration on {report.gpu} ({where}): "
+                  f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
+                  f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
+    time_s, energy_j = sum(f.time_s for f in report.by_kind.values()), sum(f.energy_j for f in report.by_kind.values())
+    kinds = Table("kind", "kernels", "time (s)", "time (%)", "energy (J)", "energy (%)",
+                  title="by kernel kind" + (" (the simulated GPU's prediction)" if nvml else ""))  # fmt: skip
+    for kind, f in report.by_kind.items():
+        kinds.add_row(kind, str(f.n_kernels), f"{f.time_s:.6f}", f"{100 * f.time_s / time_s:.1f}", f"{f.energy_j:.4f}",
+                      f"{100 * f.energy_j / energy_j:.1f}")  # fmt: skip
+    console.print(kinds)
+    if nvml:
+        p = report.predicted
+        versus = Table("per step", "measured", "predicted (simulated)", "measured / predicted")
+        for name, m, q, fmt in (("time (s)", report.time_s, p.time_s, ".5f"), ("energy (J)", report.energy_j,
+                                p.energy_j, ".3f"), ("avg power (W)", report.avg_power_w, p.avg_power_w, ".1f")):  # fmt: skip
+            versus.add_row(name, format(m, fmt), format(q, fmt), f"{m / q:.3f}")
+        console.print(versus)
+        seen = Table("kind", "traced kernels", "predicted time (s)", "profiled kernels",
+                     f"measured time (s, {report.profiler_time})", title="trace against torch.profiler, one step")  # fmt: skip
+        for kind, r in report.profiler_by_kind.items():
+            seen.add_row(kind, str(r.traced_n_kernels), f"{r.predicted_time_s:.6f}", str(r.profiled_n_kernels),
+                         f"{r.measured_time_s:.6f}")  # fmt: skip
+        console.print(seen)
+    write_json(json_path, report.summary())
+
+

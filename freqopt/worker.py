@@ -1,0 +1,69 @@
+"""Join a running search from another process or machine: ``freqopt.worker.join_search(storage, name)`` claims
+the search's tuning units from its shared Optuna storage and runs their studies until the search is done
+(freqopt.search.workers holds the queue; one worker per GPU)."""
+
+from __future__ import annotations
+
+import time
+
+from freqopt.errors import InvalidSettingError, StorageError
+
+__all__ = ["join_search"]
+
+
+def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: float = 600.0, poll_s: float = 0.5,
+                on_join=None, on_unit=None):  # fmt: skip
+    """Wait for search ``name`` in ``storage``, then serve it (freqopt.search.workers.serve) on this machine's GPU.
+
+    Args:
+        storage: the search's Optuna storage URL (as ``freqopt search`` printed it).
+        name: the search's name (runner.study_prefix of its trace, GPU and seed; printed by ``freqopt search``).
+        backend: "sim" or "nvml"; must be the search's own; None: the search's.
+        wait_s: give up after this many seconds with nothing to claim, or with no search of that name (not
+            negative).
+        poll_s: seconds between looks at the storage.
+        on_join: called as on_join(job, spec, backend_name) once joined (job: the search's published dict).
+        on_unit: called as on_unit(granularity, unit name) after each unit this worker ran.
+
+    Returns:
+        freqopt.search.workers.WorkerReport: units run, new measurements, and whether it stopped idle.
+
+    Raises:
+        UnknownNameError: unknown backend.
+        InvalidSettingError: negative wait_s, or a backend other than the search's.
+        StorageError: the storage cannot be opened, holds no search ``name`` within ``wait_s``, or this worker's
+            trace or GPU type differs from the search's.
+    """
+    import optuna
+
+    from freqopt.backends import check_backend, get_backend
+    from freqopt.gpus import get_gpu
+    from freqopt.search.storage import open_storage, study_prefix
+    from freqopt.search.workers import check_worker_backend, load_job, serve, trace_from_job
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if backend is not None:
+        check_backend(backend)
+    if wait_s < 0:
+        raise InvalidSettingError(f"wait_s must not be negative, not {wait_s:g}")
+    opened = open_storage(storage)
+    started = time.monotonic()
+    while (state := load_job(opened, name)) is None:
+        if time.monotonic() - started > wait_s:
+            raise StorageError(f"no freqopt search named {name!r} in {storage} after {wait_s:g} s; start it with "
+                               f"`freqopt search --storage {storage}` and pass the name it prints")  # fmt: skip
+        time.sleep(poll_s)
+    job = state["job"]
+    backend_name = check_worker_backend(job, backend)
+    measuring = get_backend(backend_name, get_gpu(job["gpu"]) if backend_name == "sim" else None, seed=job["seed"])
+    try:
+        trace = trace_from_job(job)
+        if study_prefix(trace, measuring.spec, job["seed"]) != name:
+            raise StorageError(f"this worker's trace or GPU differs from search {name!r}'s (another freqopt version, "
+                               f"or a GPU of type {measuring.spec.name} against the search's {job['gpu']}); run the "
+                               "same freqopt on the same GPU type")  # fmt: skip
+        if on_join is not None:
+            on_join(job, measuring.spec, backend_name)
+        return serve(opened, name, trace, measuring, idle_s=wait_s, poll_s=poll_s, on_unit=on_unit)
+    finally:
+        measuring.close()
