@@ -1,7 +1,7 @@
 """Do kernel-level clock tables carry over between parallel layouts? The question of Spaan et al.'s parallelism
 section, answered with freqopt on the simulated H100.
 
-    python experiments/transfer_study.py      # about 13 minutes on 2 cores; writes experiments/transfer/
+    python experiments/transfer_study.py      # 15-50 minutes on 2 cores (46 with other jobs); writes experiments/transfer/
 
 One kernel-level table is searched for GPT-3 XL training on one GPU (dp=1, micro-batch 4, 1 % budget) and
 reused, through `freqopt transfer`'s matching (exact signature, else same kind and nearest arithmetic
