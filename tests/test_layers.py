@@ -15,8 +15,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
 # Lowest first. A module may import modules of its own layer and of the layers below, never of a layer above.
 LAYERS: list[tuple[str, ...]] = [
     # Foundations: errors, the parallel layout, GPU types, the kernel data classes, the clock-table format (which
-    # also holds the atomic file write that everything writing a file uses).
-    # The package root only names its lazy exports (strings, imported on first use).
+    # also holds the atomic file write that everything writing a file uses), the slowdown budget's parser. The
+    # package root only names its lazy exports (strings, imported on first use).
     ("freqopt", "freqopt.errors", "freqopt.layout", "freqopt.gpus", "freqopt.kernels", "freqopt.tables",
      "freqopt.budget"),
     # NVML device access; the models (PyTorch modules and their custom operators) and the phase hooks on them, and
@@ -26,7 +26,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.replay",),
     # Where measurements come from: the simulated GPU and the real one.
     ("freqopt.backends",),
-    # The tracer (models -> kernels) and the calibration of the simulated GPU (backends + traces).
     # The tracers (a built-in or Hugging Face model, or a user's own step function -> kernels), the calibration of
     # the simulated GPU (backends + traces), and names resolved to models, GPUs and backends.
     ("freqopt.trace", "freqopt.step_trace", "freqopt.calibration", "freqopt.calibration_h100", "freqopt.resolve"),
