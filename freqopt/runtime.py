@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.errors import InvalidSettingError
 from freqopt.fingerprint import check_trace_module, unwrap_module
 from freqopt.kernels import Trace
 from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, phase_spans
@@ -67,7 +68,14 @@ def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> Pha
     """The realizable phase settings of ``table`` on ``trace`` on ``backend``'s GPU (all default when ``table`` is
     None): freqopt.search.realize.Realizer, weighing phases by ``backend.kernel_times_s`` at the default setting
     (the simulated physics on a simulated GPU, kernels timed on the device on a real one) and switching only
-    where a run of phases outlasts the GPU type's clock-switch latency."""
+    where a run of phases outlasts the GPU type's clock-switch latency.
+
+    Raises:
+        InvalidSettingError: ``backend`` is not a Backend (a GPU type, say, which realization cannot time kernels on).
+    """
+    if not isinstance(backend, Backend):
+        raise InvalidSettingError(f"backend must be a Backend such as freqopt.get_backend('sim', gpu), not "
+                                  f"{type(backend).__name__}")  # fmt: skip
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
     if table is None:
         per_kernel = [DEFAULT_SETTING] * len(trace)

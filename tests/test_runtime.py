@@ -50,6 +50,16 @@ def train_steps(runtime_model, optimizer, steps=2):
         optimizer.zero_grad()
 
 
+def test_plan_phases_refuses_a_gpu_type_for_a_backend():
+    """Realization times kernels on a backend; a GPU type (what plan_phases took before) gets one clear line."""
+    from freqopt.errors import InvalidSettingError
+
+    trace = trace_training_iteration(Workload("tiny", TINY, 2))
+    with pytest.raises(InvalidSettingError, match="backend must be a Backend.*not GPUSpec"):
+        plan_phases(pass_table(1500, 1500), trace, H100)
+    assert plan_phases(None, trace, SimulatedGPU(H100)).settings  # a backend is taken
+
+
 def test_simulated_runtime_measures_the_phases_it_requested():
     # A big trace for the GPU timeline (phases of milliseconds), driven by a tiny model's hooks: same phase modules.
     workload = Workload("gpt3-xl-like", GPTConfig(n_layers=2, d_model=2048, n_heads=16, seq_len=2048), 4)
