@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from freqopt.errors import InvalidSettingError, OutputError
+from freqopt.errors import InvalidSettingError, OutputError, check_positive_int
 
-__all__ = ["search", "SearchStart", "check_writable_dir", "check_writable_file", "check_positive_int"]
+__all__ = ["search", "SearchStart", "check_writable_dir", "check_writable_file"]
 
 
 @dataclass(frozen=True)
@@ -77,15 +77,6 @@ def check_writable_file(path: str | Path, *, argument: str) -> Path:
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise OutputError(f"cannot write {argument} {path}: {parent} is not a writable directory")
     return path
-
-
-def check_positive_int(name: str, value, *, optional: bool = False) -> None:
-    """Raise InvalidSettingError("NAME must be a positive integer, not VALUE") unless ``value`` is an int >= 1
-    (None passes when ``optional``; a bool never does)."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
 
 
 def _granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
@@ -176,7 +167,7 @@ def search(
     granularities = _granularities(granularity)
     check_positive_int("n_trials", n_trials, optional=True)
     check_positive_int("n_jobs", n_jobs)
-    if n_jobs > 1 and not (backend == "sim" or getattr(backend, "simulated", False)):
+    if n_jobs > 1 and not (backend == "sim" or (not isinstance(backend, str) and backend.simulated)):
         raise InvalidSettingError("n_jobs > 1 applies to the simulated GPU (backend 'sim'); with real GPUs start "
                                   "one `freqopt worker` per GPU against the search's storage")  # fmt: skip
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -184,15 +175,15 @@ def search(
     # A real GPU is opened (and its permissions checked) before anything is written.
     measuring, opened = open_backend(backend, requested, seed=seed)
     try:
-        return _search(trace, workload, measuring, backend if isinstance(backend, str) else None, slowdown,
-                       granularities, storage, out, seed, n_trials, n_jobs, on_unit, on_start)  # fmt: skip
+        return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs,
+                       on_unit, on_start)  # fmt: skip
     finally:
         if opened:
             measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
 
 
-def _search(trace, workload, measuring, backend_name, slowdown, granularities, storage, out, seed, n_trials, n_jobs,
-            on_unit, on_start):  # fmt: skip
+def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
+            on_start):  # fmt: skip
     import optuna
 
     from freqopt.search import SearchConfig, partition, run_search
@@ -209,12 +200,10 @@ def _search(trace, workload, measuring, backend_name, slowdown, granularities, s
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if trace is None:
         trace = trace_training_iteration(workload)
-    name = backend_name or getattr(measuring, "name", None) or type(measuring).__name__
     if on_start is not None:
-        on_start(SearchStart(trace, measuring.spec, name, study_prefix(trace, measuring.spec, seed), storage,
+        on_start(SearchStart(trace, measuring.spec, measuring.name, study_prefix(trace, measuring.spec, seed), storage,
                              sum(len(partition(trace, g)) for g in granularities)))  # fmt: skip
-    result = run_search(trace, measuring, config, on_unit=on_unit)
-    result = replace(result, backend_name=name)
+    result = run_search(trace, measuring, config, on_unit=on_unit)  # its backend_name is measuring.name
     if out is not None:
         result = replace(result, table_paths=result.write_tables(out))
     return result

@@ -54,10 +54,9 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
     """
     import optuna
 
-    from freqopt.api import check_positive_int
     from freqopt.backends.simulated import SimulatedGPU
     from freqopt.budget import parse_slowdown
-    from freqopt.errors import InvalidSettingError
+    from freqopt.errors import InvalidSettingError, check_positive_int
     from freqopt.gpus import DEFAULT_GPU, get_gpu
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.search import SearchConfig

@@ -15,6 +15,7 @@ __all__ = [
     "GPUPermissionError",
     "TraceMismatchError",
     "MissingDependencyError",
+    "check_positive_int",
 ]
 
 
@@ -54,3 +55,12 @@ class TraceMismatchError(FreqoptError):
 
 class MissingDependencyError(FreqoptError, ImportError):
     """An optional dependency is not installed; the message names the pip extra that installs it."""
+
+
+def check_positive_int(name: str, value, *, optional: bool = False) -> None:
+    """Raise InvalidSettingError("NAME must be a positive integer, not VALUE") unless ``value`` is an int >= 1
+    (None passes when ``optional``; a bool never does). ``name`` is the argument's name, as the caller wrote it."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, Measurement
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.kernels import Trace
 from freqopt.models import Workload, build_model
 from freqopt.profiler_compare import STEP_LABEL, ProfilerRow, compare_with_profiler, profiled_kinds
@@ -197,8 +197,7 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     spec = resolve_gpu(gpu)
     backend = resolve_backend(backend)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InvalidSettingError(f"steps must be a positive integer, not {steps!r}")
+    check_positive_int("steps", steps)
     if warmup_steps < 0:
         raise InvalidSettingError(f"warmup_steps must not be negative, not {warmup_steps}")
     real = not backend.simulated if isinstance(backend, Backend) else backend == "nvml"

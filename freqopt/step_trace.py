@@ -34,7 +34,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.fingerprint import FINGERPRINT_KEY, module_fingerprint
 from freqopt.layout import SINGLE_GPU
 from freqopt.models import Workload
@@ -213,8 +213,7 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
         raise InvalidSettingError(f"name must be a non-empty string naming the model, not {name!r}")
     if not callable(step_fn):
         raise InvalidSettingError(f"step_fn must be a zero-argument callable, not {type(step_fn).__name__}")
-    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise InvalidSettingError(f"micro_batch_size must be a positive integer, not {micro_batch_size!r}")
+    check_positive_int("micro_batch_size", micro_batch_size)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise InvalidSettingError(f"warmup must be a non-negative integer, not {warmup!r}")
     if module is not None:

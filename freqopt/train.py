@@ -284,7 +284,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
             CUDA device this torch cannot use (check_training_device).
         ClockTableError: the table cannot be read.
     """
-    from freqopt.api import check_positive_int
+    from freqopt.errors import check_positive_int
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.backends import check_backend
     from freqopt.tables import load_table

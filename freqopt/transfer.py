@@ -217,7 +217,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     """
     import optuna
 
-    from freqopt.api import check_positive_int, check_writable_dir
+    from freqopt.api import check_writable_dir
+    from freqopt.errors import check_positive_int
     from freqopt.backends import get_backend
     from freqopt.budget import parse_slowdown
     from freqopt.gpus import get_gpu

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.errors import InvalidSettingError, UnknownNameError, check_positive_int
 from freqopt.layout import SINGLE_GPU, Layout
 from freqopt.models.bert import BERT_CONFIGS, BertConfig, BertModel
 from freqopt.models.gpt3 import GPT3_CONFIGS, GPTConfig, GPTModel
@@ -83,8 +83,7 @@ def get_workload(
     config = MODELS[model]
     for name, value in (("micro_batch_size", micro_batch_size), ("seq_len", seq_len), ("n_heads", n_heads),
                         ("vocab_multiple", vocab_multiple)):  # fmt: skip
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
+        check_positive_int(name, value, optional=True)
     if seq_len is not None:
         config = dataclasses.replace(config, seq_len=seq_len)
     if vocab_multiple is not None:
@@ -100,14 +99,9 @@ def get_workload(
     return Workload(model, config, micro_batch_size or DEFAULT_MICRO_BATCH_SIZE, layout)
 
 
-def _check_positive(**values) -> None:
-    for name, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
-
-
 def _hf_workload(model, micro_batch_size, seq_len, n_heads, layout, vocab_multiple) -> Workload:
-    _check_positive(micro_batch_size=micro_batch_size, seq_len=seq_len)
+    check_positive_int("micro_batch_size", micro_batch_size, optional=True)
+    check_positive_int("seq_len", seq_len, optional=True)
     for name, value in (("n_heads", n_heads), ("vocab_multiple", vocab_multiple)):
         if value is not None:
             raise InvalidSettingError(f"{name} applies to the built-in models; for {model} edit its config.json")

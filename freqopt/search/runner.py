@@ -247,4 +247,4 @@ def run_search(
         finish_job(storage, prefix)
     n_new = validator.log.n_new + sum(u.n_new_measurements for r in results.values() for u in r.unit_searches)
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
-                        spec=backend.spec, backend_name=getattr(backend, "name", None), seed=config.seed)
+                        spec=backend.spec, backend_name=backend.name, seed=config.seed)
