@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import optuna
 import pytest
 
 from freqopt.models import get_workload
 from freqopt.trace import trace_training_iteration
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -20,3 +26,14 @@ def small_trace():
 @pytest.fixture(scope="session")
 def gpt3_small_trace():
     return trace_training_iteration(get_workload("gpt3-small"))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """A stand-in NVML (tests/fake_pynvml.py) in place of pynvml, run as root, with one GPU at a 650 W limit, and
+    freqopt's GPU-state files in the test's folder."""
+    nvml = FakeNVML(gpus=[FakeGPU(uuid="GPU-test", power_limit_mw=650_000)], root=True)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+    monkeypatch.setenv("FREQOPT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return nvml

@@ -25,9 +25,6 @@ from freqopt.models.gpt3 import GPTConfig  # noqa: E402
 from freqopt.tables import ClockTable  # noqa: E402
 from freqopt.trace import trace_training_iteration  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
-
 H100 = get_gpu("h100-sxm")
 INSTANT = dataclasses.replace(H100, clock_switch_s=0.0)  # an H100 whose clock switches land at once
 TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)
@@ -147,15 +144,6 @@ def test_with_block_exits_the_runtime_when_training_raises(tmp_path, trace):
             trainer(model, tmp_path, callback).train()
     assert callback.runtime is None and closed == [True]
     assert not any(m._forward_pre_hooks or m._backward_pre_hooks for m in model.modules())
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch, tmp_path):
-    nvml = FakeNVML(gpus=[FakeGPU(uuid="GPU-hf", power_limit_mw=650_000)], root=True)
-    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
-    monkeypatch.setenv("FREQOPT_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return nvml
 
 
 def test_gpu_restored_when_training_raises_on_the_nvml_backend(fake_gpu, tmp_path, trace):

@@ -82,15 +82,6 @@ def test_simulated_runtime_measures_the_phases_it_requested():
     assert runtime.switches == 2 * 2  # into backward and back into forward, per step
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch, tmp_path):
-    nvml = FakeNVML(gpus=[FakeGPU(uuid="GPU-rt", power_limit_mw=650_000)], root=True)
-    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
-    monkeypatch.setenv("FREQOPT_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return nvml
-
-
 def test_runtime_switches_through_the_controller_and_restores(fake_gpu):
     from freqopt.backends.nvml import NVMLBackend
     from freqopt.nvml import open_devices
