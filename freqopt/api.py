@@ -120,7 +120,7 @@ def search(
         model_or_trace: a model name (freqopt.models.list_models), a Workload, or a Trace already traced.
         max_slowdown: allowed slowdown of the iteration: a fraction (0.01) or a string ("1%", "0.01").
         gpu: GPU type name or GPUSpec; default h100-sxm on the simulated GPU, the real GPU's type on nvml.
-        granularity: "all", one of power-cap, iteration, pass, kernel, or a sequence of them.
+        granularity: "all", one of power-cap, iteration, pass, kernel, phase, or a sequence of them.
         backend: "sim" (the simulated GPU), "nvml" (the first visible real GPU; needs root to set clocks) or a
             Backend object (then used as given and not closed here).
         storage: Optuna storage URL (freqopt.search.storage.open_storage); default sqlite:///OUT/freqopt.db with
@@ -182,11 +182,23 @@ def search(
             measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
 
 
+def _n_units(trace, granularity: str, backend, config) -> int:
+    """Tuning units of one granularity: the phase level's blocks come from the backend's kernel times."""
+    from freqopt.backends.base import DEFAULT_SETTING
+    from freqopt.search import partition
+    from freqopt.search.schedule import phase_blocks
+
+    if granularity != "phase":
+        return len(partition(trace, granularity))
+    return len(phase_blocks(trace, backend.kernel_times_s(trace.kernels, DEFAULT_SETTING), backend.spec.clock_switch_s,
+                            max_blocks=config.max_phase_blocks))  # fmt: skip
+
+
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
             on_start):  # fmt: skip
     import optuna
 
-    from freqopt.search import SearchConfig, partition, run_search
+    from freqopt.search import SearchConfig, run_search
     from freqopt.search.storage import open_storage, study_prefix
     from freqopt.trace import trace_training_iteration
 
@@ -202,7 +214,7 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
         trace = trace_training_iteration(workload)
     if on_start is not None:
         on_start(SearchStart(trace, measuring.spec, measuring.name, study_prefix(trace, measuring.spec, seed), storage,
-                             sum(len(partition(trace, g)) for g in granularities)))  # fmt: skip
+                             sum(_n_units(trace, g, measuring, config) for g in granularities)))  # fmt: skip
     result = run_search(trace, measuring, config, on_unit=on_unit)  # its backend_name is measuring.name
     if out is not None:
         result = replace(result, table_paths=result.write_tables(out))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import ClockTableError, InvalidSettingError
 from freqopt.fingerprint import check_trace_module, unwrap_module
 from freqopt.kernels import Trace
 from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, phase_spans
@@ -70,19 +70,52 @@ def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> Pha
     (the simulated physics on a simulated GPU, kernels timed on the device on a real one) and switching only
     where a run of phases outlasts the GPU type's clock-switch latency.
 
+    A phase-level table (freqopt.search.schedule) is applied as it stands: each entry's setting is requested at
+    its ``request_phase``.
+
     Raises:
         InvalidSettingError: ``backend`` is not a Backend (a GPU type, say, which realization cannot time kernels on).
+        ClockTableError: a phase-level table whose request phases this trace does not have.
     """
     if not isinstance(backend, Backend):
         raise InvalidSettingError(f"backend must be a Backend such as freqopt.get_backend('sim', gpu), not "
                                   f"{type(backend).__name__}")  # fmt: skip
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
+    if table is not None and table.granularity == "phase":
+        return PhasePlan(tuple(label for label, _, _ in spans), tuple((a, b) for _, a, b in spans),
+                         _requested_per_phase(table, [label for label, _, _ in spans]))  # fmt: skip
     if table is None:
         per_kernel = [DEFAULT_SETTING] * len(trace)
     else:
         per_kernel = list(Realizer(trace, backend)(transfer_table(table, trace).per_kernel()))
     return PhasePlan(tuple(label for label, _, _ in spans), tuple((a, b) for _, a, b in spans),
                      tuple(per_kernel[a] for _, a, _ in spans))  # fmt: skip
+
+
+def _requested_per_phase(table: ClockTable, labels: list[str]) -> tuple[ClockSetting, ...]:
+    """A phase-level table's settings per phase, as it stands (it is realizable already): each entry's setting from
+    its request phase up to the next entry's, cyclically over the iteration.
+
+    Raises:
+        ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
+    """
+    index = {label: i for i, label in enumerate(labels)}
+    requests = []
+    for entry in table.entries:
+        if entry["request_phase"] not in index:
+            raise ClockTableError(f"the phase-level table requests a setting at phase {entry['request_phase']!r}, "
+                                  "which this model does not have; search this model with granularity 'phase'")  # fmt: skip
+        requests.append((index[entry["request_phase"]], _entry_setting(entry)))
+    requests.sort(key=lambda r: r[0])
+    per_phase = []
+    for i in range(len(labels)):
+        before = [s for p, s in requests if p <= i]
+        per_phase.append(before[-1] if before else requests[-1][1])
+    return tuple(per_phase)
+
+
+def _entry_setting(entry: dict) -> ClockSetting:
+    return ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
 
 
 @dataclass

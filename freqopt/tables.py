@@ -1,7 +1,8 @@
 """Clock tables: the portable result of a search, as versioned JSON (and a CSV view for people).
 
 A table holds the GPU type and its clock lists, the workload it was searched on, the granularity and slowdown
-budget, one entry per tuning unit (its kernel-class signature, kind and arithmetic intensity, and the setting),
+budget, one entry per tuning unit (its kernel-class signature, kind and arithmetic intensity, and the setting; at
+phase level, the block of phases and the phase at whose start the runtime requests the setting),
 predicted and validated time and energy against the default, and provenance (storage, studies, cost).
 Files are written atomically (a temporary file renamed over the target), so a reader never sees half a table.
 """
@@ -53,7 +54,7 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
             },
         },
         "workload": {"type": "object", "required": ["model"]},
-        "granularity": {"enum": ["power-cap", "iteration", "pass", "kernel"]},
+        "granularity": {"enum": ["power-cap", "iteration", "pass", "kernel", "phase"]},
         "max_slowdown": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
         "entries": {
             "type": "array",
@@ -70,6 +71,7 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
                     "sm_clock_mhz": {"type": ["integer", "null"]},
                     "mem_clock_mhz": {"type": ["integer", "null"]},
                     "power_limit_w": {"type": ["number", "null"]},
+                    "request_phase": {"type": "string"},
                 },
             },
         },
@@ -78,6 +80,9 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
         "validated": _time_energy,
         "provenance": {"type": "object"},
     },
+    # A phase-level table says at which phase the runtime asks for each entry's setting.
+    "if": {"properties": {"granularity": {"const": "phase"}}},
+    "then": {"properties": {"entries": {"items": {"required": ["request_phase"]}}}},
 }  # fmt: skip
 
 
@@ -124,7 +129,7 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     trace = result.trace
     w = trace.workload
     entries = []
-    for unit, setting in r.units:
+    for i, (unit, setting) in enumerate(r.units):
         kernels = unit.kernels(trace)
         first = kernels[0]
         per_class = granularity == "kernel"
@@ -139,6 +144,7 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
             "sm_clock_mhz": setting.sm_clock_mhz,
             "mem_clock_mhz": setting.mem_clock_mhz,
             "power_limit_w": setting.power_limit_w,
+            **({"request_phase": r.requests[i]} if r.requests else {}),
         })  # fmt: skip
     base = result.baseline
 
@@ -259,6 +265,8 @@ def write_table_csv(table: ClockTable, path: str | Path) -> Path:
     """Write the CSV view (one row per tuning unit), atomically. Returns the path."""
     buf = io.StringIO()
     columns = ["unit", "kind", "n_kernels", "arithmetic_intensity", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w"]
+    if table.granularity == "phase":
+        columns.append("request_phase")
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     for entry in table.entries:

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.errors import ClockTableError
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import SearchResult
 from freqopt.search.runner import run_search
@@ -87,8 +88,14 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
 
     Returns:
         TransferredSchedule with one Match per tuning unit of the target at the table's granularity.
+
+    Raises:
+        ClockTableError: a phase-level table (a schedule of its own layout's phases; not transferred yet).
     """
     granularity = table.granularity
+    if granularity == "phase":
+        raise ClockTableError("a phase-level table is a schedule of one layout's phases and is not transferred yet; "
+                              "transfer the kernel-level table, or search the target with granularity 'phase'")
     entries = table.entries
     units = partition(trace, granularity)
     matches = []
@@ -210,7 +217,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
 
     Raises:
         UnknownNameError: unknown model, GPU type or backend.
-        ClockTableError: the table cannot be read, or was searched on another GPU type than ``gpu``.
+        ClockTableError: the table cannot be read, was searched on another GPU type than ``gpu``, or is a
+            phase-level table.
         InvalidSettingError: a bad slowdown, override, layout or n_trials.
         OutputError: ``out`` is a file or cannot be written.
         StorageError: ``storage`` cannot be opened.

@@ -12,7 +12,7 @@ from freqopt.cli import check_json_path, cli, model_options, stdout_console, wri
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
-@click.option("--granularity", default="all", show_default=True, help="all, power-cap, iteration, pass or kernel.")
+@click.option("--granularity", default="all", show_default=True, help="all, power-cap, iteration, pass, kernel or phase.")
 @click.option("--backend", default="sim", show_default=True,
               help="Measurement backend: sim (simulated GPU) or nvml (the first visible GPU; needs root).")
 @click.option("--storage", default=None, help="Optuna storage URL; default sqlite:///OUT/freqopt.db.")

@@ -34,6 +34,9 @@ class SearchConfig:
             arithmetic intensity) and short warm-started ones for the rest (run_unit_studies).
         n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
             process per real GPU: start ``freqopt worker`` on each).
+        max_phase_blocks: phase level: at most about this many blocks of phases (freqopt.search.schedule).
+        phase_finalist_repeats: phase level: extra measurements of each finalist. Its measurements are whole
+            iterations, whose noise is large against one block's share, so it repeats more than the other levels.
     """
 
     max_slowdown: float
@@ -49,6 +52,8 @@ class SearchConfig:
     switching: bool = True
     n_jobs: int = 1
     share_classes: bool = True
+    max_phase_blocks: int = 8
+    phase_finalist_repeats: int = 4
 
     def __post_init__(self):
         if self.n_jobs < 1:

@@ -29,6 +29,8 @@ class GranularityResult:
         n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
         unit_searches: each unit's study outcome.
         study_names: the Optuna studies behind the result.
+        requests: phase level only: per unit, the label of the phase at whose start the runtime requests its
+            setting (freqopt.search.schedule); () at the other granularities.
     """
 
     granularity: str
@@ -40,6 +42,7 @@ class GranularityResult:
     search_cost_gpu_s: float
     unit_searches: tuple[UnitSearch, ...] = field(repr=False, default=())
     ideal: Measurement | None = None
+    requests: tuple[str, ...] = ()
 
     @property
     def n_settings(self) -> int:

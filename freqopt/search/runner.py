@@ -18,9 +18,11 @@ from collections.abc import Callable
 
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
 from freqopt.kernels import Trace
+from freqopt.phases import phase_spans
 from freqopt.search.allocation import Allocation, _as_applied, _prediction, allocate_validated
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
+from freqopt.search.schedule import search_phase_schedule
 from freqopt.search.storage import _storage_here, open_storage, study_prefix, validation_log
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, kernel_families, partition
@@ -93,6 +95,14 @@ def _shared_settings(search: UnitSearch, slack: float, n: int = 5) -> list[Clock
     return [o.setting for o in useful]
 
 
+def _n_trials(config: SearchConfig, backend: Backend, space: str) -> int:
+    """Trials per unit: config.n_trials_1d, and more where the memory clock is a second dimension."""
+    n_mem = len(backend.spec.mem_clocks_mhz) if space == "clocks" else 1
+    if n_mem > 1:
+        return config.n_trials_2d or config.n_trials_1d + config.n_trials_per_mem_clock * (n_mem - 1)
+    return config.n_trials_1d
+
+
 def run_unit_studies(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
     warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
@@ -116,13 +126,9 @@ def run_unit_studies(
     """
     units = partition(trace, granularity)
     space = "power" if granularity == "power-cap" else "clocks"
-    n_mem = len(backend.spec.mem_clocks_mhz) if space == "clocks" else 1
-    n_trials = config.n_trials_1d
-    if n_mem > 1:
-        n_trials = config.n_trials_2d or config.n_trials_1d + config.n_trials_per_mem_clock * (n_mem - 1)
     work = UnitWork(
         prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
-        n_trials=n_trials, finalist_repeats=config.finalist_repeats,
+        n_trials=_n_trials(config, backend, space), finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
     )  # fmt: skip
     inherited = [[] if w in (None, DEFAULT_SETTING) else [w] for w in (warm_start or [None] * len(units))]
@@ -199,6 +205,28 @@ def _search_granularity(
     )
 
 
+def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validator: Validator, baseline: Measurement,
+                  on_unit, iteration: GranularityResult | None, storage) -> GranularityResult:  # fmt: skip
+    """The realizable phase schedule (freqopt.search.schedule), its in-situ studies changing one block at a time
+    from the iteration level's validated clock (the defaults when that saved nothing or was not searched)."""
+    reference = DEFAULT_SETTING
+    if iteration is not None and iteration.validated.energy_j < baseline.energy_j:
+        reference = iteration.units[0][1]
+    r = search_phase_schedule(
+        trace, backend, measure=validator.requests, baseline=baseline, max_slowdown=config.max_slowdown,
+        reference=reference, study_prefix=study_prefix(trace, backend.spec, config.seed), storage=storage,
+        n_trials=_n_trials(config, backend, "clocks"), finalist_repeats=config.phase_finalist_repeats,
+        seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
+        switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
+    )  # fmt: skip
+    labels = [label for label, _, _ in phase_spans(trace.meta.get("marks", ()), len(trace))]
+    return GranularityResult(
+        granularity="phase", units=tuple((b.unit, s) for b, s in zip(r.blocks, r.settings)), predicted=r.predicted,
+        predicted_baseline=baseline, validated=r.validated, n_measurements=r.n_measurements,
+        search_cost_gpu_s=r.cost_gpu_s, unit_searches=r.searches, requests=tuple(labels[b.request] for b in r.blocks),
+    )  # fmt: skip
+
+
 def run_search(
     trace: Trace,
     backend: Backend,
@@ -237,6 +265,10 @@ def run_search(
     coarser = None
     for g in GRANULARITIES:
         if g not in config.granularities:
+            continue
+        if g == "phase":
+            results[g] = _search_phase(trace, backend, config, validator, baseline, on_unit, results.get("iteration"),
+                                       storage)  # fmt: skip
             continue
         results[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit,
                                          coarser if g != "power-cap" else None, storage,

@@ -38,12 +38,15 @@ SPACES = ("clocks", "power")
 
 @dataclass(frozen=True)
 class Option:
-    """A measured setting of a unit: mean time and energy per iteration over n_samples measurements."""
+    """A measured setting of a unit: mean time and energy per iteration over n_samples measurements, and their
+    sample standard deviations (ddof 1; 0 for a single sample)."""
 
     setting: ClockSetting
     time_s: float
     energy_j: float
     n_samples: int
+    time_sd_s: float = 0.0
+    energy_sd_j: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -130,8 +133,10 @@ class _Objective:
         return self.samples[setting][0] if self.samples[setting] else self.measure(setting)
 
     def option(self, setting: ClockSetting) -> Option:
-        t, e = np.mean(self.samples[setting], axis=0)
-        return Option(setting, float(t), float(e), len(self.samples[setting]))
+        samples = np.asarray(self.samples[setting])  # (n, 2): time_s, energy_j
+        t, e = samples.mean(axis=0)
+        sd_t, sd_e = samples.std(axis=0, ddof=1) if len(samples) > 1 else (0.0, 0.0)
+        return Option(setting, float(t), float(e), len(samples), float(sd_t), float(sd_e))
 
 
 MEM_CLOCK_INDEX = "mem_clock_index"  # the trial parameter: index into GPUSpec.mem_clocks_mhz (ascending)

@@ -10,8 +10,9 @@ from freqopt.kernels import Kernel, Trace
 
 __all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity", "kernel_families"]
 
-# Coarse to fine. power-cap tunes the whole-GPU power limit; the others lock (SM, memory) clock pairs.
-GRANULARITIES = ("power-cap", "iteration", "pass", "kernel")
+# Coarse to fine. power-cap tunes the whole-GPU power limit; the others lock (SM, memory) clock pairs. phase is
+# the realizable phase schedule (freqopt.search.schedule): runs of phases a runtime can switch between.
+GRANULARITIES = ("power-cap", "iteration", "pass", "kernel", "phase")
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,19 @@ def partition(trace: Trace, granularity: str) -> list[TuningUnit]:
     """Split the trace's kernels into tuning units.
 
     iteration and power-cap: one unit; pass: forward, backward, optimizer; kernel: one unit per kernel class
-    (equal pass and signature, Kernel.class_key), in first-seen order.
+    (equal pass and signature, Kernel.class_key), in first-seen order. The phase level's units depend on the
+    GPU's kernel times: freqopt.search.schedule.phase_blocks makes them.
 
     Raises:
         UnknownNameError: unknown granularity.
+        InvalidSettingError: "phase", which has no partition without kernel times.
     """
     check_granularity(granularity)
+    if granularity == "phase":
+        from freqopt.errors import InvalidSettingError
+
+        raise InvalidSettingError("phase-level units come from the GPU's kernel times: use "
+                                  "freqopt.search.schedule.phase_blocks(trace, kernel_time_s, switch_s)")  # fmt: skip
     if granularity in ("iteration", "power-cap"):
         return [TuningUnit("iteration", tuple(range(len(trace))))]
     key = (lambda k: k.pass_name) if granularity == "pass" else (lambda k: k.class_key)

@@ -46,7 +46,13 @@ class Validator:
         self.cost_gpu_s = 0.0
 
     def __call__(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
-        schedule = self.realize(tuple(schedule))
+        return self.requests(self.realize(tuple(schedule)), key)
+
+    def requests(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
+        """The whole iteration measured with ``schedule`` as the settings a runtime requests, unrealized (a
+        schedule that is already realizable, such as freqopt.search.schedule's), switch latency included when
+        ``switching``; shape (K,) in, per-iteration time_s and energy_j out."""
+        schedule = tuple(schedule)
         if schedule not in self.cache:
             tag = digest((schedule, self.switching))
             ms = [self.log.measure(tag, r, lambda i: self.backend.measure_schedule(

@@ -1,0 +1,347 @@
+"""The phase-schedule granularity: the schedules a phase-switching runtime can apply, searched as such.
+
+The finer granularities choose a setting per kernel class or pass; a runtime then realizes them per phase
+(freqopt.search.realize), and on an H100, where a clock change lands about 6 ms after it is asked for, most of
+what they chose is lost. This granularity searches realizable schedules directly:
+
+* **Blocks.** The iteration's phases (freqopt.phases: module hooks and the optimizer step) are grouped into blocks
+  of consecutive phases, each at least as long as the GPU's clock-switch latency (``GPUSpec.clock_switch_s``) and
+  at least 1/``max_blocks`` of the iteration, cut within each pass so that forward, backward and optimizer start
+  blocks of their own where they are long enough (phase_blocks). Kernel times are ``Backend.kernel_times_s`` at
+  the default setting.
+* **Look-ahead requests.** A runtime can ask for a block's setting only at a phase boundary, and the change lands
+  one switch latency later; so each block's setting is requested at the last boundary at least one latency before
+  the block starts (in the previous iteration for the first blocks), and lands about where the block begins. Blocks
+  being at least one latency long, requests are at least about one latency apart and never queue behind each other
+  in the runtime's controller thread.
+* **In-situ studies.** Each block's (SM clock, memory clock) is searched by Bayesian optimization
+  (freqopt.search.study.search_unit, Optuna's GPSampler) where every measurement is the *whole iteration* with only
+  that block's setting changed from a reference schedule (the iteration level's validated clock, or the defaults),
+  switch latency included. The power limit's sharing between neighbouring kernels, and the block's entry and exit
+  switches, are in every measurement, which a kernel class measured alone cannot show.
+* **Allocation.** A block's options are its measured changes (time, energy) from the reference; the MILP of
+  freqopt.search.allocate picks one per block within the budget, and the budget is calibrated by validating the
+  schedule (the whole iteration measured as the runtime applies it) until the validated slowdown meets the limit.
+  Adjacent blocks that pick the same setting make no switch: a request is issued only where the setting changes,
+  so the switches the schedule makes are exactly those the validation measures.
+
+The resulting clock table (granularity "phase") lists, per block, its setting and the phase at whose start the
+runtime requests it; DVFSRuntime applies it as it stands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.errors import InvalidSettingError
+from freqopt.kernels import Trace
+from freqopt.phases import phase_spans
+from freqopt.search.allocate import allocate
+from freqopt.search.study import UnitSearch, search_unit, _tag
+from freqopt.search.units import TuningUnit
+
+__all__ = ["PhaseBlock", "phase_blocks", "request_schedule", "PhaseScheduleResult", "search_phase_schedule"]
+
+
+@dataclass(frozen=True)
+class PhaseBlock:
+    """A run of consecutive phases that shares one setting.
+
+    Attributes:
+        name: "FIRST..LAST", the labels of its first and last phase (e.g. "fwd:h.0.ln_1..bwd:h.5.mlp").
+        phases: indices of its phases in phase_spans(trace marks), ascending.
+        kernel_indices: its phases' kernels, ascending.
+        request: index of the phase at whose start the runtime asks for the block's setting (look-ahead by one
+            switch latency; it may lie in an earlier block, or at the end of the previous iteration).
+        duration_s: its kernels' time in ``kernel_time_s`` (the default setting, in a search), s.
+    """
+
+    name: str
+    phases: tuple[int, ...]
+    kernel_indices: tuple[int, ...]
+    request: int
+    duration_s: float
+
+    @property
+    def unit(self) -> TuningUnit:
+        return TuningUnit(self.name, self.kernel_indices)
+
+
+def phase_blocks(trace: Trace, kernel_time_s: np.ndarray, switch_s: float, *, max_blocks: int = 8) -> list[PhaseBlock]:
+    """Group the trace's phases into blocks and place each block's look-ahead request (module docstring).
+
+    Args:
+        trace: the iteration; its phase marks are Trace.meta["marks"].
+        kernel_time_s: every kernel's time, shape (K,), s (Backend.kernel_times_s at the default setting).
+        switch_s: the GPU type's clock-switch latency, s (GPUSpec.clock_switch_s).
+        max_blocks: at most about this many blocks (each at least 1/max_blocks of the iteration).
+
+    Returns:
+        The blocks in iteration order, covering every phase once; one block when the iteration is shorter than
+        two switch latencies.
+    """
+    spans = phase_spans(trace.meta.get("marks", ()), len(trace))
+    duration = np.array([float(np.sum(kernel_time_s[a:b])) for _, a, b in spans])  # (P,)
+    start = np.cumsum(duration) - duration  # (P,)
+    total = float(duration.sum())
+    length = max(switch_s, total / max(1, max_blocks))
+    # Cut each pass (forward, backward, optimizer) into about equal runs of at least `length`.
+    groups: list[list[int]] = []
+    for p, (_, a, _) in enumerate(spans):
+        if groups and trace.kernels[spans[groups[-1][-1]][1]].pass_name == trace.kernels[a].pass_name:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    blocks: list[list[int]] = []
+    for group in groups:
+        n = max(1, int(duration[group].sum() // length))
+        target = duration[group].sum() / n
+        cut, acc, cuts = [], 0.0, 0
+        for p in group:
+            cut.append(p)
+            acc += duration[p]
+            if acc >= target * (cuts + 1) - 1e-12 and p != group[-1]:
+                blocks.append(cut)
+                cut, cuts = [], cuts + 1
+        if cut:
+            blocks.append(cut)
+    # A block shorter than one switch latency joins its predecessor (the first joins its successor).
+    i = 0
+    while len(blocks) > 1 and i < len(blocks):
+        if duration[blocks[i]].sum() < switch_s:
+            if i > 0:
+                blocks[i - 1] += blocks.pop(i)
+            else:
+                first = blocks.pop(0)
+                blocks[0] = first + blocks[0]
+        else:
+            i += 1
+    # Look-ahead: the last phase starting at least one latency before the block, unrolled over iterations
+    # (negative: in the previous one); then strictly increasing and never after the block's own first phase.
+    n_phases = len(spans)
+    unrolled = []
+    for b in blocks:
+        when = start[b[0]] - switch_s if len(blocks) > 1 else start[b[0]]
+        wrap = 0
+        while when < 0:
+            when += total
+            wrap -= n_phases
+        unrolled.append(int(np.searchsorted(start, when, side="right")) - 1 + wrap)
+    for j in range(1, len(unrolled)):
+        unrolled[j] = min(max(unrolled[j], unrolled[j - 1] + 1), blocks[j][0])
+    out = []
+    for b, u in zip(blocks, unrolled):
+        kernels = tuple(k for p in b for k in range(spans[p][1], spans[p][2]))
+        out.append(PhaseBlock(name=f"{spans[b[0]][0]}..{spans[b[-1]][0]}", phases=tuple(b), kernel_indices=kernels,
+                              request=u % n_phases, duration_s=float(duration[b].sum())))  # fmt: skip
+    return out
+
+
+def request_schedule(trace: Trace, blocks: Sequence[PhaseBlock], settings: Sequence[ClockSetting]) -> tuple:
+    """The per-kernel schedule a runtime requests: from each block's request phase up to the next block's, the
+    block's setting (cyclically over the iteration). Measured with switching (Backend.measure_schedule), each change
+    lands one switch latency late, about where its block begins.
+
+    Returns:
+        One ClockSetting per kernel, shape (K,), constant within each phase.
+    """
+    spans = phase_spans(trace.meta.get("marks", ()), len(trace))
+    if len(blocks) == 1:
+        return tuple([settings[0]] * len(trace))
+    n = len(spans)
+    per_phase: list[ClockSetting | None] = [None] * n
+    order = sorted(range(len(blocks)), key=lambda j: blocks[j].request)
+    for i, j in enumerate(order):
+        p, end = blocks[j].request, blocks[order[(i + 1) % len(order)]].request
+        while True:
+            per_phase[p] = settings[j]
+            p = (p + 1) % n
+            if p == end:
+                break
+    out: list[ClockSetting] = [DEFAULT_SETTING] * len(trace)
+    for (_, a, b), setting in zip(spans, per_phase):
+        out[a:b] = [setting] * (b - a)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PhaseScheduleResult:
+    """What the phase-schedule search found.
+
+    Attributes:
+        blocks: the blocks, in iteration order.
+        settings: the chosen setting of each block.
+        reference: the schedule the in-situ studies changed one block of (one setting for every block).
+        validated: the whole iteration measured with the chosen schedule as requested.
+        predicted: the reference's measurement plus the chosen options' measured changes.
+        searches: each block's study outcome (options are whole-iteration measurements).
+        n_switches: clock changes per iteration the schedule requests.
+        n_measurements, cost_gpu_s: what the studies and the validation measured.
+    """
+
+    blocks: tuple[PhaseBlock, ...]
+    settings: tuple[ClockSetting, ...]
+    reference: ClockSetting
+    validated: Measurement
+    predicted: Measurement
+    searches: tuple[UnitSearch, ...]
+    n_switches: int
+    n_measurements: int
+    cost_gpu_s: float
+
+
+class _InSitu:
+    """The measuring side of one block's study: ``measure(kernels, setting)`` measures the whole iteration with
+    the block at ``setting`` and the other blocks at the reference, switch latency included. Offers the part of
+    the Backend interface search_unit uses (``spec``, ``measure``)."""
+
+    def __init__(self, backend: Backend, trace: Trace, blocks: Sequence[PhaseBlock], index: int,
+                 reference: ClockSetting, switching: bool = True):  # fmt: skip
+        self.backend, self.trace, self.blocks, self.index, self.reference = backend, trace, blocks, index, reference
+        self.switching = switching
+        self.spec = backend.spec
+
+    def measure(self, kernels, setting: ClockSetting, *, key: str = "", sample: int | None = None) -> Measurement:
+        settings = [self.reference] * len(self.blocks)
+        settings[self.index] = setting
+        schedule = request_schedule(self.trace, self.blocks, settings)
+        return self.backend.measure_schedule(self.trace.kernels, schedule, key=key, switching=self.switching,
+                                             sample=sample)
+
+
+def _n_switches(settings: Sequence[ClockSetting]) -> int:
+    return 0 if len(set(settings)) <= 1 else sum(1 for i in range(len(settings)) if settings[i] != settings[i - 1])
+
+
+def search_phase_schedule(
+    trace: Trace, backend: Backend, *, measure: Callable[[tuple, str], Measurement], baseline: Measurement,
+    max_slowdown: float, reference: ClockSetting = DEFAULT_SETTING, study_prefix: str, storage=None,
+    n_trials: int = 18, finalist_repeats: int = 4, seed: int = 0, max_blocks: int = 8, rounds: int = 8,
+    switching: bool = True, on_block: Callable[[int, int], None] | None = None,
+) -> PhaseScheduleResult:  # fmt: skip
+    """Search a realizable phase schedule (module docstring).
+
+    Args:
+        trace, backend: the iteration and the GPU to measure on.
+        measure: measures a per-kernel request schedule (shape (K,)) as the runtime applies it, switching
+            included, under a key: the search's validator (freqopt.search.validate.Validator.requests).
+        baseline: the whole iteration at default settings, as ``measure`` measured it.
+        max_slowdown: the budget, a fraction of the baseline's time.
+        reference: the setting of every other block while one block is studied (the iteration level's choice).
+        study_prefix: the search's study-name prefix; each block's study is named from it, the block and the
+            reference, so a resumed search reads its studies back.
+        storage: Optuna storage (None: in memory).
+        n_trials, finalist_repeats, seed: as search_unit's.
+        max_blocks: see phase_blocks.
+        rounds: allocations validated at most.
+        switching: measure with each change of setting landing one switch latency late (as ``measure`` does);
+            False only for a free-switching comparison.
+        on_block: called as on_block(blocks_done, n_blocks) after each block's study (progress).
+
+    Returns:
+        PhaseScheduleResult; its schedule is never worse than the reference or the defaults, whichever validated
+        better within the budget.
+
+    Raises:
+        InvalidSettingError: max_slowdown outside [0, 1).
+    """
+    if not 0.0 <= max_slowdown < 1.0:
+        raise InvalidSettingError(f"max_slowdown must be in [0, 1), not {max_slowdown!r}")
+    blocks = tuple(phase_blocks(trace, backend.kernel_times_s(trace.kernels, DEFAULT_SETTING),
+                                backend.spec.clock_switch_s, max_blocks=max_blocks))  # fmt: skip
+    ref_tag = _tag(reference)
+    searches = []
+    for i, block in enumerate(blocks):
+        digest = hashlib.sha1(f"{block.name}|{block.request}|{ref_tag}".encode()).hexdigest()[:10]
+        warm = [] if reference == DEFAULT_SETTING else [reference]
+        searches.append(search_unit(
+            _InSitu(backend, trace, blocks, i, reference, switching), (), name=f"phase {block.name} ref {ref_tag}",
+            study_name=f"{study_prefix}-phase-{digest}", storage=storage, n_trials=n_trials,
+            finalist_repeats=finalist_repeats, finalist_slowdown=1.5 * max_slowdown + 0.005, seed=seed,
+            warm_start=warm,
+        ))  # fmt: skip
+        if on_block:
+            on_block(i + 1, len(blocks))
+
+    # Each block's options as changes from its own measurement of the reference schedule: the means for the
+    # prediction, and for the choice a pessimistic bound (one standard error worse in time and in energy) over
+    # the options measured more than once, so that a lucky reading does not win the allocation.
+    means, bounds, offered = [], [], []
+    for s in searches:
+        ref = next(o for o in s.options if o.setting == reference)
+        sd_t, sd_e = _pooled_sd(s.options)
+        offered.append([j for j, o in enumerate(s.options) if o.n_samples > 1 or o.setting in (reference, DEFAULT_SETTING)])
+        means.append([(o.time_s - ref.time_s, o.energy_j - ref.energy_j) for o in s.options])
+        bounds.append([(o.time_s - ref.time_s + sd_t * np.sqrt(1 / o.n_samples + 1 / ref.n_samples) * (o is not ref),
+                        o.energy_j - ref.energy_j + sd_e * np.sqrt(1 / o.n_samples + 1 / ref.n_samples) * (o is not ref))
+                       for o in s.options])  # fmt: skip
+    deltas = [[bounds[b][j] for j in offered[b]] for b in range(len(searches))]
+    measured_before = _counted(measure)
+    uniform = measure(request_schedule(trace, blocks, [reference] * len(blocks)), "phase")
+    limit_s = (1.0 + max_slowdown) * baseline.time_s
+    best_settings, best = (tuple([DEFAULT_SETTING] * len(blocks)), baseline)
+    if uniform.time_s <= limit_s and uniform.energy_j < best.energy_j:
+        best_settings, best = tuple([reference] * len(blocks)), uniform
+    best_picks = [next(j for j, o in enumerate(s.options) if o.setting == best_settings[0]) for s in searches]
+
+    budget = limit_s - uniform.time_s  # the time the blocks' changes may add, s
+    meets, breaks = None, None
+    for _ in range(rounds):
+        try:
+            picks = allocate(deltas, budget)
+        except InvalidSettingError:
+            meets = budget
+            budget = budget + 0.001 * baseline.time_s if breaks is None else 0.5 * (budget + breaks)
+            continue
+        picks = [offered[b][j] for b, j in enumerate(picks)]
+        settings = tuple(s.options[j].setting for s, j in zip(searches, picks))
+        validated = measure(request_schedule(trace, blocks, settings), "phase")
+        if validated.time_s <= limit_s and validated.energy_j < best.energy_j:
+            best_settings, best, best_picks = settings, validated, picks
+        over = validated.time_s - limit_s
+        if -0.1 * max(max_slowdown, 0.001) * baseline.time_s <= over <= 0:
+            break  # uses the budget to within a tenth
+        if over <= 0:
+            meets = budget if meets is None else max(meets, budget)
+        else:
+            breaks = budget if breaks is None else min(breaks, budget)
+        step = budget - over
+        if meets is not None and breaks is not None:
+            if breaks - meets <= 1e-4 * baseline.time_s:
+                break
+            if not meets < step < breaks:
+                step = 0.5 * (meets + breaks)
+        budget = step
+    predicted = Measurement(uniform.time_s + sum(means[b][j][0] for b, j in enumerate(best_picks)),
+                            uniform.energy_j + sum(means[b][j][1] for b, j in enumerate(best_picks)))  # fmt: skip
+    if best_settings == tuple([DEFAULT_SETTING] * len(blocks)):
+        predicted = baseline
+    n_validations, validation_cost = (a - b for a, b in zip(_counted(measure), measured_before))
+    return PhaseScheduleResult(
+        blocks=blocks, settings=best_settings, reference=reference, validated=best, predicted=predicted,
+        searches=tuple(searches), n_switches=_n_switches(best_settings),
+        n_measurements=sum(s.n_measurements for s in searches) + n_validations,
+        cost_gpu_s=sum(s.cost_gpu_s for s in searches) + validation_cost,
+    )  # fmt: skip
+
+
+def _pooled_sd(options) -> tuple[float, float]:
+    """The within-setting standard deviation of a study's time and energy readings, pooled over its options
+    measured more than once (each weighted by its degrees of freedom); (0, 0) when none was."""
+    dof = sum(o.n_samples - 1 for o in options)
+    if dof == 0:
+        return 0.0, 0.0
+    var_t = sum((o.n_samples - 1) * o.time_sd_s**2 for o in options) / dof
+    var_e = sum((o.n_samples - 1) * o.energy_sd_j**2 for o in options) / dof
+    return float(np.sqrt(var_t)), float(np.sqrt(var_e))
+
+
+def _counted(measure) -> tuple[int, float]:
+    """(measurements, GPU-seconds) a Validator-bound ``measure`` has taken so far; (0, 0) for a plain function."""
+    owner = getattr(measure, "__self__", None)
+    return (owner.n_measurements, owner.cost_gpu_s) if owner is not None else (0, 0.0)
