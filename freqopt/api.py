@@ -184,14 +184,12 @@ def search(
 
 def _n_units(trace, granularity: str, backend, config) -> int:
     """Tuning units of one granularity: the phase level's blocks come from the backend's kernel times."""
-    from freqopt.backends.base import DEFAULT_SETTING
     from freqopt.search import partition
-    from freqopt.search.schedule import phase_blocks
+    from freqopt.search.schedule import search_blocks
 
     if granularity != "phase":
         return len(partition(trace, granularity))
-    return len(phase_blocks(trace, backend.kernel_times_s(trace.kernels, DEFAULT_SETTING), backend.spec.clock_switch_s,
-                            max_blocks=config.max_phase_blocks))  # fmt: skip
+    return len(search_blocks(trace, backend, max_blocks=config.max_phase_blocks))
 
 
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import queue
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -37,8 +38,9 @@ from freqopt.fingerprint import check_trace_module, unwrap_module
 from freqopt.kernels import Trace
 from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, phase_spans
 from freqopt.search.realize import Realizer
+from freqopt.search.schedule import settings_per_phase
 from freqopt.tables import ClockTable
-from freqopt.transfer import transfer_table
+from freqopt.transfer import _setting, transfer_table
 
 __all__ = ["PhasePlan", "DVFSRuntime", "plan_phases"]
 
@@ -81,20 +83,19 @@ def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> Pha
         raise InvalidSettingError(f"backend must be a Backend such as freqopt.get_backend('sim', gpu), not "
                                   f"{type(backend).__name__}")  # fmt: skip
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
+    labels = tuple(label for label, _, _ in spans)
     if table is not None and table.granularity == "phase":
-        return PhasePlan(tuple(label for label, _, _ in spans), tuple((a, b) for _, a, b in spans),
-                         _requested_per_phase(table, [label for label, _, _ in spans]))  # fmt: skip
+        return PhasePlan(labels, tuple((a, b) for _, a, b in spans), _requested_per_phase(table, labels))
     if table is None:
         per_kernel = [DEFAULT_SETTING] * len(trace)
     else:
         per_kernel = list(Realizer(trace, backend)(transfer_table(table, trace).per_kernel()))
-    return PhasePlan(tuple(label for label, _, _ in spans), tuple((a, b) for _, a, b in spans),
-                     tuple(per_kernel[a] for _, a, _ in spans))  # fmt: skip
+    return PhasePlan(labels, tuple((a, b) for _, a, b in spans), tuple(per_kernel[a] for _, a, _ in spans))
 
 
-def _requested_per_phase(table: ClockTable, labels: list[str]) -> tuple[ClockSetting, ...]:
+def _requested_per_phase(table: ClockTable, labels: Sequence[str]) -> tuple[ClockSetting, ...]:
     """A phase-level table's settings per phase, as it stands (it is realizable already): each entry's setting from
-    its request phase up to the next entry's, cyclically over the iteration.
+    its request phase up to the next entry's, cyclically over the iteration (settings_per_phase).
 
     Raises:
         ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
@@ -105,17 +106,8 @@ def _requested_per_phase(table: ClockTable, labels: list[str]) -> tuple[ClockSet
         if entry["request_phase"] not in index:
             raise ClockTableError(f"the phase-level table requests a setting at phase {entry['request_phase']!r}, "
                                   "which this model does not have; search this model with granularity 'phase'")  # fmt: skip
-        requests.append((index[entry["request_phase"]], _entry_setting(entry)))
-    requests.sort(key=lambda r: r[0])
-    per_phase = []
-    for i in range(len(labels)):
-        before = [s for p, s in requests if p <= i]
-        per_phase.append(before[-1] if before else requests[-1][1])
-    return tuple(per_phase)
-
-
-def _entry_setting(entry: dict) -> ClockSetting:
-    return ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
+        requests.append((index[entry["request_phase"]], _setting(entry)))
+    return settings_per_phase(len(labels), requests)
 
 
 @dataclass

@@ -212,6 +212,7 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
     reference = DEFAULT_SETTING
     if iteration is not None and iteration.validated.energy_j < baseline.energy_j:
         reference = iteration.units[0][1]
+    measured_before = (validator.n_measurements, validator.cost_gpu_s)
     r = search_phase_schedule(
         trace, backend, measure=validator.requests, baseline=baseline, max_slowdown=config.max_slowdown,
         reference=reference, study_prefix=study_prefix(trace, backend.spec, config.seed), storage=storage,
@@ -222,8 +223,10 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
     labels = [label for label, _, _ in phase_spans(trace.meta.get("marks", ()), len(trace))]
     return GranularityResult(
         granularity="phase", units=tuple((b.unit, s) for b, s in zip(r.blocks, r.settings)), predicted=r.predicted,
-        predicted_baseline=baseline, validated=r.validated, n_measurements=r.n_measurements,
-        search_cost_gpu_s=r.cost_gpu_s, unit_searches=r.searches, requests=tuple(labels[b.request] for b in r.blocks),
+        predicted_baseline=baseline, validated=r.validated,
+        n_measurements=sum(s.n_measurements for s in r.searches) + validator.n_measurements - measured_before[0],
+        search_cost_gpu_s=sum(s.cost_gpu_s for s in r.searches) + validator.cost_gpu_s - measured_before[1],
+        unit_searches=r.searches, requests=tuple(labels[b.request] for b in r.blocks),
     )  # fmt: skip
 
 

@@ -45,7 +45,8 @@ from freqopt.search.allocate import allocate
 from freqopt.search.study import UnitSearch, search_unit, _tag
 from freqopt.search.units import TuningUnit
 
-__all__ = ["PhaseBlock", "phase_blocks", "request_schedule", "PhaseScheduleResult", "search_phase_schedule"]
+__all__ = ["PhaseBlock", "phase_blocks", "search_blocks", "request_schedule", "settings_per_phase",
+           "PhaseScheduleResult", "search_phase_schedule"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,13 @@ def phase_blocks(trace: Trace, kernel_time_s: np.ndarray, switch_s: float, *, ma
     return out
 
 
+def search_blocks(trace: Trace, backend: Backend, *, max_blocks: int = 8) -> list[PhaseBlock]:
+    """The blocks a phase-level search on ``backend`` studies: phase_blocks with the kernels' times at the default
+    setting (Backend.kernel_times_s) and the GPU type's clock-switch latency."""
+    return phase_blocks(trace, backend.kernel_times_s(trace.kernels, DEFAULT_SETTING), backend.spec.clock_switch_s,
+                        max_blocks=max_blocks)  # fmt: skip
+
+
 def request_schedule(trace: Trace, blocks: Sequence[PhaseBlock], settings: Sequence[ClockSetting]) -> tuple:
     """The per-kernel schedule a runtime requests: from each block's request phase up to the next block's, the
     block's setting (cyclically over the iteration). Measured with switching (Backend.measure_schedule), each change
@@ -151,21 +159,29 @@ def request_schedule(trace: Trace, blocks: Sequence[PhaseBlock], settings: Seque
         One ClockSetting per kernel, shape (K,), constant within each phase.
     """
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
-    if len(blocks) == 1:
-        return tuple([settings[0]] * len(trace))
-    n = len(spans)
-    per_phase: list[ClockSetting | None] = [None] * n
-    order = sorted(range(len(blocks)), key=lambda j: blocks[j].request)
-    for i, j in enumerate(order):
-        p, end = blocks[j].request, blocks[order[(i + 1) % len(order)]].request
-        while True:
-            per_phase[p] = settings[j]
-            p = (p + 1) % n
-            if p == end:
-                break
+    per_phase = settings_per_phase(len(spans), [(b.request, s) for b, s in zip(blocks, settings)])
     out: list[ClockSetting] = [DEFAULT_SETTING] * len(trace)
     for (_, a, b), setting in zip(spans, per_phase):
         out[a:b] = [setting] * (b - a)
+    return tuple(out)
+
+
+def settings_per_phase(n_phases: int, requests: Sequence[tuple[int, ClockSetting]]) -> tuple[ClockSetting, ...]:
+    """The setting in force in each phase when each (phase index, setting) of ``requests`` is asked for at that
+    phase's start: the latest request at or before the phase, cyclically (the phases before the first request run
+    with the last one's setting, left by the previous iteration).
+
+    Returns:
+        One ClockSetting per phase, shape (n_phases,).
+    """
+    ordered = sorted(requests, key=lambda r: r[0])
+    current = ordered[-1][1]
+    out, i = [], 0
+    for phase in range(n_phases):
+        while i < len(ordered) and ordered[i][0] <= phase:
+            current = ordered[i][1]
+            i += 1
+        out.append(current)
     return tuple(out)
 
 
@@ -181,7 +197,9 @@ class PhaseScheduleResult:
         predicted: the reference's measurement plus the chosen options' measured changes.
         searches: each block's study outcome (options are whole-iteration measurements).
         n_switches: clock changes per iteration the schedule requests.
-        n_measurements, cost_gpu_s: what the studies and the validation measured.
+
+    The studies' measurements and GPU-seconds are in ``searches``; the validations are counted by whoever owns
+    ``measure`` (the runner's Validator).
     """
 
     blocks: tuple[PhaseBlock, ...]
@@ -191,8 +209,6 @@ class PhaseScheduleResult:
     predicted: Measurement
     searches: tuple[UnitSearch, ...]
     n_switches: int
-    n_measurements: int
-    cost_gpu_s: float
 
 
 class _InSitu:
@@ -252,8 +268,7 @@ def search_phase_schedule(
     """
     if not 0.0 <= max_slowdown < 1.0:
         raise InvalidSettingError(f"max_slowdown must be in [0, 1), not {max_slowdown!r}")
-    blocks = tuple(phase_blocks(trace, backend.kernel_times_s(trace.kernels, DEFAULT_SETTING),
-                                backend.spec.clock_switch_s, max_blocks=max_blocks))  # fmt: skip
+    blocks = tuple(search_blocks(trace, backend, max_blocks=max_blocks))
     ref_tag = _tag(reference)
     searches = []
     for i, block in enumerate(blocks):
@@ -281,7 +296,6 @@ def search_phase_schedule(
                         o.energy_j - ref.energy_j + sd_e * np.sqrt(1 / o.n_samples + 1 / ref.n_samples) * (o is not ref))
                        for o in s.options])  # fmt: skip
     deltas = [[bounds[b][j] for j in offered[b]] for b in range(len(searches))]
-    measured_before = _counted(measure)
     uniform = measure(request_schedule(trace, blocks, [reference] * len(blocks)), "phase")
     limit_s = (1.0 + max_slowdown) * baseline.time_s
     best_settings, best = (tuple([DEFAULT_SETTING] * len(blocks)), baseline)
@@ -321,12 +335,9 @@ def search_phase_schedule(
                             uniform.energy_j + sum(means[b][j][1] for b, j in enumerate(best_picks)))  # fmt: skip
     if best_settings == tuple([DEFAULT_SETTING] * len(blocks)):
         predicted = baseline
-    n_validations, validation_cost = (a - b for a, b in zip(_counted(measure), measured_before))
     return PhaseScheduleResult(
         blocks=blocks, settings=best_settings, reference=reference, validated=best, predicted=predicted,
         searches=tuple(searches), n_switches=_n_switches(best_settings),
-        n_measurements=sum(s.n_measurements for s in searches) + n_validations,
-        cost_gpu_s=sum(s.cost_gpu_s for s in searches) + validation_cost,
     )  # fmt: skip
 
 
@@ -340,8 +351,3 @@ def _pooled_sd(options) -> tuple[float, float]:
     var_e = sum((o.n_samples - 1) * o.energy_sd_j**2 for o in options) / dof
     return float(np.sqrt(var_t)), float(np.sqrt(var_e))
 
-
-def _counted(measure) -> tuple[int, float]:
-    """(measurements, GPU-seconds) a Validator-bound ``measure`` has taken so far; (0, 0) for a plain function."""
-    owner = getattr(measure, "__self__", None)
-    return (owner.n_measurements, owner.cost_gpu_s) if owner is not None else (0, 0.0)
