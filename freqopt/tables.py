@@ -2,7 +2,9 @@
 
 A table holds the GPU type and its clock lists, the workload it was searched on, the granularity and slowdown
 budget, one entry per tuning unit (its kernel-class signature, kind and arithmetic intensity, and the setting; at
-phase level, the block of phases and the phase at whose start the runtime requests the setting),
+phase level, the block of phases and the phase at whose start the runtime requests the setting; at the other
+levels also the unit's measured default and (time, energy) front, from which freqopt.transfer re-allocates a
+budget on another layout),
 predicted and validated time and energy against the default, and provenance (storage, studies, cost).
 Files are written atomically (a temporary file renamed over the target), so a reader never sees half a table.
 """
@@ -36,6 +38,14 @@ _time_energy = {
     "required": ["time_s", "energy_j"],
     "properties": {"time_s": _number, "energy_j": _number},
 }
+_positive = {"type": "number", "exclusiveMinimum": 0}
+_measured = {  # a unit's measured option: its setting, mean time and energy per iteration, and samples behind them
+    "type": "object",
+    "required": ["time_s", "energy_j", "n_samples"],
+    "properties": {"sm_clock_mhz": {"type": ["integer", "null"]}, "mem_clock_mhz": {"type": ["integer", "null"]},
+                   "power_limit_w": {"type": ["number", "null"]}, "time_s": _positive, "energy_j": _positive,
+                   "n_samples": {"type": "integer", "minimum": 1}},
+}  # fmt: skip
 CLOCK_TABLE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -72,6 +82,9 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
                     "mem_clock_mhz": {"type": ["integer", "null"]},
                     "power_limit_w": {"type": ["number", "null"]},
                     "request_phase": {"type": "string"},
+                    "default": _measured,
+                    "front": {"type": "array", "items": {**_measured, "required": [
+                        "sm_clock_mhz", "mem_clock_mhz", "power_limit_w", "time_s", "energy_j", "n_samples"]}},
                 },
             },
         },
@@ -129,6 +142,9 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     trace = result.trace
     w = trace.workload
     entries = []
+    # The units' measured fronts, where the options are the unit's own (not at phase level, whose options are
+    # changes of the whole iteration).
+    fronts = r.unit_searches if granularity != "phase" and len(r.unit_searches) == len(r.units) else None
     for i, (unit, setting) in enumerate(r.units):
         kernels = unit.kernels(trace)
         first = kernels[0]
@@ -145,6 +161,7 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
             "mem_clock_mhz": setting.mem_clock_mhz,
             "power_limit_w": setting.power_limit_w,
             **({"request_phase": r.requests[i]} if r.requests else {}),
+            **(_front(fronts[i]) if fronts else {}),
         })  # fmt: skip
     base = result.baseline
 
@@ -184,6 +201,19 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
         },
     }  # fmt: skip
     return ClockTable(data)
+
+
+def _measured_option(option) -> dict[str, Any]:
+    s = option.setting
+    return {"sm_clock_mhz": s.sm_clock_mhz, "mem_clock_mhz": s.mem_clock_mhz, "power_limit_w": s.power_limit_w,
+            "time_s": option.time_s, "energy_j": option.energy_j, "n_samples": option.n_samples}  # fmt: skip
+
+
+def _front(search) -> dict[str, Any]:
+    """A unit's "default" (its measured default settings) and "front" (its other options, by time: the Pareto
+    front its study found, finalists averaged), in seconds and joules per iteration."""
+    return {"default": _measured_option(search.default),
+            "front": [_measured_option(o) for o in search.options if o.setting != search.default.setting]}
 
 
 def result_table(result, granularity: str) -> ClockTable:
@@ -257,6 +287,10 @@ def write_table(table: ClockTable, path: str | Path) -> Path:
     text = json.dumps(table.data, indent=1)
     # Keep number lists (clock lists) on one line each, so the file reads entry by entry.
     text = re.sub(r"\[\s*([-0-9.,\s]+?)\s*\]", lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",") + "]", text)
+    # And each object of numbers only (a front's option) on one line.
+    pair = r'"\w+": (?:[-0-9.eE+]+|null|true|false)'
+    text = re.sub(rf"\{{\n\s*({pair}(?:,\n\s*{pair})*)\n\s*\}}",
+                  lambda m: "{" + re.sub(r",\n\s*", ", ", m.group(1)) + "}", text)
     atomic_write_text(path, text + "\n")
     return Path(path)
 

@@ -14,25 +14,40 @@ target's kernel classes takes, in order of preference:
    table was searched on one GPU).
 
 Pass-level tables match by pass name, iteration-level and power-cap tables apply their one setting everywhere.
+
+Reusing the clocks as they were ignores that on another layout the same clocks cost another slowdown (an
+all-reduce on the critical path, a GEMM of another shape). A table written by this freqopt also carries each
+unit's measured default and (time, energy) front, so the budget is re-allocated on the target instead
+(reallocate): each target unit's default is measured there, its matched entry's front is scaled to it (the
+ratios of time and energy to the default carry over; the absolute figures do not), units the source never ran
+(the collectives of a parallel layout) get a short study of their own, and the MILP's budget is calibrated by
+validating the whole target iteration, as the search itself does (freqopt.search.allocation).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import ClockTableError
-from freqopt.search.config import SearchConfig
-from freqopt.search.result import SearchResult
-from freqopt.search.runner import run_search
-from freqopt.search.storage import open_storage, study_prefix, validation_log
-from freqopt.search.validate import Validator
+from freqopt.gpus import GPUSpec
 from freqopt.kernels import Trace
+from freqopt.search.allocation import _as_applied, _prediction, allocate_validated
+from freqopt.search.config import SearchConfig
+from freqopt.search.result import GranularityResult, SearchResult
+from freqopt.search.runner import _n_trials, _slack, run_search
+from freqopt.search.storage import open_storage, study_prefix, validation_log
+from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
+from freqopt.search.validate import Validator, _per_kernel_settings
+from freqopt.search.workers import UnitWork, run_unit
 from freqopt.tables import ClockTable
 
-__all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "evaluate_transfer", "transfer"]
+__all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "reallocate", "evaluate_transfer",
+           "transfer"]
 
 EXACT, BY_KIND, UNMATCHED = "exact", "by-kind", "unmatched"
 
@@ -79,6 +94,17 @@ def _setting(entry: dict) -> ClockSetting:
     return ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
 
 
+def check_transferable(table: ClockTable) -> None:
+    """Refuse a phase-level table: a schedule of its own layout's phases, with nothing to match on another.
+
+    Raises:
+        ClockTableError: says which table to transfer instead.
+    """
+    if table.granularity == "phase":
+        raise ClockTableError("a phase-level table is a schedule of one layout's phases and is not transferred yet; "
+                              "transfer the kernel-level table, or search the target with granularity 'phase'")
+
+
 def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     """Lay ``table``'s settings onto ``trace`` (module docstring).
 
@@ -92,10 +118,8 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     Raises:
         ClockTableError: a phase-level table (a schedule of its own layout's phases; not transferred yet).
     """
+    check_transferable(table)
     granularity = table.granularity
-    if granularity == "phase":
-        raise ClockTableError("a phase-level table is a schedule of one layout's phases and is not transferred yet; "
-                              "transfer the kernel-level table, or search the target with granularity 'phase'")
     entries = table.entries
     units = partition(trace, granularity)
     matches = []
@@ -125,38 +149,208 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     return TransferredSchedule(trace, granularity, tuple(matches))
 
 
+def has_fronts(table: ClockTable) -> bool:
+    """Whether every entry carries its unit's measured default and front (tables written since fronts were
+    added; not phase-level tables)."""
+    return all("front" in e and "default" in e for e in table.entries)
+
+
+def _with_front(measured: UnitSearch, entry: dict) -> UnitSearch:
+    """A target unit's measured options, and the source unit's front scaled to it: each option of ``entry``'s
+    front not measured on the target, its time and energy the same multiple of the target's measured default as
+    they were of the source's (the ratios carry across layouts, the absolute figures do not)."""
+    source, default = entry["default"], measured.default
+    t, e = default.time_s / source["time_s"], default.energy_j / source["energy_j"]
+    have = {o.setting for o in measured.options}
+    scaled = [Option(_setting(o), o["time_s"] * t, o["energy_j"] * e, o["n_samples"]) for o in entry["front"]
+              if _setting(o) not in have]  # fmt: skip
+    others = sorted([o for o in measured.options if o.setting != default.setting] + scaled, key=lambda o: o.time_s)
+    return dataclasses.replace(measured, options=(default, *others))
+
+
+def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backend, config: SearchConfig,
+               validator: Validator, baseline: Measurement, *, coarser: GranularityResult | None = None,
+               storage=None, on_unit=None) -> GranularityResult:  # fmt: skip
+    """Re-allocate the budget on the target from the fronts ``table`` carries (module docstring).
+
+    Each target unit is measured alone at its default (1 + ``config.finalist_repeats`` samples) and at the
+    ``coarser`` schedule's setting; a unit matched to a table entry is offered, beside these, that entry's front
+    scaled to its default (_with_front); an unmatched unit gets a study of its own (``config``'s trials, as a
+    native search runs it). The allocator's budget is then calibrated by validating the whole target iteration
+    (allocate_validated; switching costs included when the validator switches), starting from the ``coarser``
+    schedule when it saved energy, so the result is never worse than it, as at a native search's finer levels; the
+    schedule is then expressed as a runtime applies it.
+
+    Args:
+        schedule: ``table`` laid onto the target (transfer_table).
+        table: a table with fronts (has_fronts).
+        backend, config: the target GPU; the budget, trial counts and seed.
+        validator, baseline: measures the target's whole iterations; its default-settings measurement.
+        coarser: the target's validated result at the next coarser clock granularity (native_granularities), or
+            None (an iteration-level or power-cap table). Its measurements are counted in the result's.
+        storage: Optuna storage of the target-side studies (named "PREFIX-transfer-GRANULARITY-...").
+        on_unit: called as on_unit("transfer", units_done, units_total) after each unit is measured.
+
+    Returns:
+        GranularityResult of the re-allocated schedule; its unit_searches hold each unit's measured and scaled
+        options, and its counts every target-side measurement (coarser levels included).
+
+    Raises:
+        ClockTableError: ``table`` carries no fronts (written by an older freqopt: search the source again).
+    """
+    if not has_fronts(table):
+        raise ClockTableError("this clock table carries no measured fronts (an older freqopt wrote it), so the budget "
+                              "cannot be re-allocated on the target; search the source again with this freqopt")  # fmt: skip
+    trace, granularity = schedule.trace, schedule.granularity
+    units = [m.unit for m in schedule.matches]
+    inherited = [None] * len(units)
+    if coarser is not None:
+        per_kernel = _per_kernel_settings(trace, coarser.units)
+        inherited = [per_kernel[u.kernel_indices[0]] for u in units]
+    space = "power" if granularity == "power-cap" else "clocks"
+    # Matched units: their default and the coarser setting (no trials); unmatched ones: a study, as natively.
+    work = UnitWork(prefix=study_prefix(trace, backend.spec, config.seed), granularity=f"transfer-{granularity}",
+                    space=space, n_trials=0, finalist_repeats=config.finalist_repeats,
+                    finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, spread=False,
+                    constrained=len(units) == 1)  # fmt: skip
+    study_work = dataclasses.replace(work, n_trials=_n_trials(config, backend, space), spread=True)
+    entries = {e["unit"]: e for e in table.entries}
+    before = (validator.n_measurements, validator.cost_gpu_s)
+    searches = []
+    for done, (match, warm) in enumerate(zip(schedule.matches, inherited), 1):
+        warm_start = [] if warm in (None, DEFAULT_SETTING) else [warm]
+        if match.how == UNMATCHED:
+            searches.append(run_unit(trace, backend, study_work, match.unit, storage, warm_start))
+        else:
+            measured = run_unit(trace, backend, work, match.unit, storage, warm_start)
+            searches.append(_with_front(measured, entries[match.source_unit]))
+        if on_unit is not None:
+            on_unit("transfer", done, len(units))
+    improves = coarser is not None and coarser.validated.energy_j < baseline.energy_j
+    result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
+                                rounds=config.max_validation_rounds, key="transfer",
+                                first=[s or DEFAULT_SETTING for s in inherited] if improves else None)  # fmt: skip
+    settings, validated = _as_applied(trace, units, [o.setting for o in result.chosen], result.validated, validator,
+                                      baseline, config.max_slowdown, key="transfer-applied")  # fmt: skip
+    predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
+    spent = (coarser.n_measurements, coarser.search_cost_gpu_s) if coarser is not None else (0, 0.0)
+    return GranularityResult(
+        granularity=granularity, units=tuple(zip(units, settings)), predicted=predicted,
+        predicted_baseline=predicted_baseline, validated=validated,
+        n_measurements=spent[0] + sum(s.n_measurements for s in searches) + validator.n_measurements - before[0],
+        search_cost_gpu_s=spent[1] + sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - before[1],
+        unit_searches=tuple(searches),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class TransferReport:
-    """A transferred table validated on the target, beside a search done natively on the target.
+    """A transferred table on the target: as transferred, re-allocated from its fronts, and beside a native search.
 
     Attributes:
-        schedule: the transferred settings.
-        baseline: the target iteration at default settings (shared by both).
-        transferred: the target iteration measured with the transferred settings.
-        native: the native search (its result at the table's granularity is the comparison).
+        schedule: the table's settings laid onto the target (transfer_table).
+        baseline: the target iteration at default settings (shared by all three).
+        transferred: the target iteration measured with the settings as transferred.
+        reallocated: the budget re-allocated on the target from the table's fronts (reallocate); None when the
+            table carries no fronts.
+        native: a native search of the target (its result at the table's granularity is the comparison); None when
+            not asked for.
+        max_slowdown: the budget, a fraction.
+        source: the table transferred; spec, backend_name, seed, storage: the target's GPU type, backend, seed and
+            Optuna storage URL.
+        table_path: where freqopt.transfer.transfer wrote the re-allocated table (None: not written).
     """
 
     schedule: TransferredSchedule
     baseline: Measurement
     transferred: Measurement
-    native: SearchResult
+    reallocated: GranularityResult | None
+    native: SearchResult | None
+    max_slowdown: float
+    source: ClockTable
+    spec: GPUSpec
+    backend_name: str
+    seed: int = 0
+    storage: str | None = None
+    table_path: Path | None = None
+
+    def _figures(self, m: Measurement) -> dict:
+        return {"energy_saved_pct": 100.0 * (1.0 - m.energy_j / self.baseline.energy_j),
+                "slowdown_pct": 100.0 * (m.time_s / self.baseline.time_s - 1.0)}  # fmt: skip
 
     def summary(self) -> dict:
-        """{"transferred": {energy_saved_pct, slowdown_pct, matched_exact, matched_by_kind, unmatched},
-        "native": {energy_saved_pct, slowdown_pct}}; percentages against the default settings, match counts in
-        target tuning units (kernel classes at kernel level)."""
-        g = self.schedule.granularity
-        base = self.baseline
-        return {
-            "transferred": {
-                "energy_saved_pct": 100.0 * (1.0 - self.transferred.energy_j / base.energy_j),
-                "slowdown_pct": 100.0 * (self.transferred.time_s / base.time_s - 1.0),
-                "matched_exact": self.schedule.count(EXACT),
-                "matched_by_kind": self.schedule.count(BY_KIND),
-                "unmatched": self.schedule.count(UNMATCHED),
-            },
-            "native": {"energy_saved_pct": self.native.energy_saved_pct(g), "slowdown_pct": self.native.slowdown_pct(g)},
-        }
+        """{"max_slowdown_pct", "transferred": {energy_saved_pct, slowdown_pct, within_budget, matched_exact,
+        matched_by_kind, unmatched}, "reallocated": {energy_saved_pct, slowdown_pct, within_budget,
+        predicted_energy_saved_pct, n_measurements, search_cost_gpu_s} or None, "native": {energy_saved_pct,
+        slowdown_pct, n_measurements, search_cost_gpu_s} or None}; percentages against the default settings,
+        match counts in target tuning units (kernel classes at kernel level), costs in measurements and GPU-seconds
+        (the native search's for its granularities up to the table's, validations included)."""
+        limit_pct = 100.0 * self.max_slowdown
+        transferred = self._figures(self.transferred)
+        doc = {
+            "max_slowdown_pct": limit_pct,
+            "transferred": {**transferred, "within_budget": transferred["slowdown_pct"] <= limit_pct + 1e-9,
+                            "matched_exact": self.schedule.count(EXACT), "matched_by_kind": self.schedule.count(BY_KIND),
+                            "unmatched": self.schedule.count(UNMATCHED)},
+            "reallocated": None,
+            "native": None,
+        }  # fmt: skip
+        if self.reallocated is not None:
+            r = self.reallocated
+            figures = self._figures(r.validated)
+            doc["reallocated"] = {
+                **figures, "within_budget": figures["slowdown_pct"] <= limit_pct + 1e-9,
+                "predicted_energy_saved_pct": 100.0 * (1.0 - r.predicted.energy_j / r.predicted_baseline.energy_j),
+                "n_measurements": r.n_measurements, "search_cost_gpu_s": r.search_cost_gpu_s,
+            }  # fmt: skip
+        if self.native is not None:
+            g, n = self.schedule.granularity, self.native
+            searched = [n.results[x] for x in native_granularities(g)]
+            doc["native"] = {"energy_saved_pct": n.energy_saved_pct(g), "slowdown_pct": n.slowdown_pct(g),
+                             "n_measurements": sum(x.n_measurements for x in searched),
+                             "search_cost_gpu_s": sum(x.search_cost_gpu_s for x in searched)}  # fmt: skip
+        return doc
+
+    def _result(self) -> SearchResult:
+        return SearchResult(self.schedule.trace, self.spec.name, self.max_slowdown, self.baseline,
+                            {self.schedule.granularity: self.reallocated}, self.storage, spec=self.spec)  # fmt: skip
+
+    def write_table(self, out) -> Path:
+        """Write the re-allocated table (table()) into folder ``out`` as STEM-GRANULARITY-transferred.json and
+        .csv (freqopt.tables.table_stem of the target), atomically; returns the JSON file's path.
+
+        Raises:
+            ClockTableError: nothing was re-allocated.
+            OutputError: ``out`` cannot be written.
+        """
+        from freqopt.tables import table_stem, write_table, write_table_csv
+
+        table = self.table()
+        stem = Path(out) / f"{table_stem(self._result())}-{self.schedule.granularity}-transferred"
+        write_table_csv(table, stem.with_suffix(".csv"))
+        return write_table(table, stem.with_suffix(".json"))
+
+    def table(self) -> ClockTable:
+        """The re-allocated schedule as the target's clock table (freqopt.tables), its entries carrying the fronts
+        scaled to the target and its provenance naming the source table ("transferred_from"), so that ``train``,
+        a runtime, or another transfer can use it.
+
+        Raises:
+            ClockTableError: nothing was re-allocated (the source table carries no fronts).
+        """
+        from freqopt.tables import table_from_result
+
+        if self.reallocated is None:
+            raise ClockTableError("nothing was re-allocated: the clock table carries no fronts; search the source "
+                                  "again with this freqopt")  # fmt: skip
+        table = table_from_result(self._result(), self.schedule.granularity, self.spec, backend=self.backend_name,
+                                  seed=self.seed)  # fmt: skip
+        source = self.source.data
+        table.data["provenance"]["transferred_from"] = {
+            "workload": source["workload"], "granularity": source["granularity"],
+            "max_slowdown": source["max_slowdown"], "created_utc": source["provenance"].get("created_utc"),
+        }  # fmt: skip
+        return table
 
 
 def native_granularities(granularity: str) -> tuple[str, ...]:
@@ -168,33 +362,55 @@ def native_granularities(granularity: str) -> tuple[str, ...]:
     return tuple(clocks[: clocks.index(granularity) + 1])
 
 
-def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config: SearchConfig,
-                      on_unit=None) -> TransferReport:  # fmt: skip
-    """Transfer ``table`` to ``trace``, validate it by measuring the whole iteration (``config.validation_repeats``
-    times; as a runtime realizes it, with switching costs, when ``config.switching``), and search the target natively with ``config`` (its granularities are replaced by
-    native_granularities of the table's), against one shared baseline measurement.
+def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config: SearchConfig, on_unit=None, *,
+                      native: bool = True) -> TransferReport:  # fmt: skip
+    """Transfer ``table`` to ``trace``; validate the settings as transferred by measuring the whole iteration
+    (``config.validation_repeats`` times; as a runtime realizes it, with switching costs, when
+    ``config.switching``); with ``native``, search the target natively with ``config`` (its granularities
+    replaced by native_granularities of the table's), else only the clock granularities coarser than the table's;
+    and re-allocate the budget on the target from the table's fronts, starting from the coarser level's result
+    (reallocate; skipped for a table without fronts). All against one shared baseline measurement.
+
+    Args:
+        on_unit: called as on_unit(granularity, units_done, units_total): during the searched granularities, then
+            "transfer" while the target's units are measured for the re-allocation.
 
     Raises:
         StorageError: the storage URL in ``config`` cannot be opened.
     """
-    import dataclasses
-
     schedule = transfer_table(table, trace)
-    log = validation_log(open_storage(config.storage), study_prefix(trace, backend.spec, config.seed))
+    storage = open_storage(config.storage)
+    log = validation_log(storage, study_prefix(trace, backend.spec, config.seed))
     validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
     baseline = validator.baseline()
     transferred = validator(schedule.per_kernel(), key="transferred")
-    native_config = dataclasses.replace(config, granularities=native_granularities(schedule.granularity))
-    native = run_search(trace, backend, native_config, on_unit=on_unit, validator=validator)
-    return TransferReport(schedule, baseline, transferred, native)
+    levels = native_granularities(schedule.granularity)
+    searched, coarse = None, {}
+    if native:  # the whole native search; its coarser levels are the re-allocation's too
+        searched = run_search(trace, backend, dataclasses.replace(config, granularities=levels), on_unit=on_unit,
+                              validator=validator)  # fmt: skip
+        coarse = searched.results
+    elif len(levels) > 1:  # the coarser levels only (cheap: one and three units)
+        coarse = run_search(trace, backend, dataclasses.replace(config, granularities=levels[:-1]), on_unit=on_unit,
+                            validator=validator).results  # fmt: skip
+    reallocated = None
+    if has_fronts(table):
+        reallocated = reallocate(schedule, table, backend, config, validator, baseline,
+                                 coarser=coarse[levels[-2]] if len(levels) > 1 else None, storage=storage,
+                                 on_unit=on_unit)  # fmt: skip
+    return TransferReport(schedule, baseline, transferred, reallocated, searched, config.max_slowdown, table,
+                          backend.spec, backend.name, config.seed, config.storage)  # fmt: skip
 
 
 def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None, backend="sim",
              storage: str | None = None, out=None, seed: int = 0, n_trials: int | None = None,
              micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
-             vocab_multiple: int | None = None, layout=None, on_start=None, on_unit=None) -> TransferReport:  # fmt: skip
-    """Apply clock table ``table`` to ``model`` (another model, size or layout), validate it by measuring the
-    target's whole iteration, and search the target natively under the same budget (evaluate_transfer).
+             vocab_multiple: int | None = None, layout=None, native: bool = True, on_start=None,
+             on_unit=None) -> TransferReport:  # fmt: skip
+    """Apply clock table ``table`` to ``model`` (another model, size or layout): validate it as transferred,
+    re-allocate the budget on the target from the fronts it carries, and search the target natively under the same
+    budget (evaluate_transfer). With ``out``, the re-allocated table is written there (TransferReport.write_table)
+    and its path is the report's ``table_path``.
 
     Args:
         table: a ClockTable or the path of one (freqopt.tables.load_table).
@@ -204,16 +420,18 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         backend: "sim" or "nvml" (freqopt.backends.get_backend); closed when done.
         storage: Optuna storage URL of the native search; default sqlite:///OUT/freqopt.db with ``out``, else in
             memory.
-        out: folder of the default storage (created); None: no folder.
+        out: folder of the default storage and of the re-allocated table (created); None: no folder.
         seed: seeds the samplers and the simulated GPU's noise.
         n_trials: trials per tuning unit of the native search (default SearchConfig's).
         micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides of ``model``.
         on_start: called as on_start(table, trace, spec) once the target is traced, before any measurement.
-        on_unit: called as on_unit(granularity, units_done, units_total) during the native search.
+        native: also search the target natively, for comparison (the costly part).
+        on_unit: called as on_unit(granularity, units_done, units_total) during the target-side measurements
+            ("transfer") and the native search.
 
     Returns:
-        TransferReport; ``.schedule.trace.workload`` is the target, ``.native.spec`` the GPU type and
-        ``.native.max_slowdown`` the budget used.
+        TransferReport; ``.schedule.trace.workload`` is the target, ``.spec`` the GPU type and ``.max_slowdown``
+        the budget used.
 
     Raises:
         UnknownNameError: unknown model, GPU type or backend.
@@ -243,6 +461,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         table = load_table(table)
     spec = requested or get_gpu(table.gpu)
     table.check_gpu(spec, source=source)
+    check_transferable(table)
     slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]
     check_positive_int("n_trials", n_trials, optional=True)
     backend = resolve_backend(backend)
@@ -258,7 +477,10 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         trace = trace_training_iteration(workload)
         if on_start is not None:
             on_start(table, trace, spec)
-        return evaluate_transfer(table, trace, measuring, config, on_unit=on_unit)
+        report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
+        if out is not None and report.reallocated is not None:
+            report = dataclasses.replace(report, table_path=report.write_table(out))
+        return report
     finally:
         if isinstance(backend, str):
             measuring.close()  # a real GPU goes back to what it was found with

@@ -62,17 +62,21 @@ def gpus() -> None:
 @click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
 @click.option("--model", required=True, help="Target model (see `freqopt models`).")
 @click.option("--gpu", default=None, help="GPU type; must be the table's (default: the table's).")
-@click.option("--max-slowdown", default=None, help="Budget of the native search (default: the table's).")
+@click.option("--max-slowdown", default=None, help="Budget on the target (default: the table's).")
 @click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
-@click.option("--storage", default=None, help="Optuna storage URL of the native search; default sqlite:///OUT/freqopt.db.")
-@click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for the storage.")
+@click.option("--storage", default=None, help="Optuna storage URL of the target's studies; default sqlite:///OUT/freqopt.db.")
+@click.option("--out", "out_dir", default="freqopt-out", show_default=True,
+              help="Directory for the storage and the re-allocated table.")  # fmt: skip
+@click.option("--native/--no-native", default=True, show_default=True,
+              help="Also search the target natively, for comparison (most of the time).")  # fmt: skip
 @click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
-@click.option("--trials", default=None, type=int, help="Trials per tuning unit of the native search.")
+@click.option("--trials", default=None, type=int, help="Trials per tuning unit of the target's studies.")
 @model_options
-def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, json_path, seed, trials,
+def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, native, json_path, seed, trials,
              micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
-    """Apply a clock table to another model or layout, validate it, and compare it with a native search."""
+    """Apply a clock table to another model or layout: as it is, with its budget re-allocated there, and beside a
+    native search; writes the re-allocated table."""
     from rich.console import Console
     from rich.table import Table
 
@@ -80,7 +84,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
 
     check_json_path(json_path)
     console = Console(stderr=True)
-    status = console.status("validating the transferred table and searching the target natively")
+    status = console.status("validating the transferred table")
 
     def on_start(table, trace, spec) -> None:
         source, workload = table.data["workload"], trace.workload
@@ -91,25 +95,39 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, js
         status.start()
 
     def on_unit(granularity: str, done: int, n: int) -> None:
-        status.update(f"native search, {granularity}: unit {done}/{n}")
+        what = "re-allocation" if granularity == "transfer" else f"search, {granularity}"
+        status.update(f"target {what}: unit {done}/{n}")
 
     try:
         report = run_transfer(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, storage=storage,
                               out=out_dir, seed=seed, n_trials=trials, micro_batch_size=micro_batch_size,
                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                              on_start=on_start, on_unit=on_unit)  # fmt: skip
+                              native=native, on_start=on_start, on_unit=on_unit)  # fmt: skip
     finally:
         status.stop()
     summary = report.summary()
-    workload, spec, native = report.schedule.trace.workload, report.native.spec, report.native
-    t, n = summary["transferred"], summary["native"]
-    rich_table = Table("settings", "energy saved (%)", "slowdown (%)", "kernel classes matched exactly / by kind / not",
-                       title=f"{workload.model} ({workload.layout}) on {spec.name}, {report.schedule.granularity} "
-                             f"level, budget {100 * native.max_slowdown:g} %")  # fmt: skip
-    rich_table.add_row("transferred table", f"{t['energy_saved_pct']:.2f}", f"{t['slowdown_pct']:.2f}",
-                       f"{t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']}")  # fmt: skip
-    rich_table.add_row("native search", f"{n['energy_saved_pct']:.2f}", f"{n['slowdown_pct']:.2f}", "-")
-    stdout_console().print(rich_table)
+    workload, limit = report.schedule.trace.workload, summary["max_slowdown_pct"]
+    t = summary["transferred"]
+    rich_table = Table("settings", "energy saved (%)", "slowdown (%)", "measurements",
+                       title=f"{workload.model} ({workload.layout}) on {report.spec.name}, {report.schedule.granularity} "
+                             f"level, budget {limit:g} %")  # fmt: skip
+    rich_table.add_row("as transferred", f"{t['energy_saved_pct']:.2f}", f"{t['slowdown_pct']:.2f}", "-")
+    for key, label in (("reallocated", "re-allocated"), ("native", "native search")):
+        row = summary[key]
+        if row is not None:
+            rich_table.add_row(label, f"{row['energy_saved_pct']:.2f}", f"{row['slowdown_pct']:.2f}",
+                               str(row["n_measurements"]))  # fmt: skip
+    out = stdout_console()
+    out.print(rich_table)
+    out.print(f"units matched exactly / by kind / not: {t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']}")
+    if not t["within_budget"]:
+        out.print(f"as transferred, the table breaks the {limit:g} % budget on this layout ({t['slowdown_pct']:+.2f} % "
+                  "time); use the re-allocated table")  # fmt: skip
+    if report.table_path is not None:
+        out.print(f"re-allocated table: {report.table_path} (and .csv); apply it with "
+                  f"`freqopt train --table {report.table_path} ...` or freqopt.DVFSRuntime")  # fmt: skip
+    else:
+        out.print("no table written: the source table carries no fronts; search the source again with this freqopt")
     write_json(json_path, summary)
 
 
