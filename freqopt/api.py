@@ -11,7 +11,6 @@ one-line messages name the argument (``n_trials``, ``out``).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -63,8 +62,9 @@ def check_writable_dir(path: str | Path, *, argument: str = "out") -> Path:
 
 
 def check_writable_file(path: str | Path, *, argument: str) -> Path:
-    """Check that file ``path`` can be written (its folder exists and is writable; it is not a folder) before any
-    work is done, so a long run does not fail at its very end.
+    """Check that file ``path`` can be written before any work is done, so a long run does not fail at its very
+    end: by creating (and removing) a file beside it, which proves what permission bits cannot (a root user, a
+    read-only or pseudo file system such as /proc). Nothing is left behind.
 
     Raises:
         OutputError: ``path`` is a directory, or its folder is missing or not writable; the message names
@@ -74,8 +74,13 @@ def check_writable_file(path: str | Path, *, argument: str) -> Path:
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise OutputError(f"{argument} {path} is a directory; give a file path")
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise OutputError(f"cannot write {argument} {path}: {parent} is not a writable directory")
+    if not parent.is_dir():
+        raise OutputError(f"cannot write {argument} {path}: {parent} is not a directory; create it or choose another path")
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as e:
+        raise OutputError(f"cannot write {argument} {path}: {e.strerror or e}; choose a writable path") from e
     return path
 
 

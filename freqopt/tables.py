@@ -259,8 +259,16 @@ def write_result_tables(result, out: str | Path) -> dict[str, Path]:
     return paths
 
 
+def _umask() -> int:
+    """The process's file-mode creation mask (os.umask has no read-only form: set it and put it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and an atomic rename.
+    """Write ``text`` to ``path`` through a temporary file in the same folder and an atomic rename. The file's mode
+    is what the umask gives a new file (0644 under the usual 022), as any other tool's output.
 
     Raises:
         OutputError: the folder cannot be written.
@@ -270,6 +278,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's file is 0600; a file written in place would honour the umask
             with os.fdopen(fd, "w", newline="") as f:
                 f.write(text)
                 f.flush()
@@ -312,14 +321,18 @@ def write_table_csv(table: ClockTable, path: str | Path) -> Path:
 def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
     """Read and validate a clock table.
 
+    Every command and function that reads a table reads it here, so each gets the same checks: the schema, a GPU
+    type freqopt knows, and settings that type supports.
+
     Args:
         path: the JSON file.
-        spec: if given, the GPU the table will be applied to: the table must be for this GPU type and all its
-            clocks and power limits must be supported.
+        spec: the GPU the table will be applied to (a device's clock lists, as NVML reports them): the table must
+            be for this GPU type and all its clocks and power limits supported. None: the table's own GPU type as
+            search_spaces/ describes it.
 
     Raises:
-        ClockTableError: unreadable, not JSON, not a freqopt clock table, another schema version, another GPU
-            type, or settings the GPU does not support.
+        ClockTableError: unreadable, not JSON, not a freqopt clock table, another schema version, a GPU type
+            freqopt does not know, another GPU type than ``spec``, or settings the GPU does not support.
     """
     import jsonschema
 
@@ -346,6 +359,14 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
         where = "/".join(map(str, e.absolute_path)) or "top level"
         raise ClockTableError(f"{path} is a corrupt clock table ({where}: {e.message})") from e
     table = ClockTable(data)
-    if spec is not None:
-        table.check_gpu(spec, source=path)
+    if spec is None:
+        from freqopt.errors import UnknownNameError
+        from freqopt.gpus import get_gpu
+
+        try:
+            spec = get_gpu(table.gpu)
+        except UnknownNameError as e:
+            raise ClockTableError(f"{path} was searched on GPU type {table.gpu!r}, which no file in search_spaces/ "
+                                  "describes; search again on a known GPU type") from e  # fmt: skip
+    table.check_gpu(spec, source=path)
     return table

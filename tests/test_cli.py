@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -6,7 +7,7 @@ import pytest
 
 from freqopt.cli import main, parse_slowdown
 from freqopt.errors import InvalidSettingError
-from freqopt.tables import load_table
+from freqopt.tables import load_table, write_table
 
 
 @pytest.mark.parametrize("text,value", [("1%", 0.01), ("0.01", 0.01), ("2.5 %", 0.025), ("0", 0.0), ("99%", 0.99)])
@@ -64,6 +65,34 @@ def test_unwritable_out_dir(tmp_path, capsys):
     code = main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--out", str(blocker / "sub")])
     err = capsys.readouterr().err
     assert code == 2 and "cannot write" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, which no one can create files in")
+@pytest.mark.parametrize("command", [
+    ["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--json", "/proc/freqopt-x.json"],
+    ["statement", "--table", "TABLE", "--out", "/proc/freqopt-s.md"],
+])  # fmt: skip
+def test_an_unwritable_output_file_fails_before_any_work(command, tmp_path, capsys):
+    # Permission bits say yes to root; only creating a file there tells. Nothing is searched, printed or written.
+    table = write_table(_statement_table(), tmp_path / "t.json")
+    args = [str(table) if a == "TABLE" else a for a in command]
+    assert main([*args, *(["--out", str(tmp_path / "o")] if command[0] == "search" else [])]) == 2
+    captured = capsys.readouterr()
+    assert "cannot write" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert captured.out == "" and not (tmp_path / "o").exists()
+
+
+def _statement_table():
+    from freqopt.tables import SCHEMA_NAME, SCHEMA_VERSION, ClockTable
+
+    return ClockTable({
+        "schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION,
+        "gpu": {"name": "h100-sxm", "sm_clocks_mhz": [1980], "mem_clocks_mhz": [2619]},
+        "workload": {"model": "gpt3-small"}, "granularity": "iteration", "max_slowdown": 0.01,
+        "entries": [{"unit": "iteration", "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "power_limit_w": None}],
+        "baseline": {"time_s": 1.0, "energy_j": 10.0}, "predicted": {"time_s": 1.0, "energy_j": 9.0},
+        "validated": {"time_s": 1.0, "energy_j": 9.0}, "provenance": {},
+    })  # fmt: skip
 
 
 def test_models_and_gpus_list(capsys):

@@ -88,6 +88,19 @@ def test_statement_cli_refuses_a_foreign_table(tmp_path, capsys):
     assert "not a freqopt clock table" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d["gpu"].update(name="zzz"), "GPU type 'zzz', which no file in search_spaces/ describes"),
+    (lambda d: d["entries"][0].update(sm_clock_mhz=1234), "h100-sxm does not support"),
+])  # fmt: skip
+def test_statement_refuses_a_table_for_an_unknown_gpu_or_its_unsupported_clocks(table_path, change, fragment, capsys):
+    data = json.loads(table_path.read_text())
+    change(data)
+    table_path.write_text(json.dumps(data))
+    assert main(["statement", "--table", str(table_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1
+
+
 def test_statement_cli_writes_file(table_path, tmp_path, capsys):
     out = tmp_path / "statement.md"
     assert main(["statement", "--table", str(table_path), "--iterations", "10", "--out", str(out)]) == 0

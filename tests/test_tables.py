@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 
 import pytest
 
@@ -81,3 +83,16 @@ def test_missing_file_and_unwritable_target(table, tmp_path):
     blocker.write_text("")
     with pytest.raises(OutputError):
         write_table(table, blocker / "t.json")
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_honour_the_umask(tmp_path, umask, mode):
+    from freqopt.tables import atomic_write_text
+
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "t.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "t.json").stat().st_mode) == mode
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left
