@@ -142,7 +142,8 @@ def search(
 
     Returns:
         SearchResult: ``.summary()`` (the JSON document), ``.table(granularity)``, ``.write_tables(folder)``;
-        ``.table_paths`` lists the tables written under ``out``.
+        ``.table_paths`` lists the tables written under ``out``, and ``.figure_paths`` the PNGs beside them
+        (freqopt.plots; written when matplotlib is installed, the ``plots`` extra).
 
     Raises:
         UnknownNameError: unknown model, GPU type, backend or granularity.
@@ -220,5 +221,9 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
                              sum(_n_units(trace, g, measuring, config) for g in granularities)))  # fmt: skip
     result = run_search(trace, measuring, config, on_unit=on_unit)  # its backend_name is measuring.name
     if out is not None:
+        from freqopt.plots import have_matplotlib, write_search_figures
+
         result = replace(result, table_paths=result.write_tables(out))
+        if have_matplotlib():  # the plots extra
+            result = replace(result, figure_paths=write_search_figures(result, out))
     return result

@@ -94,6 +94,9 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
     backend = resolve_backend(backend)
     measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
     try:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # its measurement log is a study; no line per study
         trace = trace_iteration(workload, mode)
         base, points = sweep_power_caps(trace, measuring, caps_w, host_gap_s=host_gap_ms / 1000)
     finally:

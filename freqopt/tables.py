@@ -27,7 +27,8 @@ from freqopt.errors import ClockTableError, OutputError
 from freqopt.gpus import GPUSpec
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "table_from_result", "result_table",
-           "table_stem", "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text"]
+           "table_stem", "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text",
+           "atomic_write_bytes"]
 
 SCHEMA_NAME = "freqopt.clock-table"
 SCHEMA_VERSION = 1
@@ -266,9 +267,10 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and an atomic rename. The file's mode
-    is what the umask gives a new file (0644 under the usual 022), as any other tool's output.
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename, so a reader
+    never sees half a file. The file's mode is what the umask gives a new file (0644 under the usual 022), as any
+    other tool's output.
 
     Raises:
         OutputError: the folder cannot be written.
@@ -279,8 +281,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's file is 0600; a file written in place would honour the umask
-            with os.fdopen(fd, "w", newline="") as f:
-                f.write(text)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -289,6 +291,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             raise
     except OSError as e:
         raise OutputError(f"cannot write {path}: {e.strerror or e}; choose a writable path") from e
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically (atomic_write_bytes).
+
+    Raises:
+        OutputError: the folder cannot be written.
+    """
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_table(table: ClockTable, path: str | Path) -> Path:

@@ -82,6 +82,31 @@ def test_an_unwritable_output_file_fails_before_any_work(command, tmp_path, caps
     assert captured.out == "" and not (tmp_path / "o").exists()
 
 
+def test_the_results_table_fits_100_columns(small_trace):
+    import io
+
+    from rich.console import Console
+
+    import freqopt
+    from freqopt.cli.search import _search_table
+
+    import dataclasses
+
+    from freqopt.backends.base import Measurement
+
+    result = freqopt.search(small_trace, max_slowdown="1%", granularity="iteration", n_trials=3)
+    # The widest row: a kernel level with its free-switching figures (a rendering test: the row is made up).
+    iteration = result.results["iteration"]
+    kernel = dataclasses.replace(iteration, granularity="kernel", n_measurements=12345,
+                                 ideal=Measurement(1.1 * result.baseline.time_s, 0.5 * result.baseline.energy_j))
+    result = dataclasses.replace(result, results={"iteration": iteration, "kernel": kernel})
+    buffer = io.StringIO()
+    Console(file=buffer, width=100).print(_search_table(result))
+    lines = buffer.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 100 and not any("…" in line for line in lines)
+    assert any(line.startswith("│ kernel ") and "50.00 / 10.00" in line and "12345" in line for line in lines)
+
+
 def _statement_table():
     from freqopt.tables import SCHEMA_NAME, SCHEMA_VERSION, ClockTable
 
@@ -111,7 +136,10 @@ def test_search_writes_tables_and_json(tmp_path):
            "--out", str(tmp_path), "--json", str(out_json)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "baseline (default)" in proc.stdout and "pass" in proc.stdout
+    assert "default" in proc.stdout and "pass" in proc.stdout
+    # Where the tables went, and how to apply one (stderr: the table alone goes to stdout).
+    assert f"pass table: {tmp_path / 'gpt3-small-h100-sxm-pass.json'} (and .csv)" in proc.stdout
+    assert "to training with: freqopt train --model gpt3-small --micro-batch-size 1 --seq-len 256 --table" in proc.stderr
     data = json.loads(out_json.read_text())
     assert set(data) == {"baseline", "results", "n_new_measurements"} and set(data["baseline"]) == {"time_s", "energy_j"}
     assert data["n_new_measurements"] == sum(r["n_measurements"] for r in data["results"].values()) + 3  # + baseline

@@ -31,11 +31,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.trace", "freqopt.step_trace", "freqopt.calibration", "freqopt.calibration_h100", "freqopt.resolve"),
     # The search, on a backend and a trace.
     ("freqopt.search",),
-    # What uses the search and its tables: transfer, the runtime, training, profiling, the energy statement.
-    # The API functions that run them (api, benchmark, powercap, worker) and the torch.profiler comparison.
+    # What uses the search and its tables: transfer, the runtime, training, profiling, the energy statement, the
+    # figures. The API functions that run them (api, benchmark, powercap, worker) and the torch.profiler comparison.
     ("freqopt.transfer", "freqopt.runtime", "freqopt.statement", "freqopt.deepspeed_profile", "freqopt.train",
-     "freqopt.profile", "freqopt.profiler_compare", "freqopt.api", "freqopt.benchmark", "freqopt.powercap",
-     "freqopt.worker"),
+     "freqopt.profile", "freqopt.profiler_compare", "freqopt.plots", "freqopt.api", "freqopt.benchmark",
+     "freqopt.powercap", "freqopt.worker"),
     # Training frameworks' hooks (the Hugging Face Trainer callback).
     ("freqopt.integrations",),
     ("freqopt.cli",),

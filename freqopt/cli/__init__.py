@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     except click.Abort:
         click.echo("freqopt: interrupted", err=True)
         return 130
-    except KeyboardInterrupt:
-        click.echo("freqopt: interrupted; finished studies are kept in the storage", err=True)
+    except KeyboardInterrupt as e:
+        click.echo(f"freqopt: interrupted; {e or 'finished studies are kept in the storage'}", err=True)
         return 130
     return 0
 

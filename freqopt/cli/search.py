@@ -31,7 +31,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
     (NAME is printed at the start) joins it from another process or machine."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)  # fmt: skip
 
     from freqopt.api import search as run_search
 
@@ -39,7 +40,7 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     console = Console(stderr=True)
     started = time.monotonic()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, transient=False)  # fmt: skip
+                        TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False)  # fmt: skip
     status = console.status(f"tracing one training iteration of {model}")
 
     def on_start(start) -> None:
@@ -64,12 +65,30 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                             storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
                             micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                             vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start)  # fmt: skip
+    except KeyboardInterrupt:
+        if progress.task_ids:  # the search had started: its studies are in the storage
+            raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in the storage")
+        raise
     finally:
         status.stop()
         if progress.task_ids:  # started (stopping one never started prints a blank line)
             progress.stop()
-    stdout_console().print(_search_table(result))
-    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {result.storage}")
+    out = stdout_console()
+    out.print(_search_table(result))
+    for g, path in result.table_paths.items():
+        out.print(f"{g} table: {path} (and .csv)", soft_wrap=True)
+    for name, path in result.figure_paths.items():
+        out.print(f"{name} figure: {path}", soft_wrap=True)
+    if result.table_paths and not result.figure_paths:
+        console.print("no figures: install matplotlib (pip install 'freqopt[plots]') for them")
+    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {result.storage}", soft_wrap=True)
+    if result.table_paths:
+        best = max(result.results, key=lambda g: result.energy_saved_pct(g) if g in result.table_paths else -1.0)
+        w = result.trace.workload
+        console.print(f"apply the {best} table (the most saved) to training with: freqopt train --model {w.model} "
+                      f"--micro-batch-size {w.micro_batch_size} --seq-len {w.config.seq_len} "
+                      + ("" if w.layout.is_single_gpu else f"--layout {w.layout} ")
+                      + f"--table {result.table_paths[best]}", soft_wrap=True)  # fmt: skip
     write_json(json_path, result.summary())
 
 
@@ -81,20 +100,22 @@ def _search_table(result):
     table = Table(title=f"{w.model} ({w.layout}) on {spec.name}, max slowdown {100 * result.max_slowdown:g} % "
                         f"(validated by measuring the whole iteration, clock switches taking "
                         f"{1e3 * spec.clock_switch_s:g} ms)")  # fmt: skip
-    for col in ("granularity", "energy/iter (J)", "time/iter (s)", "energy saved (%)", "slowdown (%)",
-                "free switching: saved/slowdown (%)", "settings", "measurements", "search cost (GPU-h)",
-                "clock table"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("granularity", "clock table") else "right")
+    # Fits a 100-column terminal; the tables' paths are listed after it.
+    # Fixed widths that fit a 100-column terminal (headers wrap at spaces); the tables' paths are listed after it.
+    table.add_column("granularity", width=11, no_wrap=True)
+    for col, width in (("energy (J/iter)", 8), ("time (s/iter)", 8), ("saved (%)", 6), ("slow- down (%)", 6),
+                       ("free switching: saved / slowdown (%)", 13), ("set- tings", 5), ("measure- ments", 8),
+                       ("search cost (GPU-h)", 7)):  # fmt: skip
+        table.add_column(col, justify="right", width=width)
     base = result.baseline
-    table.add_row("baseline (default)", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-", "-",
-                  "-", "-")  # fmt: skip
+    table.add_row("default", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-", "-", "-")
     for g, r in result.results.items():
         doc = summary["results"][g]
         ideal = ("-" if doc["ideal_energy_saved_pct"] is None
                  else f"{doc['ideal_energy_saved_pct']:.2f} / {doc['ideal_slowdown_pct']:.2f}")  # fmt: skip
         table.add_row(g, f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}", f"{doc['energy_saved_pct']:.2f}",
                       f"{doc['slowdown_pct']:.2f}", ideal, str(r.n_settings), str(r.n_measurements),
-                      f"{r.search_cost_gpu_s / 3600:.3f}", doc["table"] or "-")  # fmt: skip
+                      f"{r.search_cost_gpu_s / 3600:.3f}")  # fmt: skip
     return table
 
 

@@ -68,6 +68,7 @@ class SearchResult:
         n_new_measurements: measurements this process took (the rest were read back, or taken by other workers).
         backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
         table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
+        figure_paths: "energy-time" and "clocks" -> the PNGs written beside them (freqopt.plots).
     """
 
     trace: Trace
@@ -81,6 +82,7 @@ class SearchResult:
     backend_name: str | None = None
     seed: int = 0
     table_paths: dict = field(default_factory=dict)
+    figure_paths: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         """The JSON document ``freqopt search --json`` writes (freqopt.search.summary.summarize)."""
