@@ -116,7 +116,7 @@ def report_markdown(rows: list[dict], source: dict) -> str:
         "measures it three ways against the same baseline: **as transferred** (the source's clocks reused); "
         "**re-allocated** (the budget allocated again on the target from the (time, energy) fronts the table "
         "carries, scaled to each target unit's measured default, starting from the target's own iteration and pass "
-        "levels; collectives the source never ran get a short study); and a **native** kernel-level search of the "
+        "levels; collectives the source never ran get a study of their own, as natively); and a **native** kernel-level search of the "
         "target. All validated by measuring the whole iteration as a phase-switching runtime realizes the schedule "
         "with the H100's 6 ms clock switch. Cost: measurements on the target (each a unit or an iteration). The "
         "last column validates the three with free switching (the re-allocation allocated again for it).",

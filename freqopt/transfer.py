@@ -20,8 +20,9 @@ all-reduce on the critical path, a GEMM of another shape). A table written by th
 unit's measured default and (time, energy) front, so the budget is re-allocated on the target instead
 (reallocate): each target unit's default is measured there, its matched entry's front is scaled to it (the
 ratios of time and energy to the default carry over; the absolute figures do not), units the source never ran
-(the collectives of a parallel layout) get a short study of their own, and the MILP's budget is calibrated by
-validating the whole target iteration, as the search itself does (freqopt.search.allocation).
+(the collectives of a parallel layout) get a study of their own, as a native search runs it, and the MILP's
+budget is calibrated by validating the whole target iteration, as the search itself does
+(freqopt.search.allocation).
 """
 
 from __future__ import annotations
