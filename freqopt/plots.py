@@ -15,6 +15,10 @@ Two figures per search:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["plot_energy_time", "plot_clocks", "clock_series", "timeline_ms", "write_search_figures", "have_matplotlib"]
 
@@ -84,7 +88,7 @@ def plot_energy_time(result, path: str | Path) -> Path:
         plt.close(fig)
 
 
-def timeline_ms(trace, spec) -> "np.ndarray":
+def timeline_ms(trace, spec) -> np.ndarray:
     """Kernel boundaries over one iteration, shape (K + 1,), ms: the simulated GPU's noiseless kernel times at
     default settings (freqopt.backends.simulated), accumulated."""
     import numpy as np

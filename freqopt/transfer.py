@@ -36,14 +36,14 @@ from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measur
 from freqopt.errors import ClockTableError
 from freqopt.gpus import GPUSpec
 from freqopt.kernels import Trace
-from freqopt.search.allocation import _as_applied, _prediction, allocate_validated
+from freqopt.search.allocation import _prediction, allocate_applied, coarser_settings, first_candidate
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.runner import _n_trials, _slack, run_search
 from freqopt.search.storage import open_storage, study_prefix, validation_log
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
-from freqopt.search.validate import Validator, _per_kernel_settings
+from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitWork, run_unit
 from freqopt.tables import ClockTable
 
@@ -204,10 +204,7 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
                               "cannot be re-allocated on the target; search the source again with this freqopt")  # fmt: skip
     trace, granularity = schedule.trace, schedule.granularity
     units = [m.unit for m in schedule.matches]
-    inherited = [None] * len(units)
-    if coarser is not None:
-        per_kernel = _per_kernel_settings(trace, coarser.units)
-        inherited = [per_kernel[u.kernel_indices[0]] for u in units]
+    inherited = coarser_settings(trace, coarser, units) or [None] * len(units)
     space = "power" if granularity == "power-cap" else "clocks"
     # Matched units: their default and the coarser setting (no trials); unmatched ones: a study, as natively.
     work = UnitWork(prefix=study_prefix(trace, backend.spec, config.seed), granularity=f"transfer-{granularity}",
@@ -227,12 +224,9 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
             searches.append(_with_front(measured, entries[match.source_unit]))
         if on_unit is not None:
             on_unit("transfer", done, len(units))
-    improves = coarser is not None and coarser.validated.energy_j < baseline.energy_j
-    result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
-                                rounds=config.max_validation_rounds, key="transfer",
-                                first=[s or DEFAULT_SETTING for s in inherited] if improves else None)  # fmt: skip
-    settings, validated = _as_applied(trace, units, [o.setting for o in result.chosen], result.validated, validator,
-                                      baseline, config.max_slowdown, key="transfer-applied")  # fmt: skip
+    result, settings, validated = allocate_applied(
+        trace, units, searches, validator, baseline, config.max_slowdown, rounds=config.max_validation_rounds,
+        key="transfer", first=first_candidate(inherited, coarser, baseline))  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
     spent = (coarser.n_measurements, coarser.search_cost_gpu_s) if coarser is not None else (0, 0.0)
     return GranularityResult(
@@ -276,8 +270,10 @@ class TransferReport:
     table_path: Path | None = None
 
     def _figures(self, m: Measurement) -> dict:
-        return {"energy_saved_pct": 100.0 * (1.0 - m.energy_j / self.baseline.energy_j),
-                "slowdown_pct": 100.0 * (m.time_s / self.baseline.time_s - 1.0)}  # fmt: skip
+        """energy_saved_pct and slowdown_pct of ``m`` against the baseline, and whether it is within the budget."""
+        slowdown_pct = 100.0 * (m.time_s / self.baseline.time_s - 1.0)
+        return {"energy_saved_pct": 100.0 * (1.0 - m.energy_j / self.baseline.energy_j), "slowdown_pct": slowdown_pct,
+                "within_budget": slowdown_pct <= 100.0 * self.max_slowdown + 1e-9}  # fmt: skip
 
     def summary(self) -> dict:
         """{"max_slowdown_pct", "transferred": {energy_saved_pct, slowdown_pct, within_budget, matched_exact,
@@ -286,21 +282,17 @@ class TransferReport:
         slowdown_pct, n_measurements, search_cost_gpu_s} or None}; percentages against the default settings,
         match counts in target tuning units (kernel classes at kernel level), costs in measurements and GPU-seconds
         (the native search's for its granularities up to the table's, validations included)."""
-        limit_pct = 100.0 * self.max_slowdown
-        transferred = self._figures(self.transferred)
         doc = {
-            "max_slowdown_pct": limit_pct,
-            "transferred": {**transferred, "within_budget": transferred["slowdown_pct"] <= limit_pct + 1e-9,
-                            "matched_exact": self.schedule.count(EXACT), "matched_by_kind": self.schedule.count(BY_KIND),
-                            "unmatched": self.schedule.count(UNMATCHED)},
+            "max_slowdown_pct": 100.0 * self.max_slowdown,
+            "transferred": {**self._figures(self.transferred), "matched_exact": self.schedule.count(EXACT),
+                            "matched_by_kind": self.schedule.count(BY_KIND), "unmatched": self.schedule.count(UNMATCHED)},
             "reallocated": None,
             "native": None,
         }  # fmt: skip
         if self.reallocated is not None:
             r = self.reallocated
-            figures = self._figures(r.validated)
             doc["reallocated"] = {
-                **figures, "within_budget": figures["slowdown_pct"] <= limit_pct + 1e-9,
+                **self._figures(r.validated),
                 "predicted_energy_saved_pct": 100.0 * (1.0 - r.predicted.energy_j / r.predicted_baseline.energy_j),
                 "n_measurements": r.n_measurements, "search_cost_gpu_s": r.search_cost_gpu_s,
             }  # fmt: skip

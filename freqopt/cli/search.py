@@ -100,7 +100,6 @@ def _search_table(result):
     table = Table(title=f"{w.model} ({w.layout}) on {spec.name}, max slowdown {100 * result.max_slowdown:g} % "
                         f"(validated by measuring the whole iteration, clock switches taking "
                         f"{1e3 * spec.clock_switch_s:g} ms)")  # fmt: skip
-    # Fits a 100-column terminal; the tables' paths are listed after it.
     # Fixed widths that fit a 100-column terminal (headers wrap at spaces); the tables' paths are listed after it.
     table.add_column("granularity", width=11, no_wrap=True)
     for col, width in (("energy (J/iter)", 8), ("time (s/iter)", 8), ("saved (%)", 6), ("slow- down (%)", 6),

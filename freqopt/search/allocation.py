@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freqopt.backends.base import ClockSetting, Measurement
+from freqopt.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
 from freqopt.kernels import Trace
 from freqopt.search.allocate import allocate
@@ -19,7 +19,7 @@ from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 from freqopt.search.validate import Validator, _per_kernel_settings
 
-__all__ = ["Allocation", "allocate_validated"]
+__all__ = ["Allocation", "allocate_validated", "allocate_applied"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,39 @@ def allocate_validated(
                 step = (meets * breaks) ** 0.5
         budget = step
     return best
+
+
+def allocate_applied(
+    trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], validator: Validator, baseline: Measurement,
+    max_slowdown: float, *, rounds: int, key: str, first: list[ClockSetting] | None,
+) -> tuple[Allocation, list[ClockSetting], Measurement]:  # fmt: skip
+    """allocate_validated, then the schedule as a runtime applies it (_as_applied, validated under KEY-applied).
+
+    Returns:
+        The allocation, the per-unit settings for the clock table, and the whole iteration measured with them.
+    """
+    result = allocate_validated(units, searches, validator, baseline, max_slowdown, rounds=rounds, key=key,
+                                first=first)  # fmt: skip
+    settings, validated = _as_applied(trace, units, [o.setting for o in result.chosen], result.validated, validator,
+                                      baseline, max_slowdown, key=f"{key}-applied")  # fmt: skip
+    return result, settings, validated
+
+
+def coarser_settings(trace: Trace, coarser, units: list[TuningUnit]) -> list[ClockSetting] | None:
+    """Per unit, the setting a coarser granularity's schedule (a GranularityResult) gives the unit's first kernel;
+    None without one."""
+    if coarser is None:
+        return None
+    per_kernel = _per_kernel_settings(trace, coarser.units)
+    return [per_kernel[u.kernel_indices[0]] for u in units]
+
+
+def first_candidate(inherited: list[ClockSetting] | None, coarser, baseline: Measurement) -> list[ClockSetting] | None:
+    """The coarser schedule (``inherited``, per unit) as the allocator's first candidate, when it saved energy, so a
+    finer granularity never ends worse than a coarser one; None otherwise."""
+    if coarser is None or coarser.validated.energy_j >= baseline.energy_j:
+        return None
+    return [s or DEFAULT_SETTING for s in inherited]
 
 
 def _as_applied(

@@ -19,14 +19,15 @@ from collections.abc import Callable
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
 from freqopt.kernels import Trace
 from freqopt.phases import phase_spans
-from freqopt.search.allocation import Allocation, _as_applied, _prediction, allocate_validated
+from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated, coarser_settings,
+                                       first_candidate)
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.schedule import search_phase_schedule
 from freqopt.search.storage import _storage_here, open_storage, study_prefix, validation_log
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, kernel_families, partition
-from freqopt.search.validate import Validator, _per_kernel_settings
+from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
 
 # The names below live in the modules of their jobs (config, result, storage, validate, allocation); they are
@@ -169,26 +170,20 @@ def _search_granularity(
     settings warm-start each unit's study and its schedule is the first candidate, so a finer granularity never
     ends worse than a coarser one (any coarser schedule is also a finer one). ``ideal_validator``: also allocate
     the budget as if switching were free, and report that schedule's validated figure as the ideal."""
-    inherited = None
-    if coarser is not None:
-        per_kernel = _per_kernel_settings(trace, coarser.units)
-        inherited = [per_kernel[u.kernel_indices[0]] for u in partition(trace, granularity)]
+    inherited = coarser_settings(trace, coarser, partition(trace, granularity))
     measured_before = (validator.n_measurements, validator.cost_gpu_s)
     ideal_before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s) if ideal_validator else (0, 0.0)
     units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=inherited,
                                        on_unit=on_unit)  # fmt: skip
-    improves = coarser is not None and coarser.validated.energy_j < baseline.energy_j
-    result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
-                                rounds=config.max_validation_rounds, key=granularity,
-                                first=[s or DEFAULT_SETTING for s in inherited] if improves else None)  # fmt: skip
-    settings, validated = _as_applied(trace, units, [o.setting for o in result.chosen], result.validated, validator,
-                                      baseline, config.max_slowdown, key=f"{granularity}-applied")  # fmt: skip
+    first = first_candidate(inherited, coarser, baseline)
+    result, settings, validated = allocate_applied(trace, units, searches, validator, baseline, config.max_slowdown,
+                                                   rounds=config.max_validation_rounds, key=granularity, first=first)  # fmt: skip
     ideal = None
     if ideal_validator is not None:  # the best schedule if switching were free, found the same way
         # Against the same baseline measurement (the default schedule has no switches to realize differently).
         ideal = allocate_validated(units, searches, ideal_validator, baseline, config.max_slowdown,
                                    rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
-                                   first=[s or DEFAULT_SETTING for s in inherited] if improves else None).validated
+                                   first=first).validated  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
     return GranularityResult(
         granularity=granularity,
