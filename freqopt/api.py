@@ -114,6 +114,7 @@ def search(
     layout=None,
     on_unit: Callable[[str, int, int], None] | None = None,
     on_start: Callable[[SearchStart], None] | None = None,
+    verbose: bool = False,
 ):
     """Search clock settings that cut the energy of one training iteration within a slowdown budget.
 
@@ -139,6 +140,8 @@ def search(
         micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides, model names only.
         on_unit: called as on_unit(granularity, units_done, units_total) after each tuning unit's study.
         on_start: called once with a SearchStart after tracing, before the first measurement.
+        verbose: let Optuna log at INFO (a line per study it creates); by default its studies run at WARNING,
+            and the caller's Optuna verbosity is restored on return (freqopt.search.study.optuna_logging).
 
     Returns:
         SearchResult: ``.summary()`` (the JSON document), ``.table(granularity)``, ``.write_tables(folder)``;
@@ -155,6 +158,7 @@ def search(
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
     from freqopt.budget import parse_slowdown
     from freqopt.kernels import Trace
+    from freqopt.search.study import optuna_logging
 
     # Every check before any work or any file is touched, in the CLI's order.
     slowdown = parse_slowdown(max_slowdown)
@@ -181,8 +185,9 @@ def search(
     # A real GPU is opened (and its permissions checked) before anything is written.
     measuring, opened = open_backend(backend, requested, seed=seed)
     try:
-        return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs,
-                       on_unit, on_start)  # fmt: skip
+        with optuna_logging(verbose):
+            return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials,
+                           n_jobs, on_unit, on_start)  # fmt: skip
     finally:
         if opened:
             measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
@@ -200,8 +205,6 @@ def _n_units(trace, granularity: str, backend, config) -> int:
 
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
             on_start):  # fmt: skip
-    import optuna
-
     from freqopt.search import SearchConfig, run_search
     from freqopt.search.storage import open_storage, study_prefix
     from freqopt.trace import trace_training_iteration
@@ -213,7 +216,6 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
     counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
     config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage,
                           n_jobs=n_jobs, **counts)  # fmt: skip
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     if trace is None:
         trace = trace_training_iteration(workload)
     if on_start is not None:

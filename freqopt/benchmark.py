@@ -31,7 +31,7 @@ class BenchmarkReport:
 def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: float | str = "1%", repeats: int = 1,
               free_switching: bool = False, seed: int = 0, micro_batch_size: int | None = None,
               seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
-              layout=None, on_unit=None):  # fmt: skip
+              layout=None, on_unit=None, verbose: bool = False):  # fmt: skip
     """Trace one training iteration of ``model`` and compare ``repeats`` Bayesian searches (seeds seed, seed+1,
     ...) with the oracle that measures every unit at every clock pair (freqopt.search.oracle.benchmark).
 
@@ -44,6 +44,8 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
         free_switching: treat clock switches as free (as Spaan et al. 2026 did); default: their cost counts.
         seed: seed of the first search and of the simulated noise.
         on_unit: called as on_unit(granularity, units_done, units_total) during each search.
+        verbose: let Optuna log at INFO (a line per study it creates); by default WARNING, and the caller's
+            Optuna verbosity is restored on return (freqopt.search.study.optuna_logging).
 
     Returns:
         BenchmarkReport: ``.summary()`` is the comparison.
@@ -52,8 +54,6 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
         UnknownNameError: unknown model or GPU type.
         InvalidSettingError: a bad slowdown, override or layout; power-cap or an unknown granularity; repeats < 1.
     """
-    import optuna
-
     from freqopt.backends.simulated import SimulatedGPU
     from freqopt.budget import parse_slowdown
     from freqopt.errors import InvalidSettingError, check_positive_int
@@ -61,6 +61,7 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.search import SearchConfig
     from freqopt.search.oracle import benchmark as run_benchmark
+    from freqopt.search.study import optuna_logging
     from freqopt.trace import trace_training_iteration
 
     slowdown = parse_slowdown(max_slowdown)
@@ -71,9 +72,9 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
         raise InvalidSettingError(f"granularity {granularity!r}: the benchmark compares clock granularities; "
                                   "choose iteration, pass or kernel")  # fmt: skip
     check_positive_int("repeats", repeats)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     trace = trace_training_iteration(workload)
     config = SearchConfig(max_slowdown=slowdown, seed=seed, switching=not free_switching)
-    result = run_benchmark(trace, SimulatedGPU(spec, seed=seed), config, granularity=granularity, repeats=repeats,
-                           on_unit=on_unit)  # fmt: skip
+    with optuna_logging(verbose):
+        result = run_benchmark(trace, SimulatedGPU(spec, seed=seed), config, granularity=granularity,
+                               repeats=repeats, on_unit=on_unit)  # fmt: skip
     return BenchmarkReport(result, trace, spec, config)

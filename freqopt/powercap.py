@@ -74,6 +74,7 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
     from freqopt.gpus import DEFAULT_GPU, get_gpu
     from freqopt.resolve import resolve_backend, resolve_gpu, resolve_workload
     from freqopt.search.powercap import default_caps, sweep_power_caps
+    from freqopt.search.study import optuna_logging
     from freqopt.trace import MODES, trace_iteration
 
     workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
@@ -94,11 +95,9 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
     backend = resolve_backend(backend)
     measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
     try:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # its measurement log is a study; no line per study
         trace = trace_iteration(workload, mode)
-        base, points = sweep_power_caps(trace, measuring, caps_w, host_gap_s=host_gap_ms / 1000)
+        with optuna_logging(False):  # its measurement log is a study; no line per study
+            base, points = sweep_power_caps(trace, measuring, caps_w, host_gap_s=host_gap_ms / 1000)
     finally:
         if isinstance(backend, str):
             measuring.close()  # a real GPU goes back to the power limit it was found with

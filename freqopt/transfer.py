@@ -399,7 +399,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
              storage: str | None = None, out=None, seed: int = 0, n_trials: int | None = None,
              micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
              vocab_multiple: int | None = None, layout=None, native: bool = True, on_start=None,
-             on_unit=None) -> TransferReport:  # fmt: skip
+             on_unit=None, verbose: bool = False) -> TransferReport:  # fmt: skip
     """Apply clock table ``table`` to ``model`` (another model, size or layout): validate it as transferred,
     re-allocate the budget on the target from the fronts it carries, and search the target natively under the same
     budget (evaluate_transfer). With ``out``, the re-allocated table is written there (TransferReport.write_table)
@@ -421,6 +421,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         native: also search the target natively, for comparison (the costly part).
         on_unit: called as on_unit(granularity, units_done, units_total) during the target-side measurements
             ("transfer") and the native search.
+        verbose: let Optuna log at INFO (a line per study it creates); by default WARNING, and the caller's
+            Optuna verbosity is restored on return (freqopt.search.study.optuna_logging).
 
     Returns:
         TransferReport; ``.schedule.trace.workload`` is the target, ``.spec`` the GPU type and ``.max_slowdown``
@@ -434,14 +436,13 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         OutputError: ``out`` is a file or cannot be written.
         StorageError: ``storage`` cannot be opened.
     """
-    import optuna
-
     from freqopt.api import check_writable_dir
     from freqopt.errors import check_positive_int
     from freqopt.backends import get_backend
     from freqopt.budget import parse_slowdown
     from freqopt.gpus import get_gpu
     from freqopt.resolve import resolve_backend, resolve_gpu, resolve_workload
+    from freqopt.search.study import optuna_logging
     from freqopt.tables import load_table
     from freqopt.trace import trace_training_iteration
 
@@ -466,11 +467,11 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         open_storage(storage)  # a bad URL fails here, before any work
         counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
         config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         trace = trace_training_iteration(workload)
         if on_start is not None:
             on_start(table, trace, spec)
-        report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
+        with optuna_logging(verbose):
+            report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
         if out is not None and report.reallocated is not None:
             report = dataclasses.replace(report, table_path=report.write_table(out))
         return report

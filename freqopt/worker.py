@@ -12,7 +12,7 @@ __all__ = ["join_search"]
 
 
 def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: float = 600.0, poll_s: float = 0.5,
-                on_join=None, on_unit=None):  # fmt: skip
+                on_join=None, on_unit=None, verbose: bool = False):  # fmt: skip
     """Wait for search ``name`` in ``storage``, then serve it (freqopt.search.workers.serve) on this machine's GPU.
 
     Args:
@@ -24,6 +24,8 @@ def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: 
         poll_s: seconds between looks at the storage.
         on_join: called as on_join(job, spec, backend_name) once joined (job: the search's published dict).
         on_unit: called as on_unit(granularity, unit name) after each unit this worker ran.
+        verbose: let Optuna log at INFO (a line per study it creates); by default WARNING, and the caller's
+            Optuna verbosity is restored on return (freqopt.search.study.optuna_logging).
 
     Returns:
         freqopt.search.workers.WorkerReport: units run, new measurements, and whether it stopped idle.
@@ -34,14 +36,12 @@ def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: 
         StorageError: the storage cannot be opened, holds no search ``name`` within ``wait_s``, or this worker's
             trace or GPU type differs from the search's.
     """
-    import optuna
-
     from freqopt.backends import check_backend, get_backend
     from freqopt.gpus import get_gpu
     from freqopt.search.storage import open_storage, study_prefix
+    from freqopt.search.study import optuna_logging
     from freqopt.search.workers import check_worker_backend, load_job, serve, trace_from_job
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     if backend is not None:
         check_backend(backend)
     if wait_s < 0:
@@ -64,6 +64,7 @@ def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: 
                                "same freqopt on the same GPU type")  # fmt: skip
         if on_join is not None:
             on_join(job, measuring.spec, backend_name)
-        return serve(opened, name, trace, measuring, idle_s=wait_s, poll_s=poll_s, on_unit=on_unit)
+        with optuna_logging(verbose):
+            return serve(opened, name, trace, measuring, idle_s=wait_s, poll_s=poll_s, on_unit=on_unit)
     finally:
         measuring.close()

@@ -140,6 +140,7 @@ def test_search_writes_tables_and_json(tmp_path):
     # Where the tables went, and how to apply one (stderr: the table alone goes to stdout).
     assert f"pass table: {tmp_path / 'gpt3-small-h100-sxm-pass.json'} (and .csv)" in proc.stdout
     assert "to training with: freqopt train --model gpt3-small --micro-batch-size 1 --seq-len 256 --table" in proc.stderr
+    assert "A new study created" not in proc.stderr  # Optuna's log lines only with --verbose
     data = json.loads(out_json.read_text())
     assert set(data) == {"baseline", "results", "n_new_measurements"} and set(data["baseline"]) == {"time_s", "energy_j"}
     assert data["n_new_measurements"] == sum(r["n_measurements"] for r in data["results"].values()) + 3  # + baseline
@@ -151,6 +152,24 @@ def test_search_writes_tables_and_json(tmp_path):
     assert r["slowdown_pct"] <= 2.0
     table = load_table(r["table"])
     assert table.granularity == "pass" and (tmp_path / "freqopt.db").exists()
+
+
+def test_verbose_lets_optunas_lines_through(tmp_path, capsys):
+    import logging
+
+    class Lines(logging.Handler):
+        messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    logging.getLogger("optuna").addHandler(handler := Lines())
+    try:
+        assert main(["search", "--model", "gpt3-small", "--seq-len", "128", "--micro-batch-size", "1", "--max-slowdown",
+                     "2%", "--granularity", "iteration", "--trials", "3", "--out", str(tmp_path), "--verbose"]) == 0
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+    assert any(m.startswith("A new study created in RDB with name: gpt3-small") for m in handler.messages)
 
 
 def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):

@@ -55,6 +55,11 @@ def model_options(f):
     return f
 
 
+def verbose_option(f):
+    """``--verbose``: Optuna's own INFO log lines, which the library keeps quiet by default."""
+    return click.option("--verbose", "-v", is_flag=True, help="Show Optuna's own log lines (a line per study).")(f)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="freqopt")
 def cli() -> None:

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
+from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
 
 @cli.command()
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
@@ -24,8 +24,9 @@ from freqopt.cli import check_json_path, cli, model_options, stdout_console, wri
               help="Processes that run tuning units in parallel (simulated GPU; for real GPUs start a "
                    "`freqopt worker` per GPU).")
 @model_options
+@verbose_option
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
-           micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+           micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities.
 
     A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
@@ -64,7 +65,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
         result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity, backend=backend,
                             storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
                             micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start)  # fmt: skip
+                            vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start,
+                            verbose=verbose)  # fmt: skip
     except KeyboardInterrupt:
         if progress.task_ids:  # the search had started: its studies are in the storage
             raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in the storage")
@@ -126,7 +128,8 @@ def _search_table(result):
 @click.option("--wait-s", default=600.0, show_default=True, type=float,
               help="Give up after this long with nothing to claim (or no search of that name).")
 @click.option("--json", "json_path", default=None, help="Also write what this worker did as JSON to this file.")
-def worker(storage, name, backend, wait_s, json_path) -> None:
+@verbose_option
+def worker(storage, name, backend, wait_s, json_path, verbose) -> None:
     """Join a running search: claim its tuning units from the shared storage and run their studies, until the
     search is done. One worker per GPU; several may run on one machine with the simulated GPU."""
     from rich.console import Console
@@ -140,7 +143,7 @@ def worker(storage, name, backend, wait_s, json_path) -> None:
         console.print(f"joined {name}: {job['model']} on {spec.name} ({backend_name})")
 
     report = join_search(storage, name, backend=backend, wait_s=wait_s, on_join=on_join,
-                         on_unit=lambda g, unit: console.print(f"{g}: {unit} done"))  # fmt: skip
+                         on_unit=lambda g, unit: console.print(f"{g}: {unit} done"), verbose=verbose)  # fmt: skip
     ending = f"nothing to claim for {wait_s:g} s" if report.idle_timeout else "the search is done"
     console.print(f"worker stopped ({ending}): {report.units} units, {report.n_new_measurements} measurements")
     write_json(json_path, {"units": report.units, "n_new_measurements": report.n_new_measurements,

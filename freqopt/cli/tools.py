@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
+from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
 
 @cli.command()
 @click.argument("names", nargs=-1)
@@ -73,8 +73,9 @@ def gpus() -> None:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
 @click.option("--trials", default=None, type=int, help="Trials per tuning unit of the target's studies.")
 @model_options
+@verbose_option
 def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, native, json_path, seed, trials,
-             micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+             micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """Apply a clock table to another model or layout: as it is, with its budget re-allocated there, and beside a
     native search; writes the re-allocated table."""
     from rich.console import Console
@@ -102,7 +103,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
         report = run_transfer(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, storage=storage,
                               out=out_dir, seed=seed, n_trials=trials, micro_batch_size=micro_batch_size,
                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                              native=native, on_start=on_start, on_unit=on_unit)  # fmt: skip
+                              native=native, on_start=on_start, on_unit=on_unit, verbose=verbose)  # fmt: skip
     finally:
         status.stop()
     summary = report.summary()
@@ -141,8 +142,9 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
 @click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the first search and of the noise.")
 @model_options
+@verbose_option
 def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, json_path, seed, micro_batch_size,
-              seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+              seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """The Bayesian search against an exhaustive sweep of every unit at every setting (simulated GPU)."""
     from rich.console import Console
     from rich.table import Table
@@ -153,7 +155,8 @@ def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, js
     with Console(stderr=True).status(f"searching {repeats}x and sweeping every setting of {model}"):
         report = run_benchmark(model, gpu=gpu, granularity=granularity, max_slowdown=max_slowdown, repeats=repeats,
                                free_switching=free_switching, seed=seed, micro_batch_size=micro_batch_size,
-                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
+                               verbose=verbose)  # fmt: skip
     summary = report.summary()
     workload, spec = report.trace.workload, report.spec
     o, b = summary["oracle"], summary["search"]

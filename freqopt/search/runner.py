@@ -44,11 +44,12 @@ def _slack(max_slowdown: float, n_units: int) -> float:
 
 
 def _unit_task(trace: Trace, backend: Backend, work: UnitWork, i: int, unit: TuningUnit, storage, url: str | None,
-               queue_name: str | None, warm: list[ClockSetting]) -> tuple[int, UnitSearch | None]:  # fmt: skip
-    """One unit as a joblib task: claimed from the queue first when the storage is shared (None: a worker has it)."""
+               queue_name: str | None, warm: list[ClockSetting], verbosity: int) -> tuple[int, UnitSearch | None]:  # fmt: skip
+    """One unit as a joblib task: claimed from the queue first when the storage is shared (None: a worker has it).
+    ``verbosity`` is the calling process's Optuna verbosity, which joblib's worker processes do not inherit."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # in joblib's worker processes too
+    optuna.logging.set_verbosity(verbosity)
     if storage is None and url is not None:
         storage = _storage_here(url)
     if queue_name is None:
@@ -66,12 +67,14 @@ def _run_units(trace: Trace, backend: Backend, config: SearchConfig, work: UnitW
                ) -> dict[int, UnitSearch]:  # fmt: skip
     """Run units ``which`` (indices into ``units``) with their warm starts: through a queue that workers share when
     the storage is persistent, in ``config.n_jobs`` joblib processes."""
+    import optuna
     from joblib import Parallel, delayed
 
     queue = UnitQueue.create(storage, work, which, warm) if is_persistent(storage) else None
     parallel = config.n_jobs > 1
     tasks = (delayed(_unit_task)(trace, backend, work, i, units[i], None if parallel else storage,
-                                 config.storage if parallel else None, queue.name if queue else None, w)
+                                 config.storage if parallel else None, queue.name if queue else None, w,
+                                 optuna.logging.get_verbosity())
              for i, w in zip(which, warm))  # fmt: skip
     results: dict[int, UnitSearch] = {}
     for i, result in Parallel(n_jobs=config.n_jobs, return_as="generator_unordered")(tasks):

@@ -17,10 +17,11 @@ time are therefore re-measured and their means, not their luckiest samples, are 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,9 +32,25 @@ from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING
 from freqopt.kernels import Kernel
 from freqopt.search.journal import MeasurementLog
 
-__all__ = ["Option", "UnitSearch", "search_unit", "SPACES"]
+__all__ = ["Option", "UnitSearch", "search_unit", "optuna_logging", "SPACES"]
 
 SPACES = ("clocks", "power")
+
+
+@contextlib.contextmanager
+def optuna_logging(verbose: bool = False) -> Iterator[None]:
+    """Hold Optuna's verbosity for a block and give back the one it found (optuna.logging.get/set_verbosity).
+
+    A search creates a study per tuning unit (hundreds at kernel level), and Optuna's default INFO level logs a
+    line for each. freqopt's studies run at WARNING unless ``verbose`` asks for those lines (INFO); the caller's
+    own setting is restored on exit, also on an exception, so a library call leaves a user's logging as it was.
+    """
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)
 
 
 @dataclass(frozen=True)
