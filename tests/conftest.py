@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +18,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# A small kernel-level search (kernel level warm-starts from its coarser levels): many units, seconds each.
+KERNEL_SEARCH = ["--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len", "256", "--max-slowdown", "2%",
+                 "--trials", "6", "--granularity", "kernel", "--seed", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def kernel_search_cli(tmp_path_factory):
+    """KERNEL_SEARCH run once per session through the command line by one uninterrupted process, in a folder of its
+    own (``--out out --json r.json``): the reference that shared (tests/test_workers.py) and killed-and-resumed
+    (tests/test_resume.py) runs of the same command must reproduce."""
+    cwd = tmp_path_factory.mktemp("kernel-search")
+    proc = subprocess.run([sys.executable, "-m", "freqopt.cli", "search", *KERNEL_SEARCH, "--out", "out", "--json",
+                           "r.json"], cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return {"args": KERNEL_SEARCH, "summary": json.loads((cwd / "r.json").read_text()), "stderr": proc.stderr}
 
 
 @pytest.fixture(scope="session")

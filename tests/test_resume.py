@@ -75,10 +75,8 @@ def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_
     assert result.baseline == expected.baseline
 
 
-def _search_command(json_path):
-    return [sys.executable, "-m", "freqopt.cli", "search", "--model", "gpt3-small", "--micro-batch-size", "1",
-            "--seq-len", "256", "--max-slowdown", "2%", "--trials", "6", "--granularity", "kernel", "--seed", "2",
-            "--out", "out", "--json", str(json_path)]  # fmt: skip
+def _search_command(args, json_path):
+    return [sys.executable, "-m", "freqopt.cli", "search", *args, "--out", "out", "--json", str(json_path)]
 
 
 def _logged_measurements(db) -> int:
@@ -94,16 +92,17 @@ def _logged_measurements(db) -> int:
         return 0
 
 
-def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path):
+def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path, kernel_search_cli):
+    """The same command killed (SIGKILL) at several points and run again ends with the uninterrupted run's JSON
+    (conftest.kernel_search_cli, in a folder of its own with the same relative --out)."""
     env = {**os.environ, "COLUMNS": "200"}
-    whole, killed = tmp_path / "whole", tmp_path / "killed"  # each its own storage, out/freqopt.db
-    whole.mkdir()
+    killed = tmp_path / "killed"
     killed.mkdir()
-    subprocess.run(_search_command(whole / "r.json"), cwd=whole, env=env, check=True, capture_output=True, timeout=600)
+    command = _search_command(kernel_search_cli["args"], killed / "r.json")
     kills = 0
     db = killed / "out" / "freqopt.db"
     for extra_s in (0.0, 1.5, 0.5, 2.5):  # SIGKILL mid-run, at a different point each time
-        proc = subprocess.Popen(_search_command(killed / "r.json"), cwd=killed, env=env,
+        proc = subprocess.Popen(command, cwd=killed, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         # Kill once this run has logged measurements of its own: a fixed delay can fall inside start-up (importing
         # torch and tracing) on a loaded machine, and then no run is killed mid-search at all.
@@ -118,9 +117,8 @@ def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path):
         proc.wait()
         kills += 1
     assert kills >= 2, "the search finished before it could be killed twice"
-    subprocess.run(_search_command(killed / "r.json"), cwd=killed, env=env, check=True, capture_output=True,
-                   timeout=600)  # fmt: skip
-    resumed, uninterrupted = (json.loads((d / "r.json").read_text()) for d in (killed, whole))
+    subprocess.run(command, cwd=killed, env=env, check=True, capture_output=True, timeout=600)
+    resumed, uninterrupted = json.loads((killed / "r.json").read_text()), dict(kernel_search_cli["summary"])
     # Measurements the last run took itself: fewer than the whole search's (the killed runs' are read back).
     assert resumed.pop("n_new_measurements") < uninterrupted.pop("n_new_measurements")
     assert resumed == uninterrupted

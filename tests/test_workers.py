@@ -16,8 +16,6 @@ from freqopt.search.workers import UnitQueue, UnitWork
 
 from postgres_server import server
 
-SEARCH = ["--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len", "256", "--max-slowdown", "2%",
-          "--trials", "6", "--granularity", "kernel", "--seed", "1"]  # fmt: skip
 ENV = {**os.environ, "COLUMNS": "200"}
 
 
@@ -32,26 +30,24 @@ def _results(path):
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    """The search run by one process alone, and its name (printed for workers to join)."""
-    cwd = tmp_path_factory.mktemp("one")
-    proc = subprocess.run(_freqopt("search", *SEARCH, "--out", "out", "--json", "r.json"), cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    name = proc.stderr.split("--study ")[1].split()[0]
-    results, baseline, n_new = _results(cwd / "r.json")
-    assert n_new > 0 and results["kernel"]["n_measurements"] > 0
-    return {"results": results, "baseline": baseline, "n_new": n_new, "name": name}
+def one_process(kernel_search_cli):
+    """The search run by one process alone (conftest.kernel_search_cli), and its name (printed for workers)."""
+    name = kernel_search_cli["stderr"].split("--study ")[1].split()[0]
+    summary = dict(kernel_search_cli["summary"])
+    n_new = summary.pop("n_new_measurements")
+    assert n_new > 0 and summary["results"]["kernel"]["n_measurements"] > 0
+    return {"results": summary["results"], "baseline": summary["baseline"], "n_new": n_new, "name": name,
+            "args": kernel_search_cli["args"]}  # fmt: skip
 
 
-def _search_with_workers(tmp_path, storage, one_process, n_workers=4):
+def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
     workers = [
         subprocess.Popen(_freqopt("worker", "--storage", storage, "--study", one_process["name"], "--wait-s", "300",
                                   "--json", f"w{k}.json"), cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)  # fmt: skip
         for k in range(n_workers)
     ]
-    leader = subprocess.run(_freqopt("search", *SEARCH, "--storage", storage, "--out", "out", "--json", "r.json"),
+    leader = subprocess.run(_freqopt("search", *one_process["args"], "--storage", storage, "--out", "out", "--json", "r.json"),
                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert leader.returncode == 0, leader.stderr
     for w in workers:
@@ -68,17 +64,17 @@ def _search_with_workers(tmp_path, storage, one_process, n_workers=4):
     return reports
 
 
-def test_four_workers_share_a_search_through_postgresql(tmp_path, one_process):
+def test_workers_share_a_search_through_postgresql(tmp_path, one_process):
     with server() as url:
         _search_with_workers(tmp_path, url, one_process)
 
 
-def test_four_workers_share_a_search_through_a_journal_file(tmp_path, one_process):
+def test_workers_share_a_search_through_a_journal_file(tmp_path, one_process):
     _search_with_workers(tmp_path, f"journal:{tmp_path / 'journal.log'}", one_process)
 
 
 def test_jobs_run_units_in_parallel_with_the_same_result(tmp_path, one_process):
-    proc = subprocess.run(_freqopt("search", *SEARCH, "--jobs", "2", "--out", "out", "--json", "r.json"),
+    proc = subprocess.run(_freqopt("search", *one_process["args"], "--jobs", "2", "--out", "out", "--json", "r.json"),
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     results, baseline, n_new = _results(tmp_path / "r.json")
