@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -57,3 +58,22 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("FREQOPT_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return nvml
+
+
+@pytest.fixture
+def optuna_messages():
+    """The messages Optuna's logger emits during the test, at whatever verbosity is set (its logger does not
+    propagate to the root logger that pytest's caplog watches)."""
+
+    class Collect(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("optuna").addHandler(handler)
+    yield handler.messages
+    logging.getLogger("optuna").removeHandler(handler)

@@ -94,29 +94,16 @@ def test_search_a_model_name_writes_tables_and_its_summary_matches_the_cli(tmp_p
 
 
 @pytest.mark.parametrize("verbose", [False, True])
-def test_optuna_logs_only_when_verbose_and_the_callers_level_comes_back(small_trace, verbose):
-    import logging
-
+def test_optuna_logs_only_when_verbose_and_the_callers_level_comes_back(small_trace, verbose, optuna_messages):
     import optuna
 
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__()
-            self.messages = []
-
-        def emit(self, record):
-            self.messages.append(record.getMessage())
-
-    lines = Lines()
-    logging.getLogger("optuna").addHandler(lines)
     optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's own default, as a user's process has it
     try:
         freqopt.search(small_trace, max_slowdown=0.02, granularity="iteration", n_trials=3, verbose=verbose)
         assert optuna.logging.get_verbosity() == optuna.logging.INFO
     finally:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # the suite's level (conftest)
-        logging.getLogger("optuna").removeHandler(lines)
-    assert any(m.startswith("A new study created") for m in lines.messages) is verbose, lines.messages[:3]
+    assert any(m.startswith("A new study created") for m in optuna_messages) is verbose, optuna_messages[:3]
 
 
 def test_search_a_trace_in_memory_writes_nothing(small_trace, tmp_path, monkeypatch):

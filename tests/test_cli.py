@@ -154,22 +154,10 @@ def test_search_writes_tables_and_json(tmp_path):
     assert table.granularity == "pass" and (tmp_path / "freqopt.db").exists()
 
 
-def test_verbose_lets_optunas_lines_through(tmp_path, capsys):
-    import logging
-
-    class Lines(logging.Handler):
-        messages: list[str] = []
-
-        def emit(self, record):
-            self.messages.append(record.getMessage())
-
-    logging.getLogger("optuna").addHandler(handler := Lines())
-    try:
-        assert main(["search", "--model", "gpt3-small", "--seq-len", "128", "--micro-batch-size", "1", "--max-slowdown",
-                     "2%", "--granularity", "iteration", "--trials", "3", "--out", str(tmp_path), "--verbose"]) == 0
-    finally:
-        logging.getLogger("optuna").removeHandler(handler)
-    assert any(m.startswith("A new study created in RDB with name: gpt3-small") for m in handler.messages)
+def test_verbose_lets_optunas_lines_through(tmp_path, capsys, optuna_messages):
+    assert main(["search", "--model", "gpt3-small", "--seq-len", "128", "--micro-batch-size", "1", "--max-slowdown",
+                 "2%", "--granularity", "iteration", "--trials", "3", "--out", str(tmp_path), "--verbose"]) == 0
+    assert any(m.startswith("A new study created in RDB with name: gpt3-small") for m in optuna_messages)
 
 
 def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):
