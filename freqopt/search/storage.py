@@ -39,7 +39,11 @@ def open_storage(url: str | None):
         engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
         for attempt in range(5):
             try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+                if url.startswith("sqlite"):
+                    sqlalchemy.event.listen(storage.engine, "connect", _sqlite_write_ahead_log)
+                    storage.engine.dispose()  # connections opened while creating the tables get it too
+                return storage
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):  # processes creating a new
                 # database's tables at once collide ("duplicate key", "relation already exists"): the tables exist now
                 if attempt == 4:
@@ -51,6 +55,22 @@ def open_storage(url: str | None):
             f"cannot open Optuna storage {url!r} ({reason}); give a URL like sqlite:///path/to/freqopt.db, "
             "postgresql+psycopg2://user@host/db or journal:path/to/journal.log"
         ) from e
+
+
+def _sqlite_write_ahead_log(dbapi_connection, _connection_record) -> None:
+    """SQLite in write-ahead-log mode with ``synchronous=NORMAL`` (https://www.sqlite.org/wal.html).
+
+    A search commits after every measurement (thousands of small transactions). In SQLite's default mode each
+    commit waits for the disk twice (fsync), which cost 7 of the main job's 67 s; in WAL mode with NORMAL
+    synchronization a commit is an append to the log, synchronized at checkpoints. A committed measurement
+    survives the process being killed (SIGKILL included: the log is the operating system's to write); only a
+    power loss may lose the last few, which a resumed search measures again. Readers no longer block the
+    writer, so processes sharing the file wait less for its lock.
+    """
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
 
 
 def study_prefix(trace: Trace, spec, seed: int) -> str:

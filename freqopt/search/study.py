@@ -32,7 +32,7 @@ from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING
 from freqopt.kernels import Kernel
 from freqopt.search.journal import MeasurementLog
 
-__all__ = ["Option", "UnitSearch", "search_unit", "optuna_logging", "SPACES"]
+__all__ = ["Option", "UnitSearch", "search_unit", "optuna_logging", "GridGPSampler", "SPACES"]
 
 SPACES = ("clocks", "power")
 
@@ -51,6 +51,33 @@ def optuna_logging(verbose: bool = False) -> Iterator[None]:
         yield
     finally:
         optuna.logging.set_verbosity(before)
+
+
+class GridGPSampler(optuna.samplers.GPSampler):
+    """Optuna's GPSampler whose acquisition function is maximized by evaluating it at every point of the grid.
+
+    A unit's space is a small grid: supported SM clocks (an integer step, 15 MHz on the H100: 86 clocks) times
+    at most a few memory clocks, or whole watts of power limit (at most a few hundred). GPSampler maximizes the
+    acquisition (log EHVI here) over any space by scoring 2048 quasi-random points and refining ten of them by
+    local search, which on these grids costs most of a search's time (80 % of the main job's, cProfile) and
+    still may miss the best point. Scoring every grid point in one batch is exact and several times cheaper.
+    This overrides ``GPSampler._optimize_acqf``, the hook Optuna's source names for replacing the acquisition
+    optimizer (optuna/samplers/_gp/sampler.py, Optuna 5.0); spaces with a continuous dimension or more than
+    ``max_grid_points`` points keep Optuna's optimizer.
+    """
+
+    max_grid_points = 20_000
+
+    def _optimize_acqf(self, acqf, best_params):  # noqa: D102 (Optuna's private hook; see the class docstring)
+        space = acqf.search_space
+        if len(space.continuous_indices) or space.dim == 0:
+            return super()._optimize_acqf(acqf, best_params)
+        choices = space.get_choices_of_discrete_params()  # normalized values, one array per dimension
+        if int(np.prod([len(c) for c in choices])) > self.max_grid_points:
+            return super()._optimize_acqf(acqf, best_params)
+        grid = np.empty((int(np.prod([len(c) for c in choices])), space.dim))
+        grid[:, space.discrete_indices] = np.stack(np.meshgrid(*choices, indexing="ij"), axis=-1).reshape(-1, len(choices))
+        return grid[int(np.argmax(acqf.eval_acqf_no_grad(grid)))]
 
 
 @dataclass(frozen=True)
@@ -249,13 +276,17 @@ def search_unit(
             objective.measure(DEFAULT_SETTING)
         limit_s = objective.option(DEFAULT_SETTING).time_s * (1.0 + finalist_slowdown)
 
-        while (done := len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))) < n_trials:
+        while True:
+            states = [t.state for t in study.get_trials(deepcopy=False)]  # one read of the storage per trial
+            done = states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED)
+            if done >= n_trials:
+                break
             # A fresh sampler per trial, seeded by the trial's index: the n-th suggestion depends only on the
             # study's history, not on how many processes the search took to get there.
-            study.sampler = optuna.samplers.GPSampler(
+            study.sampler = GridGPSampler(
                 seed=zlib.crc32(f"{seed}:{done}".encode()), n_startup_trials=len(warm), deterministic_objective=False
             )
-            if done < len(warm) and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if done < len(warm) and TrialState.WAITING not in states:
                 study.enqueue_trial(warm[done])
             trial = study.ask()
             setting = objective.suggest(trial)
