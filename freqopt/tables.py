@@ -261,7 +261,19 @@ def write_result_tables(result, out: str | Path) -> dict[str, Path]:
 
 
 def _umask() -> int:
-    """The process's file-mode creation mask (os.umask has no read-only form: set it and put it back)."""
+    """The process's file-mode creation mask.
+
+    Read from the ``Umask:`` line of /proc/self/status (Linux 4.7 and later, proc(5)), which changes nothing.
+    Elsewhere os.umask, which has no read-only form, is set and put back: a thread of the same process creating a
+    file in that instant would get mode 022's permissions.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

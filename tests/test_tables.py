@@ -96,3 +96,26 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "t.json").stat().st_mode) == mode
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize("proc_readable", [True, False])
+def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
+    import builtins
+
+    from freqopt import tables
+
+    if not proc_readable:  # not Linux: the set-and-put-back fallback
+        real_open = builtins.open
+
+        def no_proc(path, *args, **kwargs):
+            if str(path) == "/proc/self/status":
+                raise OSError("no /proc here")
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", no_proc)
+    old = os.umask(0o027)
+    try:
+        assert tables._umask() == 0o027
+        assert os.umask(0o027) == 0o027  # still the caller's
+    finally:
+        os.umask(old)
