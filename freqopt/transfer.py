@@ -378,21 +378,20 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     baseline = validator.baseline()
     transferred = validator(schedule.per_kernel(), key="transferred")
     levels = native_granularities(schedule.granularity)
-    searched, coarse = None, {}
-    if native:  # the whole native search; its coarser levels are the re-allocation's too
-        searched = run_search(trace, backend, dataclasses.replace(config, granularities=levels), on_unit=on_unit,
-                              validator=validator)  # fmt: skip
-        coarse = searched.results
-    elif len(levels) > 1:  # the coarser levels only (cheap: one and three units)
-        coarse = run_search(trace, backend, dataclasses.replace(config, granularities=levels[:-1]), on_unit=on_unit,
-                            validator=validator).results  # fmt: skip
+    # The whole native search, whose coarser levels are the re-allocation's too; without it the coarser levels
+    # only (cheap: one and three units).
+    searching = levels if native else levels[:-1]
+    searched = run_search(trace, backend, dataclasses.replace(config, granularities=searching), on_unit=on_unit,
+                          validator=validator) if searching else None  # fmt: skip
+    coarse = searched.results if searched else {}
     reallocated = None
     if has_fronts(table):
         reallocated = reallocate(schedule, table, backend, config, validator, baseline,
                                  coarser=coarse[levels[-2]] if len(levels) > 1 else None, storage=storage,
                                  on_unit=on_unit)  # fmt: skip
-    return TransferReport(schedule, baseline, transferred, reallocated, searched, config.max_slowdown, table,
-                          backend.spec, backend.name, config.seed, config.storage)  # fmt: skip
+    return TransferReport(schedule, baseline, transferred, reallocated, searched if native else None,
+                          config.max_slowdown, table, backend.spec, backend.name, config.seed,
+                          config.storage)  # fmt: skip
 
 
 def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None, backend="sim",
