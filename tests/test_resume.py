@@ -122,3 +122,17 @@ def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path, kernel_search
     # Measurements the last run took itself: fewer than the whole search's (the killed runs' are read back).
     assert resumed.pop("n_new_measurements") < uninterrupted.pop("n_new_measurements")
     assert resumed == uninterrupted
+
+
+def test_sqlite_storage_is_in_write_ahead_log_mode(tmp_path):
+    import sqlite3
+
+    import optuna
+
+    from freqopt.search.storage import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    optuna.create_study(study_name="s", storage=storage).set_user_attr("m:x#0", [1.0, 2.0, 0.1, 1980])
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert optuna.load_study(study_name="s", storage=storage).user_attrs == {"m:x#0": [1.0, 2.0, 0.1, 1980]}

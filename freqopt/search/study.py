@@ -56,7 +56,7 @@ def optuna_logging(verbose: bool = False) -> Iterator[None]:
 class GridGPSampler(optuna.samplers.GPSampler):
     """Optuna's GPSampler whose acquisition function is maximized by evaluating it at every point of the grid.
 
-    A unit's space is a small grid: supported SM clocks (an integer step, 15 MHz on the H100: 86 clocks) times
+    A unit's space is a small grid: supported SM clocks (an integer step, 15 MHz on the H100: 110 clocks) times
     at most a few memory clocks, or whole watts of power limit (at most a few hundred). GPSampler maximizes the
     acquisition (log EHVI here) over any space by scoring 2048 quasi-random points and refining ten of them by
     local search, which on these grids costs most of a search's time (80 % of the main job's, cProfile) and

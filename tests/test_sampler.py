@@ -1,0 +1,61 @@
+"""GridGPSampler: the acquisition maximized by scoring every grid point (freqopt.search.study)."""
+
+import itertools
+
+import numpy as np
+import optuna
+import pytest
+from optuna._gp.search_space import SearchSpace
+from optuna.distributions import FloatDistribution, IntDistribution
+
+from freqopt.search.study import GridGPSampler
+
+
+class _Acquisition:
+    """A stand-in acquisition function: a fixed function of the normalized point, and the calls it got."""
+
+    def __init__(self, space: SearchSpace, f):
+        self.search_space, self.f, self.calls = space, f, []
+
+    def eval_acqf_no_grad(self, x: np.ndarray) -> np.ndarray:
+        self.calls.append(x.copy())
+        return self.f(x)
+
+
+def test_the_acquisition_is_maximized_over_the_whole_grid():
+    distributions = {"sm_clock_mhz": IntDistribution(345, 1980, step=15), "mem_clock_index": IntDistribution(0, 1)}
+    space = SearchSpace(distributions)
+    # A bumpy function whose maximum is a single grid point away from the middle.
+    target = space.get_normalized_params([None], [{"sm_clock_mhz": 1215, "mem_clock_index": 0}])[0]
+    acqf = _Acquisition(space, lambda x: -np.abs(x - target).sum(axis=1) + 0.01 * np.sin(40 * x[:, 0]))
+    best = GridGPSampler()._optimize_acqf(acqf, None)
+    grid = [{"sm_clock_mhz": sm, "mem_clock_index": m} for sm, m in itertools.product(range(345, 1981, 15), (0, 1))]
+    points = space.get_normalized_params([None] * len(grid), grid)
+    assert len(acqf.calls) == 1 and len(acqf.calls[0]) == len(grid) == 220  # every point, one batch
+    assert np.allclose(np.sort(acqf.calls[0], axis=0), np.sort(points, axis=0))
+    assert np.allclose(best, points[np.argmax(acqf.f(points))])
+    assert space.get_unnormalized_param(best) == {"sm_clock_mhz": 1215, "mem_clock_index": 0}
+
+
+@pytest.mark.parametrize("distributions", [
+    {"x": FloatDistribution(0.0, 1.0)},  # a continuous dimension
+    {"a": IntDistribution(0, 999), "b": IntDistribution(0, 99)},  # 100,000 points: above max_grid_points
+])  # fmt: skip
+def test_other_spaces_keep_optunas_optimizer(monkeypatch, distributions):
+    called = []
+    monkeypatch.setattr(optuna.samplers.GPSampler, "_optimize_acqf", lambda self, acqf, best: called.append(acqf))
+    acqf = _Acquisition(SearchSpace(distributions), lambda x: np.zeros(len(x)))
+    GridGPSampler()._optimize_acqf(acqf, None)
+    assert called == [acqf] and acqf.calls == []
+
+
+def test_a_study_finds_the_grid_minimum():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=GridGPSampler(seed=0, n_startup_trials=4))
+
+    def objective(trial):
+        sm = trial.suggest_int("sm_clock_mhz", 345, 1980, step=15)
+        return ((sm - 1500) / 100.0) ** 2
+
+    study.optimize(objective, n_trials=14)
+    assert study.best_params["sm_clock_mhz"] == 1500
