@@ -14,6 +14,10 @@ target's kernel classes takes, in order of preference:
    table was searched on one GPU).
 
 Pass-level tables match by pass name, iteration-level and power-cap tables apply their one setting everywhere.
+A phase-level table is a schedule of requests at named phases (module boundaries and the optimizer step); every
+layout and micro-batch of the same model has the same phases, so it is laid onto the target as it stands, each
+entry requesting its setting at its phase there (freqopt.runtime.plan_phases, as the runtime applies it), and it
+is validated as requested. It carries no fronts: the target's own phase schedule is its native search.
 
 Reusing the clocks as they were ignores that on another layout the same clocks cost another slowdown (an
 all-reduce on the critical path, a GEMM of another shape). A table written by this freqopt also carries each
@@ -95,17 +99,6 @@ def _setting(entry: dict) -> ClockSetting:
     return ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
 
 
-def check_transferable(table: ClockTable) -> None:
-    """Refuse a phase-level table: a schedule of its own layout's phases, with nothing to match on another.
-
-    Raises:
-        ClockTableError: says which table to transfer instead.
-    """
-    if table.granularity == "phase":
-        raise ClockTableError("a phase-level table is a schedule of one layout's phases and is not transferred yet; "
-                              "transfer the kernel-level table, or search the target with granularity 'phase'")
-
-
 def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     """Lay ``table``'s settings onto ``trace`` (module docstring).
 
@@ -114,13 +107,17 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
         trace: the target workload's trace (any model, micro-batch or layout).
 
     Returns:
-        TransferredSchedule with one Match per tuning unit of the target at the table's granularity.
+        TransferredSchedule with one Match per tuning unit of the target at the table's granularity; for a
+        phase-level table one exact Match per entry, its unit the target's kernels from the entry's request phase
+        up to the next entry's (cyclically: the kernels before the first request run the last one's setting).
 
     Raises:
-        ClockTableError: a phase-level table (a schedule of its own layout's phases; not transferred yet).
+        ClockTableError: a phase-level table requesting a setting at a phase the target does not have (another
+            model).
     """
-    check_transferable(table)
     granularity = table.granularity
+    if granularity == "phase":
+        return _transfer_phase_table(table, trace)
     entries = table.entries
     units = partition(trace, granularity)
     matches = []
@@ -148,6 +145,23 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
         _, _, entry = min(candidates, key=lambda c: (abs(c[0] - target), c[2]["unit"]))
         matches.append(Match(unit, BY_KIND, entry["unit"], _setting(entry)))
     return TransferredSchedule(trace, granularity, tuple(matches))
+
+
+def _transfer_phase_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
+    from freqopt.phases import phase_spans
+    from freqopt.runtime import _requested_per_phase
+
+    spans = phase_spans(trace.meta.get("marks", ()), len(trace))
+    per_phase = _requested_per_phase(table, [label for label, _, _ in spans])  # raises for an unknown phase
+    index = {label: i for i, (label, _, _) in enumerate(spans)}
+    starts = sorted(((index[e["request_phase"]], e) for e in table.entries), key=lambda start: start[0])
+    matches = []
+    for j, (first, entry) in enumerate(starts):
+        end = starts[j + 1][0] if j + 1 < len(starts) else len(spans)
+        phases = list(range(first, end)) + (list(range(starts[0][0])) if j == len(starts) - 1 else [])
+        kernels = tuple(sorted(k for p in phases for k in range(spans[p][1], spans[p][2])))
+        matches.append(Match(TuningUnit(entry["unit"], kernels), EXACT, entry["unit"], per_phase[first]))
+    return TransferredSchedule(trace, "phase", tuple(matches))
 
 
 def has_fronts(table: ClockTable) -> bool:
@@ -348,9 +362,12 @@ class TransferReport:
 
 def native_granularities(granularity: str) -> tuple[str, ...]:
     """What a native search runs to reach ``granularity`` as ``freqopt search`` does: the clock granularities
-    from iteration down to it (each finer one starts from the coarser result), or the power cap alone."""
+    from iteration down to it (each finer one starts from the coarser result), the iteration level and the phase
+    schedule, or the power cap alone."""
     if granularity == "power-cap":
         return ("power-cap",)
+    if granularity == "phase":  # its in-situ studies change one block at a time from the iteration level's clock
+        return ("iteration", "phase")
     clocks = [g for g in GRANULARITIES if g != "power-cap"]
     return tuple(clocks[: clocks.index(granularity) + 1])
 
@@ -376,11 +393,14 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     log = validation_log(storage, study_prefix(trace, backend.spec, config.seed))
     validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
     baseline = validator.baseline()
-    transferred = validator(schedule.per_kernel(), key="transferred")
+    # A phase-level table is realizable as it stands (its requests are look-ahead already), others as a runtime
+    # realizes them.
+    measure = validator.requests if schedule.granularity == "phase" else validator
+    transferred = measure(schedule.per_kernel(), key="transferred")
     levels = native_granularities(schedule.granularity)
     # The whole native search, whose coarser levels are the re-allocation's too; without it the coarser levels
-    # only (cheap: one and three units).
-    searching = levels if native else levels[:-1]
+    # only (cheap: one and three units), which a table without fronts does not need.
+    searching = levels if native else levels[:-1] if has_fronts(table) else ()
     searched = run_search(trace, backend, dataclasses.replace(config, granularities=searching), on_unit=on_unit,
                           validator=validator) if searching else None  # fmt: skip
     coarse = searched.results if searched else {}
@@ -430,7 +450,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     Raises:
         UnknownNameError: unknown model, GPU type or backend.
         ClockTableError: the table cannot be read, was searched on another GPU type than ``gpu``, or is a
-            phase-level table.
+            phase-level table of another model (it requests a setting at a phase the target does not have).
         InvalidSettingError: a bad slowdown, override, layout or n_trials.
         OutputError: ``out`` is a file or cannot be written.
         StorageError: ``storage`` cannot be opened.
@@ -454,19 +474,20 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         table = load_table(table)
     spec = requested or get_gpu(table.gpu)
     table.check_gpu(spec, source=source)
-    check_transferable(table)
     slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]
     check_positive_int("n_trials", n_trials, optional=True)
     backend = resolve_backend(backend)
     measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
     try:
+        trace = trace_training_iteration(workload)
+        if table.granularity == "phase":
+            transfer_table(table, trace)  # a table of another model's phases fails here, before any file is written
         if out is not None:
             out = check_writable_dir(out)
             storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
         open_storage(storage)  # a bad URL fails here, before any work
         counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
         config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
-        trace = trace_training_iteration(workload)
         if on_start is not None:
             on_start(table, trace, spec)
         with optuna_logging(verbose):

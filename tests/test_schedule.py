@@ -120,14 +120,46 @@ def test_phase_table_round_trips_and_the_runtime_applies_it_as_searched(result, 
     assert tuple(plan.per_kernel(list(plan.settings), len(trace))) == searched
 
 
+def _distinct_settings(table):
+    """``table`` with a different SM clock in each entry (a searched schedule may be one clock throughout)."""
+    data = json.loads(json.dumps(table.data))
+    for entry, sm in zip(data["entries"], (1500, 1200, 1710, 1350)):
+        entry["sm_clock_mhz"] = sm
+    return dataclasses.replace(table, data=data)
+
+
+def test_a_phase_table_transfers_as_the_runtime_applies_it_on_another_layout(result, trace):
+    from freqopt.layout import Layout
+    from freqopt.transfer import EXACT, evaluate_transfer
+
+    table = _distinct_settings(result.table("phase"))
+    sim = SimulatedGPU(H100, noise=False)
+    target = trace_training_iteration(dataclasses.replace(trace.workload, micro_batch_size=2, layout=Layout(dp=2)))
+    for on in (trace, target):
+        schedule = transfer_table(table, on)
+        plan = plan_phases(table, on, sim)
+        assert schedule.per_kernel() == tuple(plan.per_kernel(list(plan.settings), len(on)))
+        assert schedule.count(EXACT) == len(table.entries) == len(schedule.matches)
+        assert sorted(k for m in schedule.matches for k in m.unit.kernel_indices) == list(range(len(on)))
+    assert len({s.sm_clock_mhz for s in transfer_table(table, target).per_kernel()}) == len(table.entries)
+    config = SearchConfig(max_slowdown=0.02, validation_repeats=1)
+    report = evaluate_transfer(table, target, SimulatedGPU(H100, seed=5), config, native=False)
+    # Validated as requested (look-ahead already), with nothing to re-allocate: a phase table carries no fronts.
+    validator_like = SimulatedGPU(H100, seed=5).measure_schedule(target.kernels, transfer_table(table, target).per_kernel(),
+                                                                 key="transferred", switching=True, sample=0)  # fmt: skip
+    assert report.transferred.time_s == pytest.approx(validator_like.time_s)
+    assert report.reallocated is None and report.native is None
+    assert report.summary()["transferred"]["matched_exact"] == len(table.entries)
+
+
 def test_phase_tables_are_refused_where_they_do_not_apply(result, trace, tmp_path):
     table = result.table("phase")
-    with pytest.raises(ClockTableError, match="not transferred yet"):
-        transfer_table(table, trace)
     data = json.loads(json.dumps(table.data))
     data["entries"][0]["request_phase"] = "fwd:no.such.module"
     with pytest.raises(ClockTableError, match="does not have"):
         plan_phases(dataclasses.replace(table, data=data), trace, SimulatedGPU(H100))
+    with pytest.raises(ClockTableError, match="does not have"):
+        transfer_table(dataclasses.replace(table, data=data), trace)
     del data["entries"][0]["request_phase"]
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(ClockTableError, match="corrupt clock table"):

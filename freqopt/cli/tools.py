@@ -122,11 +122,16 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     out.print(rich_table)
     out.print(f"units matched exactly / by kind / not: {t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']}")
     if not t["within_budget"]:
+        instead = ("use the re-allocated table" if report.table_path is not None else
+                   f"search this layout: freqopt search --granularity {report.schedule.granularity} ...")  # fmt: skip
         out.print(f"as transferred, the table breaks the {limit:g} % budget on this layout ({t['slowdown_pct']:+.2f} % "
-                  "time); use the re-allocated table")  # fmt: skip
+                  f"time); {instead}")  # fmt: skip
     if report.table_path is not None:
         out.print(f"re-allocated table: {report.table_path} (and .csv); apply it with "
                   f"`freqopt train --table {report.table_path} ...` or freqopt.DVFSRuntime")  # fmt: skip
+    elif report.schedule.granularity == "phase":
+        out.print(f"no table written: a phase-level table applies as it stands on any layout of its model; apply it "
+                  f"with `freqopt train --table {table_path} ...` or freqopt.DVFSRuntime")  # fmt: skip
     else:
         out.print("no table written: the source table carries no fronts; search the source again with this freqopt")
     write_json(json_path, summary)
