@@ -27,20 +27,19 @@ from __future__ import annotations
 import queue
 import threading
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.errors import ClockTableError, InvalidSettingError
+from freqopt.errors import InvalidSettingError
 from freqopt.fingerprint import check_trace_module, unwrap_module
 from freqopt.kernels import Trace
 from freqopt.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, phase_spans
 from freqopt.search.realize import Realizer
-from freqopt.search.schedule import settings_per_phase
+from freqopt.search.schedule import requested_per_phase
 from freqopt.tables import ClockTable
-from freqopt.transfer import _setting, transfer_table
+from freqopt.transfer import transfer_table
 
 __all__ = ["PhasePlan", "DVFSRuntime", "plan_phases"]
 
@@ -85,29 +84,12 @@ def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> Pha
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
     labels = tuple(label for label, _, _ in spans)
     if table is not None and table.granularity == "phase":
-        return PhasePlan(labels, tuple((a, b) for _, a, b in spans), _requested_per_phase(table, labels))
+        return PhasePlan(labels, tuple((a, b) for _, a, b in spans), requested_per_phase(table, labels))
     if table is None:
         per_kernel = [DEFAULT_SETTING] * len(trace)
     else:
         per_kernel = list(Realizer(trace, backend)(transfer_table(table, trace).per_kernel()))
     return PhasePlan(labels, tuple((a, b) for _, a, b in spans), tuple(per_kernel[a] for _, a, _ in spans))
-
-
-def _requested_per_phase(table: ClockTable, labels: Sequence[str]) -> tuple[ClockSetting, ...]:
-    """A phase-level table's settings per phase, as it stands (it is realizable already): each entry's setting from
-    its request phase up to the next entry's, cyclically over the iteration (settings_per_phase).
-
-    Raises:
-        ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
-    """
-    index = {label: i for i, label in enumerate(labels)}
-    requests = []
-    for entry in table.entries:
-        if entry["request_phase"] not in index:
-            raise ClockTableError(f"the phase-level table requests a setting at phase {entry['request_phase']!r}, "
-                                  "which this model does not have; search this model with granularity 'phase'")  # fmt: skip
-        requests.append((index[entry["request_phase"]], _setting(entry)))
-    return settings_per_phase(len(labels), requests)
 
 
 @dataclass

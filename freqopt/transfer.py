@@ -149,10 +149,10 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
 
 def _transfer_phase_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     from freqopt.phases import phase_spans
-    from freqopt.runtime import _requested_per_phase
+    from freqopt.search.schedule import requested_per_phase
 
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
-    per_phase = _requested_per_phase(table, [label for label, _, _ in spans])  # raises for an unknown phase
+    per_phase = requested_per_phase(table, [label for label, _, _ in spans])  # raises for an unknown phase
     index = {label: i for i, (label, _, _) in enumerate(spans)}
     starts = sorted(((index[e["request_phase"]], e) for e in table.entries), key=lambda start: start[0])
     matches = []

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import ClockTableError, InvalidSettingError
 from freqopt.kernels import Trace
 from freqopt.phases import phase_spans
 from freqopt.search.allocate import allocate
@@ -183,6 +183,33 @@ def settings_per_phase(n_phases: int, requests: Sequence[tuple[int, ClockSetting
             i += 1
         out.append(current)
     return tuple(out)
+
+
+def requested_per_phase(table, labels: Sequence[str]) -> tuple[ClockSetting, ...]:
+    """A phase-level clock table's settings per phase of a trace, as it stands (it is realizable already): each
+    entry's setting from its request phase up to the next entry's, cyclically over the iteration
+    (settings_per_phase). This is what DVFSRuntime applies, on the trace the table was searched on or on any
+    other layout or micro-batch of the same model, whose phases are the same.
+
+    Args:
+        table: a phase-level freqopt.tables.ClockTable (its entries carry ``request_phase``).
+        labels: the trace's phase labels in order (freqopt.phases.phase_spans).
+
+    Returns:
+        One ClockSetting per phase, shape (len(labels),).
+
+    Raises:
+        ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
+    """
+    index = {label: i for i, label in enumerate(labels)}
+    requests = []
+    for entry in table.entries:
+        if entry["request_phase"] not in index:
+            raise ClockTableError(f"the phase-level table requests a setting at phase {entry['request_phase']!r}, "
+                                  "which this model does not have; search this model with granularity 'phase'")  # fmt: skip
+        requests.append((index[entry["request_phase"]],
+                         ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])))
+    return settings_per_phase(len(labels), requests)
 
 
 @dataclass(frozen=True)

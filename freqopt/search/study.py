@@ -68,15 +68,15 @@ class GridGPSampler(optuna.samplers.GPSampler):
 
     max_grid_points = 20_000
 
-    def _optimize_acqf(self, acqf, best_params):  # noqa: D102 (Optuna's private hook; see the class docstring)
+    def _optimize_acqf(self, acqf, best_params):
+        """The grid point (normalized, shape (dim,)) where ``acqf`` is highest; Optuna's search outside a grid."""
         space = acqf.search_space
-        if len(space.continuous_indices) or space.dim == 0:
+        choices = space.get_choices_of_discrete_params()  # normalized values, one array per discrete dimension
+        size = int(np.prod([len(c) for c in choices]))
+        if len(space.continuous_indices) or space.dim == 0 or size > self.max_grid_points:
             return super()._optimize_acqf(acqf, best_params)
-        choices = space.get_choices_of_discrete_params()  # normalized values, one array per dimension
-        if int(np.prod([len(c) for c in choices])) > self.max_grid_points:
-            return super()._optimize_acqf(acqf, best_params)
-        grid = np.empty((int(np.prod([len(c) for c in choices])), space.dim))
-        grid[:, space.discrete_indices] = np.stack(np.meshgrid(*choices, indexing="ij"), axis=-1).reshape(-1, len(choices))
+        grid = np.empty((size, space.dim))
+        grid[:, space.discrete_indices] = np.stack(np.meshgrid(*choices, indexing="ij"), axis=-1).reshape(size, -1)
         return grid[int(np.argmax(acqf.eval_acqf_no_grad(grid)))]
 
 
