@@ -2,7 +2,8 @@
 
     python experiments/benchmark_report.py
 
-The runs themselves (about 1 minute each for gpt3-small on h100-sxm, several for gpt3-xl on rtx3080ti):
+The runs themselves (59 s and 84 s for gpt3-small on h100-sxm, 252 s and 347 s for gpt3-xl on rtx3080ti, on 2 cores
+shared with other experiment runs, 2026-11-23):
 
     freqopt benchmark --model gpt3-small --gpu h100-sxm --json experiments/benchmark/gpt3-small-h100-sxm.json
     freqopt benchmark --model gpt3-small --gpu h100-sxm --free-switching --json experiments/benchmark/gpt3-small-h100-sxm-free-switching.json
