@@ -59,8 +59,9 @@ class GridGPSampler(optuna.samplers.GPSampler):
     A unit's space is a small grid: supported SM clocks (an integer step, 15 MHz on the H100: 110 clocks) times
     at most a few memory clocks, or whole watts of power limit (at most a few hundred). GPSampler maximizes the
     acquisition (log EHVI here) over any space by scoring 2048 quasi-random points and refining ten of them by
-    local search, which on these grids costs most of a search's time (80 % of the main job's, cProfile) and
-    still may miss the best point. Scoring every grid point in one batch is exact and several times cheaper.
+    local search, which on these grids cost more than half of a search's time and may still miss the best
+    point. Scoring every grid point in one batch is exact and cheaper: the main job's search took 50.6 s instead
+    of 112.7 s, with the same result (experiments/search_speed).
     This overrides ``GPSampler._optimize_acqf``, the hook Optuna's source names for replacing the acquisition
     optimizer (optuna/samplers/_gp/sampler.py, Optuna 5.0); spaces with a continuous dimension or more than
     ``max_grid_points`` points keep Optuna's optimizer.
