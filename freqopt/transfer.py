@@ -49,7 +49,7 @@ from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitWork, run_unit
-from freqopt.tables import ClockTable
+from freqopt.tables import ClockTable, entry_setting
 
 __all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "reallocate", "evaluate_transfer",
            "transfer"]
@@ -95,10 +95,6 @@ class TransferredSchedule:
         return tuple(settings)
 
 
-def _setting(entry: dict) -> ClockSetting:
-    return ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
-
-
 def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     """Lay ``table``'s settings onto ``trace`` (module docstring).
 
@@ -122,7 +118,7 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     units = partition(trace, granularity)
     matches = []
     if granularity in ("iteration", "power-cap"):
-        setting = _setting(entries[0])
+        setting = entry_setting(entries[0])
         return TransferredSchedule(trace, granularity, tuple(Match(u, EXACT, entries[0]["unit"], setting) for u in units))
     by_name = {e["unit"]: e for e in entries}
     by_kind: dict[str, list[tuple[float, str, dict]]] = {}
@@ -133,7 +129,7 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     for unit in units:
         if unit.name in by_name:
             entry = by_name[unit.name]
-            matches.append(Match(unit, EXACT, entry["unit"], _setting(entry)))
+            matches.append(Match(unit, EXACT, entry["unit"], entry_setting(entry)))
             continue
         kernels = unit.kernels(trace)
         candidates = by_kind.get(kernels[0].kind, []) if granularity == "kernel" else []
@@ -143,24 +139,22 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
         candidates = [c for c in candidates if c[1] == kernels[0].pass_name] or candidates
         target = math.log10(sum(k.flops for k in kernels) / max(sum(k.mem_bytes for k in kernels), 1.0) + 1e-9)
         _, _, entry = min(candidates, key=lambda c: (abs(c[0] - target), c[2]["unit"]))
-        matches.append(Match(unit, BY_KIND, entry["unit"], _setting(entry)))
+        matches.append(Match(unit, BY_KIND, entry["unit"], entry_setting(entry)))
     return TransferredSchedule(trace, granularity, tuple(matches))
 
 
 def _transfer_phase_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     from freqopt.phases import phase_spans
-    from freqopt.search.schedule import requested_per_phase
+    from freqopt.search.schedule import request_phases, settings_per_phase
 
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
-    per_phase = requested_per_phase(table, [label for label, _, _ in spans])  # raises for an unknown phase
-    index = {label: i for i, (label, _, _) in enumerate(spans)}
-    starts = sorted(((index[e["request_phase"]], e) for e in table.entries), key=lambda start: start[0])
+    requests = request_phases(table, [label for label, _, _ in spans])  # refuses a phase this trace lacks
+    # The entry in force in each phase, as the runtime requests them (freqopt.search.schedule.requested_per_phase).
+    owner = settings_per_phase(len(spans), list(zip(requests, range(len(table.entries)))))
     matches = []
-    for j, (first, entry) in enumerate(starts):
-        end = starts[j + 1][0] if j + 1 < len(starts) else len(spans)
-        phases = list(range(first, end)) + (list(range(starts[0][0])) if j == len(starts) - 1 else [])
-        kernels = tuple(sorted(k for p in phases for k in range(spans[p][1], spans[p][2])))
-        matches.append(Match(TuningUnit(entry["unit"], kernels), EXACT, entry["unit"], per_phase[first]))
+    for j, entry in enumerate(table.entries):
+        kernels = tuple(k for p, (_, first, end) in enumerate(spans) if owner[p] == j for k in range(first, end))
+        matches.append(Match(TuningUnit(entry["unit"], kernels), EXACT, entry["unit"], entry_setting(entry)))
     return TransferredSchedule(trace, "phase", tuple(matches))
 
 
@@ -177,8 +171,8 @@ def _with_front(measured: UnitSearch, entry: dict) -> UnitSearch:
     source, default = entry["default"], measured.default
     t, e = default.time_s / source["time_s"], default.energy_j / source["energy_j"]
     have = {o.setting for o in measured.options}
-    scaled = [Option(_setting(o), o["time_s"] * t, o["energy_j"] * e, o["n_samples"]) for o in entry["front"]
-              if _setting(o) not in have]  # fmt: skip
+    scaled = [Option(entry_setting(o), o["time_s"] * t, o["energy_j"] * e, o["n_samples"]) for o in entry["front"]
+              if entry_setting(o) not in have]  # fmt: skip
     others = sorted([o for o in measured.options if o.setting != default.setting] + scaled, key=lambda o: o.time_s)
     return dataclasses.replace(measured, options=(default, *others))
 

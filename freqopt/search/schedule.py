@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -44,6 +45,8 @@ from freqopt.phases import phase_spans
 from freqopt.search.allocate import allocate
 from freqopt.search.study import UnitSearch, search_unit, _tag
 from freqopt.search.units import TuningUnit
+
+T = TypeVar("T")
 
 __all__ = ["PhaseBlock", "phase_blocks", "search_blocks", "request_schedule", "settings_per_phase",
            "PhaseScheduleResult", "search_phase_schedule"]
@@ -166,13 +169,14 @@ def request_schedule(trace: Trace, blocks: Sequence[PhaseBlock], settings: Seque
     return tuple(out)
 
 
-def settings_per_phase(n_phases: int, requests: Sequence[tuple[int, ClockSetting]]) -> tuple[ClockSetting, ...]:
+def settings_per_phase(n_phases: int, requests: Sequence[tuple[int, T]]) -> tuple[T, ...]:
     """The setting in force in each phase when each (phase index, setting) of ``requests`` is asked for at that
     phase's start: the latest request at or before the phase, cyclically (the phases before the first request run
-    with the last one's setting, left by the previous iteration).
+    with the last one's setting, left by the previous iteration). Requests at the same phase take effect in the
+    order given. Any value may stand for the setting (freqopt.transfer passes the requesting entry's index).
 
     Returns:
-        One ClockSetting per phase, shape (n_phases,).
+        One setting per phase, shape (n_phases,).
     """
     ordered = sorted(requests, key=lambda r: r[0])
     current = ordered[-1][1]
@@ -185,15 +189,30 @@ def settings_per_phase(n_phases: int, requests: Sequence[tuple[int, ClockSetting
     return tuple(out)
 
 
-def requested_per_phase(table, labels: Sequence[str]) -> tuple[ClockSetting, ...]:
-    """A phase-level clock table's settings per phase of a trace, as it stands (it is realizable already): each
-    entry's setting from its request phase up to the next entry's, cyclically over the iteration
-    (settings_per_phase). This is what DVFSRuntime applies, on the trace the table was searched on or on any
-    other layout or micro-batch of the same model, whose phases are the same.
+def request_phases(table, labels: Sequence[str]) -> list[int]:
+    """Where a phase-level clock table asks for each entry's setting on a trace: the index, in ``labels``, of each
+    entry's ``request_phase``, in entry order. Every layout and micro-batch of one model has the same phases.
 
     Args:
         table: a phase-level freqopt.tables.ClockTable (its entries carry ``request_phase``).
         labels: the trace's phase labels in order (freqopt.phases.phase_spans).
+
+    Raises:
+        ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
+    """
+    index = {label: i for i, label in enumerate(labels)}
+    for entry in table.entries:
+        if entry["request_phase"] not in index:
+            raise ClockTableError(f"the phase-level table requests a setting at phase {entry['request_phase']!r}, "
+                                  "which this model does not have; search this model with granularity 'phase'")  # fmt: skip
+    return [index[entry["request_phase"]] for entry in table.entries]
+
+
+def requested_per_phase(table, labels: Sequence[str]) -> tuple[ClockSetting, ...]:
+    """A phase-level clock table's settings per phase of a trace, as it stands (it is realizable already): each
+    entry's setting from its request phase (request_phases) up to the next entry's, cyclically over the iteration
+    (settings_per_phase). This is what DVFSRuntime applies, on the trace the table was searched on or on any
+    other layout or micro-batch of the same model.
 
     Returns:
         One ClockSetting per phase, shape (len(labels),).
@@ -201,15 +220,10 @@ def requested_per_phase(table, labels: Sequence[str]) -> tuple[ClockSetting, ...
     Raises:
         ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
     """
-    index = {label: i for i, label in enumerate(labels)}
-    requests = []
-    for entry in table.entries:
-        if entry["request_phase"] not in index:
-            raise ClockTableError(f"the phase-level table requests a setting at phase {entry['request_phase']!r}, "
-                                  "which this model does not have; search this model with granularity 'phase'")  # fmt: skip
-        requests.append((index[entry["request_phase"]],
-                         ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])))
-    return settings_per_phase(len(labels), requests)
+    from freqopt.tables import entry_setting
+
+    phases = request_phases(table, labels)
+    return settings_per_phase(len(labels), [(p, entry_setting(e)) for p, e in zip(phases, table.entries)])
 
 
 @dataclass(frozen=True)
