@@ -20,14 +20,11 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from freqopt import __version__
 from freqopt.errors import ClockTableError, OutputError
 from freqopt.gpus import GPUSpec
-
-if TYPE_CHECKING:
-    from freqopt.backends.base import ClockSetting
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "table_from_result", "result_table",
            "table_stem", "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text",
@@ -138,14 +135,6 @@ class ClockTable:
                 )
             if power is not None and not spec.power_limit_min_w <= power <= spec.power_limit_max_w:
                 raise ClockTableError(f"{source}: power limit {power} W is outside {spec.name}'s range")
-
-
-def entry_setting(entry: dict[str, Any]) -> ClockSetting:
-    """The setting a table entry (or one option of an entry's front) holds: its sm_clock_mhz, mem_clock_mhz and
-    power_limit_w, each None where the GPU's default is kept."""
-    from freqopt.backends.base import ClockSetting
-
-    return ClockSetting(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
 
 
 def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, seed: int) -> ClockTable:

@@ -49,7 +49,7 @@ from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition
 from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitWork, run_unit
-from freqopt.tables import ClockTable, entry_setting
+from freqopt.tables import ClockTable
 
 __all__ = ["Match", "TransferredSchedule", "TransferReport", "transfer_table", "reallocate", "evaluate_transfer",
            "transfer"]
@@ -118,7 +118,7 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     units = partition(trace, granularity)
     matches = []
     if granularity in ("iteration", "power-cap"):
-        setting = entry_setting(entries[0])
+        setting = ClockSetting.of_entry(entries[0])
         return TransferredSchedule(trace, granularity, tuple(Match(u, EXACT, entries[0]["unit"], setting) for u in units))
     by_name = {e["unit"]: e for e in entries}
     by_kind: dict[str, list[tuple[float, str, dict]]] = {}
@@ -129,7 +129,7 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
     for unit in units:
         if unit.name in by_name:
             entry = by_name[unit.name]
-            matches.append(Match(unit, EXACT, entry["unit"], entry_setting(entry)))
+            matches.append(Match(unit, EXACT, entry["unit"], ClockSetting.of_entry(entry)))
             continue
         kernels = unit.kernels(trace)
         candidates = by_kind.get(kernels[0].kind, []) if granularity == "kernel" else []
@@ -139,7 +139,7 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
         candidates = [c for c in candidates if c[1] == kernels[0].pass_name] or candidates
         target = math.log10(sum(k.flops for k in kernels) / max(sum(k.mem_bytes for k in kernels), 1.0) + 1e-9)
         _, _, entry = min(candidates, key=lambda c: (abs(c[0] - target), c[2]["unit"]))
-        matches.append(Match(unit, BY_KIND, entry["unit"], entry_setting(entry)))
+        matches.append(Match(unit, BY_KIND, entry["unit"], ClockSetting.of_entry(entry)))
     return TransferredSchedule(trace, granularity, tuple(matches))
 
 
@@ -154,7 +154,7 @@ def _transfer_phase_table(table: ClockTable, trace: Trace) -> TransferredSchedul
     matches = []
     for j, entry in enumerate(table.entries):
         kernels = tuple(k for p, (_, first, end) in enumerate(spans) if owner[p] == j for k in range(first, end))
-        matches.append(Match(TuningUnit(entry["unit"], kernels), EXACT, entry["unit"], entry_setting(entry)))
+        matches.append(Match(TuningUnit(entry["unit"], kernels), EXACT, entry["unit"], ClockSetting.of_entry(entry)))
     return TransferredSchedule(trace, "phase", tuple(matches))
 
 
@@ -171,8 +171,8 @@ def _with_front(measured: UnitSearch, entry: dict) -> UnitSearch:
     source, default = entry["default"], measured.default
     t, e = default.time_s / source["time_s"], default.energy_j / source["energy_j"]
     have = {o.setting for o in measured.options}
-    scaled = [Option(entry_setting(o), o["time_s"] * t, o["energy_j"] * e, o["n_samples"]) for o in entry["front"]
-              if entry_setting(o) not in have]  # fmt: skip
+    scaled = [Option(ClockSetting.of_entry(o), o["time_s"] * t, o["energy_j"] * e, o["n_samples"]) for o in entry["front"]
+              if ClockSetting.of_entry(o) not in have]  # fmt: skip
     others = sorted([o for o in measured.options if o.setting != default.setting] + scaled, key=lambda o: o.time_s)
     return dataclasses.replace(measured, options=(default, *others))
 

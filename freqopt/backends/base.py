@@ -29,6 +29,12 @@ class ClockSetting:
     mem_clock_mhz: int | None = None
     power_limit_w: float | None = None
 
+    @classmethod
+    def of_entry(cls, entry: dict) -> ClockSetting:
+        """The setting a clock table entry (freqopt.tables), or one option of an entry's front, holds: its
+        ``sm_clock_mhz``, ``mem_clock_mhz`` and ``power_limit_w``, each None where the default is kept."""
+        return cls(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
+
     def label(self) -> str:
         parts = []
         if self.sm_clock_mhz is not None:

@@ -220,10 +220,8 @@ def requested_per_phase(table, labels: Sequence[str]) -> tuple[ClockSetting, ...
     Raises:
         ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
     """
-    from freqopt.tables import entry_setting
-
     phases = request_phases(table, labels)
-    return settings_per_phase(len(labels), [(p, entry_setting(e)) for p, e in zip(phases, table.entries)])
+    return settings_per_phase(len(labels), [(p, ClockSetting.of_entry(e)) for p, e in zip(phases, table.entries)])
 
 
 @dataclass(frozen=True)
