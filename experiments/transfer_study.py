@@ -100,7 +100,7 @@ def gemm_clock_at_default(layout: Layout, micro_batch: int) -> float:
 
     trace = trace_training_iteration(get_workload(MODEL, micro_batch_size=micro_batch, layout=layout))
     time_s, _, clocks = SimulatedGPU(get_gpu(GPU), noise=False).run(trace.kernels, [DEFAULT_SETTING] * len(trace),
-                                                                    loop=True)  # fmt: skip
+                                                                    loop=False)  # one training step  # fmt: skip
     gemm = np.array([k.kind == "gemm" for k in trace.kernels])
     return float(np.average(clocks[gemm], weights=time_s[gemm]))
 

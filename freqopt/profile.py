@@ -1,7 +1,8 @@
 """``freqopt profile``: one training iteration's time, energy, average power, FLOPs and a breakdown by kernel kind.
 
 On the simulated GPU (``SimulatedGPU``) the iteration is traced (freqopt.trace) and run once at the GPU's default
-settings, noiselessly (``SimulatedGPU.run(..., loop=False)``: one step issued from an idle GPU); per-kernel time and
+settings, noiselessly (``SimulatedGPU.run(..., loop=False)``: one step issued from an idle GPU, the step that
+``SimulatedGPU.step`` and so the search's baseline and validation and the runtime measure); per-kernel time and
 energy are summed by ``Kernel.kind``.
 
 On a real GPU (``NVMLBackend``) the model trains for real, read-only: profile reads the backend's energy counter

@@ -136,3 +136,18 @@ def test_cli_profile_on_nvml_is_read_only(fake, tmp_path, capsys, monkeypatch):
     row = doc["profiler_by_kind"]["gemm"]
     assert row["profiled_n_kernels"] == row["traced_n_kernels"] > 0
     assert fake.set_calls() == []  # not even the permission check of a writable backend
+
+
+@pytest.mark.parametrize("sizes", [{"micro_batch_size": 1, "seq_len": 128}, {}], ids=["mb1-seq128", "defaults"])
+def test_the_searchs_default_row_is_the_step_profile_prints(sizes):
+    """One physics (issue 22, item 4): the search's baseline (three noisy readings of the whole step at the GPU's
+    defaults) and ``freqopt profile`` measure the same step, host gaps included: within 0.5 %. Before, the search
+    replayed the step back to back (no host gaps) and printed 7.91 ms against profile's 9.09 ms at mb1/seq128."""
+    from freqopt.search import SearchConfig, run_search
+
+    report = profile("gpt3-small", "sim", **sizes)
+    trace = trace_training_iteration(get_workload("gpt3-small", **sizes))
+    config = SearchConfig(max_slowdown=0.01, granularities=("iteration",), n_trials_1d=3)
+    baseline = run_search(trace, SimulatedGPU(get_gpu("h100-sxm")), config).baseline
+    assert baseline.time_s == pytest.approx(report.time_s, rel=0.005)
+    assert baseline.energy_j == pytest.approx(report.energy_j, rel=0.005)

@@ -25,8 +25,10 @@ transcendental (GELU, softmax), layer norm, attention (PowerModel).
 
 Host: the host issues each kernel of a step in ``host_issue_s`` (GEMMs: ``host_gemm_issue_s``); a kernel starts
 no earlier than it is issued, and the GPU idles at its baseline power (an idle GPU with a context at that clock)
-while it waits (``host_gaps``). A step starts from an idle GPU (training loops read the loss each step); a
-measurement loop replays back to back, so only a host slower than the GPU shows.
+while it waits (``host_gaps``). A training step starts from an idle GPU (training loops read the loss each step):
+that is the step every whole-iteration figure measures (``measure_schedule``: the search's baseline and
+validation, the runtime's step, ``freqopt profile``), one physics for all of them. A tuning unit's measurement
+replays its kernels back to back (``measure``, ``true_measure``), so only a host slower than the GPU shows there.
 
 Collectives (all-reduce, ring algorithm) are timed by their bytes on the interconnect (GPUSpec.interconnect)::
 
@@ -136,13 +138,14 @@ class SimulatedGPU(Backend):
         Args:
             kernels: kernels in issue order.
             settings: one setting per kernel.
-            loop: the kernels are replayed in a loop (a measurement): a window shorter than the power-limit
-                control window sees the loop's average power.
+            loop: the kernels are replayed in a loop (a unit's measurement): a window shorter than the power-limit
+                control window sees the loop's average power, and the host shows only where it is the slower side.
+                False: one training step issued from an idle GPU (``step``).
             switch_latency_s: a change of setting lands this long after the kernel that asks for it starts; until
                 then the GPU runs at the previous setting (in a loop, the first kernels inherit the last setting).
         """
         if switch_latency_s > 0 and len(set(settings)) > 1:
-            settings = self._delayed(kernels, settings, switch_latency_s)
+            settings = self._delayed(kernels, settings, switch_latency_s, loop)
         spec = self.spec
         for s in settings:
             if s.sm_clock_mhz is not None or s.mem_clock_mhz is not None:
@@ -202,10 +205,12 @@ class SimulatedGPU(Backend):
             time_s, energy_j = _overlap_streams(kernels, time_s, energy_j, baseline_w)
         return time_s, energy_j, clocks
 
-    def _delayed(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], latency_s: float) -> list[ClockSetting]:
+    def _delayed(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], latency_s: float,
+                 loop: bool = True) -> list[ClockSetting]:  # fmt: skip
         """The settings in force at each kernel's start when each change lands ``latency_s`` after it is asked for
-        (times from a first pass with the requested settings)."""
-        time_s, _, _ = self.run(kernels, settings, loop=True)
+        (times from a first pass with the requested settings; steps run one after another, so a change asked for
+        near the end of one lands in the next)."""
+        time_s, _, _ = self.run(kernels, settings, loop=loop)
         starts = np.cumsum(time_s) - time_s  # (K,)
         total = float(time_s.sum())
         changes = [i for i in range(len(settings)) if settings[i] != settings[i - 1]]  # i = 0 compares with the last
@@ -254,14 +259,26 @@ class SimulatedGPU(Backend):
         self._meter(true.time_s, true.energy_j)
         return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting), sample)
 
+    def step(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting] | None = None, *,
+             switching: bool = False) -> Measurement:  # fmt: skip
+        """The noiseless time and energy of one training step, issued from an idle GPU as a training loop that
+        reads the loss each step issues it (host gaps included), with one setting per kernel (default: the GPU's
+        defaults); ``switching`` applies each change of setting one clock-switch latency late. This is the step
+        that ``measure_schedule`` measures with noise and ``freqopt profile`` reports: one physics for the search's
+        baseline and validation, the runtime and the profile. No GPU-seconds charged."""
+        settings = [DEFAULT_SETTING] * len(kernels) if settings is None else settings
+        latency = self.spec.clock_switch_s if switching else 0.0
+        t, e, clocks = self.run(kernels, settings, loop=False, switch_latency_s=latency)
+        return Measurement(float(t.sum()), float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
+
     def measure_schedule(
         self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False,
         sample: int | None = None,
     ) -> Measurement:
-        """Measure a whole iteration with one setting per kernel; ``switching`` applies each change of setting one
-        clock-switch latency (``spec.clock_switch_s``) late, as a real GPU does; without it switching is free."""
-        latency = self.spec.clock_switch_s if switching else 0.0
-        t, e, clocks = self.run(kernels, settings, loop=True, switch_latency_s=latency)
-        clock = float(np.average(clocks, weights=t))
-        self._meter(float(t.sum()), float(e.sum()))
-        return self._noisy(float(t.sum()), float(e.sum()), clock, (key, "schedule", switching, tuple(settings)), sample)
+        """Measure a whole training step (``step``: issued from an idle GPU, host gaps included) with one setting per
+        kernel; ``switching`` applies each change of setting one clock-switch latency (``spec.clock_switch_s``)
+        late, as a real GPU does; without it switching is free."""
+        true = self.step(kernels, settings, switching=switching)
+        self._meter(true.time_s, true.energy_j)
+        return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, "schedule", switching, tuple(settings)),
+                           sample)  # fmt: skip

@@ -68,7 +68,8 @@ def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, gra
     # The exhaustive space holds every uniform schedule too (one pair for all units): sweep the whole iteration at
     # every pair, as the search's coarse-to-fine chain starts from its iteration level, and offer the best one
     # that meets the budget (validated) as the first candidate.
-    sweep = [(backend.true_measure(trace.kernels, ClockSetting(sm, mem)), ClockSetting(sm, mem)) for sm, mem in pairs]
+    sweep = [(backend.step(trace.kernels, [ClockSetting(sm, mem)] * len(trace)), ClockSetting(sm, mem))
+             for sm, mem in pairs]  # whole steps, as validation measures them
     sweep_cost = (len(pairs), len(pairs) * per_measurement_s)
     within = [(m.energy_j, s) for m, s in sweep if m.time_s <= baseline.time_s * (1 + config.max_slowdown)]
     first = None
