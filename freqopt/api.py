@@ -206,6 +206,7 @@ def _n_units(trace, granularity: str, backend, config) -> int:
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
             on_start):  # fmt: skip
     from freqopt.search import SearchConfig, run_search
+    from freqopt.search.runner import levels_to_run
     from freqopt.search.storage import open_storage, study_prefix
     from freqopt.trace import trace_training_iteration
 
@@ -220,7 +221,8 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
         trace = trace_training_iteration(workload)
     if on_start is not None:
         on_start(SearchStart(trace, measuring.spec, measuring.name, study_prefix(trace, measuring.spec, seed), storage,
-                             sum(_n_units(trace, g, measuring, config) for g in granularities)))  # fmt: skip
+                             sum(_n_units(trace, g, measuring, config)
+                                 for g in levels_to_run(granularities, config.switching))))  # fmt: skip
     result = run_search(trace, measuring, config, on_unit=on_unit)  # its backend_name is measuring.name
     if out is not None:
         from freqopt.plots import have_matplotlib, write_search_figures

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,13 +41,13 @@ from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measur
 from freqopt.errors import ClockTableError
 from freqopt.gpus import GPUSpec
 from freqopt.kernels import Trace
-from freqopt.search.allocation import _prediction, allocate_applied, coarser_settings, first_candidate
+from freqopt.search.allocation import _prediction, allocate_applied, candidate_schedules, coarser_settings
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
-from freqopt.search.runner import _n_trials, _slack, run_search
+from freqopt.search.runner import _n_trials, _slack, levels_to_run, run_search
 from freqopt.search.storage import open_storage, study_prefix, validation_log
 from freqopt.search.study import Option, UnitSearch
-from freqopt.search.units import GRANULARITIES, TuningUnit, partition
+from freqopt.search.units import TuningUnit, partition
 from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitWork, run_unit
 from freqopt.tables import ClockTable
@@ -178,25 +179,26 @@ def _with_front(measured: UnitSearch, entry: dict) -> UnitSearch:
 
 
 def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backend, config: SearchConfig,
-               validator: Validator, baseline: Measurement, *, coarser: GranularityResult | None = None,
+               validator: Validator, baseline: Measurement, *, coarser: Sequence[GranularityResult] = (),
                storage=None, on_unit=None) -> GranularityResult:  # fmt: skip
     """Re-allocate the budget on the target from the fronts ``table`` carries (module docstring).
 
     Each target unit is measured alone at its default (1 + ``config.finalist_repeats`` samples) and at the
-    ``coarser`` schedule's setting; a unit matched to a table entry is offered, beside these, that entry's front
+    ``coarser`` schedules' settings; a unit matched to a table entry is offered, beside these, that entry's front
     scaled to its default (_with_front); an unmatched unit gets a study of its own (``config``'s trials, as a
     native search runs it). The allocator's budget is then calibrated by validating the whole target iteration
-    (allocate_validated; switching costs included when the validator switches), starting from the ``coarser``
-    schedule when it saved energy, so the result is never worse than it, as at a native search's finer levels; the
-    schedule is then expressed as a runtime applies it.
+    (allocate_validated; switching costs included when the validator switches), starting from each ``coarser``
+    schedule that saved energy, so the result is never worse than any of them, as at a native search's finer
+    levels; the schedule is then expressed as a runtime applies it.
 
     Args:
         schedule: ``table`` laid onto the target (transfer_table).
         table: a table with fronts (has_fronts).
         backend, config: the target GPU; the budget, trial counts and seed.
         validator, baseline: measures the target's whole iterations; its default-settings measurement.
-        coarser: the target's validated result at the next coarser clock granularity (native_granularities), or
-            None (an iteration-level or power-cap table). Its measurements are counted in the result's.
+        coarser: the target's validated results at the coarser levels the table's granularity chooses among
+            (native_granularities; none for an iteration-level or power-cap table), coarse to fine. Their
+            measurements are counted in the result's.
         storage: Optuna storage of the target-side studies (named "PREFIX-transfer-GRANULARITY-...").
         on_unit: called as on_unit("transfer", units_done, units_total) after each unit is measured.
 
@@ -212,19 +214,22 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
                               "cannot be re-allocated on the target; search the source again with this freqopt")  # fmt: skip
     trace, granularity = schedule.trace, schedule.granularity
     units = [m.unit for m in schedule.matches]
-    inherited = coarser_settings(trace, coarser, units) or [None] * len(units)
+    kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
+    candidates = candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
+    nearest = coarser_settings(trace, coarser[-1], units, kernel_time_s) if coarser else [None] * len(units)
+    inherited = [[n, *(c[i] for c in candidates)] for i, n in enumerate(nearest)]
     space = "power" if granularity == "power-cap" else "clocks"
     # Matched units: their default and the coarser setting (no trials); unmatched ones: a study, as natively.
     work = UnitWork(prefix=study_prefix(trace, backend.spec, config.seed), granularity=f"transfer-{granularity}",
                     space=space, n_trials=0, finalist_repeats=config.finalist_repeats,
                     finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, spread=False,
-                    constrained=len(units) == 1)  # fmt: skip
+                    constrained=len(units) == 1, whole_step=len(units) == 1)  # fmt: skip
     study_work = dataclasses.replace(work, n_trials=_n_trials(config, backend, space), spread=True)
     entries = {e["unit"]: e for e in table.entries}
     before = (validator.n_measurements, validator.cost_gpu_s)
     searches = []
     for done, (match, warm) in enumerate(zip(schedule.matches, inherited), 1):
-        warm_start = [] if warm in (None, DEFAULT_SETTING) else [warm]
+        warm_start = [w for w in dict.fromkeys(warm) if w not in (None, DEFAULT_SETTING)]
         if match.how == UNMATCHED:
             searches.append(run_unit(trace, backend, study_work, match.unit, storage, warm_start))
         else:
@@ -234,9 +239,9 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
             on_unit("transfer", done, len(units))
     result, settings, validated = allocate_applied(
         trace, units, searches, validator, baseline, config.max_slowdown, rounds=config.max_validation_rounds,
-        key="transfer", first=first_candidate(inherited, coarser, baseline))  # fmt: skip
+        key="transfer", candidates=candidates)  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
-    spent = (coarser.n_measurements, coarser.search_cost_gpu_s) if coarser is not None else (0, 0.0)
+    spent = (sum(r.n_measurements for r in coarser), sum(r.search_cost_gpu_s for r in coarser))
     return GranularityResult(
         granularity=granularity, units=tuple(zip(units, settings)), predicted=predicted,
         predicted_baseline=predicted_baseline, validated=validated,
@@ -306,7 +311,7 @@ class TransferReport:
             }  # fmt: skip
         if self.native is not None:
             g, n = self.schedule.granularity, self.native
-            searched = [n.results[x] for x in native_granularities(g)]
+            searched = list(n.results.values())  # the levels it searched (native_granularities)
             doc["native"] = {"energy_saved_pct": n.energy_saved_pct(g), "slowdown_pct": n.slowdown_pct(g),
                              "n_measurements": sum(x.n_measurements for x in searched),
                              "search_cost_gpu_s": sum(x.search_cost_gpu_s for x in searched)}  # fmt: skip
@@ -354,16 +359,11 @@ class TransferReport:
         return table
 
 
-def native_granularities(granularity: str) -> tuple[str, ...]:
-    """What a native search runs to reach ``granularity`` as ``freqopt search`` does: the clock granularities
-    from iteration down to it (each finer one starts from the coarser result), the iteration level and the phase
-    schedule, or the power cap alone."""
-    if granularity == "power-cap":
-        return ("power-cap",)
-    if granularity == "phase":  # its in-situ studies change one block at a time from the iteration level's clock
-        return ("iteration", "phase")
-    clocks = [g for g in GRANULARITIES if g != "power-cap"]
-    return tuple(clocks[: clocks.index(granularity) + 1])
+def native_granularities(granularity: str, switching: bool = True) -> tuple[str, ...]:
+    """What a native search of ``granularity`` runs, as ``freqopt search`` does (levels_to_run): the granularity
+    and the coarser levels it chooses among (the kernel level: iteration, pass and, when ``switching`` has a cost,
+    phase; pass and phase: the iteration level), or the power cap alone; in the order they are searched."""
+    return levels_to_run((granularity,), switching)
 
 
 def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config: SearchConfig, on_unit=None, *,
@@ -391,7 +391,7 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     # realizes them.
     measure = validator.requests if schedule.granularity == "phase" else validator
     transferred = measure(schedule.per_kernel(), key="transferred")
-    levels = native_granularities(schedule.granularity)
+    levels = native_granularities(schedule.granularity, config.switching)
     # The whole native search, whose coarser levels are the re-allocation's too; without it the coarser levels
     # only (cheap: one and three units), which a table without fronts does not need.
     searching = levels if native else levels[:-1] if has_fronts(table) else ()
@@ -401,7 +401,7 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     reallocated = None
     if has_fronts(table):
         reallocated = reallocate(schedule, table, backend, config, validator, baseline,
-                                 coarser=coarse[levels[-2]] if len(levels) > 1 else None, storage=storage,
+                                 coarser=[coarse[g] for g in levels[:-1] if g in coarse], storage=storage,
                                  on_unit=on_unit)  # fmt: skip
     return TransferReport(schedule, baseline, transferred, reallocated, searched if native else None,
                           config.max_slowdown, table, backend.spec, backend.name, config.seed,

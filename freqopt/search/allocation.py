@@ -8,7 +8,10 @@ prediction of it is worked out (_prediction).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from freqopt.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
@@ -19,7 +22,7 @@ from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 from freqopt.search.validate import Validator, _per_kernel_settings
 
-__all__ = ["Allocation", "allocate_validated", "allocate_applied"]
+__all__ = ["Allocation", "allocate_validated", "allocate_applied", "candidate_schedules", "coarser_settings"]
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,15 @@ class Allocation:
 
 def allocate_validated(
     units: list[TuningUnit], searches: list[UnitSearch], validator: Validator, baseline: Measurement,
-    max_slowdown: float, *, rounds: int = 8, first: list[ClockSetting] | None = None, key: str = "schedule",
+    max_slowdown: float, *, rounds: int = 8, candidates: Sequence[Sequence[ClockSetting]] = (), key: str = "schedule",
 ) -> Allocation:  # fmt: skip
     """The schedule with the least validated energy whose validated slowdown is within ``max_slowdown``.
 
     The allocator's budget starts at (1 + max_slowdown) x the sum of the units' own defaults and is then moved by
     the validated overshoot or slack: a secant step on validated slowdown, kept inside the bracket of budgets known
-    to meet and to break the limit, else bisection. ``first``: a schedule (one setting per unit, each among its
-    unit's options) validated before the allocator's, so the result is never worse than it.
+    to meet and to break the limit, else bisection. ``candidates``: schedules (one setting per unit, each among its
+    unit's options: the coarser granularities' schedules, candidate_schedules) validated before the allocator's,
+    so the result is never worse than any of them.
     """
     options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
     best = Allocation(tuple(s.default for s in searches), baseline)  # the defaults meet any budget
@@ -52,8 +56,8 @@ def allocate_validated(
             best = Allocation(chosen, measured)
         return slowdown
 
-    if first is not None:
-        evaluate(tuple(next(o for o in s.options if o.setting == setting) for s, setting in zip(searches, first)))
+    for candidate in candidates:
+        evaluate(tuple(next(o for o in s.options if o.setting == setting) for s, setting in zip(searches, candidate)))
     budget = (1.0 + max_slowdown) * sum(s.default.time_s for s in searches)
     meets, breaks = None, None  # largest budget validated within the limit, smallest validated over it
     for _ in range(rounds):
@@ -82,7 +86,7 @@ def allocate_validated(
 
 def allocate_applied(
     trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], validator: Validator, baseline: Measurement,
-    max_slowdown: float, *, rounds: int, key: str, first: list[ClockSetting] | None,
+    max_slowdown: float, *, rounds: int, key: str, candidates: Sequence[Sequence[ClockSetting]] = (),
 ) -> tuple[Allocation, list[ClockSetting], Measurement]:  # fmt: skip
     """allocate_validated, then the schedule as a runtime applies it (_as_applied, validated under KEY-applied).
 
@@ -90,27 +94,45 @@ def allocate_applied(
         The allocation, the per-unit settings for the clock table, and the whole iteration measured with them.
     """
     result = allocate_validated(units, searches, validator, baseline, max_slowdown, rounds=rounds, key=key,
-                                first=first)  # fmt: skip
+                                candidates=candidates)  # fmt: skip
     settings, validated = _as_applied(trace, units, [o.setting for o in result.chosen], result.validated, validator,
                                       baseline, max_slowdown, key=f"{key}-applied")  # fmt: skip
     return result, settings, validated
 
 
-def coarser_settings(trace: Trace, coarser, units: list[TuningUnit]) -> list[ClockSetting] | None:
-    """Per unit, the setting a coarser granularity's schedule (a GranularityResult) gives the unit's first kernel;
-    None without one."""
+def coarser_settings(trace: Trace, coarser: GranularityResult | None, units: list[TuningUnit],
+                     kernel_time_s: np.ndarray | None = None) -> list[ClockSetting] | None:  # fmt: skip
+    """Per unit, the setting a coarser granularity's schedule (a GranularityResult) gives the unit's kernels: the one
+    they spend most time in (``kernel_time_s``, shape (K,), s; by kernel count without it). Exact where the coarser
+    units are unions of these (iteration and pass under kernel classes); a projection otherwise (phase blocks,
+    whose kernels of one class may sit in blocks of different settings). None without a coarser result."""
     if coarser is None:
         return None
     per_kernel = _per_kernel_settings(trace, coarser.units)
-    return [per_kernel[u.kernel_indices[0]] for u in units]
+    settings = []
+    for unit in units:
+        weights: dict[ClockSetting, float] = {}
+        for i in unit.kernel_indices:
+            weights[per_kernel[i]] = weights.get(per_kernel[i], 0.0) + (1.0 if kernel_time_s is None
+                                                                         else float(kernel_time_s[i]))  # fmt: skip
+        settings.append(max(weights, key=weights.get))
+    return settings
 
 
-def first_candidate(inherited: list[ClockSetting] | None, coarser, baseline: Measurement) -> list[ClockSetting] | None:
-    """The coarser schedule (``inherited``, per unit) as the allocator's first candidate, when it saved energy, so a
-    finer granularity never ends worse than a coarser one; None otherwise."""
-    if coarser is None or coarser.validated.energy_j >= baseline.energy_j:
-        return None
-    return [s or DEFAULT_SETTING for s in inherited]
+def candidate_schedules(trace: Trace, coarser: Sequence[GranularityResult], units: list[TuningUnit],
+                        baseline: Measurement, kernel_time_s: np.ndarray | None = None) -> list[list[ClockSetting]]:  # fmt: skip
+    """The coarser granularities' validated schedules that saved energy, each laid onto ``units``
+    (coarser_settings), without repeats: the candidates a finer granularity chooses among beside its allocator's
+    schedules, so that it never ends worse than one clock for the iteration, one per pass or one per phase block
+    (issue 22, item 1)."""
+    out: list[list[ClockSetting]] = []
+    for result in coarser:
+        if result.validated.energy_j >= baseline.energy_j:
+            continue
+        settings = [s or DEFAULT_SETTING for s in coarser_settings(trace, result, units, kernel_time_s)]
+        if settings not in out:
+            out.append(settings)
+    return out
 
 
 def _as_applied(
@@ -143,17 +165,18 @@ def _as_applied(
 
 
 def _prediction(trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], settings: list[ClockSetting],
-                chosen: tuple, coarser: GranularityResult | None) -> tuple[Measurement, Measurement]:  # fmt: skip
+                chosen: tuple, coarser: Sequence[GranularityResult] = ()) -> tuple[Measurement, Measurement]:  # fmt: skip
     """What the search predicted, before validating it, for the schedule it ends with, and for the default.
 
-    The schedule in the table is not always the allocator's pick: the coarser granularity's schedule may have
+    The schedule in the table is not always the allocator's pick: a coarser granularity's schedule may have
     validated better (then its own prediction stands: the same schedule, predicted from coarser units), and the
     runtime realizes settings per phase (then the units' own measurements at the realized settings, where they
     have them, are summed); otherwise the allocator's sum of its picks."""
     baseline = Measurement(sum(s.default.time_s for s in searches), sum(s.default.energy_j for s in searches))
-    if coarser is not None and (_per_kernel_settings(trace, zip(units, settings))
-                                == _per_kernel_settings(trace, coarser.units)):  # fmt: skip
-        return coarser.predicted, coarser.predicted_baseline
+    per_kernel = _per_kernel_settings(trace, zip(units, settings))
+    for result in coarser:
+        if per_kernel == _per_kernel_settings(trace, result.units):
+            return result.predicted, result.predicted_baseline
     measured = [{o.setting: o for o in s.options} for s in searches]
     if all(setting in options for setting, options in zip(settings, measured)):
         chosen = tuple(options[setting] for setting, options in zip(settings, measured))

@@ -77,7 +77,8 @@ def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, gra
         uniform = min(within, key=lambda x: x[0])[1]
         first = [uniform] * len(units)
     result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
-                                rounds=config.max_validation_rounds, key=f"oracle-{granularity}", first=first)  # fmt: skip
+                                rounds=config.max_validation_rounds, key=f"oracle-{granularity}",
+                                candidates=[first] if first else ())  # fmt: skip
     return OracleResult(
         energy_saved_pct=100.0 * (1.0 - result.validated.energy_j / baseline.energy_j),
         slowdown_pct=100.0 * (result.validated.time_s / baseline.time_s - 1.0),

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
 from freqopt.kernels import Trace
 from freqopt.phases import phase_spans
-from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated, coarser_settings,
-                                       first_candidate)
+from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated,
+                                       candidate_schedules, coarser_settings)
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.schedule import search_phase_schedule
@@ -32,8 +32,8 @@ from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persisten
 
 # The names below live in the modules of their jobs (config, result, storage, validate, allocation); they are
 # re-exported here, where callers have always imported them from.
-__all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "study_prefix", "open_storage",
-           "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated"]
+__all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "levels_to_run", "study_prefix",
+           "open_storage", "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated"]
 
 
 def _slack(max_slowdown: float, n_units: int) -> float:
@@ -123,7 +123,8 @@ def run_unit_studies(
     here. ``config.n_jobs`` > 1 runs this process's share in that many joblib processes.
 
     Args:
-        warm_start: per unit, a setting to enqueue first and always offer (a coarser granularity's choice).
+        warm_start: per unit, a setting, or a list of settings, to enqueue first and always offer (the coarser
+            granularities' choices).
 
     Returns:
         The units and, per unit, its study's outcome (in unit order, whoever ran it).
@@ -134,8 +135,12 @@ def run_unit_studies(
         prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
         n_trials=_n_trials(config, backend, space), finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
+        whole_step=len(units) == 1,
     )  # fmt: skip
-    inherited = [[] if w in (None, DEFAULT_SETTING) else [w] for w in (warm_start or [None] * len(units))]
+    inherited = []  # per unit: its warm settings, without the default (every study measures it) or repeats
+    for w in warm_start or [None] * len(units):
+        settings = w if isinstance(w, (list, tuple)) and not isinstance(w, ClockSetting) else [w]
+        inherited.append([x for x in dict.fromkeys(settings) if x not in (None, DEFAULT_SETTING)])
     done = 0
 
     def progress() -> None:
@@ -164,29 +169,66 @@ def run_unit_studies(
     return units, [results[i] for i in range(len(units))]
 
 
+# The coarser schedules each clock granularity chooses among beside its own allocation (issue 22, item 1): one clock
+# for the iteration, one per pass, one per phase block (the phase level's blocks only where switching has a cost:
+# with free switching the kernel level's own schedule is applied as allocated). A granularity searched without them
+# searches them first itself, so that realizable kernel >= phase, pass >= iteration >= 0 by construction.
+CANDIDATES = {"power-cap": (), "iteration": (), "pass": ("iteration",), "phase": ("iteration",),
+              "kernel": ("iteration", "pass", "phase")}  # fmt: skip
+# The order levels are searched in: each after its candidates (GRANULARITIES is the order results are shown in).
+SEARCH_ORDER = ("power-cap", "iteration", "pass", "phase", "kernel")
+
+
+def levels_to_run(granularities, switching: bool = True) -> tuple[str, ...]:
+    """The granularities a search of ``granularities`` runs, in SEARCH_ORDER: those asked for and their candidate
+    levels (CANDIDATES; phase as the kernel level's candidate only with ``switching``)."""
+    needed = set(granularities)
+    for g in granularities:
+        needed.update(c for c in CANDIDATES[g] if c != "phase" or switching or g == "phase")
+    return tuple(g for g in SEARCH_ORDER if g in needed)
+
+
+def _charge_candidates(ran: dict[str, GranularityResult], asked) -> dict[str, GranularityResult]:
+    """The results of the granularities ``asked`` for, in GRANULARITIES order, each charged with the measurements
+    of the candidate levels searched only for it (a level searched alone pays for its candidates)."""
+    results = {g: ran[g] for g in GRANULARITIES if g in asked and g in ran}
+    for hidden in (g for g in SEARCH_ORDER if g in ran and g not in asked):
+        payer = next(g for g in SEARCH_ORDER if g in results and hidden in CANDIDATES[g])
+        r = results[payer]
+        results[payer] = dataclasses.replace(r, n_measurements=r.n_measurements + ran[hidden].n_measurements,
+                                             search_cost_gpu_s=r.search_cost_gpu_s + ran[hidden].search_cost_gpu_s)
+    return results
+
+
 def _search_granularity(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, validator: Validator,
-    baseline: Measurement, on_unit, coarser: GranularityResult | None, storage,
+    baseline: Measurement, on_unit, coarser: list[GranularityResult], storage,
     ideal_validator: Validator | None = None,
 ) -> GranularityResult:  # fmt: skip
-    """Search one granularity. ``coarser``: the validated result of the next coarser clock granularity; its
-    settings warm-start each unit's study and its schedule is the first candidate, so a finer granularity never
-    ends worse than a coarser one (any coarser schedule is also a finer one). ``ideal_validator``: also allocate
-    the budget as if switching were free, and report that schedule's validated figure as the ideal."""
-    inherited = coarser_settings(trace, coarser, partition(trace, granularity))
+    """Search one granularity. ``coarser``: the validated results of the coarser clock granularities (CANDIDATES);
+    their settings warm-start each unit's study and their schedules are validated first as candidates, so a finer
+    granularity never ends worse than a coarser one (any coarser schedule laid onto finer units is also a finer
+    one). ``ideal_validator``: also allocate the budget as if switching were free, and report that schedule's
+    validated figure as the ideal."""
+    units = partition(trace, granularity)
+    kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
+    candidates = candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
+    warm = [[c[i] for c in candidates] for i in range(len(units))]
+    if coarser:  # the nearest coarser level's settings warm-start the studies even when they saved nothing
+        warm = [[s, *w] for s, w in zip(coarser_settings(trace, coarser[-1], units, kernel_time_s), warm)]
     measured_before = (validator.n_measurements, validator.cost_gpu_s)
     ideal_before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s) if ideal_validator else (0, 0.0)
-    units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=inherited,
+    units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=warm,
                                        on_unit=on_unit)  # fmt: skip
-    first = first_candidate(inherited, coarser, baseline)
     result, settings, validated = allocate_applied(trace, units, searches, validator, baseline, config.max_slowdown,
-                                                   rounds=config.max_validation_rounds, key=granularity, first=first)  # fmt: skip
+                                                   rounds=config.max_validation_rounds, key=granularity,
+                                                   candidates=candidates)  # fmt: skip
     ideal = None
     if ideal_validator is not None:  # the best schedule if switching were free, found the same way
         # Against the same baseline measurement (the default schedule has no switches to realize differently).
         ideal = allocate_validated(units, searches, ideal_validator, baseline, config.max_slowdown,
                                    rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
-                                   first=first).validated  # fmt: skip
+                                   candidates=candidates).validated  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
     return GranularityResult(
         granularity=granularity,
@@ -262,22 +304,19 @@ def run_search(
     if is_persistent(storage):
         publish_job(storage, prefix, trace, backend, config.seed)
     baseline = validator.baseline()
-    results: dict[str, GranularityResult] = {}
-    coarser = None
-    for g in GRANULARITIES:
-        if g not in config.granularities:
-            continue
+    ran: dict[str, GranularityResult] = {}
+    for g in levels_to_run(config.granularities, validator.switching):
         if g == "phase":
-            results[g] = _search_phase(trace, backend, config, validator, baseline, on_unit, results.get("iteration"),
-                                       storage)  # fmt: skip
-            continue
-        results[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit,
-                                         coarser if g != "power-cap" else None, storage,
+            ran[g] = _search_phase(trace, backend, config, validator, baseline, on_unit, ran.get("iteration"), storage)
+        elif g == "power-cap":
+            ran[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit, [], storage)
+        else:
+            coarser = [ran[c] for c in CANDIDATES[g] if c in ran and (c != "phase" or validator.switching)]
+            ran[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit, coarser, storage,
                                          ideal_validator if g == "kernel" else None)  # fmt: skip
-        if g != "power-cap":
-            coarser = results[g]
+    results = _charge_candidates(ran, config.granularities)
     if is_persistent(storage):
         finish_job(storage, prefix)
-    n_new = validator.log.n_new + sum(u.n_new_measurements for r in results.values() for u in r.unit_searches)
+    n_new = validator.log.n_new + sum(u.n_new_measurements for r in ran.values() for u in r.unit_searches)
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
                         spec=backend.spec, backend_name=backend.name, seed=config.seed)

@@ -131,8 +131,10 @@ def _tag(setting: ClockSetting) -> str:
 class _Objective:
     """Maps a trial to a supported setting and measures settings through the unit's measurement log."""
 
-    def __init__(self, backend: Backend, kernels: Sequence[Kernel], key: str, space: str, log: MeasurementLog):
+    def __init__(self, backend: Backend, kernels: Sequence[Kernel], key: str, space: str, log: MeasurementLog,
+                 whole_step: bool = False):  # fmt: skip
         self.backend, self.kernels, self.key, self.space, self.log = backend, kernels, key, space, log
+        self.whole_step = whole_step
         spec = backend.spec
         self.sm_clocks = np.asarray(spec.sm_clocks_mhz)
         self.samples: dict[ClockSetting, list[tuple[float, float]]] = defaultdict(list)
@@ -164,14 +166,19 @@ class _Objective:
 
     def measure(self, setting: ClockSetting) -> tuple[float, float]:
         """The next sample of ``setting`` (read back from the log if a killed run already took it)."""
-        m = self.log.measure(
-            _tag(setting), len(self.samples[setting]),
-            lambda i: self.backend.measure(self.kernels, setting, key=self.key, sample=i),
-        )  # fmt: skip
+        m = self.log.measure(_tag(setting), len(self.samples[setting]), lambda i: self._take(setting, i))
         self.samples[setting].append((m.time_s, m.energy_j))
         self.n_measurements += 1
         self.cost_gpu_s += m.cost_gpu_s
         return m.time_s, m.energy_j
+
+    def _take(self, setting: ClockSetting, sample: int):
+        """Measure sample ``sample`` of ``setting`` on the GPU: the unit's kernels replayed, or, for a unit that is
+        the whole iteration, the training step itself as validation measures it (Backend.measure_schedule)."""
+        if self.whole_step:
+            return self.backend.measure_schedule(self.kernels, [setting] * len(self.kernels), key=self.key,
+                                                 sample=sample)  # fmt: skip
+        return self.backend.measure(self.kernels, setting, key=self.key, sample=sample)
 
     def first(self, setting: ClockSetting) -> tuple[float, float]:
         """The first sample of ``setting``, measured if there is none: a trial repeating a setting costs nothing."""
@@ -231,6 +238,7 @@ def search_unit(
     warm_start: Sequence[ClockSetting] = (),
     constrained: bool = False,
     spread: bool = True,
+    whole_step: bool = False,
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -253,6 +261,9 @@ def search_unit(
             Optuna's GPSampler, Trial.set_constraint): for a unit that is the whole iteration, whose options beyond
             the budget are useless, so that its trials crowd the budget's edge. It costs GP time (a second model),
             so units of finer granularities, which trade slowdown among themselves, sample the whole front.
+        whole_step: the unit is the whole iteration: each measurement is the training step with the setting
+            throughout (Backend.measure_schedule, issued as a training loop issues it, host included), the step
+            validation measures, not a replay loop of its kernels (in which a launch-bound step's host gaps vanish).
 
     Returns:
         UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
@@ -265,7 +276,7 @@ def search_unit(
         study = optuna.create_study(study_name=study_name, storage=storage, directions=["minimize", "minimize"],
                                     load_if_exists=True)  # fmt: skip
         log = MeasurementLog(study)
-        objective = _Objective(backend, kernels, name, space, log)
+        objective = _Objective(backend, kernels, name, space, log, whole_step)
         # Resume. A trial left running by a killed run is failed; its measurement, if it finished, is in the log
         # and the trial asked in its place (same index, same seed, same history) reads it back.
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -67,6 +67,16 @@ class Validator:
             self.cost_gpu_s += self.cache[schedule].cost_gpu_s
         return self.cache[schedule]
 
+    @property
+    def kernel_time_s(self) -> np.ndarray:
+        """Every kernel's time at the default setting, in a loop, shape (K,), s (Backend.kernel_times_s; the
+        Realizer's, which weigh its choices, when switching)."""
+        if isinstance(self.realize, Realizer):
+            return self.realize.kernel_time_s
+        if getattr(self, "_kernel_time_s", None) is None:
+            self._kernel_time_s = self.backend.kernel_times_s(self.trace.kernels, DEFAULT_SETTING)
+        return self._kernel_time_s
+
     def baseline(self) -> Measurement:
         return self(tuple([DEFAULT_SETTING] * len(self.trace)), key="baseline")
 

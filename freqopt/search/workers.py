@@ -64,6 +64,7 @@ class UnitWork:
     seed: int
     constrained: bool = False
     spread: bool = True
+    whole_step: bool = False  # the unit is the whole iteration: measured as the training step (search_unit)
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
@@ -76,7 +77,7 @@ def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, s
         backend, unit.kernels(trace), name=unit.name, study_name=work.study_name(unit), storage=storage,
         space=work.space, n_trials=work.n_trials, finalist_repeats=work.finalist_repeats,
         finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=list(warm_start),
-        constrained=work.constrained, spread=work.spread,
+        constrained=work.constrained, spread=work.spread, whole_step=work.whole_step,
     )  # fmt: skip
 
 
