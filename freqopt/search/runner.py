@@ -99,9 +99,24 @@ def _shared_settings(search: UnitSearch, slack: float, n: int = 5) -> list[Clock
     return [o.setting for o in useful]
 
 
-def _n_trials(config: SearchConfig, backend: Backend, space: str) -> int:
+def job_mem_clock_mhz(spec, n_units: int) -> int | None:
+    """The memory clock the units of a granularity with ``n_units`` units are searched at: None (searched, a
+    dimension) where the GPU can change its memory clock while a job runs (GPUSpec.mem_clock_runtime) or the unit
+    is the whole iteration (one setting for the job); else the GPU's highest, its default (issue 22, item 2: on
+    such a GPU the memory clock is a per-job setting, so a finer schedule may not change it)."""
+    if n_units == 1 or len(spec.mem_clocks_mhz) == 1 or getattr(spec, "mem_clock_runtime", True):
+        return None
+    return max(spec.mem_clocks_mhz)
+
+
+def _at_job_mem_clock(settings, mem_clock_mhz: int | None) -> bool:
+    """Every setting keeps the job's memory clock (always, where the memory clock is searched)."""
+    return mem_clock_mhz is None or all(s is None or s.mem_clock_mhz in (None, mem_clock_mhz) for s in settings)
+
+
+def _n_trials(config: SearchConfig, backend: Backend, space: str, mem_searched: bool = True) -> int:
     """Trials per unit: config.n_trials_1d, and more where the memory clock is a second dimension."""
-    n_mem = len(backend.spec.mem_clocks_mhz) if space == "clocks" else 1
+    n_mem = len(backend.spec.mem_clocks_mhz) if space == "clocks" and mem_searched else 1
     if n_mem > 1:
         return config.n_trials_2d or config.n_trials_1d + config.n_trials_per_mem_clock * (n_mem - 1)
     return config.n_trials_1d
@@ -131,16 +146,18 @@ def run_unit_studies(
     """
     units = partition(trace, granularity)
     space = "power" if granularity == "power-cap" else "clocks"
+    mem = job_mem_clock_mhz(backend.spec, len(units)) if space == "clocks" else None
     work = UnitWork(
         prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
-        n_trials=_n_trials(config, backend, space), finalist_repeats=config.finalist_repeats,
+        n_trials=_n_trials(config, backend, space, mem is None), finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
-        whole_step=len(units) == 1,
+        whole_step=len(units) == 1, mem_clock_mhz=mem,
     )  # fmt: skip
-    inherited = []  # per unit: its warm settings, without the default (every study measures it) or repeats
-    for w in warm_start or [None] * len(units):
+    inherited = []  # per unit: its warm settings, without the default (every study measures it), repeats, or
+    for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed
         settings = w if isinstance(w, (list, tuple)) and not isinstance(w, ClockSetting) else [w]
-        inherited.append([x for x in dict.fromkeys(settings) if x not in (None, DEFAULT_SETTING)])
+        inherited.append([x for x in dict.fromkeys(settings)
+                          if x not in (None, DEFAULT_SETTING) and _at_job_mem_clock([x], mem)])  # fmt: skip
     done = 0
 
     def progress() -> None:
@@ -212,7 +229,9 @@ def _search_granularity(
     validated figure as the ideal."""
     units = partition(trace, granularity)
     kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
-    candidates = candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
+    mem = job_mem_clock_mhz(backend.spec, len(units)) if granularity != "power-cap" else None
+    candidates = [c for c in candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
+                  if _at_job_mem_clock(c, mem)]  # a coarser schedule at another memory clock: not this level's  # fmt: skip
     warm = [[c[i] for c in candidates] for i in range(len(units))]
     if coarser:  # the nearest coarser level's settings warm-start the studies even when they saved nothing
         warm = [[s, *w] for s, w in zip(coarser_settings(trace, coarser[-1], units, kernel_time_s), warm)]
@@ -252,13 +271,17 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
     reference = DEFAULT_SETTING
     if iteration is not None and iteration.validated.energy_j < baseline.energy_j:
         reference = iteration.units[0][1]
+    mem = job_mem_clock_mhz(backend.spec, 2)  # blocks share the job's memory clock where it is set per job: the
+    if mem is not None and reference.mem_clock_mhz is not None:  # reference's, which the other blocks run at
+        mem = reference.mem_clock_mhz
     measured_before = (validator.n_measurements, validator.cost_gpu_s)
     r = search_phase_schedule(
         trace, backend, measure=validator.requests, baseline=baseline, max_slowdown=config.max_slowdown,
         reference=reference, study_prefix=study_prefix(trace, backend.spec, config.seed), storage=storage,
-        n_trials=_n_trials(config, backend, "clocks"), finalist_repeats=config.phase_finalist_repeats,
+        n_trials=_n_trials(config, backend, "clocks", mem is None), finalist_repeats=config.phase_finalist_repeats,
         seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
         switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
+        mem_clock_mhz=mem,
     )  # fmt: skip
     labels = [label for label, _, _ in phase_spans(trace.meta.get("marks", ()), len(trace))]
     return GranularityResult(

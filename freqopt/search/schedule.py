@@ -277,7 +277,7 @@ def search_phase_schedule(
     trace: Trace, backend: Backend, *, measure: Callable[[tuple, str], Measurement], baseline: Measurement,
     max_slowdown: float, reference: ClockSetting = DEFAULT_SETTING, study_prefix: str, storage=None,
     n_trials: int = 18, finalist_repeats: int = 4, seed: int = 0, max_blocks: int = 8, rounds: int = 8,
-    switching: bool = True, on_block: Callable[[int, int], None] | None = None,
+    switching: bool = True, on_block: Callable[[int, int], None] | None = None, mem_clock_mhz: int | None = None,
 ) -> PhaseScheduleResult:  # fmt: skip
     """Search a realizable phase schedule (module docstring).
 
@@ -297,6 +297,9 @@ def search_phase_schedule(
         switching: measure with each change of setting landing one switch latency late (as ``measure`` does);
             False only for a free-switching comparison.
         on_block: called as on_block(blocks_done, n_blocks) after each block's study (progress).
+        mem_clock_mhz: the job's memory clock, where the GPU cannot change it while a job runs
+            (GPUSpec.mem_clock_runtime): each block then searches the SM clock alone at it (the reference's);
+            None: the memory clock is searched too.
 
     Returns:
         PhaseScheduleResult; its schedule is never worse than the reference or the defaults, whichever validated
@@ -317,7 +320,7 @@ def search_phase_schedule(
             _InSitu(backend, trace, blocks, i, reference, switching), (), name=f"phase {block.name} ref {ref_tag}",
             study_name=f"{study_prefix}-phase-{digest}", storage=storage, n_trials=n_trials,
             finalist_repeats=finalist_repeats, finalist_slowdown=1.5 * max_slowdown + 0.005, seed=seed,
-            warm_start=warm,
+            warm_start=warm, mem_clock_mhz=mem_clock_mhz,
         ))  # fmt: skip
         if on_block:
             on_block(i + 1, len(blocks))

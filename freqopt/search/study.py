@@ -132,9 +132,9 @@ class _Objective:
     """Maps a trial to a supported setting and measures settings through the unit's measurement log."""
 
     def __init__(self, backend: Backend, kernels: Sequence[Kernel], key: str, space: str, log: MeasurementLog,
-                 whole_step: bool = False):  # fmt: skip
+                 whole_step: bool = False, mem_clock_mhz: int | None = None):  # fmt: skip
         self.backend, self.kernels, self.key, self.space, self.log = backend, kernels, key, space, log
-        self.whole_step = whole_step
+        self.whole_step, self.mem_clock_mhz = whole_step, mem_clock_mhz
         spec = backend.spec
         self.sm_clocks = np.asarray(spec.sm_clocks_mhz)
         self.samples: dict[ClockSetting, list[tuple[float, float]]] = defaultdict(list)
@@ -152,8 +152,8 @@ class _Objective:
         else:  # V100: alternating 7/8 MHz steps; snap to the nearest supported clock
             wanted = trial.suggest_int("sm_clock_mhz", clocks[0], clocks[-1])
             sm = int(self.sm_clocks[np.argmin(np.abs(self.sm_clocks - wanted))])
-        mem = spec.mem_clocks_mhz[0]
-        if len(spec.mem_clocks_mhz) > 1:
+        mem = spec.mem_clocks_mhz[0] if self.mem_clock_mhz is None else self.mem_clock_mhz
+        if len(spec.mem_clocks_mhz) > 1 and self.mem_clock_mhz is None:
             # An ordinal index, not a categorical: bandwidth and power rise with the memory clock, so the GP may
             # model it as a dimension, and Optuna's acquisition search over a categorical costs 10-40x more per trial.
             mem = spec.mem_clocks_mhz[trial.suggest_int(MEM_CLOCK_INDEX, 0, len(spec.mem_clocks_mhz) - 1)]
@@ -194,17 +194,17 @@ class _Objective:
 MEM_CLOCK_INDEX = "mem_clock_index"  # the trial parameter: index into GPUSpec.mem_clocks_mhz (ascending)
 
 
-def _params(setting: ClockSetting, backend: Backend, space: str) -> dict:
-    """enqueue_trial parameters of a setting."""
+def _params(setting: ClockSetting, backend: Backend, space: str, mem_fixed: bool = False) -> dict:
+    """enqueue_trial parameters of a setting (no memory-clock index where the memory clock is fixed)."""
     if space == "power":
         return {"power_limit_w": int(round(setting.power_limit_w))}
     point = {"sm_clock_mhz": setting.sm_clock_mhz}
-    if len(backend.spec.mem_clocks_mhz) > 1:
+    if len(backend.spec.mem_clocks_mhz) > 1 and not mem_fixed:
         point[MEM_CLOCK_INDEX] = backend.spec.mem_clocks_mhz.index(setting.mem_clock_mhz)
     return point
 
 
-def _warm_start_points(backend: Backend, space: str) -> list[dict]:
+def _warm_start_points(backend: Backend, space: str, mem_fixed: bool = False) -> list[dict]:
     """The highest setting and four below it (96 %, 90 %, 75 %, 60 % of the range), as enqueue_trial parameters:
     the top of the range, where tight budgets are met, is sampled before the GP takes over."""
     spec = backend.spec
@@ -217,7 +217,7 @@ def _warm_start_points(backend: Backend, space: str) -> list[dict]:
     for f in fractions:
         sm = clocks[int(round(f * (len(clocks) - 1)))]
         point = {"sm_clock_mhz": sm}
-        if len(spec.mem_clocks_mhz) > 1:
+        if len(spec.mem_clocks_mhz) > 1 and not mem_fixed:
             point[MEM_CLOCK_INDEX] = len(spec.mem_clocks_mhz) - 1
         points.append(point)
     return points
@@ -239,6 +239,7 @@ def search_unit(
     constrained: bool = False,
     spread: bool = True,
     whole_step: bool = False,
+    mem_clock_mhz: int | None = None,
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -264,19 +265,24 @@ def search_unit(
         whole_step: the unit is the whole iteration: each measurement is the training step with the setting
             throughout (Backend.measure_schedule, issued as a training loop issues it, host included), the step
             validation measures, not a replay loop of its kernels (in which a launch-bound step's host gaps vanish).
+        mem_clock_mhz: search the SM clock alone at this memory clock (a GPU whose memory clock is set per job,
+            not while it runs: GPUSpec.mem_clock_runtime); None: the memory clock is a dimension where the GPU
+            has several. Warm-start settings are taken as given.
 
     Returns:
         UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
     """
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}")
-    warm = [_params(s, backend, space) for s in warm_start] + (_warm_start_points(backend, space) if spread else [])
+    fixed = mem_clock_mhz is not None
+    warm = [_params(s, backend, space, fixed) for s in warm_start] + (_warm_start_points(backend, space, fixed)
+                                                                      if spread else [])  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(study_name=study_name, storage=storage, directions=["minimize", "minimize"],
                                     load_if_exists=True)  # fmt: skip
         log = MeasurementLog(study)
-        objective = _Objective(backend, kernels, name, space, log, whole_step)
+        objective = _Objective(backend, kernels, name, space, log, whole_step, mem_clock_mhz)
         # Resume. A trial left running by a killed run is failed; its measurement, if it finished, is in the log
         # and the trial asked in its place (same index, same seed, same history) reads it back.
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -65,6 +65,7 @@ class UnitWork:
     constrained: bool = False
     spread: bool = True
     whole_step: bool = False  # the unit is the whole iteration: measured as the training step (search_unit)
+    mem_clock_mhz: int | None = None  # the memory clock, fixed for the job (search_unit); None: searched
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
@@ -77,7 +78,7 @@ def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, s
         backend, unit.kernels(trace), name=unit.name, study_name=work.study_name(unit), storage=storage,
         space=work.space, n_trials=work.n_trials, finalist_repeats=work.finalist_repeats,
         finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=list(warm_start),
-        constrained=work.constrained, spread=work.spread, whole_step=work.whole_step,
+        constrained=work.constrained, spread=work.spread, whole_step=work.whole_step, mem_clock_mhz=work.mem_clock_mhz,
     )  # fmt: skip
 
 
