@@ -22,10 +22,17 @@ import torch
 if TYPE_CHECKING:  # the models sit above this module; only the annotation needs the type
     from freqopt.models import Workload
 
-__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "record_call", "DEVICE", "PASSES", "COLLECTIVE_KINDS"]
+__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "record_call", "DEVICE", "PASSES", "COLLECTIVE_KINDS",
+           "GPUPathWarning"]
 
 PASSES = ("forward", "backward", "optimizer")
 COLLECTIVE_KINDS = ("all-reduce",)
+
+
+class GPUPathWarning(UserWarning):
+    """An operator was traced on a path that PyTorch on a GPU would not take (the message names the operator and,
+    where known, its module), so the trace holds other kernels than the GPU runs. freqopt.trace's recorder issues
+    it; its module docstring lists when."""
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -3,8 +3,10 @@
 ``step_fn`` is a zero-argument callable that runs one training step (forward, ``loss.backward()``, optimizer
 step) of a model built on the meta device, so any model size traces in seconds with no memory. It runs once under
 freqopt's kernel recorder (freqopt.trace), which records every ATen operator it dispatches as the kernel a GPU
-would run, with ``F.scaled_dot_product_attention`` as one fused FlashAttention kernel each way
-(freqopt.models.sdpa). The passes are found without the user's help:
+would run, with ``F.scaled_dot_product_attention`` as one fused FlashAttention kernel each way where a GPU runs a
+fused kernel, and so ``nn.MultiheadAttention`` with ``need_weights=False`` and the ``nn.Transformer*`` layers
+(freqopt.models.sdpa); it warns (``freqopt.trace.GPUPathWarning``) of an operator traced on a path a GPU would not
+take, naming it and its module. The passes are found without the user's help:
 
 * backward: operators dispatched inside the autograd engine (``torch._C._current_graph_task_id() != -1``) or
   within a ``Tensor.backward`` call (the loss's ones gradient is made before the engine starts);
@@ -76,8 +78,8 @@ class _StepRecorder(_KernelRecorder):
     """The kernel recorder with the pass of each operator found from the autograd engine and torch.optim's hooks,
     and a refusal of tensors that are not on the meta device."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, root: nn.Module | None = None, *, warn: bool = True) -> None:
+        super().__init__(root, warn=warn)
         self.optimizer_depth = 0  # inside an optimizer step (pre-hook run, post-hook not yet)
         self.backward_depth = 0  # inside a Tensor.backward call
 
@@ -223,8 +225,8 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
         if off_meta:
             raise InvalidSettingError(f"module has parameters on {', '.join(off_meta)}; {_META_HINT}")
     for _ in range(warmup):  # recorded and checked as the traced step is, then dropped
-        _run(step_fn, _StepRecorder(), None)
-    recorder = _StepRecorder()
+        _run(step_fn, _StepRecorder(module, warn=False), None)
+    recorder = _StepRecorder(module)
     _run(step_fn, recorder, PhaseHooks(module, recorder.mark) if module is not None else None)
     kernels = recorder.kernels
     if not kernels:

@@ -19,27 +19,46 @@ tests/test_deepspeed.py):
   overlaps the rest of the backward pass; the optimizer step waits for all of them;
 * gradient clipping at global norm 1.0 (Brown et al. 2020 appendix B; DeepSpeed's default ``gradient_clipping``),
   whose squared norm is all-reduced over the tp and dp groups, as ``deepspeed.runtime.utils.clip_grad_norm_``.
+
+The recorder warns (``GPUPathWarning``, once per operator and module, naming both) where it sees an operator run on
+a path that PyTorch on a GPU would not take, so that the trace holds other kernels than the GPU runs:
+
+* ``aten._safe_softmax``: the decomposed math path of ``F.scaled_dot_product_attention``
+  (``_scaled_dot_product_attention_math`` in aten/src/ATen/native/transformers/attention.cpp; a softmax that PyTorch
+  keeps for its SDPA math implementations), for 4-D inputs other than float64, outside a call that freqopt.models.sdpa itself sent down that path because a
+  GPU would take it too. On the meta device SDPA always takes this path; freqopt.models.sdpa.FusedSDPA routes the
+  calls it sees (direct ones, and ``nn.MultiheadAttention``'s) to one fused kernel, so this flags a call it did not
+  see, or one that ``freqopt.flash_attention`` cannot express, where a GPU would run a fused kernel.
+* a float32 GEMM while CUDA matmuls are allowed TF32 (``torch.backends.cuda.matmul.fp32_precision == "tf32"``, or
+  ``allow_tf32`` before PyTorch 2.9; ``torch.set_float32_matmul_precision("high")`` sets it): cuBLAS runs it on
+  tensor cores in TF32, while the trace counts it at the FP32 CUDA-core rate (freqopt's GPU model has no TF32 rate).
+
+A float32 GEMM with TF32 off, and ``nn.MultiheadAttention``'s explicit path with ``need_weights=True``, are what a
+GPU runs, and are not warned of.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from freqopt.kernels import (  # noqa: F401  re-exported: a trace's data classes live in freqopt.kernels
-    COLLECTIVE_KINDS, DEVICE, PASSES, Kernel, OpCall, TensorSpec, Trace, _dtype_name, record_call,
+    COLLECTIVE_KINDS, DEVICE, PASSES, GPUPathWarning, Kernel, OpCall, TensorSpec, Trace, _dtype_name, record_call,
 )
 from freqopt.models import Workload, build_model
 from freqopt.models.ops import MixedPrecisionAdamW
 from freqopt.models.parallel import COMM_STREAM, COMPUTE_STREAM, all_reduce, shard_tensor_parallel
 from freqopt.models.meta_checks import MetaChecks
-from freqopt.models.sdpa import FusedSDPA
+from freqopt.models.sdpa import FusedSDPA, gpu_math_path_active
 from freqopt.phases import PhaseHooks, quiet_backward_hooks
 
 __all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration",
-           "record_call", "MODES", "PASSES"]
+           "record_call", "MODES", "PASSES", "GPUPathWarning"]
 
 MODES = ("train", "inference")
 
@@ -91,16 +110,86 @@ def _shapes(inputs: list[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(t.shape) for t in inputs)
 
 
+def _cuda_matmul_uses_tf32() -> bool:
+    """Whether cuBLAS may run float32 matmuls in TF32: ``torch.backends.cuda.matmul.fp32_precision`` (PyTorch >= 2.9;
+    reading the legacy ``allow_tf32`` raises once the new API was used), else ``allow_tf32``."""
+    try:
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    except (AttributeError, RuntimeError):
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
 class _KernelRecorder(TorchDispatchMode):
-    def __init__(self) -> None:
+    """Records every operator that computes or moves data as a Kernel (module docstring), and warns of operators
+    traced on a path a GPU would not take, naming the module whose forward ran them (its qualified name under
+    ``root``, else its class), which global forward hooks track while the recorder is active; ``warn=False``
+    records without warning (a warm-up step that is not kept)."""
+
+    def __init__(self, root: torch.nn.Module | None = None, *, warn: bool = True) -> None:
         super().__init__()
         self.kernels: list[Kernel] = []
         self.pass_name = "forward"
         self.marks: list[tuple[str, int]] = []
+        self.root = root
+        self._modules: list[torch.nn.Module] = []  # forwards running, innermost last
+        self._module_hooks: list = []
+        self._warned: set[tuple[str, str]] = set()
+        self.warn = warn
 
     def mark(self, label: str) -> None:
         """A phase boundary (freqopt.phases) before the next kernel."""
         self.marks.append((label, len(self.kernels)))
+
+    def __enter__(self):
+        self._module_hooks = [register_module_forward_pre_hook(lambda module, args: self._modules.append(module)),
+                              register_module_forward_hook(self._module_done, always_call=True)]  # fmt: skip
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        try:
+            return super().__exit__(exc_type, exc_val, exc_tb)
+        finally:
+            for handle in self._module_hooks:
+                handle.remove()
+            self._module_hooks, self._modules = [], []
+
+    def _module_done(self, module, args, output) -> None:
+        if self._modules and self._modules[-1] is module:
+            self._modules.pop()
+
+    def _module_name(self) -> str:
+        """The innermost running forward as ' in module NAME (Class)' (NAME qualified under the root), or '' outside
+        any."""
+        if not self._modules:
+            return ""
+        module = self._modules[-1]
+        names = {id(m): name for name, m in self.root.named_modules()} if self.root is not None else {}
+        name, kind = names.get(id(module)), type(module).__name__
+        if name is None:
+            return f" in a {kind} module"
+        return f" in module {name} ({kind})" if name else f" in the root module ({kind})"
+
+    def _warn(self, op: str, message: str) -> None:
+        if not self.warn:
+            return
+        where = self._module_name()
+        if (op, where) in self._warned:
+            return
+        self._warned.add((op, where))
+        warnings.warn(f"{op}{where}: {message}", GPUPathWarning, stacklevel=2)
+
+    def _check_gpu_path(self, op: str, kind: str, inputs: list[torch.Tensor]) -> None:
+        """Warn of an operator on a path a GPU would not take (the module docstring lists the two cases)."""
+        if op == "aten._safe_softmax" and not gpu_math_path_active():
+            scores = inputs[0]
+            if scores.dim() == 4 and scores.dtype != torch.float64:
+                self._warn(op, "scaled_dot_product_attention was traced through PyTorch's math path (q k^T, softmax "
+                           f"and p v as separate {_dtype_name(scores.dtype)} kernels and a {tuple(scores.shape)} score "
+                           "tensor in device memory), where a GPU runs one fused attention kernel each way; call it "
+                           "with inputs freqopt.flash_attention takes, from code the FusedSDPA mode sees")  # fmt: skip
+        elif kind == "gemm" and inputs and inputs[0].dtype == torch.float32 and _cuda_matmul_uses_tf32():
+            self._warn(op, "a float32 GEMM with TF32 allowed for CUDA matmuls (torch.backends.cuda.matmul): a GPU "
+                       "runs it on tensor cores in TF32, while the trace counts it at the FP32 CUDA-core rate")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -128,6 +217,7 @@ class _KernelRecorder(TorchDispatchMode):
         floating = [t for t in inputs if t.is_floating_point()] or inputs or outputs  # outputs: factories (full)
         dtype = _dtype_name(floating[0].dtype)
         kind = _KINDS.get(op, "elementwise")
+        self._check_gpu_path(f"{func.namespace}.{op}", kind, inputs)
         self.kernels.append(
             Kernel(
                 name=f"{func.namespace}.{op}",
@@ -221,7 +311,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
     config, layout = workload.config, workload.layout
     model = shard_tensor_parallel(build_model(config, dtype=dtype), layout.tp)
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
-    recorder = _KernelRecorder()
+    recorder = _KernelRecorder(model)
     hooks = PhaseHooks(model, recorder.mark)
     if mode == "train":
         params = list(model.parameters())

@@ -3,6 +3,8 @@ kernels, searchable, with clear errors for wrong input."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 
 from freqopt.errors import InvalidSettingError
 from freqopt.step_trace import trace_step
+from freqopt.trace import GPUPathWarning
 
 V, D, N_HEADS, N_KV_HEADS, N_LAYERS, B, T = 512, 128, 4, 2, 2, 2, 64
 
@@ -158,3 +161,143 @@ def test_a_step_without_kernels_and_bad_arguments_are_refused():
         trace_step(lambda: None, name="")
     with pytest.raises(InvalidSettingError, match="step_fn must be a zero-argument callable"):
         trace_step(None, name="x")
+
+
+# nn.MultiheadAttention and nn.TransformerEncoderLayer, against a model of the same sizes that calls SDPA directly.
+MHA_D, MHA_HEADS = 128, 4
+
+
+class DirectSDPA(nn.Module):
+    """What nn.MultiheadAttention computes with need_weights=False (packed q/k/v projection, SDPA, output
+    projection), with F.scaled_dot_product_attention called from the module's forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_proj = nn.Linear(MHA_D, 3 * MHA_D)
+        self.out_proj = nn.Linear(MHA_D, MHA_D)
+
+    def forward(self, x, is_causal=False):  # (B, T, D)
+        q, k, v = self.in_proj(x).view(B, T, 3, MHA_HEADS, MHA_D // MHA_HEADS).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)  # (B, nh, T, hd)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, MHA_D))
+
+
+class MHA(nn.Module):
+    def __init__(self, need_weights: bool):
+        super().__init__()
+        self.need_weights = need_weights
+        self.attn = nn.MultiheadAttention(MHA_D, MHA_HEADS, batch_first=True)
+
+    def forward(self, x):  # (B, T, D)
+        y, _ = self.attn(x, x, x, need_weights=self.need_weights)
+        return y
+
+
+def trace_module(model: nn.Module, forward=None):
+    """trace_step of one bf16 training step of ``model`` (on meta) on a (B, T, MHA_D) input."""
+    with torch.device("meta"):
+        model = model.to(torch.bfloat16)
+        x = torch.zeros(B, T, MHA_D, dtype=torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    forward = forward or model
+
+    def step():
+        forward(x).float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return trace_step(step, name=type(model).__name__, module=model, micro_batch_size=B, seq_len=T)
+
+
+def attention(trace):
+    return [k for k in trace.kernels if k.kind == "attention"]
+
+
+def test_multihead_attention_traces_as_the_fused_sdpa_kernels():
+    with torch.device("meta"):
+        direct, mha = DirectSDPA(), MHA(need_weights=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUPathWarning)
+        expected, trace = trace_module(direct), trace_module(mha)
+    fused = attention(trace)
+    assert [(k.name, k.pass_name) for k in fused] == [("freqopt.flash_attention", "forward"),
+                                                       ("freqopt.flash_attention_backward", "backward")]  # fmt: skip
+    assert all(k.tensor_core and k.dtype == "bfloat16" and not k.causal for k in fused)
+    assert fused[0].shapes[0] == (B, MHA_HEADS, T, MHA_D // MHA_HEADS)
+    assert [k.flops for k in fused] == [k.flops for k in attention(expected)]
+    assert fused[0].flops == 4 * B * MHA_HEADS * T * T * (MHA_D // MHA_HEADS)
+    unfused = ("aten.bmm", "aten.baddbmm", "aten._softmax", "aten._safe_softmax")
+    assert not [k for k in trace.kernels if k.name in unfused]
+    assert trace.total_flops == expected.total_flops  # the projections' GEMMs as well
+
+
+def test_transformer_encoder_layer_traces_as_the_fused_sdpa_kernels():
+    with torch.device("meta"):
+        layer = nn.TransformerEncoderLayer(MHA_D, MHA_HEADS, 4 * MHA_D, batch_first=True)
+        direct = DirectSDPA()
+        mask = nn.Transformer.generate_square_subsequent_mask(T, device="meta", dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUPathWarning)
+        trace = trace_module(layer, lambda x: layer(x, src_mask=mask, is_causal=True))
+        expected = trace_module(direct, lambda x: direct(x, is_causal=True))
+    fused = attention(trace)
+    assert [(k.name, k.pass_name) for k in fused] == [(k.name, k.pass_name) for k in attention(expected)]
+    fields = [(k.flops, k.causal, k.shapes) for k in fused]
+    assert fields == [(k.flops, k.causal, k.shapes) for k in attention(expected)]
+    assert fused[0].causal  # is_causal with its mask: SDPA's causal kernel, as multi_head_attention_forward passes it
+    assert not [k for k in trace.kernels if k.name in ("aten.bmm", "aten._softmax", "aten._safe_softmax")]
+
+
+def test_need_weights_traces_the_explicit_attention_a_gpu_runs():
+    with torch.device("meta"):
+        direct, mha = DirectSDPA(), MHA(need_weights=True)
+    expected = trace_module(direct)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUPathWarning)  # the GPU materializes the weights too: nothing to warn of
+        trace = trace_module(mha)
+    assert not attention(trace)
+    forward = [k for k in trace.kernels if k.pass_name == "forward"]
+    bmm = [k for k in forward if k.name in ("aten.bmm", "aten.baddbmm")]
+    assert len(bmm) == 2 and all(k.tensor_core and k.dtype == "bfloat16" for k in bmm)  # q k^T and p v
+    assert sum(k.flops for k in bmm) == attention(expected)[0].flops
+    assert [k.name for k in forward if k.kind == "softmax"] == ["aten._softmax"]
+
+
+def test_attention_on_a_path_the_gpu_would_not_take_is_warned_of_by_operator_and_module(monkeypatch):
+    import contextlib
+
+    import freqopt.models.sdpa
+
+    # Were nn.MultiheadAttention's SDPA call not routed (as if PyTorch called it another way), its math path is traced.
+    monkeypatch.setattr(freqopt.models.sdpa, "_functional_sdpa_fused", contextlib.nullcontext)
+    with torch.device("meta"):
+        mha = MHA(need_weights=False)
+    expected = (r"^aten\._safe_softmax in module attn \(MultiheadAttention\): scaled_dot_product_attention was traced "
+                r"through PyTorch's math path")
+    with pytest.warns(GPUPathWarning, match=expected) as record:
+        trace = trace_module(mha)
+    assert len([w for w in record if issubclass(w.category, GPUPathWarning)]) == 1  # once, not for the warm-up step
+    assert not attention(trace) and any(k.name == "aten._safe_softmax" for k in trace.kernels)
+
+
+class ValueHeadDim(nn.Module):
+    """Attention whose values have another head dim than queries and keys: memory-efficient attention takes it
+    on a GPU, freqopt.flash_attention cannot."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk = nn.Linear(MHA_D, 2 * MHA_D)
+        self.v = nn.Linear(MHA_D, 2 * MHA_D)
+
+    def forward(self, x):
+        q, k = self.qk(x).view(B, T, 2, MHA_HEADS, -1).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
+        v = self.v(x).view(B, T, MHA_HEADS, -1).transpose(1, 2)  # (B, nh, T, 2 hd)
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_an_attention_the_gpu_fuses_but_the_trace_cannot_is_warned_of():
+    with torch.device("meta"):
+        model = ValueHeadDim()
+    with pytest.warns(GPUPathWarning, match=r"^aten\._safe_softmax in the root module \(ValueHeadDim\): "):
+        trace = trace_module(model)
+    assert not attention(trace)

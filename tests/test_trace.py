@@ -1,3 +1,4 @@
+import warnings
 from collections import Counter
 
 import pytest
@@ -85,3 +86,89 @@ def test_175b_traces_quickly_without_memory():
     trace = trace_training_iteration(get_workload("gpt3-175b", micro_batch_size=1))
     assert trace.meta["n_params"] == pytest.approx(175e9, rel=0.01)
     assert len(trace.kernel_classes()) < 100
+
+
+def _qkv(shape, dtype=torch.bfloat16, v_head_dim=None):
+    q, k = (torch.empty(shape, dtype=dtype, device="meta") for _ in range(2))
+    v = torch.empty(*shape[:-1], v_head_dim or shape[-1], dtype=dtype, device="meta")
+    return q, k, v
+
+
+@pytest.mark.parametrize("shape, dtype, kwargs, v_head_dim, backend", [
+    ((2, 4, 64, 32), torch.bfloat16, {}, None, "flash"),
+    ((2, 4, 64, 32), torch.float16, {"is_causal": True}, None, "flash"),
+    ((2, 4, 64, 32), torch.bfloat16, {"attn_mask": "mask"}, None, "efficient"),  # flash takes no mask
+    ((2, 4, 64, 32), torch.float32, {}, None, "efficient"),  # flash takes 16-bit inputs only
+    ((2, 4, 64, 320), torch.bfloat16, {}, None, "efficient"),  # flash: head dim at most 256
+    ((2, 4, 64, 32), torch.bfloat16, {}, 64, "efficient"),  # flash: one head dim for q, k and v
+    ((2, 4, 64, 30), torch.float32, {}, None, "math"),  # efficient: float32 head dims a multiple of 4
+    ((2, 4, 64, 32), torch.float64, {}, None, "math"),
+    ((8, 64, 32), torch.bfloat16, {}, None, "math"),  # fused kernels take 4-D inputs only
+])  # fmt: skip
+def test_cuda_sdpa_backend_follows_pytorchs_selection(shape, dtype, kwargs, v_head_dim, backend):
+    from freqopt.models.sdpa import cuda_sdpa_backend
+
+    q, k, v = _qkv(shape, dtype, v_head_dim)
+    if kwargs.get("attn_mask") == "mask":
+        kwargs = {**kwargs, "attn_mask": torch.empty(shape[-2], shape[-2], dtype=torch.bool, device="meta")}
+    assert cuda_sdpa_backend(q, k, v, **kwargs) == backend
+
+
+def test_cuda_sdpa_backend_reads_the_enabled_backends():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from freqopt.models.sdpa import cuda_sdpa_backend
+
+    q, k, v = _qkv((2, 4, 64, 32))
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        assert cuda_sdpa_backend(q, k, v) == "efficient"
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert cuda_sdpa_backend(q, k, v) == "math"
+
+
+def _record(fn):
+    from freqopt.models.sdpa import FusedSDPA
+    from freqopt.trace import _KernelRecorder
+
+    recorder = _KernelRecorder()
+    with recorder, FusedSDPA():
+        fn()
+    return recorder.kernels
+
+
+def test_sdpa_the_gpu_runs_unfused_keeps_its_math_path_without_a_warning():
+    from freqopt.trace import GPUPathWarning
+
+    for shape, dtype in [((8, 64, 32), torch.bfloat16), ((2, 4, 64, 32), torch.float64)]:
+        q, k, v = _qkv(shape, dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GPUPathWarning)
+            kernels = _record(lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+        assert not [k for k in kernels if k.kind == "attention"]
+        assert [k.name for k in kernels if k.kind == "gemm"] == ["aten.bmm", "aten.bmm"]
+
+
+def test_a_float32_gemm_with_tf32_allowed_is_warned_of():
+    from freqopt.trace import GPUPathWarning
+
+    a = torch.empty(64, 128, device="meta")
+    b = torch.empty(128, 32, device="meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUPathWarning)
+        (kernel,) = _record(lambda: a @ b)  # TF32 off (PyTorch's default): FP32 is what the GPU runs
+    assert kernel.dtype == "float32" and not kernel.tensor_core
+    matmul = torch.backends.cuda.matmul
+    new_api = hasattr(matmul, "fp32_precision")
+    before = matmul.fp32_precision if new_api else matmul.allow_tf32
+    try:
+        if new_api:
+            matmul.fp32_precision = "tf32"
+        else:
+            matmul.allow_tf32 = True
+        with pytest.warns(GPUPathWarning, match=r"^aten\.mm: a float32 GEMM with TF32 allowed"):
+            _record(lambda: a @ b)
+    finally:
+        if new_api:
+            matmul.fp32_precision = before
+        else:
+            matmul.allow_tf32 = before
