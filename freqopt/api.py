@@ -6,7 +6,7 @@
     >>> result.summary()["results"]["pass"]["energy_saved_pct"]  # doctest: +SKIP
 
 Every argument is checked before any work is done or any file is written; errors are freqopt.errors types whose
-one-line messages name the argument (``n_trials``, ``out``).
+one-line messages begin with the argument's name (``n_trials``, ``out``), which they carry as ``.argument``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from freqopt.errors import InvalidSettingError, OutputError, check_positive_int
 
-__all__ = ["search", "SearchStart", "check_writable_dir", "check_writable_file"]
+__all__ = ["search", "SearchStart", "check_writable_dir", "check_writable_file", "open_output"]
 
 
 @dataclass(frozen=True)
@@ -49,16 +49,63 @@ def check_writable_dir(path: str | Path, *, argument: str = "out") -> Path:
     Raises:
         OutputError: ``path`` is a file, or cannot be created or written; the message names ``argument``.
     """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{argument} {path} is a file; give a directory")
+    path = _check_dir_can_be_made(path, argument)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".freqopt-write-check-"):
             pass
     except OSError as e:
-        raise OutputError(f"cannot write to {path}: {e.strerror or e}; choose another {argument} directory") from e
+        raise OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose another directory",
+                          argument=argument) from e  # fmt: skip
     return path
+
+
+def _check_dir_can_be_made(path: str | Path, argument: str) -> Path:
+    """Check, creating nothing (a file made and removed at once aside), that folder ``path`` exists and is
+    writable, or can be made: its nearest existing ancestor is a writable folder. Raises OutputError as
+    check_writable_dir."""
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir():
+            raise OutputError(f"{argument} {path} is a file; give a directory", argument=argument)
+        existing = path.absolute()
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise OutputError(f"{argument} {path}: cannot write there ({existing} is a file); choose another "
+                              "directory", argument=argument)  # fmt: skip
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".freqopt-write-check-"):
+            pass
+    except OSError as e:
+        raise OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose another directory",
+                          argument=argument) from e  # fmt: skip
+    return path
+
+
+def open_output(out: str | Path | None, storage: str | None, *, argument: str = "out") -> tuple[Path | None, str | None]:
+    """Open a run's Optuna storage and make its output folder, in the order that leaves nothing behind when
+    either is bad: ``out`` is checked without being made, a given ``storage`` is opened, and only then is ``out``
+    made and, when no storage was given, the default one opened in it (sqlite:///OUT/freqopt.db, absolute).
+
+    Returns:
+        (the folder as a Path, or None without ``out``; the storage URL, None for in memory).
+
+    Raises:
+        OutputError: ``out`` is a file, or cannot be made or written (the message names ``argument``).
+        StorageError: the storage cannot be opened (freqopt.search.storage.open_storage).
+    """
+    from freqopt.search.storage import open_storage
+
+    if out is not None:
+        _check_dir_can_be_made(out, argument)
+    if storage is not None:
+        open_storage(storage)
+    if out is not None:
+        out = check_writable_dir(out, argument=argument)
+        if storage is None:
+            storage = f"sqlite:///{(out / 'freqopt.db').resolve()}"
+            open_storage(storage)
+    return out, storage
 
 
 def check_writable_file(path: str | Path, *, argument: str) -> Path:
@@ -73,25 +120,41 @@ def check_writable_file(path: str | Path, *, argument: str) -> Path:
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
-        raise OutputError(f"{argument} {path} is a directory; give a file path")
+        raise OutputError(f"{argument} {path} is a directory; give a file path", argument=argument)
     if not parent.is_dir():
-        raise OutputError(f"cannot write {argument} {path}: {parent} is not a directory; create it or choose another path")
+        raise OutputError(f"{argument} {path}: cannot write there ({parent} is not a directory); create it or "
+                          "choose another path", argument=argument)  # fmt: skip
     try:
         with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check"):
             pass
     except OSError as e:
-        raise OutputError(f"cannot write {argument} {path}: {e.strerror or e}; choose a writable path") from e
+        raise OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose a writable path",
+                          argument=argument) from e  # fmt: skip
     return path
 
 
 def _granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
+    """The granularities to search, coarse to fine, from "all", one name or a sequence of names.
+
+    Raises:
+        UnknownNameError: a name that is not a granularity (the message lists them).
+        InvalidSettingError: an empty sequence, "all" among other names, or something that is not a name.
+    """
     from freqopt.search.units import GRANULARITIES, check_granularity
 
+    choices = ", ".join(GRANULARITIES)
     if isinstance(granularity, str):
         return GRANULARITIES if granularity == "all" else (check_granularity(granularity),)
+    if not isinstance(granularity, Sequence):
+        raise InvalidSettingError(f"granularity must be 'all', a name or a sequence of names ({choices}), not "
+                                  f"{type(granularity).__name__}", argument="granularity")  # fmt: skip
+    if "all" in granularity and len(granularity) > 1:
+        raise InvalidSettingError(f"granularity 'all' stands alone; give it or some of {choices}", argument="granularity")
+    if list(granularity) == ["all"]:
+        return GRANULARITIES
     chosen = {check_granularity(g) for g in granularity}
     if not chosen:
-        raise InvalidSettingError("granularity is empty; give 'all' or some of " + ", ".join(GRANULARITIES))
+        raise InvalidSettingError(f"granularity is empty; give 'all' or some of {choices}", argument="granularity")
     return tuple(g for g in GRANULARITIES if g in chosen)  # coarse to fine: finer ones start from coarser ones
 
 
@@ -126,7 +189,8 @@ def search(
         model_or_trace: a model name (freqopt.models.list_models), a Workload, or a Trace already traced.
         max_slowdown: allowed slowdown of the iteration: a fraction (0.01) or a string ("1%", "0.01").
         gpu: GPU type name or GPUSpec; default h100-sxm on the simulated GPU, the real GPU's type on nvml.
-        granularity: "all", one of power-cap, iteration, pass, kernel, phase, or a sequence of them.
+        granularity: "all", one of power-cap, iteration, pass, kernel, phase, or a sequence of them (searched
+            coarse to fine, whatever their order).
         backend: "sim" (the simulated GPU), "nvml" (the first visible real GPU; needs root to set clocks) or a
             Backend object (then used as given and not closed here).
         storage: Optuna storage URL (freqopt.search.storage.open_storage); default sqlite:///OUT/freqopt.db with
@@ -146,13 +210,16 @@ def search(
     Returns:
         SearchResult: ``.summary()`` (the JSON document), ``.table(granularity)``, ``.write_tables(folder)``;
         ``.table_paths`` lists the tables written under ``out``, and ``.figure_paths`` the PNGs beside them
-        (freqopt.plots; written when matplotlib is installed, the ``plots`` extra).
+        (freqopt.plots; written when matplotlib is installed, the ``plots`` extra). ``.n_new_measurements``
+        counts the measurements this call took, ``.n_stored_measurements`` those a resumed search read back from
+        ``storage``.
 
     Raises:
         UnknownNameError: unknown model, GPU type, backend or granularity.
-        InvalidSettingError: a bad slowdown, override, layout, n_trials or n_jobs, or n_jobs > 1 on a real GPU.
-        OutputError: ``out`` is a file or cannot be written.
-        StorageError: ``storage`` cannot be opened.
+        InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials or n_jobs, or n_jobs > 1
+            on a real GPU.
+        OutputError: ``out`` is a file or cannot be made or written.
+        StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
         NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.nvml).
     """
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
@@ -179,9 +246,9 @@ def search(
     check_positive_int("n_jobs", n_jobs)
     if n_jobs > 1 and not (backend == "sim" or (not isinstance(backend, str) and backend.simulated)):
         raise InvalidSettingError("n_jobs > 1 applies to the simulated GPU (backend 'sim'); with real GPUs start "
-                                  "one `freqopt worker` per GPU against the search's storage")  # fmt: skip
+                                  "one `freqopt worker` per GPU against the search's storage", argument="n_jobs")  # fmt: skip
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InvalidSettingError(f"seed must be an integer, not {seed!r}")
+        raise InvalidSettingError(f"seed must be an integer, not {seed!r}", argument="seed")
     # A real GPU is opened (and its permissions checked) before anything is written.
     measuring, opened = open_backend(backend, requested, seed=seed)
     try:
@@ -207,13 +274,10 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
             on_start):  # fmt: skip
     from freqopt.search import SearchConfig, run_search
     from freqopt.search.runner import levels_to_run
-    from freqopt.search.storage import open_storage, study_prefix
+    from freqopt.search.storage import study_prefix
     from freqopt.trace import trace_training_iteration
 
-    if out is not None:
-        out = check_writable_dir(out)
-        storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
-    open_storage(storage)  # a bad URL fails here, before any work
+    out, storage = open_output(out, storage)  # a bad URL fails here, before any work or any folder is made
     counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
     config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage,
                           n_jobs=n_jobs, **counts)  # fmt: skip

@@ -70,7 +70,7 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
     spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
     if granularity not in ("iteration", "pass", "kernel"):
         raise InvalidSettingError(f"granularity {granularity!r}: the benchmark compares clock granularities; "
-                                  "choose iteration, pass or kernel")  # fmt: skip
+                                  "choose iteration, pass or kernel", argument="granularity")  # fmt: skip
     check_positive_int("repeats", repeats)
     trace = trace_training_iteration(workload)
     config = SearchConfig(max_slowdown=slowdown, seed=seed, switching=not free_switching)

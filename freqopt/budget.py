@@ -26,24 +26,28 @@ def parse_slowdown(value: float | str, *, argument: str = "max_slowdown") -> flo
         InvalidSettingError: not a number, negative, not finite, or 100 % or more.
     """
     if isinstance(value, bool):
-        raise InvalidSettingError(f"{argument} {value!r} is not a slowdown; write a fraction like 0.01 or '1%'")
+        raise InvalidSettingError(f"{argument} {value!r} is not a slowdown; write a fraction like 0.01 or '1%'",
+                                  argument=argument)  # fmt: skip
     if isinstance(value, (int, float)):
         fraction = float(value)
         if not math.isfinite(fraction) or not 0.0 <= fraction < 1.0:
             raise InvalidSettingError(
-                f"{argument} {value!r} is outside [0, 1); write a fraction like 0.01 or a percentage like '1%'"
+                f"{argument} {value!r} is outside [0, 1); write a fraction like 0.01 or a percentage like '1%'",
+                argument=argument,
             )
         return fraction
     raw = str(value).strip()
     if raw.startswith("-"):
-        raise InvalidSettingError(f"{argument} {value!r} is negative; a slowdown is in [0, 100%), like 1% or 0.01")
+        raise InvalidSettingError(f"{argument} {value!r} is negative; a slowdown is in [0, 100%), like 1% or 0.01",
+                                  argument=argument)  # fmt: skip
     match = _NUMBER.fullmatch(raw)
     if not match:
         raise InvalidSettingError(f"{argument} {value!r} is not a slowdown; write a percentage like 1% or a "
-                                  "fraction like 0.01")  # fmt: skip
+                                  "fraction like 0.01", argument=argument)  # fmt: skip
     fraction = float(match.group(1)) / (100.0 if match.group(2) else 1.0)
     if not 0.0 <= fraction < 1.0:
         raise InvalidSettingError(
-            f"{argument} {value!r} is outside [0, 100%); write a percentage like 1% or a fraction like 0.01"
+            f"{argument} {value!r} is outside [0, 100%); write a percentage like 1% or a fraction like 0.01",
+            argument=argument,
         )
     return fraction

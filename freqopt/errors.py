@@ -20,9 +20,27 @@ __all__ = [
 
 
 class FreqoptError(Exception):
-    """Base of every error freqopt raises on purpose; the CLI prints its message and exits non-zero."""
+    """Base of every error freqopt raises on purpose; the CLI prints its message and exits non-zero.
+
+    Attributes:
+        argument: the name of the argument the error is about, as the library's caller wrote it (``n_trials``),
+            or None; the message then begins with that name, which ``naming`` replaces (the CLI puts the flag the
+            user typed in its place, ``--trials``).
+    """
 
     exit_code: int = 2
+
+    def __init__(self, *args, argument: str | None = None):
+        if argument is not None and not (args and str(args[0]).startswith(argument)):
+            raise ValueError(f"the message of an error about {argument!r} must begin with that name: {args!r}")
+        super().__init__(*args)
+        self.argument = argument
+
+    def naming(self, label: str) -> str:
+        """The message with ``label`` in place of the argument's name it begins with (the message as it is when
+        the error names no argument)."""
+        message = str(self)
+        return message if self.argument is None else label + message[len(self.argument):]
 
 
 class UnknownNameError(FreqoptError):
@@ -59,8 +77,9 @@ class MissingDependencyError(FreqoptError, ImportError):
 
 def check_positive_int(name: str, value, *, optional: bool = False) -> None:
     """Raise InvalidSettingError("NAME must be a positive integer, not VALUE") unless ``value`` is an int >= 1
-    (None passes when ``optional``; a bool never does). ``name`` is the argument's name, as the caller wrote it."""
+    (None passes when ``optional``; a bool never does). ``name`` is the argument's name, as the caller wrote it
+    (the error's ``argument``)."""
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
+        raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}", argument=name)

@@ -39,7 +39,7 @@ class Layout:
     def __post_init__(self):
         for name, value in (("dp", self.dp), ("tp", self.tp), ("bucket_elements", self.bucket_elements)):
             if not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"layout {name} must be a positive integer, not {value!r}")
+                raise InvalidSettingError(f"layout {name} must be a positive integer, not {value!r}", argument="layout")
 
     def __repr__(self) -> str:  # keeps study names and tables short
         extra = "" if self.bucket_elements == DEEPSPEED_BUCKET_ELEMENTS else f", bucket_elements={self.bucket_elements}"
@@ -67,7 +67,7 @@ class Layout:
             divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
             raise InvalidSettingError(
                 f"layout tp={self.tp} does not divide the {n_heads} attention heads of {model}; "
-                f"choose tp from {', '.join(map(str, divisors))}"
+                f"choose tp from {', '.join(map(str, divisors))}", argument="layout",
             )
 
     def as_dict(self) -> dict[str, int]:
@@ -93,13 +93,15 @@ def parse_layout(text: str | None) -> Layout:
         match = _PART.fullmatch(part)
         if not match:
             raise InvalidSettingError(f"layout {text!r} is not a layout; write it like dp=8,tp=4 (dp and tp, "
-                                      "each a positive integer)")  # fmt: skip
+                                      "each a positive integer)", argument="layout")  # fmt: skip
         key, value = match.group(1), match.group(2).strip()
         if key == "pp":
-            raise InvalidSettingError(f"layout {text!r}: pipeline parallelism is not supported; use dp and tp")
+            raise InvalidSettingError(f"layout {text!r}: pipeline parallelism is not supported; use dp and tp",
+                                      argument="layout")  # fmt: skip
         if key in degrees:
-            raise InvalidSettingError(f"layout {text!r} gives {key} twice; write it like dp=8,tp=4")
+            raise InvalidSettingError(f"layout {text!r} gives {key} twice; write it like dp=8,tp=4", argument="layout")
         if not value.isdigit() or int(value) < 1:
-            raise InvalidSettingError(f"layout {text!r}: {key} must be a positive integer, not {value!r}")
+            raise InvalidSettingError(f"layout {text!r}: {key} must be a positive integer, not {value!r}",
+                                      argument="layout")  # fmt: skip
         degrees[key] = int(value)
     return Layout(**degrees)

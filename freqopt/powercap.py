@@ -22,7 +22,7 @@ def parse_caps(text: str) -> list[float]:
     except ValueError:
         caps = []
     if not caps or any(not (c > 0) or c != c for c in caps):
-        raise InvalidSettingError(f"caps {text!r} is not a list of watts; write it like 100,150,200,250")
+        raise InvalidSettingError(f"caps {text!r} is not a list of watts; write it like 100,150,200,250", argument="caps")
     return caps
 
 
@@ -81,7 +81,7 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
     if mode not in MODES:
-        raise InvalidSettingError(f"mode {mode!r} is not a mode; choose train or inference")
+        raise InvalidSettingError(f"mode {mode!r} is not a mode; choose train or inference", argument="mode")
     if caps is None:
         caps_w = default_caps(spec)
     elif isinstance(caps, str):
@@ -91,7 +91,7 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
     for cap in caps_w:
         spec.check_power_limit(cap)
     if host_gap_ms < 0:
-        raise InvalidSettingError(f"host_gap_ms must not be negative, not {host_gap_ms:g}")
+        raise InvalidSettingError(f"host_gap_ms must not be negative, not {host_gap_ms:g}", argument="host_gap_ms")
     backend = resolve_backend(backend)
     measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
     try:

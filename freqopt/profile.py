@@ -146,17 +146,19 @@ def check_device(device: str) -> str:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise InvalidSettingError(f"device {device!r} is not a torch device; pass 'cuda' or 'cpu'") from e
+        raise InvalidSettingError(f"device {device!r} is not a torch device; pass 'cuda' or 'cpu'",
+                                  argument="device") from e  # fmt: skip
     if parsed.type == "cpu":
         return device
     if parsed.type != "cuda":
-        raise InvalidSettingError(f"device {device!r}: profile trains on 'cuda' (the GPU NVML measures) or 'cpu'")
+        raise InvalidSettingError(f"device {device!r}: profile trains on 'cuda' (the GPU NVML measures) or 'cpu'",
+                                  argument="device")  # fmt: skip
     from freqopt.train import check_training_device
 
     check_training_device(device)  # a CUDA build of torch that sees a GPU
     if parsed.index not in (None, 0):
         raise InvalidSettingError(f"device {device!r}: NVML measures the first visible GPU; pass device 'cuda' and "
-                                  "choose the GPU with CUDA_VISIBLE_DEVICES")  # fmt: skip
+                                  "choose the GPU with CUDA_VISIBLE_DEVICES", argument="device")  # fmt: skip
     return device
 
 
@@ -208,7 +210,7 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
             raise InvalidSettingError(f"profile on a real GPU trains one GPU; pass a single-GPU layout, not "
                                       f"{workload.layout} (the simulated GPU profiles one rank of any layout)")  # fmt: skip
     elif device is not None:
-        raise InvalidSettingError("device applies to backend nvml; the simulated GPU trains nothing")
+        raise InvalidSettingError("device applies to backend nvml; the simulated GPU trains nothing", argument="device")
     measuring, opened = open_backend(backend, spec, seed=seed, read_only=backend == "nvml")
     try:
         if not real:

@@ -95,14 +95,17 @@ def energy_statement(
         InvalidSettingError: non-positive iterations or GPUs, a PUE below 1, a negative grid intensity, or both a
             PUE and a profile.
     """
-    if iterations < 1 or gpus < 1:
-        raise InvalidSettingError(f"iterations and gpus must be positive integers, not {iterations} and {gpus}")
+    for name, value in (("iterations", iterations), ("gpus", gpus)):
+        if value < 1:
+            raise InvalidSettingError(f"{name} must be a positive integer, not {value}", argument=name)
     if pue is not None and profile is not None:
         raise InvalidSettingError("give a PUE or a site PUE profile, not both")
     if pue is not None and pue < 1.0:
-        raise InvalidSettingError(f"pue {pue:g} is below 1; PUE is facility energy over IT energy, at least 1")
+        raise InvalidSettingError(f"pue {pue:g} is below 1; PUE is facility energy over IT energy, at least 1",
+                                  argument="pue")  # fmt: skip
     if grid_gco2_per_kwh < 0:
-        raise InvalidSettingError(f"grid_gco2_per_kwh must not be negative, not {grid_gco2_per_kwh:g}")
+        raise InvalidSettingError(f"grid_gco2_per_kwh must not be negative, not {grid_gco2_per_kwh:g}",
+                                  argument="grid_gco2_per_kwh")  # fmt: skip
     d = table.data
     base, tuned = d["baseline"], d["validated"]
     scale = iterations * gpus

@@ -294,9 +294,11 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     check_backend(backend)
     check_positive_int("steps", steps)
     if compare and table is None:
-        raise InvalidSettingError("compare needs a table: it alternates steps with and without the table")
+        raise InvalidSettingError("compare needs a table: it alternates steps with and without the table",
+                                  argument="compare")  # fmt: skip
     if read_only and table is not None:
-        raise InvalidSettingError("read_only cannot apply a table (that changes clocks); drop one of them")
+        raise InvalidSettingError("read_only cannot apply a table (that changes clocks); drop one of them",
+                                  argument="read_only")  # fmt: skip
     source = "clock table" if table is None or isinstance(table, ClockTable) else str(table)
     if table is not None and not isinstance(table, ClockTable):
         table = load_table(table)

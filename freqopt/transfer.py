@@ -449,7 +449,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         OutputError: ``out`` is a file or cannot be written.
         StorageError: ``storage`` cannot be opened.
     """
-    from freqopt.api import check_writable_dir
+    from freqopt.api import open_output
     from freqopt.errors import check_positive_int
     from freqopt.backends import get_backend
     from freqopt.budget import parse_slowdown
@@ -476,10 +476,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         trace = trace_training_iteration(workload)
         if table.granularity == "phase":
             transfer_table(table, trace)  # a table of another model's phases fails here, before any file is written
-        if out is not None:
-            out = check_writable_dir(out)
-            storage = storage or f"sqlite:///{(out / 'freqopt.db').resolve()}"
-        open_storage(storage)  # a bad URL fails here, before any work
+        out, storage = open_output(out, storage)  # a bad URL fails here, before any work or any folder is made
         counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
         config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
         if on_start is not None:

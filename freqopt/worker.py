@@ -45,7 +45,7 @@ def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: 
     if backend is not None:
         check_backend(backend)
     if wait_s < 0:
-        raise InvalidSettingError(f"wait_s must not be negative, not {wait_s:g}")
+        raise InvalidSettingError(f"wait_s must not be negative, not {wait_s:g}", argument="wait_s")
     opened = open_storage(storage)
     started = time.monotonic()
     while (state := load_job(opened, name)) is None:

@@ -169,8 +169,9 @@ def test_out_is_checked_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr("freqopt.trace.trace_training_iteration", never)
     with pytest.raises(OutputError, match="out .* is a file; give a directory"):
         freqopt.search("gpt3-small", max_slowdown="1%", out=blocker)
-    with pytest.raises(OutputError, match="cannot write to .*choose another out directory"):
+    with pytest.raises(OutputError, match="out .*sub: cannot write there .*; choose another directory") as e:
         freqopt.search("gpt3-small", max_slowdown="1%", out=blocker / "sub")
+    assert e.value.argument == "out"
     assert blocker.read_text() == "keep"
     assert freqopt.api.check_writable_dir(tmp_path / "new" / "deep") == tmp_path / "new" / "deep"
 
@@ -193,3 +194,44 @@ def test_the_backend_is_closed_even_when_the_search_fails(small_trace, monkeypat
     with pytest.raises(RuntimeError):
         freqopt.search(small_trace, max_slowdown="1%", granularity="iteration", backend=given)
     assert len(closed) == 1
+
+
+@pytest.mark.parametrize("granularity,error,message", [
+    (["iteration", "layer"], UnknownNameError, "unknown granularity 'layer'; choose from all, power-cap, iteration"),
+    ([], InvalidSettingError, "granularity is empty; give 'all' or some of power-cap, iteration"),
+    (("all", "kernel"), InvalidSettingError, "granularity 'all' stands alone"),
+    (5, InvalidSettingError, "granularity must be 'all', a name or a sequence of names"),
+])  # fmt: skip
+def test_a_bad_granularity_list_is_one_line_naming_the_valid_ones(granularity, error, message):
+    with pytest.raises(error, match=message) as e:
+        freqopt.search("gpt3-small", max_slowdown="1%", granularity=granularity)
+    assert "\n" not in str(e.value)
+
+
+def test_granularity_takes_all_one_name_or_a_sequence():
+    from freqopt.api import _granularities
+    from freqopt.search.units import GRANULARITIES
+
+    assert _granularities("all") == _granularities(["all"]) == GRANULARITIES
+    assert _granularities("kernel") == _granularities(("kernel",)) == ("kernel",)
+    assert _granularities(["phase", "iteration", "phase"]) == ("iteration", "phase")  # coarse to fine, once
+
+
+def test_errors_carry_the_argument_they_name():
+    with pytest.raises(InvalidSettingError) as e:
+        freqopt.search("gpt3-small", max_slowdown="1%", n_trials=0)
+    assert e.value.argument == "n_trials" and str(e.value) == "n_trials must be a positive integer, not 0"
+    assert e.value.naming("--trials") == "--trials must be a positive integer, not 0"
+    with pytest.raises(InvalidSettingError) as e:
+        freqopt.search("gpt3-small", max_slowdown="1%", layout="dp=x")
+    assert e.value.argument == "layout"
+    with pytest.raises(UnknownNameError) as e:
+        freqopt.search("gpt3-small", max_slowdown="1%", gpu="rtx9090")
+    assert e.value.argument is None and e.value.naming("--gpu") == str(e.value)  # a message that names no argument
+
+
+def test_a_bad_storage_is_found_before_out_is_made(tmp_path):
+    out = tmp_path / "a" / "b"
+    with pytest.raises(StorageError, match="cannot open Optuna storage 'bogus://x'"):
+        freqopt.search("gpt3-small", max_slowdown="1%", storage="bogus://x", out=out)
+    assert not (tmp_path / "a").exists()

@@ -30,7 +30,10 @@ BAD = [
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "layer"], "unknown granularity"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--n-heads", "7"], "does not divide"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--backend", "tpu"], "unknown backend"),
-    (["--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "n_trials"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "--trials must be a positive integer"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--jobs", "0"], "--jobs must be a positive integer"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "iteration,layer"], "unknown granularity 'layer'"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "all,kernel"], "--granularity 'all' stands alone"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "foo://bar"], "cannot open Optuna storage"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "sqlite:////no/such/dir/x.db"],
      "cannot open Optuna storage"),
@@ -49,7 +52,7 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(args, message, tmp_pat
     err = capsys.readouterr().err.strip()
     assert code != 0
     assert len(err.splitlines()) == 1 and err.startswith("freqopt: error:") and message in err
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists()  # not even the folder: every argument and the storage are checked before it is made
 
 
 def test_out_is_a_file(tmp_path, capsys):
@@ -210,3 +213,131 @@ def test_powercap_runs_a_parallel_layout(tmp_path):
     assert main(["powercap", "--model", "gpt3-small", "--layout", "dp=2,tp=2", "--seq-len", "256",
                  "--micro-batch-size", "1", "--caps", "400,700", "--json", str(out)]) == 0  # fmt: skip
     assert [c["power_limit_w"] for c in json.loads(out.read_text())["caps"]] == [400, 700]
+
+
+def test_a_bad_storage_leaves_no_out_folder_in_transfer_either(tmp_path, capsys):
+    table = write_table(_statement_table(), tmp_path / "t.json")
+    out = tmp_path / "deep" / "out"
+    assert main(["transfer", "--table", str(table), "--model", "gpt3-small", "--seq-len", "128", "--micro-batch-size",
+                 "1", "--storage", "bogus://x", "--out", str(out)]) == 2  # fmt: skip
+    assert "cannot open Optuna storage 'bogus://x'" in capsys.readouterr().err
+    assert not (tmp_path / "deep").exists()
+
+
+# What a user types, and how the error must begin: the flag, never the library's argument name.
+FLAG_ERRORS = [
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "--trials must be"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--jobs", "0"], "--jobs must be"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--jobs", "2", "--backend", "nvml"], "--jobs > 1"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "200%"], "--max-slowdown '200%' is outside"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--micro-batch-size", "0"], "--micro-batch-size must"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--seq-len", "0"], "--seq-len must be"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--n-heads", "7"], "--n-heads 7 does not divide"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--vocab-multiple", "0"], "--vocab-multiple must"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "dp=0"], "--layout 'dp=0': dp must"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--out", "FILE"], "--out FILE is a file"),
+    (["worker", "--storage", "sqlite:///DIR/w.db", "--study", "s", "--wait-s", "-1"], "--wait-s must not be negative"),
+    (["benchmark", "--model", "gpt3-small", "--repeats", "0"], "--repeats must be"),
+    (["benchmark", "--model", "gpt3-small", "--granularity", "phase"], "--granularity 'phase'"),
+    (["powercap", "--model", "gpt3-small", "--caps", "0"], "--caps '0' is not a list of watts"),
+    (["powercap", "--model", "gpt3-small", "--mode", "eval"], "--mode 'eval' is not a mode"),
+    (["powercap", "--model", "gpt3-small", "--host-gap-ms", "-1"], "--host-gap-ms must not be negative"),
+    (["train", "--model", "gpt3-small", "--steps", "0"], "--steps must be"),
+    (["train", "--model", "gpt3-small", "--compare"], "--compare needs a table"),
+    (["profile", "--model", "gpt3-small", "--steps", "0"], "--steps must be"),
+    (["profile", "--model", "gpt3-small", "--device", "cpu"], "--device applies to backend nvml"),
+    (["models", "gpt3-small", "--seq-len", "0"], "--seq-len must be"),
+    (["statement", "--table", "TABLE", "--iterations", "0"], "--iterations must be"),
+    (["statement", "--table", "TABLE", "--gpus", "0"], "--gpus must be"),
+    (["statement", "--table", "TABLE", "--pue", "0.5"], "--pue 0.5 is below 1"),
+    (["statement", "--table", "TABLE", "--grid-gco2-per-kwh", "-1"], "--grid-gco2-per-kwh must not be negative"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args,start", FLAG_ERRORS)
+def test_errors_name_the_flag_the_user_typed(args, start, tmp_path, capsys):
+    from freqopt.cli import FLAGS
+
+    blocker = tmp_path / "FILE"
+    blocker.write_text("")
+    table = write_table(_statement_table(), tmp_path / "t.json")
+    swap = {"FILE": str(blocker), "TABLE": str(table), "sqlite:///DIR/w.db": f"sqlite:///{tmp_path / 'w.db'}"}
+    assert main([swap.get(a, a) for a in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("freqopt: error: " + start.replace("FILE", str(blocker))), err
+    assert len(err.splitlines()) == 1
+    assert not any(name in err for name in FLAGS if "_" in name)  # n_trials, wait_s, ...: the library's names
+
+
+def test_the_flags_table_names_options_the_commands_have():
+    from freqopt.cli import FLAGS, cli
+
+    options = {opt for command in cli.commands.values() for param in command.params for opt in param.opts}
+    assert set(FLAGS.values()) <= options
+    with pytest.raises(ValueError, match="must begin with that name"):
+        InvalidSettingError("must be positive", argument="n_trials")  # the CLI could not put its flag in place
+
+
+def test_help_lists_every_command_with_its_whole_line(capsys, monkeypatch):
+    from freqopt.cli import cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["--help"]) == 0
+    rows = capsys.readouterr().out.split("Commands:\n")[1].splitlines()
+    assert len(rows) == len(cli.commands)
+    for row, (name, command) in zip(rows, sorted(cli.commands.items())):
+        assert row.split() == [name, *command.short_help.split()] and len(row) <= 80
+        assert row.endswith(".") and "..." not in row
+    assert any(row.split()[1:] == "Write an energy statement (McDonald et al. 2022).".split() for row in rows)
+
+
+def _hint(err: str) -> list[str]:
+    """The arguments of the `freqopt train ...` line a search prints last."""
+    line = next(line for line in err.splitlines() if "to training with: freqopt train " in line)
+    return line.split("to training with: freqopt ")[1].split()
+
+
+def test_a_resumed_search_says_so_and_its_hint_works_from_another_folder(tmp_path, monkeypatch, capsys):
+    """A relative hf:PATH and --out: the closing hint names both absolutely, and `freqopt train` takes it as
+    printed in another folder. Run again, the search says how many measurements it read back (the first run's),
+    and a comma list of granularities searches those, coarse to fine."""
+    import shutil
+    from pathlib import Path
+
+    here = tmp_path / "here"
+    (here / "cfg").mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "data" / "hf" / "llama" / "config.json", here / "cfg" / "config.json")
+    monkeypatch.chdir(here)
+    args = ["search", "--model", "hf:cfg", "--seq-len", "64", "--micro-batch-size", "1", "--max-slowdown", "2%",
+            "--granularity", "pass,iteration", "--trials", "3", "--out", "out"]  # fmt: skip
+    assert main([*args, "--json", "first.json"]) == 0
+    err = capsys.readouterr().err
+    assert not any(line.startswith("resumed") for line in err.splitlines())  # a fresh search says nothing of it
+    first = json.loads((here / "first.json").read_text())
+    assert list(first["results"]) == ["iteration", "pass"]
+    hint = _hint(err)
+    assert hint[hint.index("--model") + 1] == f"hf:{here / 'cfg'}"
+    assert hint[hint.index("--table") + 1] == str(here / "out" / "hf-cfg-h100-sxm-iteration.json")
+
+    assert main([*args, "--json", "second.json"]) == 0
+    err = capsys.readouterr().err
+    storage = f"sqlite:///{here / 'out' / 'freqopt.db'}"
+    assert f"resumed: {first['n_new_measurements']} measurements read back from {storage}, 0 new" in err
+    assert json.loads((here / "second.json").read_text())["n_new_measurements"] == 0
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main([*hint, "--steps", "1"]) == 0
+    assert "table" in capsys.readouterr().out
+
+
+def test_hints_make_relative_storages_absolute(tmp_path, monkeypatch):
+    from freqopt.cli import absolute_storage
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_storage("sqlite:///s.db") == f"sqlite:///{tmp_path / 's.db'}"
+    assert absolute_storage("sqlite:///s.db?timeout=5") == f"sqlite:///{tmp_path / 's.db'}?timeout=5"
+    assert absolute_storage("journal:j.log") == f"journal:{tmp_path / 'j.log'}"
+    for kept in ("sqlite:////abs/s.db", "sqlite://", "journal:/abs/j.log", "postgresql+psycopg2://u@h/db", None):
+        assert absolute_storage(kept) == kept

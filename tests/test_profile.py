@@ -54,7 +54,7 @@ def test_cli_profile_writes_the_json_document(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "gpt4"], "unknown model"),
-    (["--model", "gpt3-small", "--json", "/no/such/dir/p.json"], "cannot write --json"),
+    (["--model", "gpt3-small", "--json", "/no/such/dir/p.json"], "--json /no/such/dir/p.json: cannot write there"),
     (["--model", "gpt3-small", "--backend", "tpu"], "unknown backend"),
     (["--model", "gpt3-small", "--steps", "0"], "steps must be a positive integer"),
     (["--model", "gpt3-small", "--device", "cpu"], "device applies to backend nvml"),

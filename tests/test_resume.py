@@ -71,6 +71,9 @@ def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_
     gpu = CountingGPU()
     result = run_search(small_trace, gpu, config)
     assert finished + gpu.finished == n_expected  # none repeated (more) and none lost (it would be re-taken: more)
+    # What the killed runs took, the last one read back (the CLI's "resumed: N measurements" line); a fresh run none.
+    assert (result.n_stored_measurements, result.n_new_measurements) == (finished, gpu.finished)
+    assert expected.n_stored_measurements == 0 and expected.n_new_measurements == n_expected
     assert _summary(result) == _summary(expected)
     assert result.baseline == expected.baseline
 
@@ -117,10 +120,14 @@ def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path, kernel_search
         proc.wait()
         kills += 1
     assert kills >= 2, "the search finished before it could be killed twice"
-    subprocess.run(command, cwd=killed, env=env, check=True, capture_output=True, timeout=600)
+    last = subprocess.run(command, cwd=killed, env=env, check=True, capture_output=True, text=True, timeout=600)
     resumed, uninterrupted = json.loads((killed / "r.json").read_text()), dict(kernel_search_cli["summary"])
-    # Measurements the last run took itself: fewer than the whole search's (the killed runs' are read back).
-    assert resumed.pop("n_new_measurements") < uninterrupted.pop("n_new_measurements")
+    # Measurements the last run took itself: fewer than the whole search's (the killed runs' are read back), and
+    # it says how many it read back.
+    n_new = resumed.pop("n_new_measurements")
+    assert n_new < uninterrupted.pop("n_new_measurements")
+    assert f"measurements read back from sqlite:///{db}, {n_new} new" in last.stderr
+    assert "resumed:" not in kernel_search_cli["stderr"]
     assert resumed == uninterrupted
 
 

@@ -15,7 +15,18 @@ import click
 from freqopt.budget import parse_slowdown
 from freqopt.errors import FreqoptError
 
-__all__ = ["main", "cli", "parse_slowdown"]
+__all__ = ["main", "cli", "parse_slowdown", "FLAGS"]
+
+# The library's argument names (FreqoptError.argument) -> the flags of this command line, so that an error speaks
+# of what the user typed (``--trials``, not ``n_trials``). Every command gives each of these the same meaning.
+FLAGS = {
+    "max_slowdown": "--max-slowdown", "granularity": "--granularity", "n_trials": "--trials", "n_jobs": "--jobs",
+    "seed": "--seed", "out": "--out", "micro_batch_size": "--micro-batch-size", "seq_len": "--seq-len",
+    "n_heads": "--n-heads", "vocab_multiple": "--vocab-multiple", "layout": "--layout", "wait_s": "--wait-s",
+    "repeats": "--repeats", "caps": "--caps", "mode": "--mode", "host_gap_ms": "--host-gap-ms", "steps": "--steps",
+    "device": "--device", "compare": "--compare", "read_only": "--read-only", "iterations": "--iterations",
+    "gpus": "--gpus", "pue": "--pue", "grid_gco2_per_kwh": "--grid-gco2-per-kwh",
+}  # fmt: skip
 
 
 def check_json_path(json_path: str | None) -> None:
@@ -34,6 +45,38 @@ def write_json(json_path: str | None, doc) -> None:
         from freqopt.tables import atomic_write_text
 
         atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
+
+
+def absolute_path(path) -> str:
+    """``path`` made absolute (not resolving links), for a hint the user may paste in another folder."""
+    return str(Path(path).expanduser().absolute())
+
+
+def absolute_model(model: str) -> str:
+    """A --model value that works from any folder: ``hf:PATH`` with PATH absolute; a built-in name as it is."""
+    from freqopt.models.hf import HF_PREFIX, is_hf_model
+
+    return HF_PREFIX + absolute_path(model[len(HF_PREFIX):]) if is_hf_model(model) else model
+
+
+def absolute_storage(url: str | None) -> str | None:
+    """An Optuna storage URL that works from any folder: a relative SQLite file or journal:PATH made absolute."""
+    if url is None:
+        return None
+    if url.startswith("journal:"):
+        path = url.removeprefix("journal:").removeprefix("//")
+        return url if not path or Path(path).is_absolute() else "journal:" + absolute_path(path)
+    import sqlalchemy
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return url
+    database = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not database or database == ":memory:" or \
+            database.startswith("file:") or Path(database).is_absolute():  # fmt: skip
+        return url
+    return parsed.set(database=absolute_path(database)).render_as_string(hide_password=False)
 
 
 def stdout_console():
@@ -71,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="freqopt", standalone_mode=False)
     except FreqoptError as e:
-        click.echo(f"freqopt: error: {e}", err=True)
+        message = e.naming(FLAGS[e.argument]) if e.argument in FLAGS else str(e)
+        click.echo(f"freqopt: error: {message}", err=True)
         return e.exit_code
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)

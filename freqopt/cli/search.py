@@ -6,13 +6,15 @@ import time
 
 import click
 
-from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
+from freqopt.cli import (absolute_model, absolute_path, absolute_storage, check_json_path, cli, model_options,
+                         stdout_console, verbose_option, write_json)  # fmt: skip
 
-@cli.command()
+@cli.command(short_help="Search clock settings and compare granularities.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
-@click.option("--granularity", default="all", show_default=True, help="all, power-cap, iteration, pass, kernel or phase.")
+@click.option("--granularity", default="all", show_default=True,
+              help="all, or one or a comma list of power-cap, iteration, pass, kernel, phase (e.g. iteration,kernel).")
 @click.option("--backend", default="sim", show_default=True,
               help="Measurement backend: sim (simulated GPU) or nvml (the first visible GPU; needs root).")
 @click.option("--storage", default=None, help="Optuna storage URL; default sqlite:///OUT/freqopt.db.")
@@ -38,13 +40,17 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     from freqopt.api import search as run_search
 
     check_json_path(json_path)
+    levels = [g.strip() for g in granularity.split(",")]
     console = Console(stderr=True)
     started = time.monotonic()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False)  # fmt: skip
     status = console.status(f"tracing one training iteration of {model}")
 
+    begun = []  # the SearchStart, once the search has started
+
     def on_start(start) -> None:
+        begun.append(start)
         status.stop()
         w = start.trace.workload
         where = "" if w.layout.is_single_gpu else f" ({w.layout}, one rank of {w.layout.world_size})"
@@ -52,7 +58,7 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                       f"kernel classes, {start.trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU "
                       f"{start.spec.name}" + (" (simulated)" if start.backend == "sim" else ""))  # fmt: skip
         console.print(f"search {start.study_name}; other processes join it with: freqopt worker --storage "
-                      f"{start.storage} --study {start.study_name}", soft_wrap=True)  # fmt: skip
+                      f"{absolute_storage(start.storage)} --study {start.study_name}", soft_wrap=True)  # fmt: skip
         progress.add_task("searching tuning units", total=start.n_units)
         progress.start()
 
@@ -62,14 +68,16 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     if console.is_terminal:  # transient there; elsewhere stopping it would leave a blank line before any error
         status.start()
     try:
-        result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity, backend=backend,
+        result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=levels[0] if len(levels) == 1
+                            else levels, backend=backend,
                             storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
                             micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                             vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start,
                             verbose=verbose)  # fmt: skip
     except KeyboardInterrupt:
-        if progress.task_ids:  # the search had started: its studies are in the storage
-            raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in the storage")
+        if begun:  # the search had started: its studies are in the storage
+            raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in "
+                                    f"{absolute_storage(begun[0].storage)}")  # fmt: skip
         raise
     finally:
         status.stop()
@@ -83,14 +91,20 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
         out.print(f"{name} figure: {path}", soft_wrap=True)
     if result.table_paths and not result.figure_paths:
         console.print("no figures: install matplotlib (pip install 'freqopt[plots]') for them")
-    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {result.storage}", soft_wrap=True)
+    if result.n_stored_measurements:
+        console.print(f"resumed: {result.n_stored_measurements} measurements read back from "
+                      f"{absolute_storage(result.storage)}, {result.n_new_measurements} new", soft_wrap=True)  # fmt: skip
+    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {absolute_storage(result.storage)}",
+                  soft_wrap=True)  # fmt: skip
     if result.table_paths:
         best = max(result.results, key=lambda g: result.energy_saved_pct(g) if g in result.table_paths else -1.0)
         w = result.trace.workload
-        console.print(f"apply the {best} table (the most saved) to training with: freqopt train --model {w.model} "
-                      f"--micro-batch-size {w.micro_batch_size} --seq-len {w.config.seq_len} "
-                      + ("" if w.layout.is_single_gpu else f"--layout {w.layout} ")
-                      + f"--table {result.table_paths[best]}", soft_wrap=True)  # fmt: skip
+        overrides = [f"--n-heads {n_heads} "] if n_heads is not None else []
+        overrides += [f"--vocab-multiple {vocab_multiple} "] if vocab_multiple is not None else []
+        console.print(f"apply the {best} table (the most saved) to training with: freqopt train --model "
+                      f"{absolute_model(model)} --micro-batch-size {w.micro_batch_size} --seq-len {w.config.seq_len} "
+                      + "".join(overrides) + ("" if w.layout.is_single_gpu else f"--layout {w.layout} ")
+                      + f"--table {absolute_path(result.table_paths[best])}", soft_wrap=True)  # fmt: skip
     write_json(json_path, result.summary())
 
 
@@ -120,7 +134,7 @@ def _search_table(result):
     return table
 
 
-@cli.command()
+@cli.command(short_help="Join a running search from another process or machine.")
 @click.option("--storage", required=True, help="The search's Optuna storage URL (as `freqopt search` printed it).")
 @click.option("--study", "name", required=True, help="The search's name (printed by `freqopt search`).")
 @click.option("--backend", default=None,

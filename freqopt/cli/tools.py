@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 
-from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
+from freqopt.cli import absolute_path, check_json_path, cli, model_options, stdout_console, verbose_option, write_json
 
-@cli.command()
+@cli.command(short_help="List the models and their parameter counts.")
 @click.argument("names", nargs=-1)
 @model_options
 def models(names, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:
@@ -38,7 +38,7 @@ def models(names, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) ->
     stdout_console().print(table)
 
 
-@cli.command()
+@cli.command(short_help="List the GPU types in search_spaces/.")
 def gpus() -> None:
     """List the GPU types in search_spaces/."""
     from rich.table import Table
@@ -58,7 +58,7 @@ def gpus() -> None:
     stdout_console().print(table)
 
 
-@cli.command()
+@cli.command(short_help="Apply a clock table to another model or layout.")
 @click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
 @click.option("--model", required=True, help="Target model (see `freqopt models`).")
 @click.option("--gpu", default=None, help="GPU type; must be the table's (default: the table's).")
@@ -128,16 +128,16 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
                   f"time); {instead}")  # fmt: skip
     if report.table_path is not None:
         out.print(f"re-allocated table: {report.table_path} (and .csv); apply it with "
-                  f"`freqopt train --table {report.table_path} ...` or freqopt.DVFSRuntime")  # fmt: skip
+                  f"`freqopt train --table {absolute_path(report.table_path)} ...` or freqopt.DVFSRuntime")  # fmt: skip
     elif report.schedule.granularity == "phase":
         out.print(f"no table written: a phase-level table applies as it stands on any layout of its model; apply it "
-                  f"with `freqopt train --table {table_path} ...` or freqopt.DVFSRuntime")  # fmt: skip
+                  f"with `freqopt train --table {absolute_path(table_path)} ...` or freqopt.DVFSRuntime")  # fmt: skip
     else:
         out.print("no table written: the source table carries no fronts; search the source again with this freqopt")
     write_json(json_path, summary)
 
 
-@cli.command()
+@cli.command(short_help="Compare the Bayesian search with an exhaustive sweep.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--granularity", default="kernel", show_default=True, help="iteration, pass or kernel.")
@@ -179,7 +179,7 @@ def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, js
     write_json(json_path, summary)
 
 
-@cli.command()
+@cli.command(short_help="Restore GPUs that a killed freqopt left changed.")
 def reset() -> None:
     """Restore GPUs that a killed freqopt left with changed clocks or power limit (from its state files)."""
     from freqopt.nvml import reset_from_state_files, state_dir
@@ -191,7 +191,7 @@ def reset() -> None:
         click.echo(f"{uuid}: {what}")
 
 
-@cli.command()
+@cli.command(short_help="Measure one iteration at each power limit.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--caps", default=None, help="Power limits in W, e.g. 100,150,200,250; default: 4 from min to default.")
@@ -226,7 +226,7 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
     write_json(json_path, report.summary())
 
 
-@cli.command()
+@cli.command(short_help="Write an energy statement (McDonald et al. 2022).")
 @click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
 @click.option("--iterations", default=1000, show_default=True, type=int, help="Training iterations of the run.")
 @click.option("--gpus", default=1, show_default=True, type=int, help="GPUs running the same iterations.")

@@ -10,7 +10,7 @@ import click
 
 from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
 
-@cli.command()
+@cli.command(short_help="Train under the DVFS runtime; report time and energy per step.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--table", "table_path", default=None, help="A clock table to apply (default: none, default clocks).")
 @click.option("--steps", default=8, show_default=True, type=int, help="Training steps.")
@@ -68,7 +68,7 @@ def _relaunch_under_deepspeed(world_size: int) -> None:
         raise click.exceptions.Exit(code)
 
 
-@cli.command()
+@cli.command(short_help="Report one training iteration: time, energy and kernel kinds.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm (nvml: the real GPU's).")
 @click.option("--backend", default="sim", show_default=True,

@@ -91,7 +91,8 @@ def get_workload(
     if n_heads is not None:
         if config.d_model % n_heads:
             raise InvalidSettingError(
-                f"n_heads {n_heads} does not divide d_model {config.d_model} of {model}; pick a divisor"
+                f"n_heads {n_heads} does not divide d_model {config.d_model} of {model}; pick a divisor",
+                argument="n_heads",
             )
         config = dataclasses.replace(config, n_heads=n_heads)
     layout = layout or SINGLE_GPU
@@ -104,7 +105,8 @@ def _hf_workload(model, micro_batch_size, seq_len, n_heads, layout, vocab_multip
     check_positive_int("seq_len", seq_len, optional=True)
     for name, value in (("n_heads", n_heads), ("vocab_multiple", vocab_multiple)):
         if value is not None:
-            raise InvalidSettingError(f"{name} applies to the built-in models; for {model} edit its config.json")
+            raise InvalidSettingError(f"{name} applies to the built-in models; for {model} edit its config.json",
+                                      argument=name)  # fmt: skip
     config = load_hf_config(model, seq_len=seq_len)
     layout = layout or SINGLE_GPU
     layout.check_model(config.name, config.n_heads)

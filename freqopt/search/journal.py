@@ -35,12 +35,19 @@ class MeasurementLog:
 
     Attributes:
         n_new: measurements taken through this object (not read back from storage).
+        n_stored: distinct measurements read back from those the storage held when this object was made (an
+            earlier run's, or another process's).
     """
 
     def __init__(self, study: optuna.Study):
         self.study = study
         self.records: dict[str, list] = {k: v for k, v in study.user_attrs.items() if k.startswith(_PREFIX)}
         self.n_new = 0
+        self._stored, self._read = frozenset(self.records), set()
+
+    @property
+    def n_stored(self) -> int:
+        return len(self._read)
 
     def measure(self, tag: str, sample: int, take: Callable[[int], Measurement]) -> Measurement:
         """The ``sample``-th measurement of ``tag``: read back if recorded, else ``take(sample)``, recorded first.
@@ -53,6 +60,8 @@ class MeasurementLog:
         key = f"{_PREFIX}{tag}#{sample}"
         record = self.records.get(key)
         if record is not None:
+            if key in self._stored:
+                self._read.add(key)
             return Measurement(*record)
         m = take(sample)
         record = [m.time_s, m.energy_j, m.cost_gpu_s, m.sm_clock_mhz]

@@ -66,6 +66,8 @@ class SearchResult:
         results: granularity -> GranularityResult, coarse to fine.
         storage: the Optuna storage URL (None: in memory).
         n_new_measurements: measurements this process took (the rest were read back, or taken by other workers).
+        n_stored_measurements: distinct measurements read back from what the storage held when their study was
+            opened: a resumed search's earlier runs' (or, in a shared storage, other workers'); 0 for a fresh one.
         backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
         table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
         figure_paths: "energy-time" and "clocks" -> the PNGs written beside them (freqopt.plots).
@@ -78,6 +80,7 @@ class SearchResult:
     results: dict[str, GranularityResult]
     storage: str | None
     n_new_measurements: int = 0
+    n_stored_measurements: int = 0
     spec: object = field(default=None, repr=False)  # GPUSpec
     backend_name: str | None = None
     seed: int = 0

@@ -341,5 +341,6 @@ def run_search(
     if is_persistent(storage):
         finish_job(storage, prefix)
     n_new = validator.log.n_new + sum(u.n_new_measurements for r in ran.values() for u in r.unit_searches)
+    n_stored = validator.log.n_stored + sum(u.n_stored_measurements for r in ran.values() for u in r.unit_searches)
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
-                        spec=backend.spec, backend_name=backend.name, seed=config.seed)
+                        n_stored_measurements=n_stored, spec=backend.spec, backend_name=backend.name, seed=config.seed)

@@ -99,7 +99,8 @@ class UnitSearch:
     """What a unit's study found: its default, the options offered to the allocator, and what it cost.
 
     n_measurements and cost_gpu_s count every measurement behind the result, including those a killed run took
-    and this one read back from storage; n_new_measurements counts only those this call took."""
+    and this one read back from storage; n_new_measurements counts only those this call took, and
+    n_stored_measurements those it read back from what the storage held before (MeasurementLog.n_stored)."""
 
     name: str
     study_name: str
@@ -108,6 +109,7 @@ class UnitSearch:
     n_measurements: int
     cost_gpu_s: float
     n_new_measurements: int = 0
+    n_stored_measurements: int = 0
 
 
 def _pareto_front(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
@@ -328,4 +330,5 @@ def search_unit(
             for _ in range(finalist_repeats):
                 objective.measure(setting)
     options = (default,) + tuple(sorted((objective.option(s) for s in pareto), key=lambda o: o.time_s))
-    return UnitSearch(name, study_name, default, options, objective.n_measurements, objective.cost_gpu_s, log.n_new)
+    return UnitSearch(name, study_name, default, options, objective.n_measurements, objective.cost_gpu_s, log.n_new,
+                      log.n_stored)  # fmt: skip
