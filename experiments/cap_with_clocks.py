@@ -2,8 +2,8 @@
 
     python experiments/cap_with_clocks.py            # writes experiments/cap_with_clocks/report.md and .json
 
-For each setting below, the whole training iteration is measured on the simulated GPU without noise
-(SimulatedGPU.true_measure) at every combination of: SM clock (every ``SM_STEP``-th supported clock: all), memory
+For each setting below, the whole training step is measured on the simulated GPU without noise
+(SimulatedGPU.step: issued from an idle GPU as a training loop issues it, the step the search validates) at every combination of: SM clock (every ``SM_STEP``-th supported clock: all), memory
 clock (every supported one), and power limit (the default, every ``CAP_STEP_W`` W from the GPU's minimum to
 its maximum, and every ``FINE_CAP_STEP_W`` W in the top ``FINE_RANGE_W`` W, where a limit binds on the GEMMs
 only: a 25 W grid misses the small caps that help). Each setting holds for the whole iteration, as the iteration level applies it. The best
@@ -41,7 +41,7 @@ def sweep(model: str, gpu: str, micro_batch_size: int, seq_len: int) -> dict:
     trace = trace_training_iteration(get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len))
     backend = freqopt.get_backend("sim", freqopt.get_gpu(gpu))
     spec = backend.spec
-    base = backend.true_measure(trace.kernels, ClockSetting())
+    base = backend.step(trace.kernels)
     lo, hi = int(spec.power_limit_min_w), int(spec.power_limit_max_w)
     caps = [None] + sorted(set(range(lo, hi + 1, CAP_STEP_W)) | set(range(hi - FINE_RANGE_W, hi + 1, FINE_CAP_STEP_W)))
     clocks = [None] + [(sm, mem) for mem in spec.mem_clocks_mhz for sm in spec.sm_clocks_mhz[::SM_STEP]
@@ -55,7 +55,7 @@ def sweep(model: str, gpu: str, micro_batch_size: int, seq_len: int) -> dict:
             if kind == "default":
                 continue
             sm, mem = pair if pair else (None, None)
-            m = backend.true_measure(trace.kernels, ClockSetting(sm, mem, None if cap is None else float(cap)))
+            m = backend.step(trace.kernels, [ClockSetting(sm, mem, None if cap is None else float(cap))] * len(trace))
             n += 1
             slowdown = m.time_s / base.time_s - 1
             saved = 1 - m.energy_j / base.energy_j
