@@ -96,6 +96,9 @@ def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> N
     console.print(f"{report.model} ({parse_layout(layout)}), one training iteration on {report.gpu} ({where}): "
                   f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
                   f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
+    if report.memory is not None:
+        of_gpu = f" of the GPU's {report.gpu_memory_gb:g} GB" if report.gpu_memory_gb is not None else ""
+        console.print(f"memory per rank (estimated, {report.memory.dtype}): {report.memory.describe()}{of_gpu}")
     time_s, energy_j = sum(f.time_s for f in report.by_kind.values()), sum(f.energy_j for f in report.by_kind.values())
     kinds = Table("kind", "kernels", "time (s)", "time (%)", "energy (J)", "energy (%)",
                   title="by kernel kind" + (" (the simulated GPU's prediction)" if nvml else ""))  # fmt: skip
