@@ -239,7 +239,8 @@ def _clock_mhz(value) -> int | None:
 
 def _measured_option(option) -> dict[str, Any]:
     s = option.setting
-    return {"sm_clock_mhz": _clock_mhz(s.sm_clock_mhz), "mem_clock_mhz": _clock_mhz(s.mem_clock_mhz), "power_limit_w": s.power_limit_w,
+    return {"sm_clock_mhz": _clock_mhz(s.sm_clock_mhz), "mem_clock_mhz": _clock_mhz(s.mem_clock_mhz),
+            "power_limit_w": s.power_limit_w,
             "time_s": option.time_s, "energy_j": option.energy_j, "n_samples": option.n_samples}  # fmt: skip
 
 

@@ -129,7 +129,8 @@ def _local_ranks(workload: Workload) -> int:
     return int(os.environ.get("LOCAL_SIZE", workload.layout.world_size))
 
 
-def check_host_memory(workload: Workload, memory: StepMemory | None = None, *, total_bytes: int | None = None) -> StepMemory:
+def check_host_memory(workload: Workload, memory: StepMemory | None = None, *,
+                      total_bytes: int | None = None) -> StepMemory:  # fmt: skip
     """Refuse a CPU training run whose ranks clearly cannot fit this machine's memory: their estimated memory
     together (``memory``, else training_memory on the CPU, times the ranks on this machine) above its total
     memory (``total_bytes``, else host_memory_bytes). What other processes hold is not counted against it: a run

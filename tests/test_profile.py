@@ -131,7 +131,8 @@ def test_profile_refuses_a_step_that_does_not_fit_the_gpu_and_skips_a_gpu_of_unk
     (["--model", "gpt3-small", "--backend", "tpu"], "unknown backend"),
     (["--model", "gpt3-small", "--steps", "0"], "steps must be a positive integer"),
     (["--model", "gpt3-small", "--device", "cpu"], "device applies to backend nvml"),
-    (["--model", "gpt3-small", "--micro-batch-size", "100000"], "of GPU memory per rank, more than one h100-sxm's 80 GB"),
+    (["--model", "gpt3-small", "--micro-batch-size", "100000"],
+     "of GPU memory per rank, more than one h100-sxm's 80 GB"),
 ])  # fmt: skip
 def test_cli_profile_bad_input_is_one_line_exit_2(args, message, capsys):
     assert main(["profile", *args]) == 2

@@ -265,10 +265,10 @@ def test_train_refuses_ranks_that_cannot_fit_the_machines_memory(monkeypatch, ca
     one = train_module.plan_training("gpt3-small", **sizes)  # about 2 GB: fits
     per_rank = train_module.training_memory(one.workload)
     assert 1.5e9 < per_rank.total_bytes < 3e9 and per_rank.dtype == "float32"
-    with pytest.raises(InvalidSettingError, match=r"training gpt3-small \(micro_batch_size 1, seq_len 256, "
-                                                  r"dp=2,tp=1\) on the CPU needs about 2 ranks x [\d.]+ GB \(weights .*\) "
-                                                  r"of host memory, more than this machine's 3 GB; use a smaller "
-                                                  r"micro_batch_size or seq_len, or fewer data-parallel ranks"):  # fmt: skip
+    message = (r"training gpt3-small \(micro_batch_size 1, seq_len 256, dp=2,tp=1\) on the CPU needs about 2 ranks x "
+               r"[\d.]+ GB \(weights .*\) of host memory, more than this machine's 3 GB; use a smaller "
+               r"micro_batch_size or seq_len, or fewer data-parallel ranks")  # fmt: skip
+    with pytest.raises(InvalidSettingError, match=message):
         train_module.plan_training("gpt3-small", layout="dp=2", **sizes)
     assert main(["train", "--model", "gpt3-small", "--layout", "dp=2", "--seq-len", "256", "--micro-batch-size",
                  "1"]) == 2  # fmt: skip
