@@ -18,7 +18,10 @@ The total, weights + gradients + optimizer state + activations, is what the step
 approximation: backward frees activations while gradients accumulate (so the sum overstates the peak by up to
 the smaller of the two), and the transient buffers it leaves out (the logits' gradient, the optimizer's FP32
 copy of BF16 gradients, cuBLAS workspaces, the caching allocator's fragmentation, the CUDA context) take some
-of that back.
+of that back. Measured on this project's CPU machine (FP32 gpt3-small steps, 512 to 2048 tokens per micro-batch):
+the peak resident memory of a real step (getrusage's ru_maxrss) was 1 to 14 % above the total, and what a real
+forward pass leaves allocated (torch.profiler's memory profile) matched the activations to 0.3 %
+(tests/test_profile.py checks the latter on a small model).
 """
 
 from __future__ import annotations
