@@ -128,6 +128,8 @@ class GPUSpec:
         power_model: see PowerModel.
         interconnect: see Interconnect.
         sources: where each group of figures comes from.
+        memory_gb: device memory, GB, as the data sheet states it (the ``memory_gb`` key of the file's [gpu]
+            table; the smaller size where a type comes in two); None where the file does not say.
     """
 
     name: str
@@ -160,6 +162,7 @@ class GPUSpec:
     layer_norm_bandwidth_rel: float = 1.0
     host_issue_s: float = 0.0
     host_gemm_issue_s: float = 0.0
+    memory_gb: float | None = None
 
     @property
     def max_sm_clock_mhz(self) -> int:
@@ -289,4 +292,5 @@ def get_gpu(name: str) -> GPUSpec:
         layer_norm_bandwidth_rel=float(m.get("layer_norm_bandwidth_rel", 1.0)),
         host_issue_s=float(data.get("host", {}).get("issue_us", 0.0)) * 1e-6,
         host_gemm_issue_s=float(data.get("host", {}).get("gemm_issue_us", 0.0)) * 1e-6,
+        memory_gb=float(g["memory_gb"]) if "memory_gb" in g else None,
     )

@@ -224,3 +224,16 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.kernels)
+
+    def __repr__(self) -> str:
+        """One line: the workload, kernel and kernel-class counts, FLOPs and layout (not the kernels themselves,
+        which run to hundreds of kilobytes; ``trace.kernels`` holds them)."""
+        w = self.workload
+        config = getattr(w, "config", None)
+        layout = getattr(w, "layout", None)
+        mode = self.meta.get("mode", "train")
+        size = (f"micro-batch {getattr(w, 'micro_batch_size', '?')} x {getattr(config, 'seq_len', '?')} tokens"
+                if config is not None else "")  # fmt: skip
+        parts = [f"model={getattr(w, 'model', w)!r}", mode, size, f"{len(self.kernels)} kernels",
+                 f"{len(self.kernel_classes())} classes", f"{self.total_flops / 1e12:.3g} TFLOP", str(layout or "")]
+        return f"Trace({', '.join(p for p in parts if p)})"

@@ -13,11 +13,16 @@ the CPU), energy per step from the nvmlDeviceGetTotalEnergyConsumption delta. Th
 simulated GPU's prediction for the same GPU type (the backend's spec) and the same trace. Then two more steps run
 under torch.profiler (the first warms it up), and what it recorded of the second is compared, kind by kind, with
 the trace (freqopt.profiler_compare.profiled_kinds; ProfilerRow, profiled_kinds and STEP_LABEL are re-exported here).
+
+Before any of that, the step's memory is estimated (freqopt.memory: weights, gradients, optimizer state and the
+activations saved for backward, on one rank) and a step that does not fit the GPU's memory is refused
+(check_gpu_memory; StepMemory, estimate_step_memory and check_gpu_memory are re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -28,12 +33,14 @@ import torch
 from freqopt.backends.base import DEFAULT_SETTING, Backend, Measurement
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.kernels import Trace
+from freqopt.memory import StepMemory, check_gpu_memory, estimate_step_memory
 from freqopt.models import Workload, build_model
 from freqopt.profiler_compare import STEP_LABEL, ProfilerRow, compare_with_profiler, profiled_kinds
 from freqopt.trace import trace_training_iteration
 
 __all__ = ["KindFigures", "ProfilerRow", "ProfileReport", "profile", "simulate_by_kind", "profiled_kinds",
-           "check_device", "MIN_WINDOW_S", "MIN_COUNTER_UPDATES", "STEP_LABEL"]
+           "check_device", "MIN_WINDOW_S", "MIN_COUNTER_UPDATES", "STEP_LABEL", "StepMemory", "estimate_step_memory",
+           "check_gpu_memory"]
 
 MIN_WINDOW_S = 1.0  # the measured window lasts at least this long, s
 MIN_COUNTER_UPDATES = 5  # ... and spans at least this many energy-counter periods
@@ -71,6 +78,9 @@ class ProfileReport:
             counter's detected update period (s).
         profiler_by_kind: nvml only: kind -> ProfilerRow.
         profiler_time: nvml only: what ``ProfilerRow.measured_time_s`` is ("cuda device time" or "cpu time").
+        memory: the step's memory on one rank (freqopt.memory.estimate_step_memory, in the dtype the step runs in:
+            BF16 on a GPU, FP32 when an nvml profile trains on the CPU).
+        gpu_memory_gb: the GPU type's memory (GPUSpec.memory_gb), GB; None where its file does not say.
     """
 
     model: str
@@ -87,6 +97,8 @@ class ProfileReport:
     counter_period_s: float | None = None
     profiler_by_kind: dict[str, ProfilerRow] | None = None
     profiler_time: str | None = None
+    memory: StepMemory | None = None
+    gpu_memory_gb: float | None = None
 
     @property
     def avg_power_w(self) -> float:
@@ -98,10 +110,14 @@ class ProfileReport:
         {KIND: {"time_s", "energy_j", "n_kernels"}}}; on nvml also "measured" {"time_s", "energy_j", "avg_power_w",
         "device", "n_steps", "window_s", "counter_period_s"}, "predicted" {"time_s", "energy_j", "avg_power_w"},
         "measured_over_predicted" {"time", "energy", "avg_power"}, "profiler_time" and "profiler_by_kind" {KIND:
-        {"traced_n_kernels", "predicted_time_s", "profiled_n_kernels", "measured_time_s"}}."""
+        {"traced_n_kernels", "predicted_time_s", "profiled_n_kernels", "measured_time_s"}}; and "memory"
+        {"weights_gb", "gradients_gb", "optimizer_gb", "activations_gb", "total_gb", "gpu_gb", "dtype"} (GB:
+        1e9 bytes, one rank; gpu_gb None where the GPU type's memory is not known)."""
         doc = {"model": self.model, "gpu": self.gpu, "backend": self.backend, "time_s": self.time_s,
                "energy_j": self.energy_j, "avg_power_w": self.avg_power_w, "flops": self.flops,
                "by_kind": {kind: vars(f) for kind, f in self.by_kind.items()}}  # fmt: skip
+        if self.memory is not None:
+            doc["memory"] = {**self.memory.summary(), "gpu_gb": self.gpu_memory_gb, "dtype": self.memory.dtype}
         if self.predicted is not None:
             p = self.predicted
             doc["measured"] = {"time_s": self.time_s, "energy_j": self.energy_j, "avg_power_w": self.avg_power_w,
@@ -190,8 +206,9 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     Raises:
         UnknownNameError: unknown model, GPU type or backend.
         InvalidSettingError: a bad override, a non-positive ``steps``, a negative ``warmup_steps``, a ``device``
-            with the simulated GPU or one the model cannot train on (check_device), or a layout of more than one
-            rank on a real GPU.
+            with the simulated GPU or one the model cannot train on (check_device), a layout of more than one
+            rank on a real GPU, or a step that does not fit the GPU's memory (check_gpu_memory; not checked when
+            an nvml profile trains on the CPU).
         NVMLError, GPUPermissionError: the real GPU cannot be opened or read.
     """
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
@@ -213,14 +230,20 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         raise InvalidSettingError("device applies to backend nvml; the simulated GPU trains nothing", argument="device")
     measuring, opened = open_backend(backend, spec, seed=seed, read_only=backend == "nvml")
     try:
+        on_gpu = not real or torch.device(device).type == "cuda"
+        memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
+        if on_gpu:
+            check_gpu_memory(workload, measuring.spec, memory)
         if not real:
             trace = trace_training_iteration(workload)
             total, by_kind = simulate_by_kind(trace, measuring)
             return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
-                                 trace.total_flops, by_kind)  # fmt: skip
+                                 trace.total_flops, by_kind, memory=memory,
+                                 gpu_memory_gb=measuring.spec.memory_gb)  # fmt: skip
         # The GPU is only read, through the backend's energy counter (Backend.energy_j); nothing is applied, and a
         # backend the caller opened is left as it was opened.
-        return _profile_real(workload, measuring, device, steps, warmup_steps, seed)
+        report = _profile_real(workload, measuring, device, steps, warmup_steps, seed)
+        return dataclasses.replace(report, memory=memory, gpu_memory_gb=measuring.spec.memory_gb)
     finally:
         if opened:
             measuring.close()

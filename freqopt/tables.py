@@ -118,6 +118,30 @@ class ClockTable:
     def entries(self) -> list[dict[str, Any]]:
         return self.data["entries"]
 
+    def __repr__(self) -> str:
+        """One line: GPU, workload, granularity, budget, entry count and the validated saving (not the JSON
+        document, which runs to tens of kilobytes; ``table.data`` holds it)."""
+        d = self.data if isinstance(self.data, dict) else {}
+        workload, validated, baseline = (d.get(key) if isinstance(d.get(key), dict) else {}
+                                         for key in ("workload", "validated", "baseline"))  # fmt: skip
+        parts = [f"gpu={(d.get('gpu') or {}).get('name')!r}", f"model={workload.get('model')!r}",
+                 f"granularity={d.get('granularity')!r}"]  # fmt: skip
+        if isinstance(workload.get("layout"), dict):
+            parts.append(f"dp={workload['layout'].get('dp')},tp={workload['layout'].get('tp')}")
+        if isinstance(d.get("max_slowdown"), (int, float)):
+            parts.append(f"max_slowdown={100 * d['max_slowdown']:g}%")
+        n = len(d.get("entries") or ())
+        parts.append(f"{n} entr{'y' if n == 1 else 'ies'}")
+        saved, slowdown = validated.get("energy_saved_pct"), validated.get("slowdown_pct")
+        try:  # a table written before the percentages were kept: from the validated and baseline figures
+            if saved is None or slowdown is None:
+                saved = 100 * (1 - validated["energy_j"] / baseline["energy_j"])
+                slowdown = 100 * (validated["time_s"] / baseline["time_s"] - 1)
+            parts.append(f"validated {0.0 - saved:+.2f} % energy at {slowdown:+.2f} % time")
+        except (KeyError, TypeError, ZeroDivisionError):
+            pass
+        return f"ClockTable({', '.join(parts)})"
+
     def check_gpu(self, spec: GPUSpec, *, source: str | Path = "clock table") -> None:
         """Refuse a table for another GPU type, or with settings ``spec`` does not support.
 
@@ -158,8 +182,8 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
             "signature": first.signature if per_class else None,
             "arithmetic_intensity": (flops / nbytes) if nbytes else None,
             "n_kernels": len(kernels),
-            "sm_clock_mhz": setting.sm_clock_mhz,
-            "mem_clock_mhz": setting.mem_clock_mhz,
+            "sm_clock_mhz": _clock_mhz(setting.sm_clock_mhz),
+            "mem_clock_mhz": _clock_mhz(setting.mem_clock_mhz),
             "power_limit_w": setting.power_limit_w,
             **({"request_phase": r.requests[i]} if r.requests else {}),
             **(_front(fronts[i]) if fronts else {}),
@@ -178,8 +202,10 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     data = {
         "schema": SCHEMA_NAME,
         "schema_version": SCHEMA_VERSION,
-        "gpu": {"name": spec.name, "marketing_name": spec.marketing_name, "sm_clocks_mhz": list(spec.sm_clocks_mhz),
-                "mem_clocks_mhz": list(spec.mem_clocks_mhz), "power_limit_default_w": spec.power_limit_default_w},
+        "gpu": {"name": spec.name, "marketing_name": spec.marketing_name,
+                "sm_clocks_mhz": [_clock_mhz(f) for f in spec.sm_clocks_mhz],
+                "mem_clocks_mhz": [_clock_mhz(m) for m in spec.mem_clocks_mhz],
+                "power_limit_default_w": spec.power_limit_default_w},
         "workload": {"model": w.model, "n_layers": w.config.n_layers, "d_model": w.config.d_model,
                      "n_heads": w.config.n_heads, "seq_len": w.config.seq_len, "micro_batch_size": w.micro_batch_size,
                      "layout": w.layout.as_dict()},
@@ -204,9 +230,17 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     return ClockTable(data)
 
 
+def _clock_mhz(value) -> int | None:
+    """A clock setting as the table holds it: an integer of MHz (NVML takes clocks as unsigned integers of MHz,
+    nvmlDeviceSetGpuLockedClocks), so that a clock that went through floating point (885.0 from another tool's
+    JSON, a NumPy integer) is written as 885; None (the default) stays None."""
+    return None if value is None else round(float(value))
+
+
 def _measured_option(option) -> dict[str, Any]:
     s = option.setting
-    return {"sm_clock_mhz": s.sm_clock_mhz, "mem_clock_mhz": s.mem_clock_mhz, "power_limit_w": s.power_limit_w,
+    return {"sm_clock_mhz": _clock_mhz(s.sm_clock_mhz), "mem_clock_mhz": _clock_mhz(s.mem_clock_mhz),
+            "power_limit_w": s.power_limit_w,
             "time_s": option.time_s, "energy_j": option.energy_j, "n_samples": option.n_samples}  # fmt: skip
 
 
@@ -341,6 +375,19 @@ def write_table_csv(table: ClockTable, path: str | Path) -> Path:
     return Path(path)
 
 
+def _integer_clocks(data: dict[str, Any]) -> None:
+    """Make every clock of a validated table document an int, in place. JSON Schema's "integer" admits 885.0
+    (a number with a zero fractional part), which another tool may write; freqopt's settings and files carry
+    885."""
+    for entry in data["entries"]:
+        for item in (entry, entry.get("default") or {}, *entry.get("front", ())):
+            for key in ("sm_clock_mhz", "mem_clock_mhz"):
+                if item.get(key) is not None:
+                    item[key] = int(item[key])
+    for key in ("sm_clocks_mhz", "mem_clocks_mhz"):
+        data["gpu"][key] = [int(v) for v in data["gpu"][key]]
+
+
 def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
     """Read and validate a clock table.
 
@@ -381,6 +428,7 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
     except jsonschema.ValidationError as e:
         where = "/".join(map(str, e.absolute_path)) or "top level"
         raise ClockTableError(f"{path} is a corrupt clock table ({where}: {e.message})") from e
+    _integer_clocks(data)
     table = ClockTable(data)
     if spec is None:
         from freqopt.errors import UnknownNameError

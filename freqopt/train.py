@@ -21,6 +21,7 @@ import torch
 
 from freqopt.backends.base import Backend, Measurement
 from freqopt.errors import InvalidSettingError
+from freqopt.memory import StepMemory, estimate_step_memory, workload_label
 from freqopt.models import Workload, build_model
 from freqopt.models.ops import MixedPrecisionAdamW
 from freqopt.phases import quiet_backward_hooks
@@ -29,7 +30,7 @@ from freqopt.tables import ClockTable
 from freqopt.trace import trace_training_iteration
 
 __all__ = ["StepRecord", "TrainReport", "TrainingPlan", "plan_training", "check_training_device", "synthetic_batch",
-           "train"]
+           "train", "training_memory", "host_memory_bytes", "check_host_memory", "host_memory_report"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,69 @@ def check_training_device(device: str) -> None:
             f"device {device!r}: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device; check the "
             "NVIDIA driver and CUDA_VISIBLE_DEVICES, or train on device 'cpu'"
         )
+
+
+def training_memory(workload: Workload, device: str = "cpu") -> StepMemory:
+    """The memory one rank of ``train`` holds in a step (freqopt.memory.estimate_step_memory): FP32 weights,
+    gradients, AdamW moments and activations on the CPU, as ``train`` builds the model there; BF16 with FP32 master
+    weights on CUDA."""
+    return estimate_step_memory(workload, dtype=torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+
+
+def host_memory_bytes() -> tuple[int, int]:
+    """(total, available) bytes of this machine's memory: psutil.virtual_memory() (on Linux /proc/meminfo's
+    MemTotal and MemAvailable)."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return int(memory.total), int(memory.available)
+
+
+def _local_ranks(workload: Workload) -> int:
+    """Ranks on this machine: the launcher's LOCAL_SIZE inside a launched rank, else every rank (``freqopt
+    train`` starts all of them here)."""
+    return int(os.environ.get("LOCAL_SIZE", workload.layout.world_size))
+
+
+def check_host_memory(workload: Workload, memory: StepMemory | None = None, *,
+                      total_bytes: int | None = None) -> StepMemory:  # fmt: skip
+    """Refuse a CPU training run whose ranks clearly cannot fit this machine's memory: their estimated memory
+    together (``memory``, else training_memory on the CPU, times the ranks on this machine) above its total
+    memory (``total_bytes``, else host_memory_bytes). What other processes hold is not counted against it: a run
+    that fits the total but not what is free is left to start (and if the kernel's out-of-memory killer ends a
+    rank, ``freqopt train`` says so with host_memory_report).
+
+    Returns:
+        The per-rank estimate.
+
+    Raises:
+        InvalidSettingError: the message gives the estimate, the machine's memory and what to change.
+    """
+    memory = memory if memory is not None else training_memory(workload, "cpu")
+    total = total_bytes if total_bytes is not None else host_memory_bytes()[0]
+    ranks = _local_ranks(workload)
+    if ranks * memory.total_bytes > total:
+        need = f"{ranks} ranks x {memory.describe()}" if ranks > 1 else memory.describe()
+        fewer = ", or fewer data-parallel ranks (layout dp)" if workload.layout.dp > 1 else ""
+        raise InvalidSettingError(f"training {workload_label(workload)} on the CPU needs about {need} of host "
+                                  f"memory, more than this machine's {total / 1e9:.3g} GB; use a smaller "
+                                  f"micro_batch_size or seq_len{fewer}")  # fmt: skip
+    return memory
+
+
+def host_memory_report(workload: Workload, device: str = "cpu") -> str:
+    """What the ranks of a training run need against this machine's memory, for a message about a rank that the
+    out-of-memory killer ended: "each of the 2 ranks needs about 14.5 GB (weights ..., activations ... GB) of host
+    memory, 29 GB in all, against this machine's 23.4 GB (12.1 GB available now)". On CUDA, where the weights live
+    on the GPU, only the machine's memory."""
+    total, available = host_memory_bytes()
+    machine = f"this machine's {total / 1e9:.3g} GB ({available / 1e9:.3g} GB available now)"
+    if str(device).startswith("cuda"):
+        return f"the ranks train on the GPU; {machine}"
+    memory, ranks = training_memory(workload, device), _local_ranks(workload)
+    each = f"each of the {ranks} ranks needs" if ranks > 1 else "the run needs"
+    together = f", {ranks * memory.total_bytes / 1e9:.3g} GB in all," if ranks > 1 else ""
+    return f"{each} about {memory.describe()} of host memory{together} against {machine}"
 
 
 def train(workload: Workload, backend: Backend, *, table: ClockTable | None, steps: int, compare: bool = False,
@@ -283,6 +347,8 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
         InvalidSettingError: a bad override, layout or steps; compare without a table; read_only with one; a
             CUDA device this torch cannot use (check_training_device).
         ClockTableError: the table cannot be read.
+        InvalidSettingError: also training on the CPU whose ranks clearly cannot fit this machine's memory
+            (check_host_memory).
     """
     from freqopt.errors import check_positive_int
     from freqopt.resolve import resolve_gpu, resolve_workload
@@ -305,4 +371,6 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
     device = device or ("cuda" if backend == "nvml" else "cpu")
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
+    if not str(device).startswith("cuda"):
+        check_host_memory(workload)  # before ranks are started, rather than the out-of-memory killer after
     return TrainingPlan(workload, table, source, requested, backend, device, steps, compare, read_only, seed)

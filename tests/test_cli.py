@@ -341,3 +341,23 @@ def test_hints_make_relative_storages_absolute(tmp_path, monkeypatch):
     assert absolute_storage("journal:j.log") == f"journal:{tmp_path / 'j.log'}"
     for kept in ("sqlite:////abs/s.db", "sqlite://", "journal:/abs/j.log", "postgresql+psycopg2://u@h/db", None):
         assert absolute_storage(kept) == kept
+
+
+def test_clocks_print_and_are_written_as_integers(tmp_path, capsys):
+    """On a GPU whose SM clocks are counted in 7.5 MHz steps (V100), a search's table (JSON and CSV) and what the
+    command prints carry integer clocks, never 884.9999999999999."""
+    assert main(["search", "--model", "gpt3-small", "--gpu", "v100-sxm2", "--seq-len", "128", "--micro-batch-size",
+                 "1", "--max-slowdown", "10%", "--granularity", "iteration", "--trials", "4", "--out",
+                 str(tmp_path)]) == 0  # fmt: skip
+    printed = capsys.readouterr()
+    data = json.loads((tmp_path / "gpt3-small-v100-sxm2-iteration.json").read_text())
+    entry = data["entries"][0]
+    clocks = [entry["sm_clock_mhz"], entry["default"]["sm_clock_mhz"], *(o["sm_clock_mhz"] for o in entry["front"]),
+              *data["gpu"]["sm_clocks_mhz"]]  # fmt: skip
+    assert entry["sm_clock_mhz"] is not None and all(type(c) is int for c in clocks if c is not None)
+    assert 1372 in data["gpu"]["sm_clocks_mhz"] and 1365 in data["gpu"]["sm_clocks_mhz"]  # 1380 - 7.5, - 15
+    row = (tmp_path / "gpt3-small-v100-sxm2-iteration.csv").read_text().splitlines()[1].split(",")
+    assert row[4] == str(entry["sm_clock_mhz"]) and row[4].isdigit()
+    assert ".9999" not in printed.out + printed.err
+    assert main(["gpus"]) == 0
+    assert "135-1530 (187)" in capsys.readouterr().out  # v100-sxm2's SM clocks, as integers

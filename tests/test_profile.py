@@ -3,6 +3,7 @@ read-only through the stand-in NVML (tests/fake_pynvml.py) on the CPU, compared 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -14,9 +15,10 @@ from freqopt.backends.simulated import SimulatedGPU
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
 from freqopt.gpus import get_gpu
-from freqopt.models import Workload, get_workload
+from freqopt.layout import parse_layout
+from freqopt.models import Workload, build_model, get_workload
 from freqopt.models.gpt3 import GPTConfig
-from freqopt.profile import check_device, profile
+from freqopt.profile import check_device, estimate_step_memory, profile
 from freqopt.trace import trace_training_iteration
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,6 +52,77 @@ def test_cli_profile_writes_the_json_document(tmp_path, capsys):
     trace = trace_training_iteration(get_workload("gpt3-small", seq_len=256, micro_batch_size=1))
     assert doc["flops"] == trace.total_flops
     assert not [p for p in tmp_path.iterdir() if p.name != "p.json"]  # written atomically: no temporary left
+    memory = doc["memory"]
+    assert set(memory) == {"weights_gb", "gradients_gb", "optimizer_gb", "activations_gb", "total_gb", "gpu_gb",
+                           "dtype"}  # fmt: skip
+    assert memory["gpu_gb"] == 80 and memory["dtype"] == "bfloat16"
+    assert memory["weights_gb"] == pytest.approx(2 * trace.meta["n_params"] / 1e9)  # BF16
+    assert memory["total_gb"] == pytest.approx(sum(memory[k] for k in ("weights_gb", "gradients_gb", "optimizer_gb",
+                                                                       "activations_gb")))  # fmt: skip
+
+
+def test_cli_profile_shows_the_memory_estimate(capsys):
+    assert main(["profile", "--model", "gpt3-small", "--seq-len", "128", "--micro-batch-size", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("memory per rank"))
+    assert "(estimated, bfloat16):" in line and "optimizer state" in line and line.endswith("of the GPU's 80 GB")
+
+
+def test_step_memory_counts_model_states_as_the_step_holds_them():
+    """BF16: 2 + 2 + 12 bytes per parameter (FP32 master weights and two moments: Rajbhandari et al. 2020); FP32
+    (training on a CPU): 4 + 4 + 8, the master weights being the parameters themselves. Plus a 4-byte step count
+    per parameter tensor. Tensor parallelism shards them; data parallelism (ZeRO stage 0) does not."""
+    workload = Workload("tiny", GPTConfig(**TINY), 2)
+    model = build_model(workload.config)
+    n, tensors = sum(p.numel() for p in model.parameters()), len(list(model.parameters()))
+    bf16, fp32 = estimate_step_memory(workload), estimate_step_memory(workload, dtype=torch.float32)
+    assert (bf16.n_params, bf16.weights_bytes, bf16.gradients_bytes, bf16.optimizer_bytes) == (
+        n, 2 * n, 2 * n, 12 * n + 4 * tensors)
+    assert (fp32.weights_bytes, fp32.gradients_bytes, fp32.optimizer_bytes) == (4 * n, 4 * n, 8 * n + 4 * tensors)
+    assert fp32.activations_bytes == pytest.approx(2 * bf16.activations_bytes, rel=0.2)  # FP32 lse in both
+    assert bf16.total_bytes == bf16.weights_bytes + bf16.gradients_bytes + bf16.optimizer_bytes + bf16.activations_bytes
+    small = get_workload("gpt3-small", seq_len=256, micro_batch_size=2)
+    one = estimate_step_memory(small)
+    tp2 = estimate_step_memory(get_workload("gpt3-small", seq_len=256, micro_batch_size=2, layout=parse_layout("tp=2")))
+    dp2 = estimate_step_memory(get_workload("gpt3-small", seq_len=256, micro_batch_size=2, layout=parse_layout("dp=2")))
+    assert dp2 == one and tp2.weights_bytes < 0.75 * one.weights_bytes and tp2.activations_bytes < one.activations_bytes
+    double = estimate_step_memory(get_workload("gpt3-small", seq_len=256, micro_batch_size=4))
+    assert double.activations_bytes == pytest.approx(2 * one.activations_bytes, rel=0.01)
+
+
+def test_activations_are_what_a_real_forward_pass_keeps_for_backward():
+    """The estimate, made on the meta device, against a real forward pass on the CPU: what torch.profiler's memory
+    profile shows allocated during the forward pass and not freed by its end (the saved tensors and the loss)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from freqopt.train import synthetic_batch
+
+    workload = Workload("tiny", GPTConfig(**TINY), 3)
+    estimate = estimate_step_memory(workload, dtype=torch.float32)
+    model = build_model(workload.config, device="cpu", dtype=torch.float32)
+    idx, targets = synthetic_batch(workload, torch.Generator().manual_seed(0), "cpu")
+    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = model(idx, targets)
+    kept = sum(e.self_cpu_memory_usage for e in prof.events())
+    assert kept - loss.element_size() == pytest.approx(estimate.activations_bytes, rel=0.01)
+
+
+def test_every_gpu_type_states_its_memory():
+    from freqopt.gpus import list_gpus
+
+    memory = {name: get_gpu(name).memory_gb for name in list_gpus()}
+    assert all(gb is not None and gb > 0 for gb in memory.values())
+    assert (memory["h100-sxm"], memory["h200-sxm"], memory["rtx3080ti"], memory["v100-pcie"]) == (80, 141, 12, 16)
+
+
+def test_profile_refuses_a_step_that_does_not_fit_the_gpu_and_skips_a_gpu_of_unknown_memory():
+    with pytest.raises(InvalidSettingError, match=r"gpt3-175b \(micro_batch_size 1, seq_len 2048, dp=1,tp=1\) needs "
+                                                  r"about [\d,]+ GB .* more than one h100-sxm's 80 GB; spread the "
+                                                  r"model over more GPUs"):  # fmt: skip
+        profile("gpt3-175b", micro_batch_size=1)
+    unknown = dataclasses.replace(get_gpu("h100-sxm"), memory_gb=None)
+    r = profile(get_workload("gpt3-small", seq_len=64, micro_batch_size=1), SimulatedGPU(unknown))
+    assert r.gpu_memory_gb is None and r.summary()["memory"]["gpu_gb"] is None and r.memory.total_bytes > 0
 
 
 @pytest.mark.parametrize("args,message", [
@@ -58,6 +131,8 @@ def test_cli_profile_writes_the_json_document(tmp_path, capsys):
     (["--model", "gpt3-small", "--backend", "tpu"], "unknown backend"),
     (["--model", "gpt3-small", "--steps", "0"], "steps must be a positive integer"),
     (["--model", "gpt3-small", "--device", "cpu"], "device applies to backend nvml"),
+    (["--model", "gpt3-small", "--micro-batch-size", "100000"],
+     "of GPU memory per rank, more than one h100-sxm's 80 GB"),
 ])  # fmt: skip
 def test_cli_profile_bad_input_is_one_line_exit_2(args, message, capsys):
     assert main(["profile", *args]) == 2
@@ -136,6 +211,7 @@ def test_cli_profile_on_nvml_is_read_only(fake, tmp_path, capsys, monkeypatch):
     row = doc["profiler_by_kind"]["gemm"]
     assert row["profiled_n_kernels"] == row["traced_n_kernels"] > 0
     assert fake.set_calls() == []  # not even the permission check of a writable backend
+    assert doc["memory"]["dtype"] == "float32" and doc["memory"]["activations_gb"] > 0  # as it trains on the CPU
 
 
 @pytest.mark.parametrize("sizes", [{"micro_batch_size": 1, "seq_len": 128}, {}], ids=["mb1-seq128", "defaults"])

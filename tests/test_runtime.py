@@ -252,3 +252,71 @@ def test_cli_train_runs_data_parallel_under_deepspeed(tmp_path):
     doc = json.loads(out.read_text())
     assert len(doc["steps"]) == 2 and doc["default"]["energy_j_per_step"] > 0
     assert "(dp=2,tp=1) training" in done.stdout
+
+
+def test_train_refuses_ranks_that_cannot_fit_the_machines_memory(monkeypatch, capsys):
+    """Checked before any rank starts: the ranks' estimated memory together (freqopt.memory, FP32 on the CPU)
+    against the machine's; here a machine of 3 GB, which one rank of this configuration fits and two do not."""
+    from freqopt import train as train_module
+    from freqopt.errors import InvalidSettingError
+
+    monkeypatch.setattr(train_module, "host_memory_bytes", lambda: (3_000_000_000, 2_000_000_000))
+    sizes = {"seq_len": 256, "micro_batch_size": 1}
+    one = train_module.plan_training("gpt3-small", **sizes)  # about 2 GB: fits
+    per_rank = train_module.training_memory(one.workload)
+    assert 1.5e9 < per_rank.total_bytes < 3e9 and per_rank.dtype == "float32"
+    message = (r"training gpt3-small \(micro_batch_size 1, seq_len 256, dp=2,tp=1\) on the CPU needs about 2 ranks x "
+               r"[\d.]+ GB \(weights .*\) of host memory, more than this machine's 3 GB; use a smaller "
+               r"micro_batch_size or seq_len, or fewer data-parallel ranks")  # fmt: skip
+    with pytest.raises(InvalidSettingError, match=message):
+        train_module.plan_training("gpt3-small", layout="dp=2", **sizes)
+    assert main(["train", "--model", "gpt3-small", "--layout", "dp=2", "--seq-len", "256", "--micro-batch-size",
+                 "1"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "of host memory, more than this machine's 3 GB" in err
+
+
+def test_rank_watcher_reports_a_rank_killed_by_a_signal(tmp_path):
+    """freqopt.cli.rank, between DeepSpeed's launcher and a rank: it notes which rank a signal ended, and ends as
+    the rank did, so the launcher reads the same return code."""
+    from freqopt.cli.rank import STATUS_DIR_ENV, killed_ranks
+
+    watch = textwrap.dedent("""
+        import sys
+        from freqopt.cli.rank import main
+        sys.exit(main(command=[sys.executable, "-c", sys.argv[1]]))
+    """)
+    env = {**os.environ, STATUS_DIR_ENV: str(tmp_path), "RANK": "1"}
+    killed = subprocess.run([sys.executable, "-c", watch, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                            env=env, timeout=120)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    assert killed_ranks(tmp_path) == {1: signal.SIGKILL}
+    (tmp_path / "rank1.json").unlink()
+    failed = subprocess.run([sys.executable, "-c", watch, "import sys; sys.exit(3)"], env=env, timeout=120)
+    assert failed.returncode == 3 and killed_ranks(tmp_path) == {}  # an error exit is the rank's own to report
+    (tmp_path / "rank0.json").write_text('{"rank": 0, "sig')  # half-written: ignored
+    assert killed_ranks(tmp_path) == {}
+
+
+def test_cli_train_reports_a_rank_killed_for_memory_in_one_line(monkeypatch, capsys):
+    """DeepSpeed's launcher mocked: rank 1 ended by SIGKILL (what the out-of-memory killer sends) and the launcher
+    exiting as DeepSpeed's does (sys.exit(-9): 247). freqopt says which rank, why, and the memory estimate against
+    the machine's, in one line, and exits 137 (128 + 9)."""
+    from freqopt import train as train_module
+    from freqopt.cli.rank import STATUS_DIR_ENV
+
+    def launcher(cmd, env):
+        assert cmd[cmd.index("--module") + 1] == "freqopt.cli.rank" and "--num_gpus" in cmd
+        Path(env[STATUS_DIR_ENV], "rank1.json").write_text(json.dumps({"rank": 1, "signal": 9}))
+        return 247
+
+    monkeypatch.setattr(subprocess, "call", launcher)
+    monkeypatch.setattr(train_module, "host_memory_bytes", lambda: (23_400_000_000, 1_200_000_000))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code = main(["train", "--model", "gpt3-small", "--layout", "dp=2", "--seq-len", "64", "--micro-batch-size", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 137 and len(err.splitlines()) == 1
+    assert err.startswith("freqopt: error: rank 1 of 2 was killed (SIGKILL, as the kernel's out-of-memory killer ends "
+                          "a process), likely for memory: each of the 2 ranks needs about ")  # fmt: skip
+    assert "GB in all, against this machine's 23.4 GB (1.2 GB available now); use a smaller --micro-batch-size" in err
+    assert err.endswith("or fewer ranks (--layout)")

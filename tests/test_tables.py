@@ -1,22 +1,86 @@
+import csv
+import dataclasses
 import json
 import os
 import stat
 
 import pytest
 
+from freqopt.backends.base import Measurement
 from freqopt.backends.simulated import SimulatedGPU
 from freqopt.errors import ClockTableError, OutputError
 from freqopt.gpus import get_gpu
 from freqopt.search import SearchConfig, run_search
-from freqopt.tables import SCHEMA_VERSION, load_table, table_from_result, write_table, write_table_csv
+from freqopt.tables import SCHEMA_VERSION, ClockTable, load_table, table_from_result, write_table, write_table_csv
 
 
 @pytest.fixture(scope="module")
-def table(small_trace):
-    spec = get_gpu("h100-sxm")
+def result(small_trace):
     config = SearchConfig(max_slowdown=0.02, granularities=("pass",), n_trials_1d=6)
-    result = run_search(small_trace, SimulatedGPU(spec, seed=0), config)
-    return table_from_result(result, "pass", spec, backend="sim", seed=0)
+    return run_search(small_trace, SimulatedGPU(get_gpu("h100-sxm"), seed=0), config)
+
+
+@pytest.fixture(scope="module")
+def table(result):
+    return table_from_result(result, "pass", get_gpu("h100-sxm"), backend="sim", seed=0)
+
+
+def test_reprs_are_one_short_line(result, table, small_trace):
+    """print(trace), print(table) and repr(result) say what they are in a line, not in tens of kilobytes."""
+    trace = repr(small_trace)
+    assert len(trace) < 200 and "\n" not in trace and len(str(small_trace)) == len(trace)
+    assert trace.startswith("Trace(model='gpt3-small'") and "micro-batch 1 x 256 tokens" in trace
+    assert f"{len(small_trace)} kernels" in trace and f"{len(small_trace.kernel_classes())} classes" in trace
+    assert "dp=1,tp=1" in trace and "TFLOP" in trace
+    text = repr(table)
+    assert len(text) < 250 and "\n" not in text
+    saved, slowdown = table.data["validated"]["energy_saved_pct"], table.data["validated"]["slowdown_pct"]
+    assert text.startswith("ClockTable(gpu='h100-sxm', model='gpt3-small', granularity='pass'")
+    assert "max_slowdown=2%" in text and "3 entries" in text
+    assert f"validated {0.0 - saved:+.2f} % energy at {slowdown:+.2f} % time" in text
+    text = repr(result)
+    assert len(text) < 400 and "\n" not in text and "Kernel(" not in text
+    assert text.startswith("SearchResult(model='gpt3-small', gpu='h100-sxm', dp=1,tp=1, max_slowdown=2%")
+    assert f"pass: {0.0 - result.energy_saved_pct('pass'):+.2f} % energy" in text
+    text = repr(result.results["pass"])
+    assert len(text) < 250 and text.startswith("GranularityResult(granularity='pass', 3 units")
+    assert f"{result.results['pass'].n_measurements} measurements" in text
+    # The short reprs leave equality alone: equal data, equal objects.
+    assert ClockTable(json.loads(json.dumps(table.data))) == table and dataclasses.replace(small_trace) == small_trace
+    assert repr(ClockTable({})).startswith("ClockTable(")  # never raises, even on a document that is no table
+
+
+def test_a_measured_mean_clock_prints_rounded():
+    """A time-weighted mean of a steady clock is 884.9999999999999 in floating point; it prints as 885."""
+    assert repr(Measurement(1.0, 2.0, sm_clock_mhz=884.9999999999999)).endswith("sm_clock_mhz=885)")
+    assert repr(Measurement(1.0, 2.0, sm_clock_mhz=1893.57908847185)).endswith("sm_clock_mhz=1893.6)")
+    assert repr(Measurement(1.0, 2.0)).endswith("sm_clock_mhz=None)")
+
+
+def test_clocks_are_integers_in_the_files(table, tmp_path):
+    """A table another tool wrote with 885.0 (JSON Schema's "integer" admits it) loads, and is written again, with
+    integer clocks; so are the clocks of a table built from a search."""
+    def clocks(data):
+        for e in data["entries"]:
+            yield from (o[k] for o in (e, e.get("default") or {}, *e.get("front", ())) for k in
+                        ("sm_clock_mhz", "mem_clock_mhz") if o.get(k) is not None)  # fmt: skip
+        yield from data["gpu"]["sm_clocks_mhz"] + data["gpu"]["mem_clocks_mhz"]
+
+    assert all(type(c) is int for c in clocks(table.data))
+    data = json.loads(json.dumps(table.data))
+    entry = data["entries"][0]
+    entry["sm_clock_mhz"], entry["mem_clock_mhz"] = 885.0, 2619.0
+    entry["default"]["sm_clock_mhz"] = 1980.0
+    data["gpu"]["sm_clocks_mhz"] = [float(f) for f in data["gpu"]["sm_clocks_mhz"]]
+    path = tmp_path / "floats.json"
+    path.write_text(json.dumps(data))
+    loaded = load_table(path)
+    assert all(type(c) is int for c in clocks(loaded.data))
+    assert loaded.entries[0]["sm_clock_mhz"] == 885
+    text = write_table(loaded, tmp_path / "ints.json").read_text()
+    assert '"sm_clock_mhz": 885,' in text and "885.0" not in text and "1980.0" not in text
+    rows = list(csv.DictReader(write_table_csv(loaded, tmp_path / "ints.csv").read_text().splitlines()))
+    assert (rows[0]["sm_clock_mhz"], rows[0]["mem_clock_mhz"]) == ("885", "2619")
 
 
 def test_round_trip(table, tmp_path):

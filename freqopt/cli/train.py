@@ -34,7 +34,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
                          read_only=read_only, device=device, seed=seed, micro_batch_size=micro_batch_size,
                          seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     if plan.needs_launcher:
-        _relaunch_under_deepspeed(plan.workload.layout.world_size)
+        _relaunch_under_deepspeed(plan)
         return
     report = plan.run()
     if int(os.environ.get("RANK", "0")) != 0:
@@ -55,17 +55,52 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     write_json(json_path, summary)
 
 
-def _relaunch_under_deepspeed(world_size: int) -> None:
-    """Run this same command under DeepSpeed's launcher, one process per rank (gloo on a CPU machine)."""
+def _relaunch_under_deepspeed(plan) -> None:
+    """Run this same command under DeepSpeed's launcher, one process per rank (gloo on a CPU machine), each
+    watched by freqopt.cli.rank; a rank that a signal ended is reported in one line (_killed_rank_error)."""
+    import shutil
     import subprocess
+    import tempfile
 
-    # As a module (-m freqopt.cli), not a script: a script's folder (freqopt/) would come first on sys.path, and
-    # freqopt/profile.py would shadow the standard library's profile module.
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(world_size), "--no_local_rank",
-           "--module", "freqopt.cli", *sys.argv[1:]]  # fmt: skip
-    code = subprocess.call(cmd)
+    from freqopt.cli.rank import STATUS_DIR_ENV, killed_ranks
+
+    # As a module (-m freqopt.cli.rank, which runs -m freqopt.cli), not a script: a script's folder (freqopt/)
+    # would come first on sys.path, and freqopt/profile.py would shadow the standard library's profile module.
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(plan.workload.layout.world_size),
+           "--no_local_rank", "--module", "freqopt.cli.rank", *sys.argv[1:]]  # fmt: skip
+    status_dir = tempfile.mkdtemp(prefix="freqopt-ranks-")
+    try:
+        code = subprocess.call(cmd, env={**os.environ, STATUS_DIR_ENV: status_dir})
+        killed = killed_ranks(status_dir) if code else {}
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+    if killed:
+        raise _killed_rank_error(plan, *min(killed.items()))
     if code:
         raise click.exceptions.Exit(code)
+
+
+def _killed_rank_error(plan, rank: int, signum: int):
+    """The one-line error for rank ``rank`` ended by signal ``signum``; exit status 128 + signum, as a shell's."""
+    import signal
+
+    from freqopt.errors import FreqoptError
+    from freqopt.train import host_memory_report
+
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    world = plan.workload.layout.world_size
+    if signum == signal.SIGKILL:
+        message = (f"rank {rank} of {world} was killed ({name}, as the kernel's out-of-memory killer ends a process), "
+                   f"likely for memory: {host_memory_report(plan.workload, plan.device)}; use a smaller "
+                   "--micro-batch-size or --seq-len" + (", or fewer ranks (--layout)" if world > 1 else ""))  # fmt: skip
+    else:
+        message = f"rank {rank} of {world} died of {name}"
+    error = FreqoptError(message)
+    error.exit_code = 128 + signum
+    return error
 
 
 @cli.command(short_help="Report one training iteration: time, energy and kernel kinds.")
@@ -96,6 +131,9 @@ def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> N
     console.print(f"{report.model} ({parse_layout(layout)}), one training iteration on {report.gpu} ({where}): "
                   f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
                   f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
+    if report.memory is not None:
+        of_gpu = f" of the GPU's {report.gpu_memory_gb:g} GB" if report.gpu_memory_gb is not None else ""
+        console.print(f"memory per rank (estimated, {report.memory.dtype}): {report.memory.describe()}{of_gpu}")
     time_s, energy_j = sum(f.time_s for f in report.by_kind.values()), sum(f.energy_j for f in report.by_kind.values())
     kinds = Table("kind", "kernels", "time (s)", "time (%)", "energy (J)", "energy (%)",
                   title="by kernel kind" + (" (the simulated GPU's prediction)" if nvml else ""))  # fmt: skip

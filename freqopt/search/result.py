@@ -49,6 +49,15 @@ class GranularityResult:
         """Distinct settings in the schedule."""
         return len({s for _, s in self.units})
 
+    def __repr__(self) -> str:
+        """One line: the granularity, its units and settings, the validated iteration, the predicted saving and
+        the search's cost (not the units' kernel indices and studies, which run to tens of kilobytes)."""
+        v, p, base = self.validated, self.predicted, self.predicted_baseline
+        predicted = 100 * (1 - p.energy_j / base.energy_j) if base.energy_j else float("nan")
+        return (f"GranularityResult(granularity={self.granularity!r}, {len(self.units)} units, {self.n_settings} "
+                f"settings, validated {v.time_s:.6g} s {v.energy_j:.6g} J, predicted {0.0 - predicted:+.2f} % energy, "
+                f"{self.n_measurements} measurements, {self.search_cost_gpu_s / 3600:.3g} GPU-h)")  # fmt: skip
+
     @property
     def study_names(self) -> list[str]:
         return [u.study_name for u in self.unit_searches]
@@ -86,6 +95,17 @@ class SearchResult:
     seed: int = 0
     table_paths: dict = field(default_factory=dict)
     figure_paths: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """One line: workload, GPU, budget, baseline and each granularity's validated saving (not the trace and
+        the units, which run to hundreds of kilobytes; ``result.results[g]`` and ``result.trace`` hold them)."""
+        w = self.trace.workload
+        rows = "; ".join(f"{g}: {0.0 - self.energy_saved_pct(g):+.2f} % energy at {self.slowdown_pct(g):+.2f} % time"
+                         for g in self.results)  # fmt: skip
+        return (f"SearchResult(model={w.model!r}, gpu={self.gpu!r}, {w.layout}, max_slowdown="
+                f"{100 * self.max_slowdown:g}%, baseline {self.baseline.time_s:.6g} s {self.baseline.energy_j:.6g} J, "
+                f"validated {rows or 'no granularity'}, {self.n_new_measurements} new measurements, "
+                f"storage={self.storage!r})")  # fmt: skip
 
     def summary(self) -> dict:
         """The JSON document ``freqopt search --json`` writes (freqopt.search.summary.summarize)."""
