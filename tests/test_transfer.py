@@ -291,3 +291,21 @@ def test_a_transfer_never_replaces_another_transfers_table(small_trace, tmp_path
         transfer(str(tmp_path / "phase-mb3.json"), "gpt3-small", micro_batch_size=2, seq_len=256, native=False,
                  out=out, on_start=lambda *a: started.append(a))  # fmt: skip
     assert started == [] and first.table_path.read_bytes() == before
+
+
+def test_the_apply_line_works_from_any_folder(monkeypatch):
+    """The transfer's closing hint: an ``hf:PATH`` model and the table as absolute paths, the layout always, the
+    sizes where not the model's defaults."""
+    from pathlib import Path
+
+    from freqopt.cli.tools import _train_line
+
+    data = Path(__file__).parent / "data" / "hf"
+    monkeypatch.chdir(data)
+    workload = get_workload("hf:llama", micro_batch_size=2, layout=Layout(dp=2))
+    line = _train_line("hf:llama", workload, "o/t.json", None)
+    assert line == (f"freqopt train --model hf:{data / 'llama'} --layout dp=2,tp=1 --micro-batch-size 2 "
+                    f"--table {data / 'o' / 't.json'}")
+    default = get_workload("gpt3-small")
+    line = _train_line("gpt3-small", default, "/t.json", None)
+    assert line == "freqopt train --model gpt3-small --layout dp=1,tp=1 --table /t.json"
