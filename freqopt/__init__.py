@@ -47,6 +47,7 @@ _LAZY = {
     "UnknownNameError": "freqopt.errors",
     "InvalidSettingError": "freqopt.errors",
     "ClockTableError": "freqopt.errors",
+    "TableWorkloadError": "freqopt.errors",
     "OutputError": "freqopt.errors",
     "StorageError": "freqopt.errors",
     "GPUPermissionError": "freqopt.errors",

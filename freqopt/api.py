@@ -195,8 +195,8 @@ def search(
             Backend object (then used as given and not closed here).
         storage: Optuna storage URL (freqopt.search.storage.open_storage); default sqlite:///OUT/freqopt.db with
             ``out``, else in memory.
-        out: folder for the clock tables (STEM-GRANULARITY.json and .csv, freqopt.tables.write_result_tables)
-            and the default storage; None writes no file.
+        out: folder for the clock tables (STEM-GRANULARITY.json and .csv, STEM naming the model, GPU, layout,
+            budget and seed: freqopt.tables.table_stem) and the default storage; None writes no file.
         seed: seeds the samplers and the simulated GPU's noise.
         n_trials: trials per tuning unit; default 14, plus 4 per memory clock beyond the first (SearchConfig).
         n_jobs: processes that run tuning units in parallel; simulated GPU only (one ``freqopt worker`` per
@@ -218,7 +218,8 @@ def search(
         UnknownNameError: unknown model, GPU type, backend or granularity.
         InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials or n_jobs, or n_jobs > 1
             on a real GPU.
-        OutputError: ``out`` is a file or cannot be made or written.
+        OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
+            micro-batch, sequence length or backend) under a name this search writes (refused before measuring).
         StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
         NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.nvml).
     """
@@ -270,6 +271,21 @@ def _n_units(trace, granularity: str, backend, config) -> int:
     return len(search_blocks(trace, backend, max_blocks=config.max_phase_blocks))
 
 
+def _check_table_targets(trace, measuring, slowdown: float, granularities, seed: int, out: Path) -> None:
+    """Refuse, before any measurement, a search whose tables would replace another search's in ``out``
+    (freqopt.tables.check_table_target): the tables' names carry the model, GPU, layout, budget and seed, but not
+    the micro-batch, sequence length or backend."""
+    from types import SimpleNamespace
+
+    from freqopt.tables import check_table_target, table_identity, table_stem, workload_doc
+
+    stem = table_stem(SimpleNamespace(trace=trace, gpu=measuring.spec.name, max_slowdown=slowdown, seed=seed))
+    for g in granularities:
+        check_table_target(out / f"{stem}-{g}.json", table_identity({
+            "gpu": {"name": measuring.spec.name}, "workload": workload_doc(trace.workload), "granularity": g,
+            "max_slowdown": slowdown, "provenance": {"backend": measuring.name, "seed": seed}}))  # fmt: skip
+
+
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
             on_start):  # fmt: skip
     from freqopt.search import SearchConfig, run_search
@@ -283,6 +299,8 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
                           n_jobs=n_jobs, **counts)  # fmt: skip
     if trace is None:
         trace = trace_training_iteration(workload)
+    if out is not None:  # another search's tables under the names this one writes: refused before any measurement
+        _check_table_targets(trace, measuring, slowdown, granularities, seed, out)
     if on_start is not None:
         on_start(SearchStart(trace, measuring.spec, measuring.name, study_prefix(trace, measuring.spec, seed), storage,
                              sum(_n_units(trace, g, measuring, config)

@@ -10,6 +10,7 @@ __all__ = [
     "UnknownNameError",
     "InvalidSettingError",
     "ClockTableError",
+    "TableWorkloadError",
     "OutputError",
     "StorageError",
     "GPUPermissionError",
@@ -53,6 +54,11 @@ class InvalidSettingError(FreqoptError):
 
 class ClockTableError(FreqoptError):
     """A clock table that cannot be used: unreadable, corrupt, of another schema version or another GPU."""
+
+
+class TableWorkloadError(ClockTableError):
+    """A clock table found for another workload (model, layout, micro-batch or sequence length) than the one it is
+    applied to; the message names ``freqopt transfer``, which lays a table onto another workload."""
 
 
 class OutputError(FreqoptError):

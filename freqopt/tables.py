@@ -7,6 +7,22 @@ levels also the unit's measured default and (time, energy) front, from which fre
 budget on another layout),
 predicted and validated time and energy against the default, and provenance (storage, studies, cost).
 Files are written atomically (a temporary file renamed over the target), so a reader never sees half a table.
+
+**The workload.** A table is for the workload it was found for: the model (its name, layers, width and heads), the
+parallel layout, the micro-batch and the sequence length (``workload``). ``ClockTable.check_workload`` refuses
+another (freqopt train and DVFSRuntime call it), naming ``freqopt transfer``, which lays a table onto another
+workload. Every table freqopt has written records its model, sizes, micro-batch and sequence length (schema
+version 1 from its start), and its layout since parallel layouts exist: a table without ``workload.layout`` was
+found on one GPU and is read as dp=1, tp=1. A table that does not record its micro-batch or sequence length (one
+written by hand) loads, but is refused for training (search again); one without layers, width or heads is
+checked by its model's name and the rest.
+
+**File names.** A search writes ``STEM-GRANULARITY.json`` (and ``.csv``) with STEM = MODEL-GPU, then
+``-dpNtpM`` under a parallel layout, then the budget (``-1pct``, ``-0.5pct``) and ``-seedN`` for a seed other
+than 0 (table_stem); a transfer writes ``STEM-GRANULARITY-transferred.json`` with the target's STEM. So searches
+at two budgets, or with two seeds, keep their own tables in one folder. A file of that name holding the table of
+another search (another micro-batch, sequence length, backend or source table) is never replaced:
+check_table_target refuses it, before any work where the caller can (freqopt.search, freqopt.transfer).
 """
 
 from __future__ import annotations
@@ -17,17 +33,18 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from freqopt import __version__
-from freqopt.errors import ClockTableError, OutputError
+from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
 from freqopt.gpus import GPUSpec
 
-__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "table_from_result", "result_table",
-           "table_stem", "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text",
+__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "workload_doc", "describe_workload",
+           "table_from_result", "result_table", "budget_tag", "table_stem", "table_identity", "check_table_target",
+           "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text",
            "atomic_write_bytes"]
 
 SCHEMA_NAME = "freqopt.clock-table"
@@ -64,7 +81,23 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
                 "mem_clocks_mhz": {"type": "array", "items": {"type": "integer"}},
             },
         },
-        "workload": {"type": "object", "required": ["model"]},
+        "workload": {
+            "type": "object",
+            # All written by every freqopt since the format's first version, "layout" since parallel layouts
+            # (without it: one GPU); ClockTable.check_workload needs micro_batch_size and seq_len.
+            "required": ["model"],
+            "properties": {
+                "model": {"type": "string"},
+                "n_layers": {"type": ["integer", "null"]},  # null: a user's own step (freqopt.step_trace)
+                "d_model": {"type": ["integer", "null"]},
+                "n_heads": {"type": ["integer", "null"]},
+                "seq_len": {"type": ["integer", "null"]},
+                "micro_batch_size": {"type": "integer", "minimum": 1},
+                "layout": {"type": "object", "required": ["dp", "tp"],
+                           "properties": {"dp": {"type": "integer", "minimum": 1},
+                                          "tp": {"type": "integer", "minimum": 1}}},
+            },
+        },
         "granularity": {"enum": ["power-cap", "iteration", "pass", "kernel", "phase"]},
         "max_slowdown": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
         "entries": {
@@ -100,11 +133,92 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
 }  # fmt: skip
 
 
+_WORKLOAD_FIELDS = ("model", "n_layers", "d_model", "n_heads", "seq_len", "micro_batch_size", "layout")
+
+
+def workload_doc(workload) -> dict[str, Any]:
+    """A table's ``workload`` for a freqopt.models.Workload (or a table's own ``workload`` document, completed:
+    a missing layout is one GPU): model, n_layers, d_model, n_heads, seq_len (tokens), micro_batch_size
+    (sequences per model replica), layout {dp, tp}; sizes a user's own step does not state are None."""
+    if isinstance(workload, dict):
+        layout = {"dp": 1, "tp": 1, **(workload.get("layout") or {})}
+        return {**{k: workload.get(k) for k in _WORKLOAD_FIELDS}, "layout": {"dp": layout["dp"], "tp": layout["tp"]}}
+    config, layout = workload.config, workload.layout
+    return {"model": workload.model, "n_layers": getattr(config, "n_layers", None),
+            "d_model": getattr(config, "d_model", None), "n_heads": getattr(config, "n_heads", None),
+            "seq_len": getattr(config, "seq_len", None), "micro_batch_size": workload.micro_batch_size,
+            "layout": {"dp": layout.dp, "tp": layout.tp}}  # fmt: skip
+
+
+def describe_workload(doc: dict[str, Any], *, sizes: bool = False) -> str:
+    """One line for a table's workload: "gpt3-small dp=1,tp=1 micro-batch 4 seq 2048" (and, with ``sizes``, its
+    layers, width and heads)."""
+    layout = doc.get("layout") or {"dp": 1, "tp": 1}
+    text = (f"{doc['model']} dp={layout['dp']},tp={layout['tp']} micro-batch {doc['micro_batch_size']} "
+            f"seq {doc['seq_len']}")
+    if sizes:
+        text += f" ({doc['n_layers']} layers, d_model {doc['d_model']}, {doc['n_heads']} heads)"
+    return text
+
+
 @dataclass(frozen=True)
 class ClockTable:
-    """A loaded, validated clock table; ``data`` is the JSON document."""
+    """A loaded, validated clock table; ``data`` is the JSON document, ``source`` the file it was read from
+    (absolute; None for a table built in memory)."""
 
     data: dict[str, Any]
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        """The workload the table was found for (workload_doc): model, n_layers, d_model, n_heads, seq_len,
+        micro_batch_size, layout {dp, tp}.
+
+        Raises:
+            ClockTableError: the table records no workload.
+        """
+        if not isinstance(self.data.get("workload"), dict) or "model" not in self.data["workload"]:
+            raise ClockTableError(f"{self.source or 'the clock table'} records no workload; search again")
+        return workload_doc(self.data["workload"])
+
+    def check_workload(self, workload, *, source: str | Path | None = None) -> None:
+        """Refuse to apply the table to another workload than the one it was found for: another model (name,
+        layers, width or heads), layout, micro-batch or sequence length.
+
+        Args:
+            workload: a freqopt.models.Workload, or a table's ``workload`` document.
+            source: how the message names the table (default its file, else "the clock table").
+
+        Raises:
+            TableWorkloadError: one line naming both workloads and the ``freqopt transfer`` command that lays the
+                table onto ``workload``.
+            ClockTableError: the table does not record its micro-batch or sequence length.
+        """
+        recorded = self.data.get("workload") or {}
+        missing = [k for k in ("micro_batch_size", "seq_len") if k not in recorded]
+        if missing:
+            raise ClockTableError(f"{source or self.source or 'the clock table'} does not record the "
+                                  f"{' and '.join(missing)} it was found for (written by hand or edited), so it cannot "
+                                  "be checked against the workload trained; search again")  # fmt: skip
+        mine, target = self.workload, workload_doc(workload)
+        for key in ("n_layers", "d_model", "n_heads"):
+            if key not in recorded:  # not recorded: the model's name stands for it
+                target[key] = None
+        if mine == target:
+            return
+        # The same model name with other sizes (an n_heads override, another config.json of that name) says so.
+        sizes = mine["model"] == target["model"] and any(mine[k] != target[k]
+                                                         for k in ("n_layers", "d_model", "n_heads"))
+        name = source or self.source or "the clock table"
+        layout = target["layout"]
+        command = (f"freqopt transfer --table {name} --model {target['model']} --layout dp={layout['dp']},"
+                   f"tp={layout['tp']} --micro-batch-size {target['micro_batch_size']} --seq-len {target['seq_len']}")
+        if sizes and target["n_heads"] is not None and target["n_heads"] != mine["n_heads"]:
+            command += f" --n-heads {target['n_heads']}"
+        raise TableWorkloadError(
+            f"table {name} was found for {describe_workload(mine, sizes=sizes)}, not "
+            f"{describe_workload(target, sizes=sizes)}: lay it onto this workload with `{command}` (freqopt.transfer)"
+        )
 
     @property
     def gpu(self) -> str:
@@ -206,9 +320,7 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
                 "sm_clocks_mhz": [_clock_mhz(f) for f in spec.sm_clocks_mhz],
                 "mem_clocks_mhz": [_clock_mhz(m) for m in spec.mem_clocks_mhz],
                 "power_limit_default_w": spec.power_limit_default_w},
-        "workload": {"model": w.model, "n_layers": w.config.n_layers, "d_model": w.config.d_model,
-                     "n_heads": w.config.n_heads, "seq_len": w.config.seq_len, "micro_batch_size": w.micro_batch_size,
-                     "layout": w.layout.as_dict()},
+        "workload": workload_doc(w),
         "granularity": granularity,
         "max_slowdown": result.max_slowdown,
         "entries": entries,
@@ -268,29 +380,91 @@ def result_table(result, granularity: str) -> ClockTable:
     return table_from_result(result, granularity, spec, backend=result.backend_name, seed=result.seed)
 
 
+def budget_tag(max_slowdown: float) -> str:
+    """The budget as a file name takes it: 0.01 -> "1pct", 0.005 -> "0.5pct"."""
+    return f"{round(100.0 * max_slowdown, 6):g}pct"
+
+
 def table_stem(result) -> str:
-    """The file-name stem of a search's tables: MODEL-GPU, and -dpNtpM under a parallel layout (the ':' of an
-    ``hf:NAME`` model becomes '-', which file systems and shells take without quoting)."""
+    """The file-name stem of a search's tables and figures (module docstring, "File names"): MODEL-GPU, then
+    -dpNtpM under a parallel layout, the budget (budget_tag), and -seedN for a seed other than 0 (the ':' of an
+    ``hf:NAME`` model becomes '-', which file systems and shells take without quoting).
+
+    Args:
+        result: a SearchResult (its trace's workload, ``gpu``, ``max_slowdown`` and ``seed``).
+    """
     w = result.trace.workload
-    return f"{w.model.replace(':', '-')}-{result.gpu}" + ("" if w.layout.is_single_gpu else f"-dp{w.layout.dp}tp{w.layout.tp}")
+    layout = "" if w.layout.is_single_gpu else f"-dp{w.layout.dp}tp{w.layout.tp}"
+    seed = f"-seed{result.seed}" if getattr(result, "seed", 0) else ""
+    return f"{w.model.replace(':', '-')}-{result.gpu}{layout}-{budget_tag(result.max_slowdown)}{seed}"
+
+
+def table_identity(data: dict[str, Any]) -> dict[str, Any]:
+    """What makes two tables the outcome of the same search: GPU type, workload, granularity, budget, backend,
+    seed, and for a transferred table its source's workload, granularity and budget. A table document (or one
+    with only these keys: "gpu": {"name"}, "workload", "granularity", "max_slowdown", "provenance": {"backend",
+    "seed", "transferred_from"})."""
+    provenance = data.get("provenance") or {}
+    source = provenance.get("transferred_from")
+    return {
+        "gpu": data["gpu"]["name"], "workload": workload_doc(data["workload"]), "granularity": data["granularity"],
+        "max_slowdown": data["max_slowdown"], "backend": provenance.get("backend"), "seed": provenance.get("seed"),
+        "transferred_from": None if source is None else {
+            "workload": workload_doc(source["workload"]), "granularity": source["granularity"],
+            "max_slowdown": source["max_slowdown"]},
+    }  # fmt: skip
+
+
+def _differences(there: dict[str, Any], here: dict[str, Any]) -> str:
+    def show(key: str, value) -> str:
+        if key == "workload":
+            return describe_workload(value, sizes=True)
+        if key == "transferred_from":
+            return "a search" if value is None else f"transferred from {describe_workload(value['workload'])}"
+        return f"{key.replace('_', ' ')} {value}"
+
+    return "; ".join(f"{show(k, there[k])}, not {show(k, here[k])}" for k in here if there.get(k) != here[k])
+
+
+def check_table_target(path: str | Path, identity: dict[str, Any], *, argument: str = "out") -> None:
+    """Refuse to write a table over file ``path`` when that holds anything but a table of the same search
+    (table_identity ``identity``): another search's table, or a file that is no clock table. A table of the same
+    search (a re-run, a resumed search) may be replaced; a missing file may be written.
+
+    Raises:
+        OutputError: one line naming the file, what differs, and what to do.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    try:
+        there = table_identity(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        raise OutputError(f"{path} exists and is not a freqopt clock table; choose another {argument} folder or move "
+                          "the file away") from None  # fmt: skip
+    if there != identity:
+        raise OutputError(f"{path} holds the table of another search ({_differences(there, identity)}); choose "
+                          f"another {argument} folder or move that table away")  # fmt: skip
 
 
 def write_result_tables(result, out: str | Path) -> dict[str, Path]:
     """Write each searched granularity's clock table into folder ``out`` as STEM-GRANULARITY.json and .csv
-    (table_stem), atomically.
+    (table_stem), atomically; none is written if any would replace another search's table (check_table_target).
 
     Returns:
         granularity -> the JSON file's path.
 
     Raises:
-        OutputError: ``out`` cannot be written.
+        OutputError: ``out`` cannot be written, or holds another search's table under one of these names.
     """
     out = Path(out)
-    paths = {}
-    for g in result.results:
-        table = result_table(result, g)
-        paths[g] = write_table(table, out / f"{table_stem(result)}-{g}.json")
-        write_table_csv(table, out / f"{table_stem(result)}-{g}.csv")
+    tables = {g: result_table(result, g) for g in result.results}
+    paths = {g: out / f"{table_stem(result)}-{g}.json" for g in tables}
+    for g, table in tables.items():
+        check_table_target(paths[g], table_identity(table.data))
+    for g, table in tables.items():
+        write_table(table, paths[g])
+        write_table_csv(table, paths[g].with_suffix(".csv"))
     return paths
 
 
@@ -429,7 +603,7 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
         where = "/".join(map(str, e.absolute_path)) or "top level"
         raise ClockTableError(f"{path} is a corrupt clock table ({where}: {e.message})") from e
     _integer_clocks(data)
-    table = ClockTable(data)
+    table = ClockTable(data, source=str(Path(path).resolve()))
     if spec is None:
         from freqopt.errors import UnknownNameError
         from freqopt.gpus import get_gpu

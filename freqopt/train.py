@@ -325,6 +325,26 @@ class TrainingPlan:
             measuring.close()
 
 
+def _table_sizes(table: ClockTable, workload: Workload, sizes: dict) -> dict:
+    """The get_workload overrides ``sizes`` completed from the table's workload: each one not given (None) takes the
+    table's value where it differs from ``workload``'s (the model's default), so a table trains the workload it was
+    found for; given ones stay (and ClockTable.check_workload refuses them if they conflict)."""
+    from freqopt.layout import Layout
+
+    found = table.workload
+    config = workload.config
+    out = dict(sizes)
+    layout = Layout(found["layout"]["dp"], found["layout"]["tp"])
+    if out["layout"] is None and (layout.dp, layout.tp) != (workload.layout.dp, workload.layout.tp):
+        out["layout"] = layout
+    if out["micro_batch_size"] is None and found["micro_batch_size"] != workload.micro_batch_size:
+        out["micro_batch_size"] = found["micro_batch_size"]
+    for name in ("seq_len", "n_heads"):
+        if out[name] is None and found[name] is not None and found[name] != getattr(config, name, None):
+            out[name] = found[name]
+    return out
+
+
 def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gpu=None, compare: bool = False,
                   read_only: bool = False, device: str | None = None, seed: int = 0,
                   micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
@@ -333,7 +353,9 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
 
     Args:
         model: a model name (with the get_workload overrides below) or a Workload.
-        table: a ClockTable, the path of one, or None (default settings).
+        table: a ClockTable, the path of one, or None (default settings). It must have been found for the
+            workload trained (ClockTable.check_workload); for a model name, the layout, micro-batch, sequence
+            length and heads not given are the table's (so a table transferred to dp=2 trains as dp=2).
         steps: training steps (positive).
         backend: "sim" (the simulated GPU's timeline) or "nvml" (a real GPU).
         gpu: GPU type name or GPUSpec (default: the table's, else h100-sxm simulated / the real GPU's).
@@ -349,14 +371,17 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
         ClockTableError: the table cannot be read.
         InvalidSettingError: also training on the CPU whose ranks clearly cannot fit this machine's memory
             (check_host_memory).
+        TableWorkloadError: the table was found for another model, layout, micro-batch or sequence length; the
+            message names the ``freqopt transfer`` command that lays it onto this workload.
     """
     from freqopt.errors import check_positive_int
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.backends import check_backend
     from freqopt.tables import load_table
 
-    workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+             "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    workload = resolve_workload(model, **sizes)
     check_backend(backend)
     check_positive_int("steps", steps)
     if compare and table is None:
@@ -365,9 +390,13 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     if read_only and table is not None:
         raise InvalidSettingError("read_only cannot apply a table (that changes clocks); drop one of them",
                                   argument="read_only")  # fmt: skip
-    source = "clock table" if table is None or isinstance(table, ClockTable) else str(table)
     if table is not None and not isinstance(table, ClockTable):
         table = load_table(table)
+    source = "clock table" if table is None else table.source or "the clock table"
+    if table is not None:
+        if isinstance(model, str) and workload.model == table.workload["model"]:
+            workload = resolve_workload(model, **_table_sizes(table, workload, sizes))
+        table.check_workload(workload, source=source)
     requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
     device = device or ("cuda" if backend == "nvml" else "cpu")
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started

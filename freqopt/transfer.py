@@ -17,7 +17,9 @@ Pass-level tables match by pass name, iteration-level and power-cap tables apply
 A phase-level table is a schedule of requests at named phases (module boundaries and the optimizer step); every
 layout and micro-batch of the same model has the same phases, so it is laid onto the target as it stands, each
 entry requesting its setting at its phase there (freqopt.runtime.plan_phases, as the runtime applies it), and it
-is validated as requested. It carries no fronts: the target's own phase schedule is its native search.
+is validated as requested. It carries no fronts: the target's own phase schedule is its native search. The
+transfer writes it for the target workload (TransferReport.table), since a table applies only to the workload it
+names (freqopt.tables.ClockTable.check_workload).
 
 Reusing the clocks as they were ignores that on another layout the same clocks cost another slowdown (an
 all-reduce on the critical path, a GEMM of another shape). A table written by this freqopt also carries each
@@ -266,7 +268,7 @@ class TransferReport:
         max_slowdown: the budget, a fraction.
         source: the table transferred; spec, backend_name, seed, storage: the target's GPU type, backend, seed and
             Optuna storage URL.
-        table_path: where freqopt.transfer.transfer wrote the re-allocated table (None: not written).
+        table_path: where freqopt.transfer.transfer wrote the target's table, absolute (None: not written).
     """
 
     schedule: TransferredSchedule
@@ -292,7 +294,8 @@ class TransferReport:
         """{"max_slowdown_pct", "transferred": {energy_saved_pct, slowdown_pct, within_budget, matched_exact,
         matched_by_kind, unmatched}, "reallocated": {energy_saved_pct, slowdown_pct, within_budget,
         predicted_energy_saved_pct, n_measurements, search_cost_gpu_s} or None, "native": {energy_saved_pct,
-        slowdown_pct, n_measurements, search_cost_gpu_s} or None}; percentages against the default settings,
+        slowdown_pct, n_measurements, search_cost_gpu_s} or None, "table": the written table's absolute path or
+        None}; percentages against the default settings,
         match counts in target tuning units (kernel classes at kernel level), costs in measurements and GPU-seconds
         (the native search's for its granularities up to the table's, validations included)."""
         doc = {
@@ -301,6 +304,7 @@ class TransferReport:
                             "matched_by_kind": self.schedule.count(BY_KIND), "unmatched": self.schedule.count(UNMATCHED)},
             "reallocated": None,
             "native": None,
+            "table": None if self.table_path is None else str(self.table_path),
         }  # fmt: skip
         if self.reallocated is not None:
             r = self.reallocated
@@ -319,44 +323,80 @@ class TransferReport:
 
     def _result(self) -> SearchResult:
         return SearchResult(self.schedule.trace, self.spec.name, self.max_slowdown, self.baseline,
-                            {self.schedule.granularity: self.reallocated}, self.storage, spec=self.spec)  # fmt: skip
+                            {self.schedule.granularity: self.reallocated}, self.storage, spec=self.spec,
+                            backend_name=self.backend_name, seed=self.seed)  # fmt: skip
 
     def write_table(self, out) -> Path:
-        """Write the re-allocated table (table()) into folder ``out`` as STEM-GRANULARITY-transferred.json and
-        .csv (freqopt.tables.table_stem of the target), atomically; returns the JSON file's path.
+        """Write the target's table (table()) into folder ``out`` as STEM-GRANULARITY-transferred.json and .csv
+        (target_table_path), atomically; returns the JSON file's absolute path.
 
         Raises:
-            ClockTableError: nothing was re-allocated.
-            OutputError: ``out`` cannot be written.
+            ClockTableError: nothing was re-allocated (a table without fronts).
+            OutputError: ``out`` cannot be written, or holds another transfer's or search's table under that name
+                (freqopt.tables.check_table_target).
         """
-        from freqopt.tables import table_stem, write_table, write_table_csv
+        from freqopt.tables import check_table_target, table_identity, write_table, write_table_csv
 
         table = self.table()
-        stem = Path(out) / f"{table_stem(self._result())}-{self.schedule.granularity}-transferred"
-        write_table_csv(table, stem.with_suffix(".csv"))
-        return write_table(table, stem.with_suffix(".json"))
+        path = target_table_path(out, self.schedule.trace, self.spec.name, table.data["max_slowdown"], self.seed,
+                                 self.schedule.granularity)  # fmt: skip
+        check_table_target(path, table_identity(table.data))
+        write_table_csv(table, path.with_suffix(".csv"))
+        return write_table(table, path)
 
     def table(self) -> ClockTable:
-        """The re-allocated schedule as the target's clock table (freqopt.tables), its entries carrying the fronts
-        scaled to the target and its provenance naming the source table ("transferred_from"), so that ``train``,
-        a runtime, or another transfer can use it.
+        """The target's clock table (freqopt.tables), for the target workload, its provenance naming the source
+        table ("transferred_from"), so that ``train``, a runtime, or another transfer can use it: the re-allocated
+        schedule, its entries carrying the fronts scaled to the target; or, for a phase-level table, the source's
+        entries as they stand (each requested at its phase, which the target has), with the budget they were found
+        for and their figures as validated on the target.
 
         Raises:
             ClockTableError: nothing was re-allocated (the source table carries no fronts).
         """
-        from freqopt.tables import table_from_result
+        import copy
+        from datetime import datetime, timezone
 
+        from freqopt import __version__
+        from freqopt.tables import table_from_result, workload_doc
+
+        source = self.source.data
+        transferred_from = {"workload": source["workload"], "granularity": source["granularity"],
+                            "max_slowdown": source["max_slowdown"],
+                            "created_utc": source["provenance"].get("created_utc")}  # fmt: skip
+        if self.schedule.granularity == "phase":
+            base = self.baseline
+            validated = {**self._figures(self.transferred), "time_s": self.transferred.time_s,
+                         "energy_j": self.transferred.energy_j}  # fmt: skip
+            validated.pop("within_budget")
+            data = {**copy.deepcopy(source), "workload": workload_doc(self.schedule.trace.workload),
+                    "baseline": {"time_s": base.time_s, "energy_j": base.energy_j},
+                    "predicted": {"time_s": self.transferred.time_s, "energy_j": self.transferred.energy_j,
+                                  "energy_saved_pct": validated["energy_saved_pct"]},
+                    "validated": validated, "ideal": None,
+                    "provenance": {"freqopt_version": __version__,
+                                   "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                   "backend": self.backend_name, "seed": self.seed, "storage": self.storage,
+                                   "transferred_from": transferred_from}}  # fmt: skip
+            return ClockTable(data)
         if self.reallocated is None:
             raise ClockTableError("nothing was re-allocated: the clock table carries no fronts; search the source "
                                   "again with this freqopt")  # fmt: skip
         table = table_from_result(self._result(), self.schedule.granularity, self.spec, backend=self.backend_name,
                                   seed=self.seed)  # fmt: skip
-        source = self.source.data
-        table.data["provenance"]["transferred_from"] = {
-            "workload": source["workload"], "granularity": source["granularity"],
-            "max_slowdown": source["max_slowdown"], "created_utc": source["provenance"].get("created_utc"),
-        }  # fmt: skip
+        table.data["provenance"]["transferred_from"] = transferred_from
         return table
+
+
+def target_table_path(out, trace: Trace, gpu: str, max_slowdown: float, seed: int, granularity: str) -> Path:
+    """Where a transfer writes the target's table: ``out``/STEM-GRANULARITY-transferred.json, STEM the target's
+    (freqopt.tables.table_stem: model, GPU, layout, budget, seed), absolute."""
+    from types import SimpleNamespace
+
+    from freqopt.tables import table_stem
+
+    stem = table_stem(SimpleNamespace(trace=trace, gpu=gpu, max_slowdown=max_slowdown, seed=seed))
+    return (Path(out) / f"{stem}-{granularity}-transferred.json").resolve()
 
 
 def native_granularities(granularity: str, switching: bool = True) -> tuple[str, ...]:
@@ -408,6 +448,23 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
                           config.storage)  # fmt: skip
 
 
+def _check_target(out: Path, table: ClockTable, trace: Trace, spec: GPUSpec, slowdown: float, seed: int,
+                  backend_name: str) -> None:
+    """Refuse, before any measurement, a transfer whose table would replace another search's or transfer's
+    (freqopt.tables.check_table_target)."""
+    from freqopt.tables import check_table_target, table_identity, workload_doc
+
+    source = table.data
+    # A phase-level table keeps the budget it was found for; a re-allocated one is found for the transfer's.
+    budget = source["max_slowdown"] if table.granularity == "phase" else slowdown
+    path = target_table_path(out, trace, spec.name, budget, seed, table.granularity)
+    check_table_target(path, table_identity({
+        "gpu": {"name": spec.name}, "workload": workload_doc(trace.workload), "granularity": table.granularity,
+        "max_slowdown": budget, "provenance": {"backend": backend_name, "seed": seed, "transferred_from": {
+            "workload": source["workload"], "granularity": source["granularity"],
+            "max_slowdown": source["max_slowdown"]}}}))  # fmt: skip
+
+
 def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None, backend="sim",
              storage: str | None = None, out=None, seed: int = 0, n_trials: int | None = None,
              micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
@@ -415,8 +472,9 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
              on_unit=None, verbose: bool = False) -> TransferReport:  # fmt: skip
     """Apply clock table ``table`` to ``model`` (another model, size or layout): validate it as transferred,
     re-allocate the budget on the target from the fronts it carries, and search the target natively under the same
-    budget (evaluate_transfer). With ``out``, the re-allocated table is written there (TransferReport.write_table)
-    and its path is the report's ``table_path``.
+    budget (evaluate_transfer). With ``out``, the target's table (the re-allocated one, or a phase-level table as
+    it stands) is written there for the target workload (TransferReport.write_table), and its absolute path is the
+    report's ``table_path``.
 
     Args:
         table: a ClockTable or the path of one (freqopt.tables.load_table).
@@ -446,7 +504,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         ClockTableError: the table cannot be read, was searched on another GPU type than ``gpu``, or is a
             phase-level table of another model (it requests a setting at a phase the target does not have).
         InvalidSettingError: a bad slowdown, override, layout or n_trials.
-        OutputError: ``out`` is a file or cannot be written.
+        OutputError: ``out`` is a file or cannot be written, or holds another search's table under the name the
+            target's table takes (refused before any measurement).
         StorageError: ``storage`` cannot be opened.
     """
     from freqopt.api import open_output
@@ -477,13 +536,15 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         if table.granularity == "phase":
             transfer_table(table, trace)  # a table of another model's phases fails here, before any file is written
         out, storage = open_output(out, storage)  # a bad URL fails here, before any work or any folder is made
+        if out is not None and (table.granularity == "phase" or has_fronts(table)):  # a table will be written:
+            _check_target(out, table, trace, spec, slowdown, seed, measuring.name)  # over no other search's
         counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
         config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
         if on_start is not None:
             on_start(table, trace, spec)
         with optuna_logging(verbose):
             report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
-        if out is not None and report.reallocated is not None:
+        if out is not None and (report.reallocated is not None or table.granularity == "phase"):
             report = dataclasses.replace(report, table_path=report.write_table(out))
         return report
     finally:

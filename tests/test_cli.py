@@ -141,7 +141,7 @@ def test_search_writes_tables_and_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "default" in proc.stdout and "pass" in proc.stdout
     # Where the tables went, and how to apply one (stderr: the table alone goes to stdout).
-    assert f"pass table: {tmp_path / 'gpt3-small-h100-sxm-pass.json'} (and .csv)" in proc.stdout
+    assert f"pass table: {tmp_path / 'gpt3-small-h100-sxm-2pct-pass.json'} (and .csv)" in proc.stdout
     assert "to training with: freqopt train --model gpt3-small --micro-batch-size 1 --seq-len 256 --table" in proc.stderr
     assert "A new study created" not in proc.stderr  # Optuna's log lines only with --verbose
     data = json.loads(out_json.read_text())

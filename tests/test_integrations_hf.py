@@ -22,13 +22,14 @@ from freqopt.gpus import get_gpu  # noqa: E402
 from freqopt.integrations.hf import FreqoptCallback, TrainerGPT  # noqa: E402
 from freqopt.models import Workload  # noqa: E402
 from freqopt.models.gpt3 import GPTConfig  # noqa: E402
-from freqopt.tables import ClockTable  # noqa: E402
+from freqopt.tables import ClockTable, workload_doc  # noqa: E402
 from freqopt.trace import trace_training_iteration  # noqa: E402
 
 H100 = get_gpu("h100-sxm")
 INSTANT = dataclasses.replace(H100, clock_switch_s=0.0)  # an H100 whose clock switches land at once
 TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)
 SETTINGS = {"forward": 1500, "backward": 1200, "optimizer": 1005}
+WORKLOAD = workload_doc(Workload("tiny", TINY, 2))  # the tables' (and the trace's) workload
 
 
 class Failing(TrainerGPT):
@@ -46,7 +47,7 @@ class Failing(TrainerGPT):
 def pass_table() -> ClockTable:
     entries = [{"unit": p, "sm_clock_mhz": c, "mem_clock_mhz": 2619, "power_limit_w": None}
                for p, c in SETTINGS.items()]  # fmt: skip
-    return ClockTable({"granularity": "pass", "entries": entries, "gpu": {"name": "h100-sxm"}})
+    return ClockTable({"granularity": "pass", "entries": entries, "gpu": {"name": "h100-sxm"}, "workload": WORKLOAD})
 
 
 def dataset(n: int = 8):
@@ -71,7 +72,7 @@ def tiny_model(cls=TrainerGPT, *args):
 
 @pytest.fixture(scope="module")
 def trace():
-    return trace_training_iteration(Workload("tiny", TINY, 2))
+    return trace_training_iteration(Workload("tiny", TINY, 2))  # WORKLOAD
 
 
 def test_trainer_runs_under_the_runtime_on_the_simulated_gpu(tmp_path, trace):
@@ -152,7 +153,7 @@ def test_gpu_restored_when_training_raises_on_the_nvml_backend(fake_gpu, tmp_pat
     from freqopt.backends.nvml import NVMLBackend
     from freqopt.nvml import open_devices
 
-    table = ClockTable({"granularity": "iteration", "gpu": {"name": "h100-sxm"},
+    table = ClockTable({"granularity": "iteration", "gpu": {"name": "h100-sxm"}, "workload": WORKLOAD,
                         "entries": [{"unit": "iteration", "sm_clock_mhz": 1005, "mem_clock_mhz": 2619,
                                      "power_limit_w": None}]})  # fmt: skip
     backend = NVMLBackend(open_devices()[0], torch_device="cpu")

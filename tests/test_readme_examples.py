@@ -42,7 +42,7 @@ def session(tmp_path_factory) -> tuple[Path, dict]:
     """The first block (trace and search), run in a fresh folder: the others continue its session."""
     folder, namespace = tmp_path_factory.mktemp("readme"), {"__name__": "__main__"}
     run_python("search", folder, namespace)
-    assert (folder / "tables" / "my-lm-h100-sxm-iteration.json").is_file()
+    assert (folder / "tables" / "my-lm-h100-sxm-1pct-iteration.json").is_file()
     return folder, namespace
 
 

@@ -3,6 +3,7 @@ simulated timeline, and the GPU restored on every exit path (SIGTERM mid-run; `f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,8 +24,8 @@ from freqopt.gpus import get_gpu
 from freqopt.models import Workload, build_model
 from freqopt.models.gpt3 import GPTConfig
 from freqopt.phases import quiet_backward_hooks
-from freqopt.runtime import DVFSRuntime, plan_phases
-from freqopt.tables import ClockTable
+from freqopt.runtime import _STOP, DVFSRuntime, _Worker, plan_phases
+from freqopt.tables import ClockTable, workload_doc
 from freqopt.trace import trace_training_iteration
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -34,10 +35,16 @@ H100 = get_gpu("h100-sxm")
 TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)
 
 
-def pass_table(forward: int, backward: int) -> ClockTable:
+WIDE = Workload("wide", GPTConfig(n_layers=2, d_model=2048, n_heads=16, seq_len=2048), 4)
+
+
+def pass_table(forward: int, backward: int, workload: Workload = WIDE) -> ClockTable:
+    """A pass-level table for ``workload`` (by default WIDE: phases of milliseconds on an H100, followed through
+    the hooks of a TINY model, which has the same phase modules)."""
     entries = [{"unit": p, "sm_clock_mhz": c, "mem_clock_mhz": 2619, "power_limit_w": None}
                for p, c in (("forward", forward), ("backward", backward))]  # fmt: skip
-    return ClockTable({"granularity": "pass", "entries": entries, "gpu": {"name": "h100-sxm"}})
+    return ClockTable({"granularity": "pass", "entries": entries, "gpu": {"name": "h100-sxm"},
+                       "workload": workload_doc(workload)})  # fmt: skip
 
 
 def train_steps(runtime_model, optimizer, steps=2):
@@ -62,8 +69,7 @@ def test_plan_phases_refuses_a_gpu_type_for_a_backend():
 
 def test_simulated_runtime_measures_the_phases_it_requested():
     # A big trace for the GPU timeline (phases of milliseconds), driven by a tiny model's hooks: same phase modules.
-    workload = Workload("gpt3-xl-like", GPTConfig(n_layers=2, d_model=2048, n_heads=16, seq_len=2048), 4)
-    trace = trace_training_iteration(workload)
+    trace = trace_training_iteration(WIDE)
     sim = SimulatedGPU(H100, noise=False)
     model = build_model(TINY, device="cpu", dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -73,7 +79,7 @@ def test_simulated_runtime_measures_the_phases_it_requested():
         measured = runtime.step_measurement()
         plan = runtime.plan
     assert set(plan.settings) == {ClockSetting(1500, 2619), ClockSetting(1200, 2619)}
-    assert sim.applied == plan.settings[-1]  # the controller applied the last phase's setting to the simulated GPU
+    assert sim.applied == plan.settings[-1]  # the worker applied the last phase's setting to the simulated GPU
     expected = sim.measure_schedule(trace.kernels, plan.per_kernel(list(plan.settings), len(trace)), switching=True)
     assert measured == expected
     default = sim.measure_schedule(trace.kernels, plan_phases(None, trace, sim).per_kernel(
@@ -82,12 +88,12 @@ def test_simulated_runtime_measures_the_phases_it_requested():
     assert runtime.switches == 2 * 2  # into backward and back into forward, per step
 
 
-def test_runtime_switches_through_the_controller_and_restores(fake_gpu):
+def test_runtime_switches_through_the_worker_and_restores(fake_gpu):
     from freqopt.backends.nvml import NVMLBackend
     from freqopt.nvml import open_devices
 
     # Phases of milliseconds (a wide 2-layer model's trace) followed through a tiny model's hooks (same modules).
-    trace = trace_training_iteration(Workload("wide", GPTConfig(n_layers=2, d_model=2048, n_heads=16, seq_len=2048), 4))
+    trace = trace_training_iteration(WIDE)
     backend = NVMLBackend(open_devices()[0], torch_device="cpu")
     # The phases are weighed by the kernels' times on an H100 (the simulated physics), not by replaying this wide
     # model's kernels on the CPU (minutes); NVMLBackend.kernel_times_s itself is tested in test_nvml.py.
@@ -97,14 +103,211 @@ def test_runtime_switches_through_the_controller_and_restores(fake_gpu):
     with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=backend, trace=trace,
                      check_trace=False) as runtime:
         train_steps(model, optimizer)
-        while not runtime._controller.requests.empty():
-            time.sleep(0.01)
-        assert runtime._controller.error is None
+    worker = runtime._worker
+    assert worker.error is None and runtime.switches == 2 * 2
+    # Every request (the first clocks, then each switch) was applied, superseded by a later one, or skipped.
+    assert worker.n_applied + worker.n_superseded + worker.n_skipped == 1 + runtime.switches
     locks = [c[2] for c in fake_gpu.set_calls() if c[0] == "nvmlDeviceSetGpuLockedClocks"]
-    assert set(locks) == {1500, 1200} and len(locks) >= 4  # forward and backward clocks, switched every step
+    assert len(locks) == worker.n_applied >= 2 and set(locks) == {1500, 1200}  # forward and backward clocks
     assert all(a != b for a, b in zip(locks, locks[1:]))  # a switch only where the setting changes
     gpu = fake_gpu.gpus[0]
     assert (gpu.locked_sm_mhz, gpu.power_limit_mw) == (None, 650_000)
+
+
+class SlowSetGPU(SimulatedGPU):
+    """The simulated GPU with a set call that blocks for ``set_s`` (NVML's take 10-20 ms, ml-energy/zeus #29), and
+    counts its calls."""
+
+    def __init__(self, *args, set_s: float = 0.05, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.set_s, self.calls = set_s, []
+
+    def apply(self, setting):
+        time.sleep(self.set_s)
+        self.calls.append(setting)
+        super().apply(setting)
+
+
+def _timed_hooks(runtime) -> list[float]:
+    """Wrap the runtime's mark handler (what every module hook and the optimizer step call) to time each call."""
+    durations, on_mark = [], runtime._hooks.on_mark
+
+    def timed(label):
+        started = time.perf_counter()
+        on_mark(label)
+        durations.append(time.perf_counter() - started)
+
+    runtime._hooks.on_mark = timed
+    return durations
+
+
+def test_a_slow_set_call_never_blocks_the_training_thread():
+    """Each request costs the backend 50 ms; the hooks that issue them return at once (they only enqueue)."""
+    trace = trace_training_iteration(WIDE)
+    slow = SlowSetGPU(H100, noise=False, set_s=0.05)
+    model = build_model(TINY, device="cpu", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    runtime = DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=slow, trace=trace,
+                          check_trace=False)  # fmt: skip
+    durations = _timed_hooks(runtime)
+    started = time.perf_counter()
+    with runtime:
+        train_steps(model, optimizer, steps=3)
+        trained_s = time.perf_counter() - started
+    assert runtime.switches == 2 * 3 and len(durations) > 3 * 10  # every phase boundary went through the handler
+    # Had a hook waited for a set call, it would have taken 50 ms, and the steps at least 6 x 50 ms.
+    assert max(durations) < 0.025, max(durations)
+    assert sorted(durations)[len(durations) // 2] < 0.005
+    assert slow.calls  # the settings were applied, off the training thread
+    assert trained_s < 60  # (sanity: the tiny model's steps themselves)
+
+
+def test_unchanged_settings_make_no_set_call():
+    """One setting for the whole iteration: set once, whatever the steps; two: one call per change, never a call
+    for the setting the GPU holds already."""
+    trace = trace_training_iteration(WIDE)
+    model = build_model(TINY, device="cpu", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    uniform = SlowSetGPU(H100, noise=False, set_s=0.0)
+    with DVFSRuntime(model, optimizer, table=pass_table(1500, 1500), backend=uniform, trace=trace,
+                     check_trace=False) as runtime:  # fmt: skip
+        train_steps(model, optimizer, steps=3)
+    assert runtime.switches == 0 and uniform.calls == [ClockSetting(1500, 2619)]
+    two = SlowSetGPU(H100, noise=False, set_s=0.0)
+    with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=two, trace=trace,
+                     check_trace=False) as runtime:  # fmt: skip
+        train_steps(model, optimizer, steps=3)
+    assert len(two.calls) == runtime._worker.n_applied <= 1 + runtime.switches
+    assert all(a != b for a, b in zip(two.calls, two.calls[1:]))
+    # The worker itself skips a request for the setting the GPU holds (one a queue of stale requests left).
+    worker = _Worker(SlowSetGPU(H100, noise=False, set_s=0.0), applied=ClockSetting(1200, 2619))
+    for item in [(None, ClockSetting(1200, 2619)), _STOP]:
+        worker.requests.put(item)
+    worker.run()
+    assert worker.backend.calls == [] and worker.n_skipped == 1
+    # And a request the GPU has passed the boundary of is superseded by the later one: one call, the latest.
+    worker = _Worker(SlowSetGPU(H100, noise=False, set_s=0.0))
+    for item in [(None, ClockSetting(1500, 2619)), (None, ClockSetting(1200, 2619)), _STOP]:
+        worker.requests.put(item)
+    worker.run()
+    assert worker.backend.calls == [ClockSetting(1200, 2619)] and worker.n_superseded == 1
+
+
+def test_each_request_is_enqueued_one_switch_latency_ahead_of_its_phase():
+    """On an H100 (6 ms switches; WIDE's iteration is 22 ms, its forward 8 ms, backward 11 ms) the runtime asks
+    for each run's setting at the last phase boundary at least 6 ms of kernel time before the run, computed here
+    from the kernel times and the realized (landing) schedule."""
+    from freqopt.phases import phase_spans
+    from freqopt.search.realize import realizable_settings
+    from freqopt.transfer import transfer_table
+
+    latency = H100.clock_switch_s
+    trace = trace_training_iteration(WIDE)
+    sim = SimulatedGPU(H100, noise=False)
+    table = pass_table(1500, 1200)
+    model = build_model(TINY, device="cpu", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    runtime = DVFSRuntime(model, optimizer, table=table, backend=sim, trace=trace, check_trace=False)
+    enqueued, put = [], runtime._worker.requests.put
+
+    def recording_put(item, *args, **kwargs):
+        if item is not _STOP:
+            enqueued.append((runtime.plan.labels[runtime._position], item[1]))
+        put(item, *args, **kwargs)
+
+    runtime._worker.requests.put = recording_put
+    with runtime:
+        train_steps(model, optimizer, steps=2)
+
+    # Independently: where each setting must land, and the boundary one latency ahead of it.
+    times = sim.kernel_times_s(trace.kernels, ClockSetting())
+    spans = phase_spans(trace.meta["marks"], len(trace))
+    landed = realizable_settings(trace.meta["marks"], transfer_table(table, trace).per_kernel(), times, latency)
+    landing = [landed[a] for _, a, _ in spans]
+    duration = [float(times[a:b].sum()) for _, a, b in spans]
+    start = [sum(duration[:p]) for p in range(len(spans))]
+    total = sum(duration)
+    expected = []
+    for p in range(len(spans)):
+        if landing[p] != landing[p - 1]:  # a run begins: asked for at the last boundary >= 6 ms before it
+            ahead = [q for q in range(len(spans)) if (start[p] - start[q]) % total >= latency]
+            request = max(ahead, key=lambda q: ((start[q] - start[p]) % total))  # the nearest one before p
+            expected.append((request, spans[request][0], landing[p], (start[p] - start[request]) % total))
+    expected.sort()
+    assert len(expected) == 2 and all(lead >= latency for *_, lead in expected)
+    assert any(label not in (spans[p][0] for p in range(len(spans)) if landing[p] != landing[p - 1])
+               for _, label, _, _ in expected)  # the look-ahead reaches an earlier phase than the run's own
+    per_step = [(label, setting) for _, label, setting, _ in expected]
+    assert enqueued[0][1] == runtime.plan.settings[-1]  # the clocks set on entering, before the first step
+    assert enqueued[1:] == per_step * 2
+    assert runtime.plan.requests == tuple(per_step)
+
+
+def test_the_runtime_applies_what_the_search_validates():
+    """The simulated step of a runtime applying a table is the search's validation of that table (switching
+    included): the same realized schedule, requested one latency ahead."""
+    from freqopt.search.validate import Validator
+    from freqopt.transfer import transfer_table
+
+    trace = trace_training_iteration(WIDE)
+    sim = SimulatedGPU(H100, noise=False)
+    table = pass_table(1500, 1200)
+    model = build_model(TINY, device="cpu", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with DVFSRuntime(model, optimizer, table=table, backend=sim, trace=trace, check_trace=False) as runtime:
+        train_steps(model, optimizer, steps=2)
+        measured = runtime.step_measurement()
+    validated = Validator(trace, sim, 1, switching=True)(transfer_table(table, trace).per_kernel())
+    assert (measured.time_s, measured.energy_j) == pytest.approx((validated.time_s, validated.energy_j), rel=1e-12)
+    ideal = Validator(trace, sim, 1)(transfer_table(table, trace).per_kernel())
+    assert measured.time_s != ideal.time_s  # switching costs something, so the comparison above means something
+
+
+def test_the_queue_is_drained_and_the_gpu_restored_at_exit(fake_gpu):
+    """Requests queued behind a set call that has not returned when training stops: the worker takes them all
+    (applying only the latest) and stops, and the GPU is restored; the same when training raises."""
+    import threading
+
+    from freqopt.backends.nvml import NVMLBackend
+    from freqopt.nvml import open_devices
+
+    trace = trace_training_iteration(WIDE)
+    model = build_model(TINY, device="cpu", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for fail in (False, True):
+        backend = NVMLBackend(open_devices()[0], torch_device="cpu")
+        backend.kernel_times_s = SimulatedGPU(backend.spec, noise=False).kernel_times_s
+        gate, apply = threading.Event(), backend.apply
+        backend.apply = lambda setting, apply=apply, gate=gate: (gate.wait(30), apply(setting))[1]  # a stuck set call
+        runtime = DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=backend, trace=trace,
+                              check_trace=False)  # fmt: skip
+        with pytest.raises(RuntimeError) if fail else contextlib.nullcontext():
+            with runtime:
+                train_steps(model, optimizer, steps=3)  # returns although the first set call has not
+                assert runtime._worker.requests.qsize() == runtime.switches == 2 * 3  # queued behind it
+                gate.set()
+                if fail:
+                    raise RuntimeError("the training failed")
+        worker = runtime._worker
+        assert runtime._worker.requests.empty() and not runtime._thread.is_alive()
+        assert worker.n_applied + worker.n_superseded + worker.n_skipped == 1 + runtime.switches
+        gpu = fake_gpu.gpus[0]
+        assert (gpu.locked_sm_mhz, gpu.locked_mem_mhz, gpu.power_limit_mw) == (None, None, 650_000)
+
+
+def test_the_runtime_refuses_a_table_of_another_workload():
+    from freqopt.errors import TableWorkloadError
+
+    trace = trace_training_iteration(WIDE)
+    model = build_model(TINY, device="cpu", dtype=torch.float32)
+    other = Workload("wide", WIDE.config, 8)  # another micro-batch
+    with pytest.raises(TableWorkloadError, match=r"was found for wide dp=1,tp=1 micro-batch 8 seq 2048, not wide "
+                                                 r"dp=1,tp=1 micro-batch 4 seq 2048: .*`freqopt transfer --table "
+                                                 r"the clock table --model wide --layout dp=1,tp=1 "
+                                                 r"--micro-batch-size 4 --seq-len 2048`") as caught:  # fmt: skip
+        DVFSRuntime(model, None, table=pass_table(1500, 1200, other), backend=SimulatedGPU(H100), trace=trace,
+                    check_trace=False)  # fmt: skip
+    assert "\n" not in str(caught.value)
 
 
 def test_cli_train_compare_on_the_simulated_gpu(tmp_path, capsys):
@@ -188,7 +391,7 @@ def _start_training(tmp_path) -> tuple[subprocess.Popen, Path]:
     FakeNVML(gpus=[FakeGPU(uuid="GPU-train", power_limit_mw=600_000)], root=True).save(gpu_file)
     table = tmp_path / "table.json"
     assert main(["search", "--model", "gpt3-small", "--max-slowdown", "5%", "--granularity", "iteration",
-                 "--trials", "3", "--seq-len", "64", "--micro-batch-size", "1", "--out", str(tmp_path / "s")]) == 0  # fmt: skip
+                 "--trials", "3", "--seq-len", "16", "--micro-batch-size", "1", "--out", str(tmp_path / "s")]) == 0  # fmt: skip
     doc = json.loads(next((tmp_path / "s").glob("*-iteration.json")).read_text())
     doc["entries"][0].update(sm_clock_mhz=1005, mem_clock_mhz=2619)  # a setting sure to differ from the default
     table.write_text(json.dumps(doc))

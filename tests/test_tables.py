@@ -183,3 +183,130 @@ def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
         assert os.umask(0o027) == 0o027  # still the caller's
     finally:
         os.umask(old)
+
+
+# -- the workload a table was found for ------------------------------------------------------------------------
+def test_a_table_records_its_workload_and_refuses_another(table, tmp_path):
+    from freqopt.errors import TableWorkloadError
+    from freqopt.layout import Layout
+    from freqopt.models import get_workload
+
+    path = write_table(table, tmp_path / "t.json")
+    loaded = load_table(path)
+    assert loaded.source == str(path.resolve())
+    assert loaded.workload == {"model": "gpt3-small", "n_layers": 12, "d_model": 768, "n_heads": 12, "seq_len": 256,
+                               "micro_batch_size": 1, "layout": {"dp": 1, "tp": 1}}
+    loaded.check_workload(get_workload("gpt3-small", micro_batch_size=1, seq_len=256))  # its own: accepted
+    for other, fragment in [
+        (get_workload("gpt3-medium", micro_batch_size=1, seq_len=256),
+         "not gpt3-medium dp=1,tp=1 micro-batch 1 seq 256"),
+        (get_workload("gpt3-small", micro_batch_size=4, seq_len=256), "not gpt3-small dp=1,tp=1 micro-batch 4 seq 256"),
+        (get_workload("gpt3-small", micro_batch_size=1, seq_len=128), "not gpt3-small dp=1,tp=1 micro-batch 1 seq 128"),
+        (get_workload("gpt3-small", micro_batch_size=1, seq_len=256, layout=Layout(dp=2)), "not gpt3-small dp=2,tp=1"),
+        (get_workload("gpt3-small", micro_batch_size=1, seq_len=256, n_heads=6), "6 heads"),
+    ]:  # fmt: skip
+        with pytest.raises(TableWorkloadError) as caught:
+            loaded.check_workload(other)
+        message = str(caught.value)
+        assert fragment in message and "\n" not in message
+        assert message.startswith(f"table {path.resolve()} was found for gpt3-small dp=1,tp=1 micro-batch 1 seq 256")
+        layout = other.layout
+        assert (f"`freqopt transfer --table {path.resolve()} --model {other.model} --layout "
+                f"dp={layout.dp},tp={layout.tp} --micro-batch-size {other.micro_batch_size} "
+                f"--seq-len {other.config.seq_len}") in message
+
+
+def test_a_table_from_before_layouts_is_read_as_one_gpu_and_one_without_its_sizes_is_refused(table, tmp_path):
+    """Tables have recorded model, sizes, micro-batch and sequence length since the format's first version, and
+    the layout since parallel layouts: without it a table is a single-GPU one. One that does not record its
+    micro-batch (written by hand) loads, but cannot be checked against a workload: refused for training."""
+    from freqopt.errors import TableWorkloadError
+    from freqopt.layout import Layout
+    from freqopt.models import get_workload
+
+    data = json.loads(json.dumps(table.data))
+    del data["workload"]["layout"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = load_table(path)
+    assert old.workload["layout"] == {"dp": 1, "tp": 1}
+    old.check_workload(get_workload("gpt3-small", micro_batch_size=1, seq_len=256))
+    with pytest.raises(TableWorkloadError, match="micro-batch 1 seq 256, not gpt3-small dp=2,tp=1"):
+        old.check_workload(get_workload("gpt3-small", micro_batch_size=1, seq_len=256, layout=Layout(dp=2)))
+    del data["workload"]["micro_batch_size"], data["workload"]["n_heads"]
+    path.write_text(json.dumps(data))
+    hand_written = load_table(path)
+    with pytest.raises(ClockTableError, match=r"old.json does not record the micro_batch_size it was found for "
+                                              r"\(written by hand or edited\).*search again"):
+        hand_written.check_workload(get_workload("gpt3-small", micro_batch_size=1, seq_len=256))
+    data["workload"]["micro_batch_size"] = 1  # heads not recorded: the model's name stands for them
+    path.write_text(json.dumps(data))
+    load_table(path).check_workload(get_workload("gpt3-small", micro_batch_size=1, seq_len=256))
+
+
+def test_train_refuses_another_workloads_table_in_one_line_naming_freqopt_transfer(table, tmp_path, capsys):
+    from freqopt.cli import main
+
+    path = write_table(table, tmp_path / "t.json")
+    for args in (["--model", "gpt3-medium"], ["--model", "gpt3-small", "--micro-batch-size", "2"],
+                 ["--model", "gpt3-small", "--layout", "dp=2"]):  # fmt: skip
+        assert main(["train", *args, "--table", str(path), "--steps", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "was found for gpt3-small dp=1,tp=1 micro-batch 1 seq 256, not" in err
+        assert "`freqopt transfer --table" in err
+
+
+def test_train_takes_the_sizes_and_layout_it_is_not_given_from_the_table(table, tmp_path):
+    from freqopt.errors import TableWorkloadError
+    from freqopt.layout import Layout
+    from freqopt.train import plan_training
+
+    data = json.loads(json.dumps(table.data))
+    data["workload"]["layout"] = {"dp": 2, "tp": 1}  # as a table transferred to two data-parallel ranks
+    path = tmp_path / "dp2.json"
+    path.write_text(json.dumps(data))
+    plan = plan_training("gpt3-small", table=str(path))
+    w = plan.workload
+    assert (w.layout, w.micro_batch_size, w.config.seq_len) == (Layout(dp=2, tp=1), 1, 256) and plan.needs_launcher
+    assert plan_training("gpt3-small", table=str(path), layout="dp=2", micro_batch_size=1).workload == w
+    with pytest.raises(TableWorkloadError, match="dp=2,tp=1 micro-batch 1 seq 256, not gpt3-small dp=1,tp=1"):
+        plan_training("gpt3-small", table=str(path), layout="dp=1")
+
+
+# -- file names: one table per search ----------------------------------------------------------------------------
+TINY_SEARCH = {"granularity": "iteration", "n_trials": 3, "seq_len": 64, "micro_batch_size": 1}
+
+
+def test_searches_at_two_budgets_in_one_folder_keep_both_tables(tmp_path):
+    import freqopt
+
+    one = freqopt.search("gpt3-small", max_slowdown="1%", out=tmp_path, **TINY_SEARCH)
+    two = freqopt.search("gpt3-small", max_slowdown="2%", out=tmp_path, **TINY_SEARCH)
+    assert one.table_paths["iteration"] == tmp_path / "gpt3-small-h100-sxm-1pct-iteration.json"
+    assert two.table_paths["iteration"] == tmp_path / "gpt3-small-h100-sxm-2pct-iteration.json"
+    assert load_table(one.table_paths["iteration"]).data["max_slowdown"] == 0.01
+    assert load_table(two.table_paths["iteration"]).data["max_slowdown"] == 0.02
+    seeded = freqopt.search("gpt3-small", max_slowdown="1%", out=tmp_path, seed=3, **TINY_SEARCH)
+    assert seeded.table_paths["iteration"] == tmp_path / "gpt3-small-h100-sxm-1pct-seed3-iteration.json"
+    assert len(list(tmp_path.glob("*-iteration.json"))) == 3
+    # The same search again (resumed, or re-run) replaces its own table.
+    again = freqopt.search("gpt3-small", max_slowdown="1%", out=tmp_path, **TINY_SEARCH)
+    assert again.table_paths == one.table_paths
+
+
+def test_a_search_never_replaces_another_searchs_table(tmp_path):
+    """Another micro-batch, under the same name: refused before any measurement, the table left as it was."""
+    import freqopt
+
+    first = freqopt.search("gpt3-small", max_slowdown="1%", out=tmp_path, **TINY_SEARCH)
+    path = first.table_paths["iteration"]
+    before = path.read_bytes()
+    started = []
+    with pytest.raises(OutputError, match=rf"{path} holds the table of another search \(gpt3-small dp=1,tp=1 "
+                                          r"micro-batch 1 seq 64 .*, not gpt3-small dp=1,tp=1 micro-batch 2 seq 64"):
+        freqopt.search("gpt3-small", max_slowdown="1%", out=tmp_path, on_start=started.append,
+                       **{**TINY_SEARCH, "micro_batch_size": 2})  # fmt: skip
+    assert started == [] and path.read_bytes() == before
+    (tmp_path / "gpt3-small-h100-sxm-2pct-iteration.json").write_text("my notes")  # not a table: not replaced
+    with pytest.raises(OutputError, match="exists and is not a freqopt clock table"):
+        freqopt.search("gpt3-small", max_slowdown="2%", out=tmp_path, **TINY_SEARCH)

@@ -13,7 +13,8 @@ from freqopt.models import get_workload
 from freqopt.search import SearchConfig, run_search
 from freqopt.tables import ClockTable, load_table, table_from_result, write_table
 from freqopt.trace import trace_training_iteration
-from freqopt.errors import ClockTableError
+from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
+from freqopt.train import plan_training
 from freqopt.search.study import Option
 from freqopt.transfer import (BY_KIND, EXACT, UNMATCHED, _with_front, evaluate_transfer, has_fronts, reallocate,
                               transfer_table)
@@ -91,7 +92,8 @@ def test_evaluate_transfer_shares_one_baseline_with_the_native_search(kernel_tab
     assert report.native.baseline == report.baseline
     assert set(report.native.results) == {"iteration", "pass", "kernel"}
     summary = report.summary()
-    assert set(summary) == {"max_slowdown_pct", "transferred", "reallocated", "native"}
+    assert set(summary) == {"max_slowdown_pct", "transferred", "reallocated", "native", "table"}
+    assert summary["table"] is None  # no out: no table written
     assert set(summary["transferred"]) == {"energy_saved_pct", "slowdown_pct", "within_budget", "matched_exact",
                                            "matched_by_kind", "unmatched"}  # fmt: skip
     assert summary["native"]["slowdown_pct"] <= 1.0 + 1e-9
@@ -186,14 +188,24 @@ def test_cli_transfer_writes_the_comparison_and_the_reallocated_table(kernel_tab
     assert doc["reallocated"]["slowdown_pct"] <= 1.0 + 1e-9 and doc["native"] is None
     printed = capsys.readouterr().out
     assert "as transferred" in printed and "re-allocated" in printed and "native search" not in printed
-    written = tmp_path / "o" / "gpt3-small-h100-sxm-dp2tp1-kernel-transferred.json"
-    assert f"re-allocated table: {written}" in printed.replace("\n", "")
-    assert written.with_suffix(".csv").exists()
-    # The written table is one every table reader takes: another transfer, and training with it.
+    # Named for the target workload and the budget (the table's 1 %), absolute in --json and in the hint.
+    written = (tmp_path / "o" / "gpt3-small-h100-sxm-dp2tp1-1pct-kernel-transferred.json").resolve()
+    assert doc["table"] == str(written) and written.with_suffix(".csv").exists()
+    assert load_table(written).workload == {"model": "gpt3-small", "n_layers": 12, "d_model": 768, "n_heads": 12,
+                                            "seq_len": 256, "micro_batch_size": 2, "layout": {"dp": 2, "tp": 1}}
+    line = (f"apply it with `freqopt train --model gpt3-small --layout dp=2,tp=1 --micro-batch-size 2 --seq-len 256 "
+            f"--table {written}`")  # the complete command, from any folder
+    assert f"re-allocated table: {written} (and .csv); {line}" in printed
+    # The written table is one every table reader takes: another transfer, and training with it, whose layout,
+    # micro-batch and sequence are the table's (a plan: training it starts two ranks under DeepSpeed).
     assert main(["transfer", "--table", str(written), "--model", "gpt3-small", "--micro-batch-size", "1",
                  "--seq-len", "256", "--trials", "3", "--no-native", "--out", str(tmp_path / "o2")]) == 0  # fmt: skip
-    assert main(["train", "--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "256", "--steps", "1",
-                 "--table", str(written)]) == 0  # fmt: skip
+    plan = plan_training("gpt3-small", table=str(written), steps=1)
+    w = plan.workload
+    assert (w.layout, w.micro_batch_size, w.config.seq_len) == (Layout(dp=2), 2, 256)
+    assert plan.needs_launcher
+    with pytest.raises(TableWorkloadError, match="lay it onto this workload with `freqopt transfer"):
+        plan_training("gpt3-small", table=str(written), steps=1, layout="dp=1")  # an explicit other layout: refused
 
 
 @pytest.mark.parametrize(
@@ -239,3 +251,82 @@ def test_a_transferred_kernel_table_is_never_worse_than_the_targets_one_clock():
     assert summary["reallocated"]["energy_saved_pct"] >= one_clock - 1e-9
     assert summary["reallocated"]["slowdown_pct"] <= 10.0 + 1e-9
     assert summary["native"]["energy_saved_pct"] >= one_clock - 1e-9
+
+
+def _phase_table(small_trace, micro_batch_size: int = 1) -> ClockTable:
+    """A phase-level table of gpt3-small (SMALL sizes, ``micro_batch_size``): the forward at 1500 MHz, the
+    backward at 1200 MHz, each requested at its first phase (as a search writes one, granularity "phase")."""
+    from freqopt.tables import workload_doc
+
+    labels = [label for label, _ in small_trace.meta["marks"]]
+    forward, backward = labels[0], next(label for label in labels if label.startswith("bwd:"))
+    entries = [{"unit": f"{at}..", "sm_clock_mhz": c, "mem_clock_mhz": 2619, "power_limit_w": None,
+                "request_phase": at} for at, c in ((forward, 1500), (backward, 1200))]  # fmt: skip
+    base = {"time_s": 1.0, "energy_j": 1.0}
+    return ClockTable({
+        "schema": "freqopt.clock-table", "schema_version": 1,
+        "gpu": {"name": "h100-sxm", "sm_clocks_mhz": list(H100.sm_clocks_mhz),
+                "mem_clocks_mhz": list(H100.mem_clocks_mhz)},
+        "workload": workload_doc(get_workload("gpt3-small", seq_len=256, micro_batch_size=micro_batch_size)),
+        "granularity": "phase", "max_slowdown": 0.02, "entries": entries, "baseline": base, "predicted": base,
+        "validated": base, "provenance": {"backend": "sim", "seed": 0},
+    })  # fmt: skip
+
+
+def test_a_phase_table_is_written_for_the_target_workload_as_it_stands(small_trace, tmp_path):
+    """A phase-level table transfers as it stands; the transfer writes it for the target, so that `train` (which
+    refuses a table of another workload) takes it there; --json names the file."""
+    from freqopt.transfer import transfer
+
+    source = tmp_path / "phase.json"
+    write_table(_phase_table(small_trace), source)
+    out = tmp_path / "o"
+    report = transfer(str(source), "gpt3-small", micro_batch_size=2, seq_len=256, layout="dp=2", native=False, out=out)
+    written = (out / "gpt3-small-h100-sxm-dp2tp1-2pct-phase-transferred.json").resolve()
+    assert report.table_path == written and report.summary()["table"] == str(written)
+    table = load_table(written)
+    assert table.entries == load_table(source).entries and table.data["max_slowdown"] == 0.02
+    assert table.workload["layout"] == {"dp": 2, "tp": 1} and table.workload["micro_batch_size"] == 2
+    t = report.summary()["transferred"]
+    assert table.data["validated"]["energy_saved_pct"] == pytest.approx(t["energy_saved_pct"])
+    assert table.data["provenance"]["transferred_from"]["workload"]["micro_batch_size"] == 1
+    plan = plan_training("gpt3-small", table=str(written))
+    assert plan.workload.layout == Layout(dp=2) and plan.workload.micro_batch_size == 2
+
+
+def test_a_transfer_never_replaces_another_transfers_table(small_trace, tmp_path):
+    """Two source tables (micro-batch 1 and 3) transferred to the same target in one folder: the second would take
+    the first's file name, and is refused before any measurement."""
+    from freqopt.transfer import transfer
+
+    out = tmp_path / "o"
+    for mb in (1, 3):
+        write_table(_phase_table(small_trace, mb), tmp_path / f"phase-mb{mb}.json")
+    first = transfer(str(tmp_path / "phase-mb1.json"), "gpt3-small", micro_batch_size=2, seq_len=256, native=False,
+                     out=out)  # fmt: skip
+    before = first.table_path.read_bytes()
+    started = []
+    with pytest.raises(OutputError, match=r"holds the table of another search \(transferred from gpt3-small dp=1,tp=1 "
+                                          r"micro-batch 1 seq 256, not transferred from gpt3-small dp=1,tp=1 "
+                                          r"micro-batch 3 seq 256\)"):  # fmt: skip
+        transfer(str(tmp_path / "phase-mb3.json"), "gpt3-small", micro_batch_size=2, seq_len=256, native=False,
+                 out=out, on_start=lambda *a: started.append(a))  # fmt: skip
+    assert started == [] and first.table_path.read_bytes() == before
+
+
+def test_the_apply_line_works_from_any_folder(monkeypatch):
+    """The transfer's closing hint: an ``hf:PATH`` model and the table as absolute paths, the layout always, the
+    sizes where not the model's defaults."""
+    from pathlib import Path
+
+    from freqopt.cli.tools import _train_line
+
+    data = Path(__file__).parent / "data" / "hf"
+    monkeypatch.chdir(data)
+    workload = get_workload("hf:llama", micro_batch_size=2, layout=Layout(dp=2))
+    line = _train_line("hf:llama", workload, "o/t.json", None)
+    assert line == (f"freqopt train --model hf:{data / 'llama'} --layout dp=2,tp=1 --micro-batch-size 2 "
+                    f"--table {data / 'o' / 't.json'}")
+    default = get_workload("gpt3-small")
+    line = _train_line("gpt3-small", default, "/t.json", None)
+    assert line == "freqopt train --model gpt3-small --layout dp=1,tp=1 --table /t.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from freqopt.cli import absolute_path, check_json_path, cli, model_options, stdout_console, verbose_option, write_json
+from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
 
 @cli.command(short_help="List the models and their parameter counts.")
 @click.argument("names", nargs=-1)
@@ -127,14 +127,37 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
         out.print(f"as transferred, the table breaks the {limit:g} % budget on this layout ({t['slowdown_pct']:+.2f} % "
                   f"time); {instead}")  # fmt: skip
     if report.table_path is not None:
-        out.print(f"re-allocated table: {report.table_path} (and .csv); apply it with "
-                  f"`freqopt train --table {absolute_path(report.table_path)} ...` or freqopt.DVFSRuntime")  # fmt: skip
-    elif report.schedule.granularity == "phase":
-        out.print(f"no table written: a phase-level table applies as it stands on any layout of its model; apply it "
-                  f"with `freqopt train --table {absolute_path(table_path)} ...` or freqopt.DVFSRuntime")  # fmt: skip
+        what = ("phase-level table for this workload" if report.schedule.granularity == "phase"
+                else "re-allocated table")  # fmt: skip
+        out.print(f"{what}: {report.table_path} (and .csv); apply it with `"
+                  f"{_train_line(model, workload, report.table_path, vocab_multiple)}` or freqopt.DVFSRuntime",
+                  soft_wrap=True)  # fmt: skip
     else:
         out.print("no table written: the source table carries no fronts; search the source again with this freqopt")
     write_json(json_path, summary)
+
+
+def _train_line(model: str, workload, table_path, vocab_multiple: int | None) -> str:
+    """The `freqopt train` command that applies ``table_path`` to ``workload``, from any folder: the model (an
+    ``hf:PATH`` with PATH absolute), its layout, and its micro-batch, sequence length and heads where not the
+    model's defaults (and --vocab-multiple where given), the table's absolute path."""
+    from pathlib import Path
+
+    from freqopt.models import get_workload
+    from freqopt.models.hf import is_hf_model
+
+    default = get_workload(model)
+    name = f"hf:{Path(model[3:]).resolve()}" if is_hf_model(model) else model
+    line = f"freqopt train --model {name} --layout {workload.layout}"
+    if workload.micro_batch_size != default.micro_batch_size:
+        line += f" --micro-batch-size {workload.micro_batch_size}"
+    if workload.config.seq_len != default.config.seq_len:
+        line += f" --seq-len {workload.config.seq_len}"
+    if workload.config.n_heads != default.config.n_heads:
+        line += f" --n-heads {workload.config.n_heads}"
+    if vocab_multiple is not None:
+        line += f" --vocab-multiple {vocab_multiple}"
+    return f"{line} --table {Path(table_path).resolve()}"
 
 
 @cli.command(short_help="Compare the Bayesian search with an exhaustive sweep.")

@@ -12,7 +12,9 @@ from freqopt.cli import check_json_path, cli, model_options, stdout_console, wri
 
 @cli.command(short_help="Train under the DVFS runtime; report time and energy per step.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
-@click.option("--table", "table_path", default=None, help="A clock table to apply (default: none, default clocks).")
+@click.option("--table", "table_path", default=None,
+              help="A clock table to apply (default: none, default clocks); found for this model, whose layout, "
+                   "micro-batch and sequence length it sets unless given.")
 @click.option("--steps", default=8, show_default=True, type=int, help="Training steps.")
 @click.option("--backend", default="sim", show_default=True, help="sim (simulated GPU timeline) or nvml (a real GPU).")
 @click.option("--gpu", default=None, help="GPU type of the simulated backend (default: the table's, else h100-sxm).")

@@ -2,7 +2,7 @@
 
     from freqopt.integrations.hf import FreqoptCallback
 
-    callback = FreqoptCallback("tables/gpt3-small-h100-sxm-pass.json", trace)
+    callback = FreqoptCallback("tables/gpt3-small-h100-sxm-1pct-pass.json", trace)
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     with callback:  # exits the runtime (and restores the GPU) also when training raises
         trainer.train()

@@ -5,7 +5,11 @@ switch takes ``GPUSpec.clock_switch_s`` to land (about 6 ms on Hopper, over 100 
 al. 2025, Spaan et al. 2026). ``realizable_settings`` turns a per-kernel schedule into what such a runtime applies:
 each phase takes the setting its kernels spend most time in, and a switch is made only into a run of consecutive
 phases wanting the same setting that lasts at least the switch cost (shorter runs keep the clocks already set).
-A backend then measures the realized schedule (the simulated GPU applies each switch one switch latency late).
+Since a switch lands one latency after it is asked for, the runtime asks for each run's setting ahead of it
+(``requested_settings``): at the last phase boundary at least one switch latency of kernel time before the run,
+as the phase-schedule granularity plans its requests (freqopt.search.schedule.lookahead_requests). A backend then
+measures those requests (the simulated GPU applies each switch one switch latency late), so a search validates
+what DVFSRuntime issues.
 
 The kernel times that weigh these choices come from the backend the search or the runtime is given
 (``Backend.kernel_times_s`` at the default setting): the simulated GPU's physics on the simulated backend, each
@@ -21,8 +25,9 @@ import numpy as np
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting
 from freqopt.kernels import Trace
 from freqopt.phases import phase_spans
+from freqopt.search.schedule import lookahead_requests, settings_per_phase
 
-__all__ = ["realizable_settings", "Realizer"]
+__all__ = ["realizable_settings", "requested_settings", "Realizer"]
 
 
 def realizable_settings(
@@ -77,6 +82,37 @@ def realizable_settings(
     return one_pass(first[-1]) if first else first
 
 
+def requested_settings(marks: Sequence[tuple[str, int]], realized: Sequence[ClockSetting], kernel_time_s: np.ndarray,
+                       switch_s: float) -> list[ClockSetting]:  # fmt: skip
+    """The per-kernel settings a runtime requests so that the ``realized`` schedule's switches land where its runs
+    begin: each run's setting is asked for at the last phase boundary at least ``switch_s`` of kernel time before
+    the run (freqopt.search.schedule.lookahead_requests, as the phase-schedule granularity does), and held up to
+    the next request, cyclically over back-to-back iterations.
+
+    Args:
+        marks: the trace's phase marks (Trace.meta["marks"]).
+        realized: one setting per kernel, constant within each phase (realizable_settings), shape (K,).
+        kernel_time_s: every kernel's time at the default setting, shape (K,), s.
+        switch_s: the GPU type's clock-switch latency, s.
+
+    Returns:
+        One setting per kernel, constant within each phase, shape (K,); a uniform schedule is returned unchanged.
+    """
+    spans = phase_spans(marks, len(realized))
+    landing = [realized[first] for _, first, _ in spans]  # (P,)
+    changes = [p for p in range(len(spans)) if landing[p] != landing[p - 1]]  # a run starts (cyclically)
+    if not changes:
+        return list(realized)
+    duration = np.array([float(np.sum(kernel_time_s[first:end])) for _, first, end in spans])  # (P,)
+    start = np.cumsum(duration) - duration  # (P,)
+    requests = lookahead_requests(start, float(duration.sum()), changes, switch_s)
+    per_phase = settings_per_phase(len(spans), [(r, landing[p]) for r, p in zip(requests, changes)])
+    out: list[ClockSetting] = []
+    for (_, first, end), setting in zip(spans, per_phase):
+        out.extend([setting] * (end - first))
+    return out
+
+
 class Realizer:
     """Maps a per-kernel schedule of one trace to what a phase-switching runtime realizes on ``backend``'s GPU
     (realizable_settings), with the kernels' times at the default setting from ``backend.kernel_times_s``.
@@ -88,7 +124,8 @@ class Realizer:
             schedule needs none: it is set once and never switched).
 
     Calling it with a schedule (one ClockSetting per kernel, a tuple of length K) returns the realized schedule,
-    a tuple of length K; results are cached per schedule.
+    the settings in force per phase, a tuple of length K; ``requests(schedule)`` returns what the runtime asks for
+    at each phase's start to get them (requested_settings). Results are cached per schedule.
     """
 
     def __init__(self, trace: Trace, backend: Backend):
@@ -97,6 +134,7 @@ class Realizer:
         self.switch_s = backend.spec.clock_switch_s
         self._kernel_time_s: np.ndarray | None = None
         self._cache: dict[tuple, tuple] = {}
+        self._requests: dict[tuple, tuple] = {}
 
     @property
     def kernel_time_s(self) -> np.ndarray:
@@ -113,3 +151,12 @@ class Realizer:
                 self._cache[schedule] = tuple(
                     realizable_settings(self.marks, schedule, self.kernel_time_s, self.switch_s))
         return self._cache[schedule]
+
+    def requests(self, schedule: tuple) -> tuple:
+        """The settings a runtime requests, per kernel (shape (K,)), for the per-kernel ``schedule``: its realization
+        with each switch asked for one latency ahead (requested_settings)."""
+        if schedule not in self._requests:
+            realized = self(schedule)
+            self._requests[schedule] = realized if len(set(realized)) <= 1 else tuple(
+                requested_settings(self.marks, realized, self.kernel_time_s, self.switch_s))
+        return self._requests[schedule]

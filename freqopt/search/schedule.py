@@ -48,8 +48,8 @@ from freqopt.search.units import TuningUnit
 
 T = TypeVar("T")
 
-__all__ = ["PhaseBlock", "phase_blocks", "search_blocks", "request_schedule", "settings_per_phase",
-           "PhaseScheduleResult", "search_phase_schedule"]
+__all__ = ["PhaseBlock", "phase_blocks", "lookahead_requests", "search_blocks", "request_schedule",
+           "settings_per_phase", "PhaseScheduleResult", "search_phase_schedule"]
 
 
 @dataclass(frozen=True)
@@ -125,25 +125,43 @@ def phase_blocks(trace: Trace, kernel_time_s: np.ndarray, switch_s: float, *, ma
                 blocks[0] = first + blocks[0]
         else:
             i += 1
-    # Look-ahead: the last phase starting at least one latency before the block, unrolled over iterations
-    # (negative: in the previous one); then strictly increasing and never after the block's own first phase.
-    n_phases = len(spans)
-    unrolled = []
-    for b in blocks:
-        when = start[b[0]] - switch_s if len(blocks) > 1 else start[b[0]]
-        wrap = 0
-        while when < 0:
-            when += total
-            wrap -= n_phases
-        unrolled.append(int(np.searchsorted(start, when, side="right")) - 1 + wrap)
-    for j in range(1, len(unrolled)):
-        unrolled[j] = min(max(unrolled[j], unrolled[j - 1] + 1), blocks[j][0])
+    requests = lookahead_requests(start, total, [b[0] for b in blocks], switch_s)
     out = []
-    for b, u in zip(blocks, unrolled):
+    for b, request in zip(blocks, requests):
         kernels = tuple(k for p in b for k in range(spans[p][1], spans[p][2]))
         out.append(PhaseBlock(name=f"{spans[b[0]][0]}..{spans[b[-1]][0]}", phases=tuple(b), kernel_indices=kernels,
-                              request=u % n_phases, duration_s=float(duration[b].sum())))  # fmt: skip
+                              request=request, duration_s=float(duration[b].sum())))  # fmt: skip
     return out
+
+
+def lookahead_requests(start_s: np.ndarray, total_s: float, firsts: Sequence[int], switch_s: float) -> list[int]:
+    """Where a runtime asks for each of a sequence of settings so that each lands about where its run of phases
+    begins (module docstring, "Look-ahead requests"): for the run starting at phase ``firsts[j]``, the last phase
+    starting at least ``switch_s`` before it, counted over back-to-back iterations (in the previous iteration for
+    the first runs); then strictly increasing and never after the run's own first phase. A single run is asked
+    for at its own start (it is set once and never switched).
+
+    Args:
+        start_s: each phase's start within the iteration, shape (P,), s (kernel time, Backend.kernel_times_s).
+        total_s: the iteration's duration, s.
+        firsts: the first phase of each run, ascending, at least one.
+        switch_s: the clock-switch latency, s (GPUSpec.clock_switch_s).
+
+    Returns:
+        The request phase of each run, in run order, indices into ``start_s``.
+    """
+    n_phases = len(start_s)
+    unrolled = []
+    for first in firsts:
+        when = start_s[first] - switch_s if len(firsts) > 1 else start_s[first]
+        wrap = 0
+        while when < 0 and total_s > 0:
+            when += total_s
+            wrap -= n_phases
+        unrolled.append(int(np.searchsorted(start_s, max(when, 0.0), side="right")) - 1 + wrap)
+    for j in range(1, len(unrolled)):
+        unrolled[j] = min(max(unrolled[j], unrolled[j - 1] + 1), firsts[j])
+    return [u % n_phases for u in unrolled]
 
 
 def search_blocks(trace: Trace, backend: Backend, *, max_blocks: int = 8) -> list[PhaseBlock]:

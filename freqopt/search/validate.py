@@ -27,9 +27,9 @@ class Validator:
     Args:
         trace, backend: the iteration and the GPU.
         repeats: measurements averaged per schedule.
-        switching: measure schedules as a phase-switching runtime realizes them (freqopt.search.realize.Realizer,
-            with kernel times from ``backend.kernel_times_s``) and with the GPU's clock-switch latency; False: the
-            schedule as given, switching free (the ideal).
+        switching: measure schedules as a phase-switching runtime realizes and requests them
+            (freqopt.search.realize.Realizer, with kernel times from ``backend.kernel_times_s``) and with the GPU's
+            clock-switch latency; False: the schedule as given, switching free (the ideal).
         log: where measurements are recorded and read back on resume (freqopt.search.journal); default an
             in-memory one.
     """
@@ -46,7 +46,10 @@ class Validator:
         self.cost_gpu_s = 0.0
 
     def __call__(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
-        return self.requests(self.realize(tuple(schedule)), key)
+        """The whole iteration measured with the per-kernel ``schedule`` (shape (K,)) as DVFSRuntime applies it:
+        realized per phase, each switch requested one latency ahead (Realizer.requests), when ``switching``."""
+        schedule = tuple(schedule)
+        return self.requests(self.realize.requests(schedule) if self.switching else schedule, key)
 
     def requests(self, schedule: tuple[ClockSetting, ...], key: str = "schedule") -> Measurement:
         """The whole iteration measured with ``schedule`` as the settings a runtime requests, unrealized (a
