@@ -220,6 +220,8 @@ class TrainingPlan:
         table: the clock table to apply, or None; table_source: where it was read from (for messages).
         gpu: the GPU type asked for (GPUSpec), or None: h100-sxm simulated, the real GPU's on nvml.
         backend: "sim" or "nvml"; device: where the model trains; steps, compare, read_only, seed: see train.
+        switch_s: the clock-switch latency in place of the GPU file's, s (plan_training's switch_latency_ms), or
+            None.
     """
 
     workload: Workload
@@ -232,6 +234,7 @@ class TrainingPlan:
     compare: bool
     read_only: bool
     seed: int
+    switch_s: float | None = None
 
     @property
     def needs_launcher(self) -> bool:
@@ -252,6 +255,8 @@ class TrainingPlan:
 
         spec = self.gpu if self.backend == "nvml" else self.gpu or get_gpu(DEFAULT_GPU)
         measuring = get_backend(self.backend, spec, seed=self.seed, read_only=self.read_only)
+        if self.switch_s is not None:
+            measuring.spec = measuring.spec.with_switch_latency(self.switch_s)
         try:
             if self.table is not None:
                 self.table.check_gpu(measuring.spec, source=self.table_source)  # the GPU the table is applied to
@@ -264,7 +269,8 @@ class TrainingPlan:
 def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gpu=None, compare: bool = False,
                   read_only: bool = False, device: str | None = None, seed: int = 0,
                   micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
-                  vocab_multiple: int | None = None, layout=None) -> TrainingPlan:  # fmt: skip
+                  vocab_multiple: int | None = None, layout=None,
+                  switch_latency_ms: float | None = None) -> TrainingPlan:  # fmt: skip
     """Check every argument of a training run before any GPU is opened or rank started.
 
     Args:
@@ -277,14 +283,16 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
         read_only: nvml only: measure at the GPU's current settings and change nothing (so no table).
         device: where the model trains; default "cuda" with nvml, "cpu" with sim.
         seed: seeds weights, tokens and the simulated noise.
+        switch_latency_ms: the GPU's clock-switch latency, ms, in place of its file's (GPUSpec.with_switch_latency).
 
     Raises:
         UnknownNameError: unknown model, backend or GPU type.
-        InvalidSettingError: a bad override, layout or steps; compare without a table; read_only with one; a
-            CUDA device this torch cannot use (check_training_device).
+        InvalidSettingError: a bad override, layout, steps or switch_latency_ms; compare without a table; read_only
+            with one; a CUDA device this torch cannot use (check_training_device).
         ClockTableError: the table cannot be read.
     """
     from freqopt.errors import check_positive_int
+    from freqopt.gpus import check_switch_latency_ms
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.backends import check_backend
     from freqopt.tables import load_table
@@ -293,6 +301,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     check_backend(backend)
     check_positive_int("steps", steps)
+    switch_s = check_switch_latency_ms(switch_latency_ms)
     if compare and table is None:
         raise InvalidSettingError("compare needs a table: it alternates steps with and without the table")
     if read_only and table is not None:
@@ -303,4 +312,5 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
     device = device or ("cuda" if backend == "nvml" else "cpu")
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
-    return TrainingPlan(workload, table, source, requested, backend, device, steps, compare, read_only, seed)
+    return TrainingPlan(workload, table, source, requested, backend, device, steps, compare, read_only, seed,
+                        switch_s)  # fmt: skip

@@ -39,6 +39,8 @@ BAD = [
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "pp=2"], "pipeline parallelism"),
     (["--model", "gpt3-small"], "Missing option"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--bogus"], "No such option"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--switch-latency-ms", "-5"], "'--switch-latency-ms'"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--switch-latency-ms", "abc"], "'--switch-latency-ms'"),
 ]
 
 
@@ -210,3 +212,20 @@ def test_powercap_runs_a_parallel_layout(tmp_path):
     assert main(["powercap", "--model", "gpt3-small", "--layout", "dp=2,tp=2", "--seq-len", "256",
                  "--micro-batch-size", "1", "--caps", "400,700", "--json", str(out)]) == 0  # fmt: skip
     assert [c["power_limit_w"] for c in json.loads(out.read_text())["caps"]] == [400, 700]
+
+
+def test_search_reports_the_switch_latency_it_was_given(tmp_path, capsys):
+    """--switch-latency-ms replaces the GPU file's latency, and the results table says which one was used."""
+    assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "iteration", "--trials",
+                 "2", "--seq-len", "128", "--micro-batch-size", "1", "--switch-latency-ms", "250", "--out",
+                 str(tmp_path / "o")]) == 0  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())
+    assert "clock switches taking 250 ms" in out
+
+
+@pytest.mark.parametrize("command", [["train", "--model", "gpt3-small"],
+                                     ["transfer", "--table", "t.json", "--model", "gpt3-small"]])
+def test_train_and_transfer_refuse_a_negative_switch_latency(command, capsys):
+    assert main([*command, "--switch-latency-ms", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'--switch-latency-ms'" in err
