@@ -175,6 +175,7 @@ def search(
     n_heads: int | None = None,
     vocab_multiple: int | None = None,
     layout=None,
+    switch_latency_ms: float | None = None,
     on_unit: Callable[[str, int, int], None] | None = None,
     on_start: Callable[[SearchStart], None] | None = None,
     verbose: bool = False,
@@ -202,6 +203,9 @@ def search(
         n_jobs: processes that run tuning units in parallel; simulated GPU only (one ``freqopt worker`` per
             real GPU instead).
         micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides, model names only.
+        switch_latency_ms: the GPU's effective clock-switch latency, ms, in place of its file's (GPUSpec.clock_switch_s,
+            search_spaces/*.toml [model] clock_switch_ms): what the schedules are sized for and realized with. 0:
+            switches land at once. Default: the file's value.
         on_unit: called as on_unit(granularity, units_done, units_total) after each tuning unit's study.
         on_start: called once with a SearchStart after tracing, before the first measurement.
         verbose: let Optuna log at INFO (a line per study it creates); by default its studies run at WARNING,
@@ -216,8 +220,8 @@ def search(
 
     Raises:
         UnknownNameError: unknown model, GPU type, backend or granularity.
-        InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials or n_jobs, or n_jobs > 1
-            on a real GPU.
+        InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials, n_jobs or
+            switch_latency_ms, or n_jobs > 1 on a real GPU.
         OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
             micro-batch, sequence length or backend) under a name this search writes (refused before measuring).
         StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
@@ -225,6 +229,7 @@ def search(
     """
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
     from freqopt.budget import parse_slowdown
+    from freqopt.gpus import check_switch_latency_ms
     from freqopt.kernels import Trace
     from freqopt.search.study import optuna_logging
 
@@ -250,8 +255,12 @@ def search(
                                   "one `freqopt worker` per GPU against the search's storage", argument="n_jobs")  # fmt: skip
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidSettingError(f"seed must be an integer, not {seed!r}", argument="seed")
+    switch_s = check_switch_latency_ms(switch_latency_ms)
     # A real GPU is opened (and its permissions checked) before anything is written.
     measuring, opened = open_backend(backend, requested, seed=seed)
+    found_spec = measuring.spec
+    if switch_s is not None:  # the override replaces the GPU file's latency for this search (and its storage name)
+        measuring.spec = found_spec.with_switch_latency(switch_s)
     try:
         with optuna_logging(verbose):
             return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials,
@@ -259,6 +268,8 @@ def search(
     finally:
         if opened:
             measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
+        else:
+            measuring.spec = found_spec  # a Backend the caller gave keeps its own GPU type
 
 
 def _n_units(trace, granularity: str, backend, config) -> int:

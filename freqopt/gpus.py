@@ -2,10 +2,18 @@
 
 One TOML file per GPU type. Each file names the source of every figure (data sheet, whitepaper, an
 ``nvidia-smi -q -d SUPPORTED_CLOCKS,POWER`` dump, or the calibration fit in experiments/calibrate.py).
+
+Its [actuation] table states what a runtime can do to the GPU while a job runs (issue 22): how long an NVML clock-set
+call blocks its caller, how long the clock then takes to change (request delay and transition), both as (min, max)
+ranges in ms, the resulting plausible range of the effective switch latency and the value the simulator uses
+([model] clock_switch_ms, the cautious end where a figure is unknown), and whether the memory clock can be locked
+at run time, only per job (deferred to the next GPU initialisation) or not at all. Its [sources] say where each
+figure comes from.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -21,9 +29,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["PowerModel", "Interconnect", "GPUSpec", "DEFAULT_GPU", "get_gpu", "list_gpus", "search_spaces_dir"]
+__all__ = ["PowerModel", "Interconnect", "GPUSpec", "DEFAULT_GPU", "MEM_CLOCK_LOCKS", "get_gpu", "list_gpus",
+           "search_spaces_dir", "check_switch_latency_ms"]
 
 DEFAULT_GPU = "h100-sxm"
+
+# How a GPU type's memory clock can be set (search_spaces/*.toml, [actuation] mem_clock_lock):
+#   "runtime": nvmlDeviceSetMemoryLockedClocks changes it while a job runs (NVML API reference: Ampere and newer);
+#   "per-job": only a deferred lock (nvidia-smi --lock-memory-clocks-deferred), applied at the GPU's next
+#              initialisation (a driver reload), so one memory clock per job;
+#   "none": it cannot be locked at all (before Ampere; the GPU lists one memory clock).
+MEM_CLOCK_LOCKS = ("runtime", "per-job", "none")
 
 
 @dataclass(frozen=True)
@@ -123,7 +139,20 @@ class GPUSpec:
         host_issue_s: host time to issue one kernel of a training step (Python, dispatcher, launch); the GPU
             idles when it outruns the host (0: an infinitely fast host).
         host_gemm_issue_s: the same for a GEMM (cuBLAS's heuristics and launch cost more).
-        clock_switch_s: time for a clock change to take effect, s.
+        clock_switch_s: the effective switch latency, s: from a runtime's request until the new clock holds, as
+            the simulated GPU charges it (a schedule's switch lands this late) and as the search's phase blocks are
+            sized (at least this long). It is the NVML call's own blocking time plus the transition (request delay
+            and the clock's change), read cautiously where a figure is unknown; the file's [model] clock_switch_ms.
+            ``with_switch_latency`` overrides it.
+        nvml_call_s: how long an NVML clock-set call (nvmlDeviceSetGpuLockedClocks) blocks its caller, s, at the
+            cautious end of its range: the time a runtime thread calling it in line would lose per switch, and the
+            least spacing of switches issued from one worker. [actuation] nvml_call_ms (min, max).
+        clock_switch_range_s: (min, max) plausible effective switch latency, s, where the figures are a range or
+            unknown (one measured figure: both ends equal); ``clock_switch_s`` lies within it.
+            [actuation] clock_switch_range_ms.
+        mem_clock_lock: how the memory clock can be set, one of MEM_CLOCK_LOCKS ("runtime", "per-job", "none").
+        mem_clock_runtime: whether the memory clock can change while a job runs: ``mem_clock_lock`` is "runtime"
+            and the GPU lists more than one memory clock. False: the memory clock is one setting for the whole job.
         energy_counter_period_s: update period of nvmlDeviceGetTotalEnergyConsumption, s.
         power_model: see PowerModel.
         interconnect: see Interconnect.
@@ -163,6 +192,22 @@ class GPUSpec:
     host_issue_s: float = 0.0
     host_gemm_issue_s: float = 0.0
     memory_gb: float | None = None
+    nvml_call_s: float = 0.0
+    clock_switch_range_s: tuple[float, float] = (0.0, 0.0)
+    mem_clock_lock: str = "none"
+    mem_clock_runtime: bool = False
+
+    def with_switch_latency(self, switch_s: float) -> GPUSpec:
+        """This GPU type with another effective switch latency (``clock_switch_s``), s, e.g. one measured on the
+        machine at hand or a point of a sensitivity study; everything else, the name included, is unchanged.
+
+        Raises:
+            InvalidSettingError: ``switch_s`` is not a finite number >= 0.
+        """
+        if isinstance(switch_s, bool) or not isinstance(switch_s, (int, float)) or not math.isfinite(switch_s) \
+                or switch_s < 0:
+            raise InvalidSettingError(f"switch latency must be a finite number of seconds >= 0, not {switch_s!r}")
+        return dataclasses.replace(self, clock_switch_s=float(switch_s))
 
     @property
     def max_sm_clock_mhz(self) -> int:
@@ -245,12 +290,57 @@ def _clock_list(table: dict[str, Any], key: str) -> tuple[int, ...]:
     return tuple(sorted(int(math.floor(top - i * step + 1e-9)) for i in range(n)))
 
 
+def check_switch_latency_ms(value, *, argument: str = "switch_latency_ms") -> float | None:
+    """A switch-latency override given in ms (an argument of the search API and CLI), checked and converted to s;
+    None stays None (no override: the GPU file's value).
+
+    Raises:
+        InvalidSettingError: not a finite number >= 0; the message names ``argument``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidSettingError(f"{argument} must be a number of milliseconds >= 0 (0: switches land at once), "
+                                  f"not {value!r}", argument=argument)  # fmt: skip
+    return float(value) / 1e3
+
+
+def _range_ms(table: dict[str, Any], key: str, path: Path) -> tuple[float, float]:
+    """A (min, max) pair of non-negative milliseconds from the [actuation] table, in seconds."""
+    value = table.get(key)
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+            and 0 <= value[0] <= value[1]):  # fmt: skip
+        raise InvalidSettingError(f"{path}: [actuation] {key} must be [min, max] in ms with 0 <= min <= max, not {value!r}")
+    return float(value[0]) / 1e3, float(value[1]) / 1e3
+
+
+def _actuation(data: dict[str, Any], path: Path, clock_switch_s: float, n_mem_clocks: int) -> dict[str, Any]:
+    """GPUSpec's actuation fields from a file's [actuation] table, checked against its effective latency."""
+    a = data.get("actuation")
+    if not isinstance(a, dict):
+        raise InvalidSettingError(f"{path} has no [actuation] table: add nvml_call_ms, transition_ms, "
+                                  "clock_switch_range_ms and mem_clock_lock (see search_spaces/h100-sxm.toml)")
+    call = _range_ms(a, "nvml_call_ms", path)
+    _range_ms(a, "transition_ms", path)  # stated with its source; the effective value already counts it
+    low, high = _range_ms(a, "clock_switch_range_ms", path)
+    if not low - 1e-12 <= clock_switch_s <= high + 1e-12:
+        raise InvalidSettingError(f"{path}: [model] clock_switch_ms {clock_switch_s * 1e3:g} lies outside "
+                                  f"[actuation] clock_switch_range_ms [{low * 1e3:g}, {high * 1e3:g}]")
+    lock = a.get("mem_clock_lock")
+    if lock not in MEM_CLOCK_LOCKS:
+        raise InvalidSettingError(f"{path}: [actuation] mem_clock_lock must be one of {', '.join(MEM_CLOCK_LOCKS)}, "
+                                  f"not {lock!r}")
+    return {"nvml_call_s": call[1], "clock_switch_range_s": (low, high), "mem_clock_lock": lock,
+            "mem_clock_runtime": lock == "runtime" and n_mem_clocks > 1}
+
+
 @lru_cache(maxsize=None)
 def get_gpu(name: str) -> GPUSpec:
     """Load a GPU type by name (the TOML file stem, case-insensitive) or by a path to a TOML file.
 
     Raises:
         UnknownNameError: no such GPU type; the message lists the known ones.
+        InvalidSettingError: the file's [actuation] table is missing or inconsistent; the message says how.
     """
     path = Path(name)
     if path.suffix != ".toml" or not path.is_file():
@@ -261,12 +351,14 @@ def get_gpu(name: str) -> GPUSpec:
         data = tomllib.load(f)
     g, c, p, r, m = data["gpu"], data["clocks"], data["power"], data["rates"], data["model"]
     pm = data["power_model"]
+    mem_clocks = _clock_list(c, "mem_clocks_mhz")
+    clock_switch_s = float(m["clock_switch_ms"]) / 1e3
     return GPUSpec(
         name=path.stem,
         marketing_name=g["marketing_name"],
         nvml_names=tuple(g.get("nvml_names", ())),
         sm_clocks_mhz=_clock_list(c, "sm_clocks_mhz"),
-        mem_clocks_mhz=_clock_list(c, "mem_clocks_mhz"),
+        mem_clocks_mhz=mem_clocks,
         max_sm_clock_for_mem_mhz={int(k): int(v) for k, v in c.get("max_sm_clock_for_mem_mhz", {}).items()},
         power_limit_default_w=float(p["power_limit_default_w"]),
         power_limit_min_w=float(p["power_limit_min_w"]),
@@ -281,7 +373,7 @@ def get_gpu(name: str) -> GPUSpec:
         mem_efficiency=float(m["mem_efficiency"]),
         overlap_exponent=float(m["overlap_exponent"]),
         kernel_fixed_s=float(m["kernel_fixed_us"]) * 1e-6,
-        clock_switch_s=float(m["clock_switch_ms"]) * 1e-3,
+        clock_switch_s=clock_switch_s,
         energy_counter_period_s=float(m["energy_counter_period_ms"]) * 1e-3,
         power_model=PowerModel(**{k: float(v) for k, v in pm.items()}),
         interconnect=Interconnect(**data["interconnect"]),
@@ -293,4 +385,5 @@ def get_gpu(name: str) -> GPUSpec:
         host_issue_s=float(data.get("host", {}).get("issue_us", 0.0)) * 1e-6,
         host_gemm_issue_s=float(data.get("host", {}).get("gemm_issue_us", 0.0)) * 1e-6,
         memory_gb=float(g["memory_gb"]) if "memory_gb" in g else None,
+        **_actuation(data, path, clock_switch_s, len(mem_clocks)),
     )

@@ -16,7 +16,9 @@ nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimit, nvm
 (mJ since the driver loaded, Volta+), nvmlDeviceGetClockInfo, nvmlDeviceGetApplicationsClock, and the set calls
 nvmlDeviceSetGpuLockedClocks (Volta+), nvmlDeviceSetMemoryLockedClocks (Ampere+), their Reset calls,
 nvmlDeviceSetPowerManagementLimit (mW) and nvmlDeviceSetApplicationsClocks, each of which needs root or
-CAP_SYS_ADMIN.
+CAP_SYS_ADMIN. A call the GPU does not support raises NVMLNotSupportedError (NVML_ERROR_NOT_SUPPORTED): the memory-clock
+lock before Ampere, and, as nvidia-smi reports it, on Hopper, whose memory clock locks only deferred to the GPU's next
+initialisation (``nvidia-smi --lock-memory-clocks-deferred``; search_spaces/h100-sxm.toml, sources.mem_clock_lock).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from freqopt.errors import FreqoptError, GPUPermissionError, InvalidSettingError, UnknownNameError
 
-__all__ = ["NVMLError", "NVMLDevice", "GPUState", "GPUStateGuard", "open_devices", "state_dir", "reset_from_state_files",
+__all__ = ["NVMLError", "NVMLNotSupportedError", "NVMLDevice", "GPUState", "GPUStateGuard", "open_devices", "state_dir", "reset_from_state_files",
            "READ_ONLY_HINT"]
 
 READ_ONLY_HINT = "run as root or with CAP_SYS_ADMIN to change clocks, or measure read-only, at the current settings"
@@ -39,6 +41,11 @@ READ_ONLY_HINT = "run as root or with CAP_SYS_ADMIN to change clocks, or measure
 
 class NVMLError(FreqoptError):
     """NVML is missing or failed (no driver, no GPU, an unsupported call)."""
+
+
+class NVMLNotSupportedError(NVMLError):
+    """NVML says this GPU or driver does not support the call (NVML_ERROR_NOT_SUPPORTED; pynvml raises
+    NVMLError_NotSupported), e.g. a run-time memory-clock lock on a GPU that locks it only per job."""
 
 
 def _pynvml():
@@ -59,7 +66,7 @@ def _call(what: str, fn, *args):
         if code == pynvml.NVML_ERROR_NO_PERMISSION:
             raise GPUPermissionError(f"{what}: NVML says no permission; {READ_ONLY_HINT}") from e
         if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
-            raise NVMLError(f"{what}: this GPU or driver does not support it ({e})") from e
+            raise NVMLNotSupportedError(f"{what}: this GPU or driver does not support it ({e})") from e
         if code in (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED):
             raise NVMLError(f"{what}: no NVIDIA driver found ({e}); use backend sim (the simulated GPU) on a machine without a GPU") from e
         raise NVMLError(f"{what}: NVML error {e}") from e
@@ -152,7 +159,12 @@ class NVMLDevice:
         _call("nvmlDeviceResetGpuLockedClocks", nv.nvmlDeviceResetGpuLockedClocks, self.handle)
 
     def lock_mem_clock(self, mem_clock_mhz: int) -> None:
-        """Lock the memory clock (nvmlDeviceSetMemoryLockedClocks with min = max)."""
+        """Lock the memory clock (nvmlDeviceSetMemoryLockedClocks with min = max).
+
+        Raises:
+            NVMLNotSupportedError: the GPU cannot lock its memory clock while a job runs (before Ampere; Hopper,
+                as nvidia-smi reports it: per job only, deferred).
+        """
         self._writable("locking the memory clock")
         nv = _pynvml()
         _call("nvmlDeviceSetMemoryLockedClocks", nv.nvmlDeviceSetMemoryLockedClocks, self.handle, mem_clock_mhz,
@@ -178,7 +190,8 @@ class NVMLDevice:
 
     def spec(self):
         """The GPUSpec of the search_spaces/ file whose nvml_names hold this GPU's name, with the clock lists and
-        power-limit range read from the device.
+        power-limit range read from the device (so ``mem_clock_runtime`` also needs more than one memory clock
+        listed by the device; the file's ``mem_clock_lock`` is kept: freqopt.backends.nvml tries it).
 
         Raises:
             UnknownNameError: no GPU type in search_spaces/ has this NVML name; the message names it.
@@ -203,7 +216,8 @@ class NVMLDevice:
         lo, hi = self.power_limit_constraints_w()
         return dataclasses.replace(spec, sm_clocks_mhz=sm, mem_clocks_mhz=tuple(mem), max_sm_clock_for_mem_mhz=limits,
                                    power_limit_min_w=lo, power_limit_max_w=hi,
-                                   power_limit_default_w=self.power_limit_default_w())  # fmt: skip
+                                   power_limit_default_w=self.power_limit_default_w(),
+                                   mem_clock_runtime=spec.mem_clock_lock == "runtime" and len(mem) > 1)  # fmt: skip
 
 
 def open_devices(*, read_only: bool = False, visible: str | None = None) -> list[NVMLDevice]:

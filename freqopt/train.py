@@ -284,6 +284,8 @@ class TrainingPlan:
         table: the clock table to apply, or None; table_source: where it was read from (for messages).
         gpu: the GPU type asked for (GPUSpec), or None: h100-sxm simulated, the real GPU's on nvml.
         backend: "sim" or "nvml"; device: where the model trains; steps, compare, read_only, seed: see train.
+        switch_s: the clock-switch latency in place of the GPU file's, s (plan_training's switch_latency_ms), or
+            None.
     """
 
     workload: Workload
@@ -296,6 +298,7 @@ class TrainingPlan:
     compare: bool
     read_only: bool
     seed: int
+    switch_s: float | None = None
 
     @property
     def needs_launcher(self) -> bool:
@@ -316,6 +319,8 @@ class TrainingPlan:
 
         spec = self.gpu if self.backend == "nvml" else self.gpu or get_gpu(DEFAULT_GPU)
         measuring = get_backend(self.backend, spec, seed=self.seed, read_only=self.read_only)
+        if self.switch_s is not None:
+            measuring.spec = measuring.spec.with_switch_latency(self.switch_s)
         try:
             if self.table is not None:
                 self.table.check_gpu(measuring.spec, source=self.table_source)  # the GPU the table is applied to
@@ -348,7 +353,8 @@ def _table_sizes(table: ClockTable, workload: Workload, sizes: dict) -> dict:
 def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gpu=None, compare: bool = False,
                   read_only: bool = False, device: str | None = None, seed: int = 0,
                   micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
-                  vocab_multiple: int | None = None, layout=None) -> TrainingPlan:  # fmt: skip
+                  vocab_multiple: int | None = None, layout=None,
+                  switch_latency_ms: float | None = None) -> TrainingPlan:  # fmt: skip
     """Check every argument of a training run before any GPU is opened or rank started.
 
     Args:
@@ -363,11 +369,12 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
         read_only: nvml only: measure at the GPU's current settings and change nothing (so no table).
         device: where the model trains; default "cuda" with nvml, "cpu" with sim.
         seed: seeds weights, tokens and the simulated noise.
+        switch_latency_ms: the GPU's clock-switch latency, ms, in place of its file's (GPUSpec.with_switch_latency).
 
     Raises:
         UnknownNameError: unknown model, backend or GPU type.
-        InvalidSettingError: a bad override, layout or steps; compare without a table; read_only with one; a
-            CUDA device this torch cannot use (check_training_device).
+        InvalidSettingError: a bad override, layout, steps or switch_latency_ms; compare without a table; read_only
+            with one; a CUDA device this torch cannot use (check_training_device).
         ClockTableError: the table cannot be read.
         InvalidSettingError: also training on the CPU whose ranks clearly cannot fit this machine's memory
             (check_host_memory).
@@ -375,6 +382,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
             message names the ``freqopt transfer`` command that lays it onto this workload.
     """
     from freqopt.errors import check_positive_int
+    from freqopt.gpus import check_switch_latency_ms
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.backends import check_backend
     from freqopt.tables import load_table
@@ -384,6 +392,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     workload = resolve_workload(model, **sizes)
     check_backend(backend)
     check_positive_int("steps", steps)
+    switch_s = check_switch_latency_ms(switch_latency_ms)
     if compare and table is None:
         raise InvalidSettingError("compare needs a table: it alternates steps with and without the table",
                                   argument="compare")  # fmt: skip
@@ -402,4 +411,5 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
     if not str(device).startswith("cuda"):
         check_host_memory(workload)  # before ranks are started, rather than the out-of-memory killer after
-    return TrainingPlan(workload, table, source, requested, backend, device, steps, compare, read_only, seed)
+    return TrainingPlan(workload, table, source, requested, backend, device, steps, compare, read_only, seed,
+                        switch_s)  # fmt: skip

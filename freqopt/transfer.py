@@ -468,8 +468,9 @@ def _check_target(out: Path, table: ClockTable, trace: Trace, spec: GPUSpec, slo
 def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None, backend="sim",
              storage: str | None = None, out=None, seed: int = 0, n_trials: int | None = None,
              micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
-             vocab_multiple: int | None = None, layout=None, native: bool = True, on_start=None,
-             on_unit=None, verbose: bool = False) -> TransferReport:  # fmt: skip
+             vocab_multiple: int | None = None, layout=None, native: bool = True,
+             switch_latency_ms: float | None = None, on_start=None, on_unit=None,
+             verbose: bool = False) -> TransferReport:  # fmt: skip
     """Apply clock table ``table`` to ``model`` (another model, size or layout): validate it as transferred,
     re-allocate the budget on the target from the fronts it carries, and search the target natively under the same
     budget (evaluate_transfer). With ``out``, the target's table (the re-allocated one, or a phase-level table as
@@ -490,6 +491,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides of ``model``.
         on_start: called as on_start(table, trace, spec) once the target is traced, before any measurement.
         native: also search the target natively, for comparison (the costly part).
+        switch_latency_ms: the GPU's clock-switch latency, ms, in place of its file's (GPUSpec.with_switch_latency).
         on_unit: called as on_unit(granularity, units_done, units_total) during the target-side measurements
             ("transfer") and the native search.
         verbose: let Optuna log at INFO (a line per study it creates); by default WARNING, and the caller's
@@ -503,7 +505,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         UnknownNameError: unknown model, GPU type or backend.
         ClockTableError: the table cannot be read, was searched on another GPU type than ``gpu``, or is a
             phase-level table of another model (it requests a setting at a phase the target does not have).
-        InvalidSettingError: a bad slowdown, override, layout or n_trials.
+        InvalidSettingError: a bad slowdown, override, layout, n_trials or switch_latency_ms.
         OutputError: ``out`` is a file or cannot be written, or holds another search's table under the name the
             target's table takes (refused before any measurement).
         StorageError: ``storage`` cannot be opened.
@@ -512,7 +514,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     from freqopt.errors import check_positive_int
     from freqopt.backends import get_backend
     from freqopt.budget import parse_slowdown
-    from freqopt.gpus import get_gpu
+    from freqopt.gpus import check_switch_latency_ms, get_gpu
     from freqopt.resolve import resolve_backend, resolve_gpu, resolve_workload
     from freqopt.search.study import optuna_logging
     from freqopt.tables import load_table
@@ -522,6 +524,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     requested = resolve_gpu(gpu)  # an unknown name fails as such before the table is read
+    switch_s = check_switch_latency_ms(switch_latency_ms)
     source = "clock table" if isinstance(table, ClockTable) else str(table)
     if not isinstance(table, ClockTable):
         table = load_table(table)
@@ -531,6 +534,9 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     check_positive_int("n_trials", n_trials, optional=True)
     backend = resolve_backend(backend)
     measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
+    found_spec = measuring.spec
+    if switch_s is not None:
+        measuring.spec = found_spec.with_switch_latency(switch_s)
     try:
         trace = trace_training_iteration(workload)
         if table.granularity == "phase":
@@ -550,3 +556,5 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     finally:
         if isinstance(backend, str):
             measuring.close()  # a real GPU goes back to what it was found with
+        else:
+            measuring.spec = found_spec  # a Backend the caller gave keeps its own GPU type

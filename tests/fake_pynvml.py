@@ -6,6 +6,11 @@ limit in mW within constraints; locked SM and memory clocks and their reset; app
 set and reset call fails with NVML_ERROR_NO_PERMISSION unless the fake runs as "root"); and an energy counter in mJ
 that advances with a fake clock at the board's power but changes only at its update period, as real counters do.
 Every call is logged, so tests can prove which calls were made.
+
+It refuses what the GPU refuses: nvmlDeviceSetMemoryLockedClocks and its reset raise NVMLError_NotSupported
+(NVML_ERROR_NOT_SUPPORTED, real pynvml's class) on a GPU whose memory clock does not lock at run time: as the
+search_spaces/ file listing its name says (``mem_clock_lock``: "per-job" on Hopper, "none" before Ampere), unless
+the FakeGPU sets ``mem_clock_lock`` itself.
 """
 
 from __future__ import annotations
@@ -40,9 +45,21 @@ class FakeGPU:
     counter_period_s: float = 0.1  # the energy counter changes this often
     energy_mj: float = 1_000_000.0
     realtime: bool = False  # advance with the wall clock at every counter read
+    mem_clock_lock: str | None = None  # "runtime", "per-job", "none"; None: as search_spaces/ says for its name
     _last_real_s: float | None = None
     _pending_mj: float = 0.0
     _since_update_s: float = 0.0
+
+    def memory_locks_at_run_time(self) -> bool:
+        """Whether nvmlDeviceSetMemoryLockedClocks works on this GPU while a job runs: its own ``mem_clock_lock``,
+        else the search_spaces/ file that lists its name (a name no file lists: NVML's documented Ampere+ call)."""
+        lock = self.mem_clock_lock
+        if lock is None:
+            from freqopt.gpus import get_gpu, list_gpus
+
+            lock = next((get_gpu(n).mem_clock_lock for n in list_gpus() if self.name in get_gpu(n).nvml_names),
+                        "runtime")  # fmt: skip
+        return lock == "runtime"
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` of fake time pass: energy accrues, the counter moves at its update period only."""
@@ -205,6 +222,8 @@ class FakeNVML:
         @logged
         def nvmlDeviceSetMemoryLockedClocks(h, lo, hi):
             need_root()
+            if not gpu(h).memory_locks_at_run_time():
+                raise err(_real.NVML_ERROR_NOT_SUPPORTED)
             if hi not in gpu(h).mem_clocks_mhz:
                 raise err(_real.NVML_ERROR_INVALID_ARGUMENT)
             gpu(h).locked_mem_mhz = hi
@@ -212,6 +231,8 @@ class FakeNVML:
         @logged
         def nvmlDeviceResetMemoryLockedClocks(h):
             need_root()
+            if not gpu(h).memory_locks_at_run_time():
+                raise err(_real.NVML_ERROR_NOT_SUPPORTED)
             gpu(h).locked_mem_mhz = None
 
         @logged

@@ -134,6 +134,9 @@ BAD = [
     (dict(max_slowdown="1%", layout="tp=5"), InvalidSettingError, "layout tp=5 does not divide"),
     (dict(max_slowdown="1%", seq_len=0), InvalidSettingError, "seq_len must be a positive integer"),
     (dict(max_slowdown="1%", storage="foo://bar"), StorageError, "cannot open Optuna storage"),
+    (dict(max_slowdown="1%", switch_latency_ms=-1), InvalidSettingError, "switch_latency_ms must be a number of milliseconds"),
+    (dict(max_slowdown="1%", switch_latency_ms="6"), InvalidSettingError, "switch_latency_ms must be a number of milliseconds"),
+    (dict(max_slowdown="1%", switch_latency_ms=float("nan")), InvalidSettingError, "switch_latency_ms must be"),
 ]
 
 
@@ -235,3 +238,36 @@ def test_a_bad_storage_is_found_before_out_is_made(tmp_path):
     with pytest.raises(StorageError, match="cannot open Optuna storage 'bogus://x'"):
         freqopt.search("gpt3-small", max_slowdown="1%", storage="bogus://x", out=out)
     assert not (tmp_path / "a").exists()
+
+
+def test_switch_latency_ms_replaces_the_gpu_files_and_reaches_the_validation(small_trace):
+    """Issue 22: the override is the latency the schedules are realized with. Instant switches let the kernel level
+    keep several settings; a latency longer than the iteration leaves one setting for all of it."""
+    from freqopt.backends.simulated import SimulatedGPU
+
+    instant = freqopt.search(small_trace, max_slowdown="1%", granularity="kernel", n_trials=4, switch_latency_ms=0)
+    endless = freqopt.search(small_trace, max_slowdown="1%", granularity="kernel", n_trials=4,
+                             switch_latency_ms=100_000)  # fmt: skip
+    assert instant.spec.clock_switch_s == 0.0 and endless.spec.clock_switch_s == 100.0
+    assert instant.results["kernel"].n_settings > 1
+    assert endless.results["kernel"].n_settings == 1
+    given = SimulatedGPU(freqopt.get_gpu("h100-sxm"))
+    result = freqopt.search(small_trace, max_slowdown="1%", granularity="iteration", n_trials=2, backend=given,
+                            switch_latency_ms=3)  # fmt: skip
+    assert result.spec.clock_switch_s == pytest.approx(0.003)
+    assert given.spec.clock_switch_s == freqopt.get_gpu("h100-sxm").clock_switch_s  # the caller's keeps its own
+
+
+def test_transfer_and_train_take_the_switch_latency_override(monkeypatch):
+    import freqopt.train
+    from freqopt.transfer import transfer
+    from freqopt.train import plan_training
+
+    with pytest.raises(InvalidSettingError, match="^switch_latency_ms must be"):
+        transfer("no-such-table.json", "gpt3-small", switch_latency_ms=-1)  # before the table is read
+    with pytest.raises(InvalidSettingError, match="^switch_latency_ms must be"):
+        plan_training("gpt3-small", switch_latency_ms=-1)
+    seen = []
+    monkeypatch.setattr(freqopt.train, "train", lambda workload, backend, **kwargs: seen.append(backend.spec))
+    plan_training("gpt3-small", steps=1, seq_len=16, micro_batch_size=1, switch_latency_ms=7).run()
+    assert seen[0].clock_switch_s == pytest.approx(0.007) and seen[0].name == "h100-sxm"

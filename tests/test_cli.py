@@ -42,6 +42,8 @@ BAD = [
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "pp=2"], "pipeline parallelism"),
     (["--model", "gpt3-small"], "Missing option"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--bogus"], "No such option"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--switch-latency-ms", "-5"], "'--switch-latency-ms'"),
+    (["--model", "gpt3-small", "--max-slowdown", "1%", "--switch-latency-ms", "abc"], "'--switch-latency-ms'"),
 ]
 
 
@@ -361,3 +363,20 @@ def test_clocks_print_and_are_written_as_integers(tmp_path, capsys):
     assert ".9999" not in printed.out + printed.err
     assert main(["gpus"]) == 0
     assert "135-1530 (187)" in capsys.readouterr().out  # v100-sxm2's SM clocks, as integers
+
+
+def test_search_reports_the_switch_latency_it_was_given(tmp_path, capsys):
+    """--switch-latency-ms replaces the GPU file's latency, and the results table says which one was used."""
+    assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "iteration", "--trials",
+                 "2", "--seq-len", "128", "--micro-batch-size", "1", "--switch-latency-ms", "250", "--out",
+                 str(tmp_path / "o")]) == 0  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())
+    assert "clock switches taking 250 ms" in out
+
+
+@pytest.mark.parametrize("command", [["train", "--model", "gpt3-small"],
+                                     ["transfer", "--table", "t.json", "--model", "gpt3-small"]])
+def test_train_and_transfer_refuse_a_negative_switch_latency(command, capsys):
+    assert main([*command, "--switch-latency-ms", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'--switch-latency-ms'" in err

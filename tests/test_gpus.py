@@ -1,7 +1,10 @@
+import dataclasses
+
 import pytest
 
 from freqopt.errors import InvalidSettingError, UnknownNameError
-from freqopt.gpus import DEFAULT_GPU, get_gpu, list_gpus
+from freqopt.gpus import (DEFAULT_GPU, MEM_CLOCK_LOCKS, check_switch_latency_ms, get_gpu, list_gpus,
+                          search_spaces_dir)  # fmt: skip
 
 REQUIRED = {"v100-pcie", "v100-sxm2", "a100-sxm4-80gb", "h100-sxm", "h200-sxm", "rtx3080ti"}
 
@@ -41,3 +44,68 @@ def test_memory_clock_constraint_rtx3080ti():
 def test_unknown_gpu_lists_known_ones():
     with pytest.raises(UnknownNameError, match="h100-sxm"):
         get_gpu("rtx9090")
+
+
+@pytest.mark.parametrize("name", sorted(list_gpus()))
+def test_every_gpu_states_its_actuation_with_sources(name):
+    """Issue 22: each file gives the NVML call's blocking time, the effective switch latency within its plausible
+    range, and how its memory clock can be set, each with a source."""
+    g = get_gpu(name)
+    low, high = g.clock_switch_range_s
+    assert 0 <= low <= g.clock_switch_s <= high
+    assert 0 < g.nvml_call_s <= g.clock_switch_s  # the effective latency includes the call
+    assert g.mem_clock_lock in MEM_CLOCK_LOCKS
+    assert g.mem_clock_runtime == (g.mem_clock_lock == "runtime" and len(g.mem_clocks_mhz) > 1)
+    assert g.mem_clock_lock != "none" or len(g.mem_clocks_mhz) == 1  # no lock at all: one clock it runs at
+    assert "actuation" in g.sources and "mem_clock_lock" in g.sources
+
+
+def test_actuation_figures_as_sourced():
+    """The values the files state, as their sources give them (search_spaces/*.toml, sources.actuation)."""
+    h100 = get_gpu("h100-sxm")
+    assert h100.clock_switch_s == pytest.approx(0.026)  # cautious: the call's 20 ms, then the GH200's 6 ms
+    assert h100.clock_switch_range_s == pytest.approx((0.006, 0.026)) and h100.nvml_call_s == pytest.approx(0.020)
+    assert (h100.mem_clock_lock, h100.mem_clock_runtime) == ("per-job", False)  # Hopper: deferred lock only
+    assert get_gpu("rtx3080ti").clock_switch_s == pytest.approx(0.100)  # Spaan et al. 2026, through nvidia-smi
+    assert get_gpu("rtx3080ti").mem_clock_runtime and get_gpu("rtx-a4000").mem_clock_runtime
+    assert not get_gpu("a100-sxm4-80gb").mem_clock_runtime  # NVML can lock it, but there is one memory clock
+    assert get_gpu("v100-pcie").mem_clock_lock == "none"
+
+
+def test_with_switch_latency_replaces_only_the_latency():
+    h100 = get_gpu("h100-sxm")
+    fast = h100.with_switch_latency(0.001)
+    assert fast.clock_switch_s == 0.001 and fast.name == h100.name
+    assert dataclasses.replace(fast, clock_switch_s=h100.clock_switch_s) == h100
+    assert h100.with_switch_latency(0).clock_switch_s == 0.0  # free switching
+    assert get_gpu("h100-sxm").clock_switch_s == pytest.approx(0.026)  # the cached spec is untouched
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan"), float("inf"), "6", None, True])
+def test_with_switch_latency_refuses_what_is_not_a_latency(bad):
+    with pytest.raises(InvalidSettingError, match="switch latency"):
+        get_gpu("h100-sxm").with_switch_latency(bad)
+
+
+def test_switch_latency_ms_argument_is_checked_and_named():
+    assert check_switch_latency_ms(None) is None
+    assert check_switch_latency_ms(6) == pytest.approx(0.006)
+    for bad in (-1, float("nan"), "6 ms", False):
+        with pytest.raises(InvalidSettingError, match="^switch_latency_ms must be"):
+            check_switch_latency_ms(bad)
+
+
+def test_a_file_without_actuation_or_with_a_latency_outside_its_range_is_refused(tmp_path):
+    text = (search_spaces_dir() / "h100-sxm.toml").read_text()
+    no_actuation = tmp_path / "noact.toml"
+    no_actuation.write_text(text.replace("[actuation]", "[not_actuation]"))
+    with pytest.raises(InvalidSettingError, match=r"no \[actuation\] table"):
+        get_gpu(str(no_actuation))
+    outside = tmp_path / "outside.toml"
+    outside.write_text(text.replace("clock_switch_ms = 26.0", "clock_switch_ms = 500.0"))
+    with pytest.raises(InvalidSettingError, match="outside"):
+        get_gpu(str(outside))
+    bad_lock = tmp_path / "badlock.toml"
+    bad_lock.write_text(text.replace('mem_clock_lock = "per-job"', 'mem_clock_lock = "sometimes"'))
+    with pytest.raises(InvalidSettingError, match="mem_clock_lock must be one of"):
+        get_gpu(str(bad_lock))

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from freqopt.errors import GPUPermissionError, UnknownNameError
-from freqopt.nvml import GPUStateGuard, NVMLError, open_devices, reset_from_state_files, state_dir
+from freqopt.errors import GPUPermissionError, InvalidSettingError, UnknownNameError
+from freqopt.nvml import (GPUStateGuard, NVMLError, NVMLNotSupportedError, open_devices, reset_from_state_files,
+                          state_dir)  # fmt: skip
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
@@ -96,6 +97,7 @@ def test_read_only_never_calls_a_set_or_reset_function(fake):
 
 def test_guard_restores_the_values_found_not_the_maximum(fake):
     fake.root = True
+    fake.gpus[1].mem_clock_lock = "runtime"  # a GPU that locks its memory clock at run time (an H100 does not)
     device = open_devices()[1]  # found at 650 W, below the 700 W default
     with GPUStateGuard(device) as guard:
         guard.before_change()
@@ -370,3 +372,94 @@ def test_cli_powercap_on_the_nvml_backend_puts_the_limit_back(fake, tmp_path, ti
     assert ("nvmlDeviceSetPowerManagementLimit", 0, 400_000) in fake.set_calls()
     assert fake.gpus[0].power_limit_mw == 680_000  # the value found, not the default
     assert not any(state_dir().glob("*.json"))
+
+
+# -- what the GPU refuses: the memory-clock lock at run time (issue 22) -----------------------------------------
+RTX3080TI = dict(name="NVIDIA GeForce RTX 3080 Ti", mem_clocks_mhz=(5001, 9251, 9501),
+                 sm_clocks_mhz=tuple(range(2100, 209, -15)), power_limit_constraints_mw=(100_000, 400_000),
+                 power_limit_default_mw=350_000, power_limit_mw=350_000, applications_clocks_mhz=(2100, 9501))
+
+
+def test_stand_in_refuses_a_run_time_memory_lock_where_the_gpu_file_says_it_cannot(fake):
+    """As the real library: NVMLError_NotSupported on Hopper (per job: deferred locks only) and on Volta (no memory
+    lock before Ampere); the GPU is left as it was. An Ampere GeForce locks at run time."""
+    import pynvml
+
+    fake.root = True
+    fake.gpus[0].mem_clocks_mhz = (1593, 2619)  # what a real H100 lists (experiments/data/h100/supported_clocks.json)
+    fake.gpus[1].name = "Tesla V100-SXM2-16GB"
+    fake.gpus.append(FakeGPU(uuid="GPU-cccc", **RTX3080TI))
+    h100, v100, rtx = open_devices()
+    for device in (h100, v100):
+        with pytest.raises(NVMLNotSupportedError, match="nvmlDeviceSetMemoryLockedClocks: this GPU or driver does not"):
+            device.lock_mem_clock(1593)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # the stand-in raises real pynvml's class
+        sys.modules["pynvml"].nvmlDeviceSetMemoryLockedClocks(0, 1593, 1593)
+    assert fake.gpus[0].locked_mem_mhz is None and fake.gpus[1].locked_mem_mhz is None
+    rtx.lock_mem_clock(5001)
+    assert fake.gpus[2].locked_mem_mhz == 5001
+
+
+def test_backend_turns_a_refused_memory_lock_into_one_memory_clock_per_job_with_one_warning(fake, caplog):
+    from freqopt.backends.base import ClockSetting
+
+    fake.gpus[0].mem_clocks_mhz = (1593, 2619)
+    with caplog.at_level("INFO", logger="freqopt.backends.nvml"):
+        b = backend(fake, root=True)
+    with b:
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and len(warnings[0].getMessage().splitlines()) == 1
+        assert "refused a run-time memory-clock lock" in warnings[0].getMessage()
+        assert "2619 MHz only" in warnings[0].getMessage() and "--lock-memory-clocks-deferred" in warnings[0].getMessage()
+        assert b.spec.mem_clocks_mhz == (2619,) and not b.spec.mem_clock_runtime and b.spec.mem_clock_lock == "per-job"
+        assert "not support" in b.mem_clock_refusal
+        b.apply(ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=2619))  # the memory clock it runs at: fine
+        assert fake.gpus[0].locked_sm_mhz == 1500
+        with pytest.raises(InvalidSettingError, match=r"memory clocks \[2619\]"):
+            b.apply(ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=1593))  # per job: not this one
+        assert sum(1 for c in fake.calls if c[0] == "nvmlDeviceSetMemoryLockedClocks") == 1  # asked once, at opening
+    gpu = fake.gpus[0]
+    assert (gpu.locked_sm_mhz, gpu.locked_mem_mhz, gpu.power_limit_mw) == (None, None, 700_000)  # as found
+    assert not any(state_dir().glob("*.json"))
+
+
+def test_backend_searches_the_memory_clock_per_phase_where_the_gpu_locks_it(fake, caplog):
+    from freqopt.backends.base import ClockSetting
+
+    fake.gpus = [FakeGPU(uuid="GPU-rtx", **RTX3080TI)]
+    with caplog.at_level("INFO", logger="freqopt.backends.nvml"):
+        with backend(fake, root=True) as b:
+            assert b.spec.name == "rtx3080ti" and b.spec.mem_clock_runtime and b.mem_clock_refusal is None
+            assert b.spec.mem_clocks_mhz == (5001, 9251, 9501)
+            assert fake.gpus[0].locked_mem_mhz is None  # the probe let go of its lock
+            b.apply(ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=5001))
+            assert fake.gpus[0].locked_mem_mhz == 5001
+    assert not caplog.records  # nothing to say
+    assert (fake.gpus[0].locked_mem_mhz, fake.gpus[0].locked_sm_mhz) == (None, None)
+
+
+def test_backend_trusts_a_gpu_that_accepts_a_memory_lock_its_file_reads_per_job(fake, caplog):
+    fake.gpus[0].mem_clocks_mhz = (1593, 2619)
+    fake.gpus[0].mem_clock_lock = "runtime"  # a driver that locks an H100's memory clock at run time
+    with caplog.at_level("INFO", logger="freqopt.backends.nvml"):
+        with backend(fake, root=True) as b:
+            assert b.spec.mem_clock_runtime and b.spec.mem_clocks_mhz == (1593, 2619)
+    assert [r.levelname for r in caplog.records] == ["INFO"] and "reads per-job" in caplog.records[0].getMessage()
+
+
+def test_cli_search_on_a_gpu_with_a_per_job_memory_clock_completes_and_restores(fake, tmp_path, tiny_model, caplog):
+    from freqopt.cli import main
+
+    fake.root = True
+    fake.gpus[0].mem_clocks_mhz = (1593, 2619)
+    for g in fake.gpus:
+        g.realtime, g.counter_period_s = True, 0.02
+    out = tmp_path / "r.json"
+    assert main(["search", "--backend", "nvml", "--model", tiny_model, "--max-slowdown", "5%", "--granularity",
+                 "pass", "--trials", "2", "--seq-len", "16", "--micro-batch-size", "1", "--out",
+                 str(tmp_path / "o"), "--json", str(out)]) == 0  # fmt: skip
+    assert sum("refused a run-time memory-clock lock" in r.getMessage() for r in caplog.records) == 1
+    doc = json.loads(out.read_text())
+    assert doc["results"]["pass"]["n_measurements"] > 0
+    gpu = fake.gpus[0]
+    assert (gpu.locked_sm_mhz, gpu.locked_mem_mhz, gpu.power_limit_mw) == (None, None, 700_000)

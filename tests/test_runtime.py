@@ -31,7 +31,7 @@ from freqopt.trace import trace_training_iteration
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
 
-H100 = get_gpu("h100-sxm")
+H100 = get_gpu("h100-sxm").with_switch_latency(0.006)  # the GH200's 6 ms: this file's 2-layer phases can switch
 TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)
 
 
@@ -98,6 +98,7 @@ def test_runtime_switches_through_the_worker_and_restores(fake_gpu):
     # The phases are weighed by the kernels' times on an H100 (the simulated physics), not by replaying this wide
     # model's kernels on the CPU (minutes); NVMLBackend.kernel_times_s itself is tested in test_nvml.py.
     backend.kernel_times_s = SimulatedGPU(backend.spec, noise=False).kernel_times_s
+    backend.spec = backend.spec.with_switch_latency(H100.clock_switch_s)  # 6 ms, as the simulated tests here
     model = build_model(TINY, device="cpu", dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters())
     with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=backend, trace=trace,

@@ -10,10 +10,17 @@ not assumed. In read-only mode only the GPU's current settings can be measured: 
 
 Kernels run as themselves (freqopt.replay); those that cannot (collectives, which need other ranks, or an operator
 that fails) run as copies of their bytes, and the backend logs a warning naming them, once per operator.
+
+The memory clock: a GPU that lists more than one is asked, when the backend opens it, to lock its memory clock where
+it runs anyway (its highest) and to release it again. A GPU that refuses (NVML_ERROR_NOT_SUPPORTED: before Ampere,
+and Hopper, whose memory clock locks only deferred to the GPU's next initialisation) is measured at that one memory
+clock, per job: ``spec.mem_clocks_mhz`` is that clock alone and ``spec.mem_clock_runtime`` False, and one warning says
+why. Nothing is left changed either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -23,7 +30,7 @@ import numpy as np
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
 from freqopt.errors import GPUPermissionError
 from freqopt.kernels import Kernel
-from freqopt.nvml import GPUStateGuard, NVMLDevice
+from freqopt.nvml import GPUStateGuard, NVMLDevice, NVMLNotSupportedError
 from freqopt.replay import ReplayPlan, build_replay
 
 __all__ = ["NVMLBackend", "COUNTER_DETECTION_S"]
@@ -45,8 +52,11 @@ class NVMLBackend(Backend):
     Use as a context manager (or call ``close()``): it restores the GPU on exit, exception and signals.
 
     Attributes:
+        spec: the GPU's type with the clock lists the device reports; on a GPU that refuses run-time memory-clock
+            locks, one memory clock and ``mem_clock_runtime`` False (per job).
         copied_ops: kernel name -> why the replay ran it as a copy of its bytes, for every such operator so far
             (each logged once, as a warning of the ``freqopt.backends.nvml`` logger).
+        mem_clock_refusal: why the memory clock is per job on this GPU (NVML's refusal), or None.
     """
 
     name = "nvml"
@@ -61,9 +71,11 @@ class NVMLBackend(Backend):
         self._applied: ClockSetting | None = None
         self.copied_ops: dict[str, str] = {}  # kernel name -> why the replay runs it as a copy of its bytes
         self._kernel_time_s: dict[tuple[str, ClockSetting], float] = {}  # (Kernel.signature, setting) -> s
+        self.mem_clock_refusal: str | None = None
         self.guard.__enter__()
         if not device.read_only:
             self._check_permission()
+            self._find_memory_clock_mode()
 
     def _check_permission(self) -> None:
         """Fail now, before any work, if NVML will refuse changes: set the power limit to the value it has (which
@@ -74,6 +86,39 @@ class NVMLBackend(Backend):
         except BaseException:
             self.close()
             raise
+
+    def _find_memory_clock_mode(self) -> None:
+        """Whether this GPU locks its memory clock while a job runs: lock it at the clock it runs at anyway (the
+        highest; nothing changes) and release it. A refusal (NVMLNotSupportedError) makes the memory clock one per
+        job: ``spec`` keeps that clock alone, with ``mem_clock_runtime`` False, and one warning says why. Acceptance
+        makes it a run-time setting even where the GPU's file reads per job (the cautious reading, for when nothing
+        is known: here the driver has answered)."""
+        spec = self.spec
+        if len(spec.mem_clocks_mhz) < 2:
+            return  # one memory clock: nothing to lock
+        held = spec.max_mem_clock_mhz
+        try:
+            self.device.lock_mem_clock(held)
+        except NVMLNotSupportedError as e:
+            self.mem_clock_refusal = str(e)
+            self.spec = dataclasses.replace(
+                spec, mem_clocks_mhz=(held,), mem_clock_lock="per-job", mem_clock_runtime=False,
+                max_sm_clock_for_mem_mhz={m: f for m, f in spec.max_sm_clock_for_mem_mhz.items() if m == held})
+            logger.warning("GPU %d (%s) refused a run-time memory-clock lock (%s): its memory clock is one setting per "
+                           "job, so it is measured at %d MHz only; another takes nvidia-smi "
+                           "--lock-memory-clocks-deferred and a driver reload before the search", self.device.index,
+                           self.device.name, e, held)  # fmt: skip
+            return
+        try:
+            self.device.reset_mem_clock()
+        except BaseException:
+            self.close()  # the guard unlocks what it can and puts the rest back
+            raise
+        if not spec.mem_clock_runtime:
+            logger.info("GPU %d (%s) accepted a run-time memory-clock lock, although search_spaces/%s.toml reads "
+                        "%s: the memory clock is searched per phase", self.device.index, self.device.name, spec.name,
+                        spec.mem_clock_lock)  # fmt: skip
+        self.spec = dataclasses.replace(spec, mem_clock_lock="runtime", mem_clock_runtime=True)
 
     def close(self) -> None:
         """Restore the GPU's clocks and power limit as the guard found them (freqopt.nvml.GPUStateGuard)."""

@@ -26,6 +26,7 @@ FLAGS = {
     "repeats": "--repeats", "caps": "--caps", "mode": "--mode", "host_gap_ms": "--host-gap-ms", "steps": "--steps",
     "device": "--device", "compare": "--compare", "read_only": "--read-only", "iterations": "--iterations",
     "gpus": "--gpus", "pue": "--pue", "grid_gco2_per_kwh": "--grid-gco2-per-kwh",
+    "switch_latency_ms": "--switch-latency-ms",
 }  # fmt: skip
 
 

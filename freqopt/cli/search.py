@@ -9,6 +9,15 @@ import click
 from freqopt.cli import (absolute_model, absolute_path, absolute_storage, check_json_path, cli, model_options,
                          stdout_console, verbose_option, write_json)  # fmt: skip
 
+
+def switch_latency_option(f):
+    """``--switch-latency-ms``: the GPU's clock-switch latency in place of its search_spaces/ file's (search,
+    transfer and train pass it on as ``switch_latency_ms``, which the library checks)."""
+    return click.option("--switch-latency-ms", default=None, type=click.FloatRange(min=0.0),
+                        help="Clock-switch latency in ms in place of the GPU file's (search_spaces/*.toml "
+                             "clock_switch_ms; 0: instant switches).")(f)  # fmt: skip
+
+
 @cli.command(short_help="Search clock settings and compare granularities.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
@@ -25,10 +34,11 @@ from freqopt.cli import (absolute_model, absolute_path, absolute_storage, check_
 @click.option("--jobs", default=1, show_default=True, type=int,
               help="Processes that run tuning units in parallel (simulated GPU; for real GPUs start a "
                    "`freqopt worker` per GPU).")
+@switch_latency_option
 @model_options
 @verbose_option
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
-           micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
+           switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities.
 
     A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
@@ -72,8 +82,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                             else levels, backend=backend,
                             storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
                             micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            vocab_multiple=vocab_multiple, layout=layout, on_unit=on_unit, on_start=on_start,
-                            verbose=verbose)  # fmt: skip
+                            vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
+                            on_unit=on_unit, on_start=on_start, verbose=verbose)  # fmt: skip
     except KeyboardInterrupt:
         if begun:  # the search had started: its studies are in the storage
             raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
+from freqopt.cli.search import switch_latency_option
 
 @cli.command(short_help="List the models and their parameter counts.")
 @click.argument("names", nargs=-1)
@@ -72,10 +73,11 @@ def gpus() -> None:
 @click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
 @click.option("--trials", default=None, type=int, help="Trials per tuning unit of the target's studies.")
+@switch_latency_option
 @model_options
 @verbose_option
 def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, native, json_path, seed, trials,
-             micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
+             switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """Apply a clock table to another model or layout: as it is, with its budget re-allocated there, and beside a
     native search; writes the re-allocated table."""
     from rich.console import Console
@@ -103,7 +105,8 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
         report = run_transfer(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, storage=storage,
                               out=out_dir, seed=seed, n_trials=trials, micro_batch_size=micro_batch_size,
                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                              native=native, on_start=on_start, on_unit=on_unit, verbose=verbose)  # fmt: skip
+                              native=native, switch_latency_ms=switch_latency_ms, on_start=on_start,
+                              on_unit=on_unit, verbose=verbose)  # fmt: skip
     finally:
         status.stop()
     summary = report.summary()

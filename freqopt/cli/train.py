@@ -9,6 +9,7 @@ import sys
 import click
 
 from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
+from freqopt.cli.search import switch_latency_option
 
 @cli.command(short_help="Train under the DVFS runtime; report time and energy per step.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
@@ -23,9 +24,10 @@ from freqopt.cli import check_json_path, cli, model_options, stdout_console, wri
 @click.option("--device", default=None, help="Where the model trains (default: cuda with nvml, cpu with sim).")
 @click.option("--json", "json_path", default=None, help="Also write the per-step figures as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of weights, tokens and simulated noise.")
+@switch_latency_option
 @model_options
-def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, micro_batch_size,
-          seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, switch_latency_ms,
+          micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
     """Train on synthetic tokens under the DVFS runtime and report time and energy per step."""
     from rich.table import Table
 
@@ -34,7 +36,8 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     check_json_path(json_path)
     plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
                          read_only=read_only, device=device, seed=seed, micro_batch_size=micro_batch_size,
-                         seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+                         seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
+                         switch_latency_ms=switch_latency_ms)  # fmt: skip
     if plan.needs_launcher:
         _relaunch_under_deepspeed(plan)
         return

@@ -104,7 +104,7 @@ def job_mem_clock_mhz(spec, n_units: int) -> int | None:
     dimension) where the GPU can change its memory clock while a job runs (GPUSpec.mem_clock_runtime) or the unit
     is the whole iteration (one setting for the job); else the GPU's highest, its default (issue 22, item 2: on
     such a GPU the memory clock is a per-job setting, so a finer schedule may not change it)."""
-    if n_units == 1 or len(spec.mem_clocks_mhz) == 1 or getattr(spec, "mem_clock_runtime", True):
+    if n_units == 1 or len(spec.mem_clocks_mhz) == 1 or spec.mem_clock_runtime:
         return None
     return max(spec.mem_clocks_mhz)
 
