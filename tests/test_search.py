@@ -200,3 +200,30 @@ def test_levels_to_run_adds_each_levels_candidates_in_search_order():
     assert levels_to_run(("phase", "power-cap")) == ("power-cap", "iteration", "phase")
     assert levels_to_run(("pass",)) == ("iteration", "pass")
     assert levels_to_run(GRANULARITIES) == ("power-cap", "iteration", "pass", "phase", "kernel")
+
+
+def test_a_gpu_whose_memory_clock_is_set_per_job_searches_it_only_for_the_whole_iteration(small_trace, tmp_path):
+    """Issue 22, item 2: Hopper locks its memory clock only per job (deferred), so the pass level's units search
+    the SM clock alone at the job's (highest) memory clock, while the iteration level, one setting for the job,
+    searches both; a GPU that locks it at run time (the RTX 3080 Ti) searches both at every level."""
+    import optuna
+
+    from freqopt.search.runner import job_mem_clock_mhz
+
+    h100 = get_gpu("h100-sxm")
+    assert not h100.mem_clock_runtime and get_gpu("rtx3080ti").mem_clock_runtime
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    config = SearchConfig(max_slowdown=0.05, granularities=("iteration", "pass"), n_trials_1d=6, n_trials_2d=10,
+                          storage=storage)  # fmt: skip
+    result = run_search(small_trace, SimulatedGPU(h100, seed=0), config)
+
+    def sampled(granularity: str) -> set:
+        """The memory clocks the level's studies measured (each trial's setting)."""
+        names = result.results[granularity].study_names
+        return {t.user_attrs["setting"][1] for n in names for t in optuna.load_study(study_name=n, storage=storage)
+                .get_trials(states=(optuna.trial.TrialState.COMPLETE,))}  # fmt: skip
+
+    assert sampled("iteration") == {1593, 2619}
+    assert sampled("pass") == {2619}
+    assert job_mem_clock_mhz(h100, 3) == 2619 and job_mem_clock_mhz(h100, 1) is None
+    assert job_mem_clock_mhz(get_gpu("rtx3080ti"), 3) is None
