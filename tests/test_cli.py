@@ -319,7 +319,7 @@ def test_a_resumed_search_says_so_and_its_hint_works_from_another_folder(tmp_pat
     assert list(first["results"]) == ["iteration", "pass"]
     hint = _hint(err)
     assert hint[hint.index("--model") + 1] == f"hf:{here / 'cfg'}"
-    assert hint[hint.index("--table") + 1] == str(here / "out" / "hf-cfg-h100-sxm-iteration.json")
+    assert hint[hint.index("--table") + 1] == str(here / "out" / "hf-cfg-h100-sxm-2pct-iteration.json")
 
     assert main([*args, "--json", "second.json"]) == 0
     err = capsys.readouterr().err

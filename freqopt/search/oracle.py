@@ -18,7 +18,7 @@ from freqopt.kernels import Trace
 from freqopt.search.allocation import allocate_validated
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import SearchResult
-from freqopt.search.runner import run_search
+from freqopt.search.runner import job_mem_clock_mhz, run_search
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, partition
 from freqopt.search.validate import Validator
@@ -55,12 +55,14 @@ def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, gra
     units = partition(trace, granularity)
     per_measurement_s = backend.protocol.cost_gpu_s(spec.energy_counter_period_s)
     pairs = spec.clock_pairs()
+    job_mem = job_mem_clock_mhz(spec, len(units))  # a memory clock set per job: the units sweep the SM clock at it
+    unit_pairs = [(sm, mem) for sm, mem in pairs if job_mem is None or mem == job_mem]
     searches = []
     for unit in units:
         kernels = unit.kernels(trace)
         default = backend.true_measure(kernels, DEFAULT_SETTING)
         options = [Option(DEFAULT_SETTING, default.time_s, default.energy_j, 1)]
-        for sm, mem in pairs:
+        for sm, mem in unit_pairs:
             m = backend.true_measure(kernels, ClockSetting(sm, mem))
             options.append(Option(ClockSetting(sm, mem), m.time_s, m.energy_j, 1))
         n = len(options)
