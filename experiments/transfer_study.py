@@ -40,6 +40,7 @@ from freqopt.transfer import evaluate_transfer, reallocate
 
 OUT = Path(__file__).resolve().parent / "transfer"
 GPU, MODEL, SOURCE_MICRO_BATCH, MAX_SLOWDOWN, SEED = "h100-sxm", "gpt3-xl", 4, 0.01, 0
+SWITCH_MS = 1e3 * get_gpu(GPU).clock_switch_s  # the GPU file's effective clock-switch latency, ms
 TARGETS = [("dp", Layout(dp=8), mb) for mb in (1, 2, 4, 8)] + [("tp", Layout(tp=tp), 4) for tp in (2, 4, 8, 16)]
 
 
@@ -72,7 +73,8 @@ def evaluate(family: str, layout: Layout, micro_batch: int, table_path: Path) ->
     ideal = Validator(trace, backend, config.validation_repeats)
     transferred_ideal = ideal(report.schedule.per_kernel(), key="transferred-ideal")
     reallocated_ideal = reallocate(report.schedule, table, backend, config, ideal, ideal.baseline(),
-                                   coarser=report.native.results["pass"], storage=config.storage).validated
+                                   coarser=[report.native.results[g] for g in ("iteration", "pass")],
+                                   storage=config.storage).validated
     return {"family": family, "layout": layout.as_dict(), "micro_batch_size": micro_batch,
             "kernel_classes": len(trace.kernel_classes()),
             "collective_classes": len({k.class_key for k in trace.kernels if k.is_collective}),
@@ -88,7 +90,8 @@ def evaluate(family: str, layout: Layout, micro_batch: int, table_path: Path) ->
             # Whether the re-allocation (and the native kernel level) kept the target's own pass-level schedule.
             "reallocated_is_pass_schedule": report.reallocated.validated == report.native.results["pass"].validated,
             "native_is_pass_schedule": native.validated == report.native.results["pass"].validated,
-            "coarse_levels_n_measurements": sum(report.native.results[g].n_measurements for g in ("iteration", "pass")),
+            "coarse_levels_n_measurements": sum(r.n_measurements for g, r in report.native.results.items()
+                                                if g != "kernel"),  # iteration, pass and phase
             **summary}  # fmt: skip
 
 
@@ -115,10 +118,10 @@ def report_markdown(rows: list[dict], source: dict) -> str:
         "matching: exact kernel class, else the same kind at the nearest arithmetic intensity, else default) and "
         "measures it three ways against the same baseline: **as transferred** (the source's clocks reused); "
         "**re-allocated** (the budget allocated again on the target from the (time, energy) fronts the table "
-        "carries, scaled to each target unit's measured default, starting from the target's own iteration and pass "
-        "levels; collectives the source never ran get a study of their own, as natively); and a **native** kernel-level search of the "
+        "carries, scaled to each target unit's measured default, starting from the target's own iteration, pass "
+        "and phase levels; collectives the source never ran get a study of their own, as natively); and a **native** kernel-level search of the "
         "target. All validated by measuring the whole iteration as a phase-switching runtime realizes the schedule "
-        "with the H100's 6 ms clock switch. Cost: measurements on the target (each a unit or an iteration). The "
+        f"with the H100's {SWITCH_MS:g} ms clock switch (its file's effective latency). Cost: measurements on the target (each a unit or an iteration). The "
         "last column validates the three with free switching (the re-allocation allocated again for it).",
         "",
         "| layout | micro-batch | classes (collectives) | exact / by kind / none | as transferred: saved, time | "
@@ -160,8 +163,8 @@ def report_markdown(rows: list[dict], source: dict) -> str:
     ideal_gaps = [r["native_ideal_energy_saved_pct"] - r["reallocated_ideal_energy_saved_pct"] for r in rows]
     lines += ["", verdict("Tables as transferred", "transferred"), "",
               verdict("Re-allocated tables", "reallocated") + f" They cost {100 * min(cost):.0f}-{100 * max(cost):.0f} % "
-              f"of the native search's measurements, its iteration and pass levels ({min(coarse)}-{max(coarse)} "
-              "measurements) included in both. With the 6 ms switch, the re-allocated schedule is the target's own "
+              f"of the native search's measurements, its iteration, pass and phase levels ({min(coarse)}-{max(coarse)} "
+              f"measurements) included in both. With the {SWITCH_MS:g} ms switch, the re-allocated schedule is the target's own "
               f"pass-level schedule on {sum(r['reallocated_is_pass_schedule'] for r in rows)} of {len(rows)} layouts, "
               f"and so is the native kernel level's on {sum(r['native_is_pass_schedule'] for r in rows)}.", "",
               "What the kernel-level fronts carry shows with free switching (last column): there the re-allocation "
@@ -174,7 +177,7 @@ def report_markdown(rows: list[dict], source: dict) -> str:
     if len(clocks) == 1:
         seen = {name(r): gemm_clock_at_default(Layout(**r["layout"]), r["micro_batch_size"]) for r in rows}
         source_clock = gemm_clock_at_default(Layout(), SOURCE_MICRO_BATCH)
-        lines += ["", f"Why the clocks as transferred can break the budget: with the H100's 6 ms switches the "
+        lines += ["", f"Why the clocks as transferred can break the budget: with the H100's {SWITCH_MS:g} ms switches the "
                   f"realizable single-GPU schedule is one SM clock, {clocks[0]} MHz, for every kernel class. At "
                   f"default settings the 700 W limit holds the GEMMs of the single-GPU run at {source_clock:.0f} MHz "
                   "(time-weighted), so that lock is nearly free there. The GEMMs run at "

@@ -2,7 +2,7 @@
 
 A DVFS runtime cannot switch clocks between any two kernels: it sees the job only at module hooks and the
 optimizer step (a job's only hooks into its own progress), and a switch takes milliseconds to land
-(``GPUSpec.clock_switch_s``: about 6 ms on Hopper, over 100 ms on consumer parts; Velicka et al. 2025, Spaan et
+(``GPUSpec.clock_switch_s``: the NVML call plus the transition, 6-26 ms on Hopper, over 100 ms on consumer parts; Velicka et al. 2025, Spaan et
 al. 2026). So:
 
 * ``PhaseHooks`` marks a boundary at the start of the forward and of the backward of every phase module (each

@@ -1,7 +1,7 @@
 """Realization: what a phase-switching runtime applies for a per-kernel schedule, once switching has a cost.
 
 A runtime can switch clocks only at phase boundaries (freqopt.phases: module hooks and the optimizer step), and a
-switch takes ``GPUSpec.clock_switch_s`` to land (about 6 ms on Hopper, over 100 ms on consumer parts; Velicka et
+switch takes ``GPUSpec.clock_switch_s`` to land (the NVML call plus the transition: 6-26 ms on Hopper, over 100 ms on consumer parts; Velicka et
 al. 2025, Spaan et al. 2026). ``realizable_settings`` turns a per-kernel schedule into what such a runtime applies:
 each phase takes the setting its kernels spend most time in, and a switch is made only into a run of consecutive
 phases wanting the same setting that lasts at least the switch cost (shorter runs keep the clocks already set).

@@ -1,7 +1,7 @@
 """The phase-schedule granularity: the schedules a phase-switching runtime can apply, searched as such.
 
 The finer granularities choose a setting per kernel class or pass; a runtime then realizes them per phase
-(freqopt.search.realize), and on an H100, where a clock change lands about 6 ms after it is asked for, most of
+(freqopt.search.realize), and on an H100, where a clock change lands 6-26 ms after it is asked for, most of
 what they chose is lost. This granularity searches realizable schedules directly:
 
 * **Blocks.** The iteration's phases (freqopt.phases: module hooks and the optimizer step) are grouped into blocks
