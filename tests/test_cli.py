@@ -352,13 +352,13 @@ def test_clocks_print_and_are_written_as_integers(tmp_path, capsys):
                  "1", "--max-slowdown", "10%", "--granularity", "iteration", "--trials", "4", "--out",
                  str(tmp_path)]) == 0  # fmt: skip
     printed = capsys.readouterr()
-    data = json.loads((tmp_path / "gpt3-small-v100-sxm2-iteration.json").read_text())
+    data = json.loads((tmp_path / "gpt3-small-v100-sxm2-10pct-iteration.json").read_text())
     entry = data["entries"][0]
     clocks = [entry["sm_clock_mhz"], entry["default"]["sm_clock_mhz"], *(o["sm_clock_mhz"] for o in entry["front"]),
               *data["gpu"]["sm_clocks_mhz"]]  # fmt: skip
     assert entry["sm_clock_mhz"] is not None and all(type(c) is int for c in clocks if c is not None)
     assert 1372 in data["gpu"]["sm_clocks_mhz"] and 1365 in data["gpu"]["sm_clocks_mhz"]  # 1380 - 7.5, - 15
-    row = (tmp_path / "gpt3-small-v100-sxm2-iteration.csv").read_text().splitlines()[1].split(",")
+    row = (tmp_path / "gpt3-small-v100-sxm2-10pct-iteration.csv").read_text().splitlines()[1].split(",")
     assert row[4] == str(entry["sm_clock_mhz"]) and row[4].isdigit()
     assert ".9999" not in printed.out + printed.err
     assert main(["gpus"]) == 0
