@@ -1,12 +1,14 @@
 """``freqopt profile``: one training iteration's time, energy, average power, FLOPs and a breakdown by kernel kind.
 
-On the simulated GPU (``SimulatedGPU``) the iteration is traced (freqopt.trace) and run once at the GPU's default
-settings, noiselessly (``SimulatedGPU.run(..., loop=False)``: one step issued from an idle GPU, the step that
-``SimulatedGPU.step`` and so the search's baseline and validation and the runtime measure); per-kernel time and
-energy are summed by ``Kernel.kind``.
+On the simulated GPU (``SimulatedGPU``) the iteration is traced (freqopt.trace) and run once, noiselessly, at one
+setting for the whole step: the GPU's defaults, or the locked SM clock, memory clock and power limit asked for
+(``SimulatedGPU.run(kernels, [setting] * K, loop=False)``: one step issued from an idle GPU, the step that
+``SimulatedGPU.step`` and so the search's baseline and validation and the runtime measure). Per-kernel time and
+energy are summed by ``Kernel.kind`` and by ``Kernel.pass_name`` (forward, backward, optimizer; a collective counts
+in the pass it is issued in).
 
 On a real GPU (``NVMLBackend``) the model trains for real, read-only: profile reads the backend's energy counter
-(``Backend.energy_j``) and never applies a setting. After a few warm-up steps, steps run until the
+(``Backend.energy_j``) and never applies a setting (it refuses one). After a few warm-up steps, steps run until the
 window spans at least ``MIN_WINDOW_S`` and ``MIN_COUNTER_UPDATES`` updates of the energy counter (its period is
 detected by polling, freqopt.replay.detect_counter_period); time per step comes from CUDA events (perf_counter on
 the CPU), energy per step from the nvmlDeviceGetTotalEnergyConsumption delta. The measurement is set beside the
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from freqopt.backends.base import DEFAULT_SETTING, Backend, Measurement
+from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.kernels import Trace
 from freqopt.memory import StepMemory, check_gpu_memory, estimate_step_memory
@@ -38,7 +40,8 @@ from freqopt.models import Workload, build_model
 from freqopt.profiler_compare import STEP_LABEL, ProfilerRow, compare_with_profiler, profiled_kinds
 from freqopt.trace import trace_training_iteration
 
-__all__ = ["KindFigures", "ProfilerRow", "ProfileReport", "profile", "simulate_by_kind", "profiled_kinds",
+__all__ = ["KindFigures", "PassFigures", "ProfilerRow", "ProfileReport", "profile", "simulate_iteration",
+           "simulate_by_kind", "profiled_kinds",
            "check_device", "MIN_WINDOW_S", "MIN_COUNTER_UPDATES", "STEP_LABEL", "StepMemory", "estimate_step_memory",
            "check_gpu_memory"]
 
@@ -46,6 +49,8 @@ MIN_WINDOW_S = 1.0  # the measured window lasts at least this long, s
 MIN_COUNTER_UPDATES = 5  # ... and spans at least this many energy-counter periods
 COUNTER_DETECTION_S = 1.0  # polling time to find the counter's period (10 updates at the slowest documented 100 ms)
 N_BATCHES = 4  # distinct synthetic batches, made on the device before any step is timed
+
+
 @dataclass(frozen=True)
 class KindFigures:
     """One kernel kind's share of an iteration on the simulated GPU.
@@ -63,6 +68,20 @@ class KindFigures:
 
 
 @dataclass(frozen=True)
+class PassFigures:
+    """One pass's share (forward, backward or optimizer, ``Kernel.pass_name``) of an iteration on the simulated GPU.
+
+    Attributes:
+        time_s: wall time its kernels add to the iteration, s (as KindFigures.time_s; a collective counts in the
+            pass it is issued in).
+        energy_j: their energy, J.
+    """
+
+    time_s: float
+    energy_j: float
+
+
+@dataclass(frozen=True)
 class ProfileReport:
     """One training iteration of one GPU (one rank of the workload's layout).
 
@@ -72,6 +91,10 @@ class ProfileReport:
         flops: FLOPs of the traced iteration (``Trace.total_flops``).
         by_kind: kind -> the simulated GPU's figures, in first-seen order; they sum to ``time_s`` and ``energy_j``
             on sim, to ``predicted`` on nvml (NVML cannot split energy by kernel).
+        by_pass: pass (forward, backward, optimizer) -> the simulated GPU's figures, in issue order; they sum as
+            ``by_kind`` does.
+        setting: sim: the one setting the whole step ran at (None fields: the GPU's defaults); None on nvml, which
+            measures at the GPU's current settings and sets nothing (``predicted`` is at the defaults).
         predicted: nvml only: the simulated GPU's iteration at default settings for the same trace.
         device: nvml only: where the model trained ("cuda", "cpu").
         n_steps, window_s, counter_period_s: nvml only: steps in the measured window, its length (s), the energy
@@ -90,6 +113,8 @@ class ProfileReport:
     energy_j: float
     flops: float
     by_kind: dict[str, KindFigures]
+    by_pass: dict[str, PassFigures] = dataclasses.field(default_factory=dict)
+    setting: ClockSetting | None = DEFAULT_SETTING
     predicted: Measurement | None = None
     device: str | None = None
     n_steps: int | None = None
@@ -106,16 +131,20 @@ class ProfileReport:
         return self.energy_j / self.time_s
 
     def summary(self) -> dict:
-        """The JSON document: {"model", "gpu", "backend", "time_s", "energy_j", "avg_power_w", "flops", "by_kind":
-        {KIND: {"time_s", "energy_j", "n_kernels"}}}; on nvml also "measured" {"time_s", "energy_j", "avg_power_w",
+        """The JSON document: {"model", "gpu", "backend", "setting": {"sm_clock_mhz", "mem_clock_mhz",
+        "power_limit_w"} (MHz, MHz, W; null: the GPU's default; the whole "setting" null on nvml), "time_s",
+        "energy_j", "avg_power_w", "flops", "by_kind": {KIND: {"time_s", "energy_j", "n_kernels"}}, "by_pass":
+        {"forward"|"backward"|"optimizer": {"time_s", "energy_j"}}}; on nvml also "measured" {"time_s", "energy_j", "avg_power_w",
         "device", "n_steps", "window_s", "counter_period_s"}, "predicted" {"time_s", "energy_j", "avg_power_w"},
         "measured_over_predicted" {"time", "energy", "avg_power"}, "profiler_time" and "profiler_by_kind" {KIND:
         {"traced_n_kernels", "predicted_time_s", "profiled_n_kernels", "measured_time_s"}}; and "memory"
         {"weights_gb", "gradients_gb", "optimizer_gb", "activations_gb", "total_gb", "gpu_gb", "dtype"} (GB:
         1e9 bytes, one rank; gpu_gb None where the GPU type's memory is not known)."""
-        doc = {"model": self.model, "gpu": self.gpu, "backend": self.backend, "time_s": self.time_s,
-               "energy_j": self.energy_j, "avg_power_w": self.avg_power_w, "flops": self.flops,
-               "by_kind": {kind: vars(f) for kind, f in self.by_kind.items()}}  # fmt: skip
+        setting = None if self.setting is None else dataclasses.asdict(self.setting)
+        doc = {"model": self.model, "gpu": self.gpu, "backend": self.backend, "setting": setting,
+               "time_s": self.time_s, "energy_j": self.energy_j, "avg_power_w": self.avg_power_w, "flops": self.flops,
+               "by_kind": {kind: vars(f) for kind, f in self.by_kind.items()},
+               "by_pass": {name: vars(f) for name, f in self.by_pass.items()}}  # fmt: skip
         if self.memory is not None:
             doc["memory"] = {**self.memory.summary(), "gpu_gb": self.gpu_memory_gb, "dtype": self.memory.dtype}
         if self.predicted is not None:
@@ -132,23 +161,39 @@ class ProfileReport:
         return doc
 
 
-def simulate_by_kind(trace: Trace, gpu) -> tuple[Measurement, dict[str, KindFigures]]:
-    """The trace's iteration on ``gpu`` (a SimulatedGPU) at default settings, issued once from an idle GPU
-    (``SimulatedGPU.run(kernels, [DEFAULT_SETTING] * K, loop=False)``, noiseless).
+def simulate_iteration(trace: Trace, gpu, setting: ClockSetting = DEFAULT_SETTING
+                       ) -> tuple[Measurement, dict[str, KindFigures], dict[str, PassFigures]]:  # fmt: skip
+    """The trace's iteration on ``gpu`` (a SimulatedGPU) at ``setting`` for every kernel, issued once from an idle
+    GPU (``SimulatedGPU.run(kernels, [setting] * K, loop=False)``, noiseless): the step ``SimulatedGPU.step``
+    measures, and so what the search's validation measures for that one setting over the whole step.
 
     Returns:
-        (the iteration: time_s, energy_j, time-weighted mean SM clock; kind -> KindFigures in first-seen order,
-        summing to the iteration).
+        (the iteration: time_s, energy_j, time-weighted mean SM clock; kind -> KindFigures in first-seen order;
+        pass -> PassFigures in issue order; each breakdown sums to the iteration).
+
+    Raises:
+        InvalidSettingError: clocks or a power limit the GPU type does not support (GPUSpec.check_clocks,
+            check_power_limit).
     """
     kernels = trace.kernels
-    time_s, energy_j, clocks = gpu.run(kernels, [DEFAULT_SETTING] * len(kernels), loop=False)  # (K,) each
-    kinds = np.array([k.kind for k in kernels])
-    by_kind = {}
-    for kind in dict.fromkeys(kinds.tolist()):
-        mask = kinds == kind
-        by_kind[kind] = KindFigures(float(time_s[mask].sum()), float(energy_j[mask].sum()), int(mask.sum()))
+    time_s, energy_j, clocks = gpu.run(kernels, [setting] * len(kernels), loop=False)  # (K,) each
+
+    def split(labels: list[str]):
+        labels = np.array(labels)
+        for label in dict.fromkeys(labels.tolist()):
+            mask = labels == label
+            yield label, float(time_s[mask].sum()), float(energy_j[mask].sum()), int(mask.sum())
+
+    by_kind = {kind: KindFigures(t, e, n) for kind, t, e, n in split([k.kind for k in kernels])}
+    by_pass = {name: PassFigures(t, e) for name, t, e, _ in split([k.pass_name for k in kernels])}
     total = Measurement(float(time_s.sum()), float(energy_j.sum()),
                         sm_clock_mhz=float(np.average(clocks, weights=time_s)))  # fmt: skip
+    return total, by_kind, by_pass
+
+
+def simulate_by_kind(trace: Trace, gpu) -> tuple[Measurement, dict[str, KindFigures]]:
+    """``simulate_iteration`` at the GPU's default settings, without the breakdown by pass."""
+    total, by_kind, _ = simulate_iteration(trace, gpu)
     return total, by_kind
 
 
@@ -181,7 +226,8 @@ def check_device(device: str) -> str:
 def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=None, device: str | None = None,
             steps: int = 10, warmup_steps: int = 3, seed: int = 0, micro_batch_size: int | None = None,
             seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
-            layout=None) -> ProfileReport:  # fmt: skip
+            layout=None, sm_clock_mhz: int | None = None, mem_clock_mhz: int | None = None,
+            power_limit_w: float | None = None) -> ProfileReport:  # fmt: skip
     """Profile one training iteration of ``workload`` (module docstring).
 
     Args:
@@ -199,6 +245,10 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         warmup_steps: nvml: untimed steps first (allocator, cuBLAS heuristics, clocks ramping up).
         seed: nvml: seed of the weights and the synthetic tokens.
         micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides, model names only.
+        sm_clock_mhz, mem_clock_mhz, power_limit_w: simulated GPU only: the locked SM clock (MHz), memory clock
+            (MHz) and power limit (W) the whole step runs at; None keeps the GPU's default (boost clocks under the
+            default power limit, the highest memory clock). The step is the one the search's validation measures
+            for that setting (``SimulatedGPU.step(kernels, [setting] * K)``).
 
     Returns:
         ProfileReport.
@@ -208,7 +258,9 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         InvalidSettingError: a bad override, a non-positive ``steps``, a negative ``warmup_steps``, a ``device``
             with the simulated GPU or one the model cannot train on (check_device), a layout of more than one
             rank on a real GPU, or a step that does not fit the GPU's memory (check_gpu_memory; not checked when
-            an nvml profile trains on the CPU).
+            an nvml profile trains on the CPU); ``sm_clock_mhz``, ``mem_clock_mhz`` or ``power_limit_w`` on nvml
+            (profile only reads a real GPU), or clocks or a power limit the GPU type does not support
+            (GPUSpec.check_clocks, check_power_limit: the message lists the supported range).
         NVMLError, GPUPermissionError: the real GPU cannot be opened or read.
     """
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
@@ -221,7 +273,12 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     if warmup_steps < 0:
         raise InvalidSettingError(f"warmup_steps must not be negative, not {warmup_steps}")
     real = not backend.simulated if isinstance(backend, Backend) else backend == "nvml"
+    setting = ClockSetting(sm_clock_mhz, mem_clock_mhz, power_limit_w)
     if real:
+        for name, value in dataclasses.asdict(setting).items():
+            if value is not None:
+                raise InvalidSettingError(f"{name} applies to the simulated GPU; on nvml profile only reads the GPU "
+                                          "at its current settings and never sets one", argument=name)  # fmt: skip
         device = check_device(device or "cuda")
         if workload.layout.world_size > 1:
             raise InvalidSettingError(f"profile on a real GPU trains one GPU; pass a single-GPU layout, not "
@@ -235,10 +292,11 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         if on_gpu:
             check_gpu_memory(workload, measuring.spec, memory)
         if not real:
+            _check_setting(measuring.spec, setting)  # before tracing, which takes a while on large models
             trace = trace_training_iteration(workload)
-            total, by_kind = simulate_by_kind(trace, measuring)
+            total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
             return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
-                                 trace.total_flops, by_kind, memory=memory,
+                                 trace.total_flops, by_kind, by_pass, setting, memory=memory,
                                  gpu_memory_gb=measuring.spec.memory_gb)  # fmt: skip
         # The GPU is only read, through the backend's energy counter (Backend.energy_j); nothing is applied, and a
         # backend the caller opened is left as it was opened.
@@ -247,6 +305,18 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     finally:
         if opened:
             measuring.close()
+
+
+def _check_setting(spec, setting: ClockSetting) -> None:
+    """The GPU type's own checks of a setting (SimulatedGPU.run makes them too, but only after the trace).
+
+    Raises:
+        InvalidSettingError: GPUSpec.check_clocks or check_power_limit refused it (the message lists the range).
+    """
+    if setting.sm_clock_mhz is not None or setting.mem_clock_mhz is not None:
+        spec.check_clocks(*spec.resolve_clocks(setting.sm_clock_mhz, setting.mem_clock_mhz))
+    if setting.power_limit_w is not None:
+        spec.check_power_limit(setting.power_limit_w)
 
 
 class _Trainer:
@@ -320,7 +390,7 @@ def _profile_real(workload: Workload, backend: Backend, device: str, steps: int,
 
     trainer = _Trainer(workload, device, seed)
     trace = trace_training_iteration(workload, dtype=trainer.dtype)  # what the GPU runs: same model, same dtype
-    predicted, by_kind = simulate_by_kind(trace, SimulatedGPU(backend.spec, noise=False))
+    predicted, by_kind, by_pass = simulate_iteration(trace, SimulatedGPU(backend.spec, noise=False))
     for _ in range(warmup_steps):
         trainer.step()
     period_s = _counter_period_s(backend, trainer)  # its steps warm up too
@@ -343,7 +413,7 @@ def _profile_real(workload: Workload, backend: Backend, device: str, steps: int,
     window_s = start.elapsed_time(end) / 1000.0 if trainer.cuda else wall_s
     rows = compare_with_profiler(trainer.step, by_kind, cuda=trainer.cuda)
     return ProfileReport(workload.model, backend.spec.name, "nvml", window_s / n, energy_j / n, trace.total_flops,
-                         by_kind, predicted=predicted, device=device, n_steps=n, window_s=window_s,
+                         by_kind, by_pass, None, predicted=predicted, device=device, n_steps=n, window_s=window_s,
                          counter_period_s=period_s, profiler_by_kind=rows,
                          profiler_time="cuda device time" if trainer.cuda else "cpu time")  # fmt: skip
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from freqopt.backends.base import ClockSetting
 from freqopt.backends.simulated import SimulatedGPU
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
@@ -49,6 +50,9 @@ def test_cli_profile_writes_the_json_document(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert {"time_s", "energy_j", "avg_power_w", "flops", "by_kind"} <= set(doc)
     assert all(set(v) == {"time_s", "energy_j", "n_kernels"} for v in doc["by_kind"].values())
+    assert doc["setting"] == {"sm_clock_mhz": None, "mem_clock_mhz": None, "power_limit_w": None}  # the defaults
+    assert list(doc["by_pass"]) == ["forward", "backward", "optimizer"]
+    assert all(set(v) == {"time_s", "energy_j"} for v in doc["by_pass"].values())
     trace = trace_training_iteration(get_workload("gpt3-small", seq_len=256, micro_batch_size=1))
     assert doc["flops"] == trace.total_flops
     assert not [p for p in tmp_path.iterdir() if p.name != "p.json"]  # written atomically: no temporary left
@@ -133,6 +137,12 @@ def test_profile_refuses_a_step_that_does_not_fit_the_gpu_and_skips_a_gpu_of_unk
     (["--model", "gpt3-small", "--device", "cpu"], "device applies to backend nvml"),
     (["--model", "gpt3-small", "--micro-batch-size", "100000"],
      "of GPU memory per rank, more than one h100-sxm's 80 GB"),
+    (["--model", "gpt3-small", "--sm-clock", "1201"],
+     "h100-sxm does not support SM 1201 MHz with memory 2619 MHz; SM clocks are 345-1980 MHz"),
+    (["--model", "gpt3-small", "--sm-clock", "1200", "--mem-clock", "1000"],
+     "does not support SM 1200 MHz with memory 1000 MHz; SM clocks are 345-1980 MHz (110 values), memory clocks"),
+    (["--model", "gpt3-small", "--power-limit", "10"], "h100-sxm accepts power limits 200-700 W, not 10 W"),
+    (["--model", "gpt3-small", "--gpu", "v100-pcie", "--sm-clock", "1980"], "v100-pcie does not support SM 1980 MHz"),
 ])  # fmt: skip
 def test_cli_profile_bad_input_is_one_line_exit_2(args, message, capsys):
     assert main(["profile", *args]) == 2
@@ -184,6 +194,8 @@ def test_nvml_profile_measures_a_real_step_beside_the_prediction_and_sets_nothin
     assert gemm.measured_time_s > 0 and gemm.predicted_time_s > 0
     doc = r.summary()
     assert {"measured", "predicted", "measured_over_predicted", "profiler_by_kind"} <= set(doc)
+    assert doc["setting"] is None  # the GPU's current settings, only read
+    assert sum(f["time_s"] for f in doc["by_pass"].values()) == pytest.approx(r.predicted.time_s, rel=1e-9)
     assert doc["measured_over_predicted"]["energy"] == pytest.approx(r.energy_j / r.predicted.energy_j)
 
 
@@ -227,3 +239,91 @@ def test_the_searchs_default_row_is_the_step_profile_prints(sizes):
     baseline = run_search(trace, SimulatedGPU(get_gpu("h100-sxm")), config).baseline
     assert baseline.time_s == pytest.approx(report.time_s, rel=0.005)
     assert baseline.energy_j == pytest.approx(report.energy_j, rel=0.005)
+
+
+COMPUTE_BOUND = {"micro_batch_size": 2, "seq_len": 1024}  # gpt3-small: GEMMs take most of the step's time
+
+
+@pytest.mark.parametrize("setting", [ClockSetting(1200), ClockSetting(900, 1593), ClockSetting(power_limit_w=250),
+                                     ClockSetting(1500, None, 300)], ids=lambda s: s.label())  # fmt: skip
+def test_profile_at_a_setting_is_the_whole_step_validation_measures_there(setting, tmp_path):
+    """One physics (issue 23, item 1): ``freqopt profile --sm-clock X`` is the whole step that the search's
+    validation measures for the one setting X on every kernel (``SimulatedGPU.step``, noiseless, and
+    ``measure_schedule`` with switching, as validate.py calls it), to the last bit."""
+    workload = get_workload("gpt3-small", **COMPUTE_BOUND)
+    kernels = trace_training_iteration(workload).kernels
+    gpu = SimulatedGPU(get_gpu("h100-sxm"), noise=False)
+    step = gpu.step(kernels, [setting] * len(kernels))
+    validated = gpu.measure_schedule(kernels, [setting] * len(kernels), switching=True)
+    r = profile(workload, "sim", sm_clock_mhz=setting.sm_clock_mhz, mem_clock_mhz=setting.mem_clock_mhz,
+                power_limit_w=setting.power_limit_w)  # fmt: skip
+    assert (r.time_s, r.energy_j) == (step.time_s, step.energy_j) == (validated.time_s, validated.energy_j)
+    assert r.setting == setting
+    out = tmp_path / "p.json"
+    flags = [f for flag, v in (("--sm-clock", setting.sm_clock_mhz), ("--mem-clock", setting.mem_clock_mhz),
+                               ("--power-limit", setting.power_limit_w)) if v is not None for f in (flag, str(v))]  # fmt: skip
+    assert main(["profile", "--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "1024", *flags,
+                 "--json", str(out)]) == 0  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert (doc["time_s"], doc["energy_j"]) == (step.time_s, step.energy_j)
+    assert doc["setting"] == dataclasses.asdict(setting)
+
+
+def test_the_setting_moves_the_step_as_the_physics_says():
+    """A compute-bound step: a lower SM clock makes the GEMMs and the step slower and the step cheaper; a lower
+    memory clock slows the memory-bound kernels (elementwise, optimizer) and not the GEMMs much; a power limit
+    below the step's default draw holds its average power to the limit and slows it."""
+    default = profile("gpt3-small", **COMPUTE_BOUND)
+    slow_sm = profile("gpt3-small", sm_clock_mhz=900, **COMPUTE_BOUND)
+    slow_mem = profile("gpt3-small", mem_clock_mhz=1593, **COMPUTE_BOUND)
+    capped = profile("gpt3-small", power_limit_w=250, **COMPUTE_BOUND)
+    assert default.by_kind["gemm"].time_s > 0.3 * default.time_s  # compute-bound
+    assert slow_sm.time_s > 1.1 * default.time_s and slow_sm.energy_j < 0.8 * default.energy_j
+    assert slow_sm.by_kind["gemm"].time_s > 1.3 * default.by_kind["gemm"].time_s
+    for kind in ("elementwise", "optimizer"):
+        assert slow_mem.by_kind[kind].time_s > 1.2 * default.by_kind[kind].time_s
+    assert slow_mem.by_kind["gemm"].time_s < 1.1 * default.by_kind["gemm"].time_s
+    assert default.avg_power_w > 300 and capped.avg_power_w <= 250 * (1 + 1e-9) and capped.time_s > default.time_s
+    assert slow_sm.summary()["setting"] == {"sm_clock_mhz": 900, "mem_clock_mhz": None, "power_limit_w": None}
+
+
+def test_by_pass_sums_to_the_step_and_collectives_count_in_their_pass():
+    """forward, backward, optimizer in issue order, summing to the step; under data parallelism the gradients'
+    all-reduces are issued in backward and the gradient norm's in the optimizer, and count there."""
+    workload = get_workload("gpt3-small", micro_batch_size=1, seq_len=256, layout=parse_layout("dp=2,tp=2"))
+    r = profile(workload, "sim", sm_clock_mhz=1410)
+    assert list(r.by_pass) == ["forward", "backward", "optimizer"]
+    assert sum(f.time_s for f in r.by_pass.values()) == pytest.approx(r.time_s, rel=1e-12)
+    assert sum(f.energy_j for f in r.by_pass.values()) == pytest.approx(r.energy_j, rel=1e-12)
+    kernels = trace_training_iteration(workload).kernels
+    time_s, energy_j, _ = SimulatedGPU(get_gpu("h100-sxm")).run(kernels, [ClockSetting(1410)] * len(kernels),
+                                                                 loop=False)  # fmt: skip
+    collectives = {k.pass_name for k in kernels if k.is_collective}
+    assert collectives == {"forward", "backward", "optimizer"}  # tp in every pass, dp's buckets in backward
+    for name, f in r.by_pass.items():
+        mine = [i for i, k in enumerate(kernels) if k.pass_name == name]
+        assert (f.time_s, f.energy_j) == pytest.approx((time_s[mine].sum(), energy_j[mine].sum()), rel=1e-12)
+    assert r.summary()["by_pass"]["optimizer"] == {"time_s": r.by_pass["optimizer"].time_s,
+                                                   "energy_j": r.by_pass["optimizer"].energy_j}  # fmt: skip
+
+
+@pytest.mark.parametrize("argument,flag,value", [("sm_clock_mhz", "--sm-clock", 1200),
+                                                  ("mem_clock_mhz", "--mem-clock", 1593),
+                                                  ("power_limit_w", "--power-limit", 300)])  # fmt: skip
+def test_nvml_profile_refuses_a_setting_and_touches_nothing(fake, capsys, monkeypatch, argument, flag, value):
+    """profile only reads a real GPU: a setting is refused before the GPU is opened, naming the argument (the
+    library) or the flag (the command line), in one line with exit status 2."""
+    from freqopt import models
+
+    workload = Workload("tiny", GPTConfig(**TINY), 2)
+    with pytest.raises(InvalidSettingError, match=rf"^{argument} applies to the simulated GPU; on nvml profile only "
+                                                  "reads the GPU") as info:  # fmt: skip
+        profile(workload, "nvml", device="cpu", **{argument: value})
+    assert info.value.argument == argument
+    monkeypatch.setitem(models.MODELS, "tiny-gpt", GPTConfig(**TINY))
+    assert main(["profile", "--model", "tiny-gpt", "--backend", "nvml", "--device", "cpu", flag, str(value)]) == 2
+    captured = capsys.readouterr()
+    expected = (f"freqopt: error: {flag} applies to the simulated GPU; on nvml profile only reads the GPU at its "
+                "current settings and never sets one")  # fmt: skip
+    assert captured.out == "" and captured.err.splitlines() == [expected]
+    assert fake.calls == []  # refused before the GPU is even opened

@@ -26,7 +26,8 @@ FLAGS = {
     "repeats": "--repeats", "caps": "--caps", "mode": "--mode", "host_gap_ms": "--host-gap-ms", "steps": "--steps",
     "device": "--device", "compare": "--compare", "read_only": "--read-only", "iterations": "--iterations",
     "gpus": "--gpus", "pue": "--pue", "grid_gco2_per_kwh": "--grid-gco2-per-kwh",
-    "switch_latency_ms": "--switch-latency-ms",
+    "switch_latency_ms": "--switch-latency-ms", "sm_clock_mhz": "--sm-clock", "mem_clock_mhz": "--mem-clock",
+    "power_limit_w": "--power-limit",
 }  # fmt: skip
 
 

@@ -116,23 +116,34 @@ def _killed_rank_error(plan, rank: int, signum: int):
 @click.option("--device", default=None, help="nvml: where the model trains (default cuda; cpu for tests).")
 @click.option("--steps", default=10, show_default=True, type=int,
               help="nvml: fewest measured steps; more run until the window spans 1 s and 5 energy-counter updates.")
+@click.option("--sm-clock", "sm_clock_mhz", type=int, default=None,
+              help="sim: lock the SM clock at this many MHz for the whole step (default: boost clocks).")
+@click.option("--mem-clock", "mem_clock_mhz", type=int, default=None,
+              help="sim: lock the memory clock at this many MHz (default: the highest).")
+@click.option("--power-limit", "power_limit_w", type=float, default=None,
+              help="sim: run under this power limit, W (default: the GPU's default limit).")
 @click.option("--json", "json_path", default=None, help="Also write the profile as JSON to this file.")
 @model_options
-def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> None:
-    """Report one training iteration: time, energy, average power, FLOPs and a breakdown by kernel kind.
+def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, power_limit_w, json_path, layout,
+            **sizes) -> None:  # fmt: skip
+    """Report one training iteration: time, energy, average power, FLOPs and a breakdown by kernel kind and by pass.
 
-    With --backend nvml the GPU is only read: the measurement is shown beside the simulated GPU's prediction,
+    On the simulated GPU the whole step runs at one setting: the GPU's defaults, or --sm-clock, --mem-clock and
+    --power-limit (the step the search's validation measures for that setting). With --backend nvml the GPU is only read: the measurement is shown beside the simulated GPU's prediction,
     and one step under torch.profiler beside the trace, kind by kind."""
     from rich.table import Table
 
+    from freqopt.backends.base import DEFAULT_SETTING
     from freqopt.layout import parse_layout
     from freqopt.profile import profile as run_profile
 
     check_json_path(json_path)
-    report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout, **sizes)
+    report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout, sm_clock_mhz=sm_clock_mhz,
+                         mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w, **sizes)  # fmt: skip
     nvml = report.backend == "nvml"
     console = stdout_console()
-    where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else "simulated"
+    where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else \
+        f"simulated, {report.setting.label() if report.setting != DEFAULT_SETTING else 'default settings'}"
     console.print(f"{report.model} ({parse_layout(layout)}), one training iteration on {report.gpu} ({where}): "
                   f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
                   f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
@@ -146,6 +157,12 @@ def profile(model, gpu, backend, device, steps, json_path, layout, **sizes) -> N
         kinds.add_row(kind, str(f.n_kernels), f"{f.time_s:.6f}", f"{100 * f.time_s / time_s:.1f}", f"{f.energy_j:.4f}",
                       f"{100 * f.energy_j / energy_j:.1f}")  # fmt: skip
     console.print(kinds)
+    passes = Table("pass", "time (s)", "time (%)", "energy (J)", "energy (%)",
+                   title="by pass" + (" (the simulated GPU's prediction)" if nvml else ""))  # fmt: skip
+    for name, f in report.by_pass.items():
+        passes.add_row(name, f"{f.time_s:.6f}", f"{100 * f.time_s / time_s:.1f}", f"{f.energy_j:.4f}",
+                       f"{100 * f.energy_j / energy_j:.1f}")  # fmt: skip
+    console.print(passes)
     if nvml:
         p = report.predicted
         versus = Table("per step", "measured", "predicted (simulated)", "measured / predicted")
