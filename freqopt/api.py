@@ -52,12 +52,25 @@ def check_writable_dir(path: str | Path, *, argument: str = "out") -> Path:
     path = _check_dir_can_be_made(path, argument)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".freqopt-write-check-"):
+    except OSError as e:
+        raise _unwritable(path, argument, e) from e
+    _probe(path, path, argument)
+    return path
+
+
+def _unwritable(path: Path, argument: str, e: OSError) -> OutputError:
+    return OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose another directory",
+                       argument=argument)  # fmt: skip
+
+
+def _probe(folder: Path, path: Path, argument: str) -> None:
+    """Create and remove a file in ``folder``, which proves what permission bits cannot (a root user, a read-only
+    file system); OutputError about ``path`` if that fails."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".freqopt-write-check-"):
             pass
     except OSError as e:
-        raise OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose another directory",
-                          argument=argument) from e  # fmt: skip
-    return path
+        raise _unwritable(path, argument, e) from e
 
 
 def _check_dir_can_be_made(path: str | Path, argument: str) -> Path:
@@ -71,14 +84,12 @@ def _check_dir_can_be_made(path: str | Path, argument: str) -> Path:
         existing = path.absolute()
         while not existing.exists():
             existing = existing.parent
-        if not existing.is_dir():
-            raise OutputError(f"{argument} {path}: cannot write there ({existing} is a file); choose another "
-                              "directory", argument=argument)  # fmt: skip
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".freqopt-write-check-"):
-            pass
     except OSError as e:
-        raise OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose another directory",
-                          argument=argument) from e  # fmt: skip
+        raise _unwritable(path, argument, e) from e
+    if not existing.is_dir():
+        raise OutputError(f"{argument} {path}: cannot write there ({existing} is a file); choose another "
+                          "directory", argument=argument)  # fmt: skip
+    _probe(existing, path, argument)
     return path
 
 
