@@ -2,8 +2,8 @@
 
     python experiments/benchmark_report.py
 
-The runs themselves (59 s and 84 s for gpt3-small on h100-sxm, 252 s and 347 s for gpt3-xl on rtx3080ti, on 2 cores
-shared with other experiment runs, 2026-11-23):
+The runs themselves (24 s and 27 s for gpt3-small on h100-sxm, 201 s and 229 s for gpt3-xl on rtx3080ti, on 2 cores
+shared with other experiment runs, 2026-11-25):
 
     freqopt benchmark --model gpt3-small --gpu h100-sxm --json experiments/benchmark/gpt3-small-h100-sxm.json
     freqopt benchmark --model gpt3-small --gpu h100-sxm --free-switching --json experiments/benchmark/gpt3-small-h100-sxm-free-switching.json
