@@ -105,7 +105,7 @@ def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> Pha
                                   f"{type(backend).__name__}")  # fmt: skip
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
     labels = tuple(label for label, _, _ in spans)
-    if table is not None and table.granularity == "phase":
+    if table is not None and table.is_phase_schedule:
         return PhasePlan(labels, tuple((a, b) for _, a, b in spans), requested_per_phase(table, labels))
     if table is None:
         per_kernel = [DEFAULT_SETTING] * len(trace)

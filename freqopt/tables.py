@@ -170,6 +170,13 @@ class ClockTable:
     source: str | None = field(default=None, compare=False)
 
     @property
+    def is_phase_schedule(self) -> bool:
+        """Whether the table is a phase schedule, each entry's setting requested at its ``request_phase`` (a
+        phase-level table, or a finer level's whose best realizable schedule was the phase level's), applied as it
+        stands rather than realized per phase from per-unit settings."""
+        return self.granularity == "phase" or any("request_phase" in e for e in self.entries)
+
+    @property
     def workload(self) -> dict[str, Any]:
         """The workload the table was found for (workload_doc): model, n_layers, d_model, n_heads, seq_len,
         micro_batch_size, layout {dp, tp}.
@@ -283,11 +290,11 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     entries = []
     # The units' measured fronts, where the options are the unit's own (not at phase level, whose options are
     # changes of the whole iteration).
-    fronts = r.unit_searches if granularity != "phase" and len(r.unit_searches) == len(r.units) else None
+    fronts = r.unit_searches if not r.requests and len(r.unit_searches) == len(r.units) else None
     for i, (unit, setting) in enumerate(r.units):
         kernels = unit.kernels(trace)
         first = kernels[0]
-        per_class = granularity == "kernel"
+        per_class = granularity == "kernel" and not r.requests  # a kernel level may end on phase blocks
         flops = sum(k.flops for k in kernels)
         nbytes = sum(k.mem_bytes for k in kernels)
         entries.append({
@@ -539,7 +546,7 @@ def write_table_csv(table: ClockTable, path: str | Path) -> Path:
     """Write the CSV view (one row per tuning unit), atomically. Returns the path."""
     buf = io.StringIO()
     columns = ["unit", "kind", "n_kernels", "arithmetic_intensity", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w"]
-    if table.granularity == "phase":
+    if table.is_phase_schedule:
         columns.append("request_phase")
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()

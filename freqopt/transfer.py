@@ -115,7 +115,7 @@ def transfer_table(table: ClockTable, trace: Trace) -> TransferredSchedule:
             model).
     """
     granularity = table.granularity
-    if granularity == "phase":
+    if table.is_phase_schedule:
         return _transfer_phase_table(table, trace)
     entries = table.entries
     units = partition(trace, granularity)
@@ -456,7 +456,7 @@ def _check_target(out: Path, table: ClockTable, trace: Trace, spec: GPUSpec, slo
 
     source = table.data
     # A phase-level table keeps the budget it was found for; a re-allocated one is found for the transfer's.
-    budget = source["max_slowdown"] if table.granularity == "phase" else slowdown
+    budget = source["max_slowdown"] if table.is_phase_schedule else slowdown
     path = target_table_path(out, trace, spec.name, budget, seed, table.granularity)
     check_table_target(path, table_identity({
         "gpu": {"name": spec.name}, "workload": workload_doc(trace.workload), "granularity": table.granularity,
@@ -539,10 +539,10 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         measuring.spec = found_spec.with_switch_latency(switch_s)
     try:
         trace = trace_training_iteration(workload)
-        if table.granularity == "phase":
+        if table.is_phase_schedule:
             transfer_table(table, trace)  # a table of another model's phases fails here, before any file is written
         out, storage = open_output(out, storage)  # a bad URL fails here, before any work or any folder is made
-        if out is not None and (table.granularity == "phase" or has_fronts(table)):  # a table will be written:
+        if out is not None and (table.is_phase_schedule or has_fronts(table)):  # a table will be written:
             _check_target(out, table, trace, spec, slowdown, seed, measuring.name)  # over no other search's
         counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
         config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
@@ -550,7 +550,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
             on_start(table, trace, spec)
         with optuna_logging(verbose):
             report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
-        if out is not None and (report.reallocated is not None or table.granularity == "phase"):
+        if out is not None and (report.reallocated is not None or table.is_phase_schedule):
             report = dataclasses.replace(report, table_path=report.write_table(out))
         return report
     finally:

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from freqopt.backends.simulated import SimulatedGPU
@@ -227,3 +229,38 @@ def test_a_gpu_whose_memory_clock_is_set_per_job_searches_it_only_for_the_whole_
     assert sampled("pass") == {2619}
     assert job_mem_clock_mhz(h100, 3) == 2619 and job_mem_clock_mhz(h100, 1) is None
     assert job_mem_clock_mhz(get_gpu("rtx3080ti"), 3) is None
+
+
+def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_energy(small_trace):
+    """Issue 22, item 1: realizable kernel >= phase. A phase schedule (one setting per block, requested at its
+    phase) is not always a per-kernel-class schedule, so where it validated less energy the kernel level ends on
+    it as it stands, and its table is a phase schedule that the runtime applies by its requests."""
+    from freqopt.backends.base import ClockSetting, Measurement
+    from freqopt.search.result import GranularityResult, SearchResult
+    from freqopt.search.runner import _at_least_the_phase_schedule
+    from freqopt.search.units import TuningUnit
+    from freqopt.tables import table_from_result
+
+    labels = [label for label, _ in small_trace.meta["marks"]]
+    half = len(small_trace) // 2
+    blocks = (TuningUnit("a", tuple(range(half))), TuningUnit("b", tuple(range(half, len(small_trace)))))
+    phase = GranularityResult("phase", tuple(zip(blocks, (ClockSetting(1500, 2619), ClockSetting(1200, 2619)))),
+                              Measurement(1.0, 8.0), Measurement(1.0, 10.0), Measurement(1.01, 8.5), 20, 20.0,
+                              requests=(labels[0], labels[len(labels) // 2]))  # fmt: skip
+    whole = TuningUnit("iteration", tuple(range(len(small_trace))))
+    kernel = GranularityResult("kernel", ((whole, ClockSetting(1800, 2619)),), Measurement(1.0, 9.0),
+                               Measurement(1.0, 10.0), Measurement(1.005, 9.2), 500, 500.0,
+                               ideal=Measurement(1.0, 7.0))  # fmt: skip
+    ended = _at_least_the_phase_schedule(kernel, phase)
+    assert ended.validated == phase.validated and ended.units == phase.units and ended.requests == phase.requests
+    assert (ended.granularity, ended.n_measurements, ended.ideal) == ("kernel", 500, kernel.ideal)  # its own
+    assert _at_least_the_phase_schedule(kernel, dataclasses.replace(phase, validated=Measurement(1.0, 9.3))) is kernel
+    result = SearchResult(small_trace, "h100-sxm", 0.02, Measurement(1.0, 10.0), {"kernel": ended}, None)
+    table = table_from_result(result, "kernel", get_gpu("h100-sxm"), backend="sim", seed=0)
+    assert table.is_phase_schedule and [e["request_phase"] for e in table.entries] == list(phase.requests)
+    assert all("front" not in e for e in table.entries)  # blocks' in-situ options are not unit fronts
+
+    from freqopt.runtime import plan_phases
+
+    plan = plan_phases(table, small_trace, SimulatedGPU(get_gpu("h100-sxm")))
+    assert [s for _, s in plan.requests] == [ClockSetting(1500, 2619), ClockSetting(1200, 2619)]

@@ -29,8 +29,9 @@ class GranularityResult:
         n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
         unit_searches: each unit's study outcome.
         study_names: the Optuna studies behind the result.
-        requests: phase level only: per unit, the label of the phase at whose start the runtime requests its
-            setting (freqopt.search.schedule); () at the other granularities.
+        requests: a phase schedule only (the phase level's, or a finer level's that ended on it): per unit, the
+            label of the phase at whose start the runtime requests its setting (freqopt.search.schedule); () for
+            schedules of per-unit settings.
     """
 
     granularity: str

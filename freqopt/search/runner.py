@@ -217,6 +217,19 @@ def _charge_candidates(ran: dict[str, GranularityResult], asked) -> dict[str, Gr
     return results
 
 
+def _at_least_the_phase_schedule(result: GranularityResult, phase: GranularityResult) -> GranularityResult:
+    """``result`` (a finer level's), or the phase level's schedule where that validated less energy: one setting
+    per phase block, requested at its phase, is a schedule a per-kernel-class table cannot always express (a class
+    may run in blocks of different settings), so the level ends on it as it stands, with the phase level's
+    prediction and requests (its table is then a phase schedule: ClockTable.is_phase_schedule). Both met the
+    budget when validated; the level keeps its own measurements, studies and free-switching ideal."""
+    if phase.validated.energy_j >= result.validated.energy_j:
+        return result
+    return dataclasses.replace(result, units=phase.units, predicted=phase.predicted,
+                               predicted_baseline=phase.predicted_baseline, validated=phase.validated,
+                               requests=phase.requests)  # fmt: skip
+
+
 def _search_granularity(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, validator: Validator,
     baseline: Measurement, on_unit, coarser: list[GranularityResult], storage,
@@ -337,6 +350,8 @@ def run_search(
             coarser = [ran[c] for c in CANDIDATES[g] if c in ran and (c != "phase" or validator.switching)]
             ran[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit, coarser, storage,
                                          ideal_validator if g == "kernel" else None)  # fmt: skip
+            if "phase" in (r.granularity for r in coarser):
+                ran[g] = _at_least_the_phase_schedule(ran[g], ran["phase"])
     results = _charge_candidates(ran, config.granularities)
     if is_persistent(storage):
         finish_job(storage, prefix)
