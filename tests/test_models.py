@@ -135,7 +135,7 @@ def test_cli_models_states_the_padded_vocabulary_and_checks_vocab_multiple(capsy
     assert "50304" not in capsys.readouterr().out
     assert main(["models", "--vocab-multiple", "0"]) == 2
     err = capsys.readouterr().err
-    assert "vocab_multiple must be a positive integer" in err and len(err.strip().splitlines()) == 1
+    assert "--vocab-multiple must be a positive integer" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("micro_batch", [1, 3])
