@@ -22,7 +22,7 @@ from freqopt.models.gpt3 import GPTConfig
 from freqopt.models.parallel import shard_tensor_parallel
 from freqopt.phases import _HOOK_WARNING, PhaseHooks
 from freqopt.runtime import DVFSRuntime
-from freqopt.tables import ClockTable
+from freqopt.tables import ClockTable, workload_doc
 from freqopt.trace import Trace, trace_training_iteration
 
 H100 = get_gpu("h100-sxm")
@@ -30,10 +30,12 @@ TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)
 INSTANT = dataclasses.replace(H100, clock_switch_s=0.0)  # an H100 whose clock switches land at once
 
 
-def pass_table(forward: int, backward: int, optimizer: int) -> ClockTable:
+def pass_table(forward: int, backward: int, optimizer: int, workload=None) -> ClockTable:
+    """A pass-level table, found for ``workload`` when given (the runtime refuses another workload's table)."""
     entries = [{"unit": p, "sm_clock_mhz": c, "mem_clock_mhz": 2619, "power_limit_w": None}
                for p, c in (("forward", forward), ("backward", backward), ("optimizer", optimizer))]  # fmt: skip
-    return ClockTable({"granularity": "pass", "entries": entries, "gpu": {"name": "h100-sxm"}})
+    doc = {"granularity": "pass", "entries": entries, "gpu": {"name": "h100-sxm"}}
+    return ClockTable({**doc, "workload": workload_doc(workload)} if workload is not None else doc)
 
 
 def hook_warnings(caught) -> list:
@@ -122,7 +124,7 @@ def test_user_loop_with_gpt3_small_under_the_runtime():
     torch.manual_seed(0)
     model = build_model(workload.config, device="cpu", dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    table = pass_table(1500, 1200, 1005)
+    table = pass_table(1500, 1200, 1005, workload)
     steps = 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -280,6 +280,7 @@ def test_the_queue_is_drained_and_the_gpu_restored_at_exit(fake_gpu):
     for fail in (False, True):
         backend = NVMLBackend(open_devices()[0], torch_device="cpu")
         backend.kernel_times_s = SimulatedGPU(backend.spec, noise=False).kernel_times_s
+        backend.spec = backend.spec.with_switch_latency(H100.clock_switch_s)  # 6 ms: these phases can switch
         gate, apply = threading.Event(), backend.apply
         backend.apply = lambda setting, apply=apply, gate=gate: (gate.wait(30), apply(setting))[1]  # a stuck set call
         runtime = DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=backend, trace=trace,
