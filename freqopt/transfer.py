@@ -46,7 +46,7 @@ from freqopt.kernels import Trace
 from freqopt.search.allocation import _prediction, allocate_applied, candidate_schedules, coarser_settings
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
-from freqopt.search.runner import _n_trials, _slack, levels_to_run, run_search
+from freqopt.search.runner import _at_least_the_phase_schedule, _n_trials, _slack, levels_to_run, run_search
 from freqopt.search.storage import open_storage, study_prefix, validation_log
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import TuningUnit, partition
@@ -244,13 +244,15 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
         key="transfer", candidates=candidates)  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
     spent = (sum(r.n_measurements for r in coarser), sum(r.search_cost_gpu_s for r in coarser))
-    return GranularityResult(
+    result = GranularityResult(
         granularity=granularity, units=tuple(zip(units, settings)), predicted=predicted,
         predicted_baseline=predicted_baseline, validated=validated,
         n_measurements=spent[0] + sum(s.n_measurements for s in searches) + validator.n_measurements - before[0],
         search_cost_gpu_s=spent[1] + sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - before[1],
         unit_searches=tuple(searches),
     )  # fmt: skip
+    phase = [r for r in coarser if r.granularity == "phase"]  # never worse than the target's phase schedule either
+    return _at_least_the_phase_schedule(result, phase[0]) if phase else result
 
 
 @dataclass(frozen=True)
