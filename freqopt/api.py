@@ -238,6 +238,7 @@ def search(
         StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
         NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.nvml).
     """
+    from freqopt.backends.base import switch_latency
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
     from freqopt.budget import parse_slowdown
     from freqopt.gpus import check_switch_latency_ms
@@ -269,18 +270,14 @@ def search(
     switch_s = check_switch_latency_ms(switch_latency_ms)
     # A real GPU is opened (and its permissions checked) before anything is written.
     measuring, opened = open_backend(backend, requested, seed=seed)
-    found_spec = measuring.spec
-    if switch_s is not None:  # the override replaces the GPU file's latency for this search (and its storage name)
-        measuring.spec = found_spec.with_switch_latency(switch_s)
     try:
-        with optuna_logging(verbose):
+        # The override replaces the GPU file's latency for this search (and its storage name).
+        with switch_latency(measuring, switch_s), optuna_logging(verbose):
             return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials,
                            n_jobs, on_unit, on_start)  # fmt: skip
     finally:
         if opened:
             measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
-        else:
-            measuring.spec = found_spec  # a Backend the caller gave keeps its own GPU type
 
 
 def _n_units(trace, granularity: str, backend, config) -> int:

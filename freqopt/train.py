@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from freqopt.backends.base import Backend, Measurement
+from freqopt.backends.base import Backend, Measurement, switch_latency
 from freqopt.errors import InvalidSettingError
 from freqopt.memory import StepMemory, estimate_step_memory, workload_label
 from freqopt.models import Workload, build_model
@@ -319,13 +319,12 @@ class TrainingPlan:
 
         spec = self.gpu if self.backend == "nvml" else self.gpu or get_gpu(DEFAULT_GPU)
         measuring = get_backend(self.backend, spec, seed=self.seed, read_only=self.read_only)
-        if self.switch_s is not None:
-            measuring.spec = measuring.spec.with_switch_latency(self.switch_s)
         try:
-            if self.table is not None:
-                self.table.check_gpu(measuring.spec, source=self.table_source)  # the GPU the table is applied to
-            return train(self.workload, measuring, table=self.table, steps=self.steps, compare=self.compare,
-                         device=self.device, seed=self.seed, on_step=on_step)  # fmt: skip
+            with switch_latency(measuring, self.switch_s):
+                if self.table is not None:
+                    self.table.check_gpu(measuring.spec, source=self.table_source)  # the GPU the table is applied to
+                return train(self.workload, measuring, table=self.table, steps=self.steps, compare=self.compare,
+                             device=self.device, seed=self.seed, on_step=on_step)  # fmt: skip
         finally:
             measuring.close()
 

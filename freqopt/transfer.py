@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, switch_latency
 from freqopt.errors import ClockTableError
 from freqopt.gpus import GPUSpec
 from freqopt.kernels import Trace
@@ -536,27 +536,23 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     check_positive_int("n_trials", n_trials, optional=True)
     backend = resolve_backend(backend)
     measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
-    found_spec = measuring.spec
-    if switch_s is not None:
-        measuring.spec = found_spec.with_switch_latency(switch_s)
     try:
-        trace = trace_training_iteration(workload)
-        if table.is_phase_schedule:
-            transfer_table(table, trace)  # a table of another model's phases fails here, before any file is written
-        out, storage = open_output(out, storage)  # a bad URL fails here, before any work or any folder is made
-        if out is not None and (table.is_phase_schedule or has_fronts(table)):  # a table will be written:
-            _check_target(out, table, trace, spec, slowdown, seed, measuring.name)  # over no other search's
-        counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
-        config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
-        if on_start is not None:
-            on_start(table, trace, spec)
-        with optuna_logging(verbose):
-            report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
-        if out is not None and (report.reallocated is not None or table.is_phase_schedule):
-            report = dataclasses.replace(report, table_path=report.write_table(out))
-        return report
+        with switch_latency(measuring, switch_s):  # a Backend the caller gave keeps its own GPU type
+            trace = trace_training_iteration(workload)
+            if table.is_phase_schedule:  # a table of another model's phases fails here, before any file is written
+                transfer_table(table, trace)
+            out, storage = open_output(out, storage)  # a bad URL fails here, before any work or folder is made
+            if out is not None and (table.is_phase_schedule or has_fronts(table)):  # a table will be written:
+                _check_target(out, table, trace, spec, slowdown, seed, measuring.name)  # over no other search's
+            counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
+            config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
+            if on_start is not None:
+                on_start(table, trace, spec)
+            with optuna_logging(verbose):
+                report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
+            if out is not None and (report.reallocated is not None or table.is_phase_schedule):
+                report = dataclasses.replace(report, table_path=report.write_table(out))
+            return report
     finally:
         if isinstance(backend, str):
             measuring.close()  # a real GPU goes back to what it was found with
-        else:
-            measuring.spec = found_spec  # a Backend the caller gave keeps its own GPU type

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from freqopt.gpus import GPUSpec
 from freqopt.kernels import Kernel
 
-__all__ = ["ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "Backend"]
+__all__ = ["ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "Backend", "switch_latency"]
 
 
 @dataclass(frozen=True, order=True)
@@ -182,3 +183,17 @@ class Backend(abc.ABC):
 
         ``switching``: include the cost of switching clocks (a real GPU always does; a simulated one only when asked,
         so that the ideal, free-switching figure can be computed too)."""
+
+
+@contextlib.contextmanager
+def switch_latency(backend: Backend, switch_s: float | None) -> Iterator[Backend]:
+    """``backend`` with its GPU type's clock-switch latency replaced by ``switch_s`` (s; GPUSpec.with_switch_latency)
+    for the block, and its own GPU type given back after it, however the block ends (a Backend a caller passed in
+    keeps its own). None changes nothing: the GPU file's latency stands."""
+    found = backend.spec
+    if switch_s is not None:
+        backend.spec = found.with_switch_latency(switch_s)
+    try:
+        yield backend
+    finally:
+        backend.spec = found
