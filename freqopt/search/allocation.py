@@ -100,15 +100,10 @@ def allocate_applied(
     return result, settings, validated
 
 
-def coarser_settings(trace: Trace, coarser: GranularityResult | None, units: list[TuningUnit],
-                     kernel_time_s: np.ndarray | None = None) -> list[ClockSetting] | None:  # fmt: skip
-    """Per unit, the setting a coarser granularity's schedule (a GranularityResult) gives the unit's kernels: the one
-    they spend most time in (``kernel_time_s``, shape (K,), s; by kernel count without it). Exact where the coarser
-    units are unions of these (iteration and pass under kernel classes); a projection otherwise (phase blocks,
-    whose kernels of one class may sit in blocks of different settings). None without a coarser result."""
-    if coarser is None:
-        return None
-    per_kernel = _per_kernel_settings(trace, coarser.units)
+def dominant_settings(per_kernel: Sequence[ClockSetting], units: list[TuningUnit],
+                      kernel_time_s: np.ndarray | None = None) -> list[ClockSetting]:  # fmt: skip
+    """Per unit, the setting of ``per_kernel`` (one per kernel, shape (K,)) its kernels spend most time in
+    (``kernel_time_s``, shape (K,), s; by kernel count without it)."""
     settings = []
     for unit in units:
         weights: dict[ClockSetting, float] = {}
@@ -117,6 +112,17 @@ def coarser_settings(trace: Trace, coarser: GranularityResult | None, units: lis
                                                                          else float(kernel_time_s[i]))  # fmt: skip
         settings.append(max(weights, key=weights.get))
     return settings
+
+
+def coarser_settings(trace: Trace, coarser: GranularityResult | None, units: list[TuningUnit],
+                     kernel_time_s: np.ndarray | None = None) -> list[ClockSetting] | None:  # fmt: skip
+    """Per unit, the setting a coarser granularity's schedule (a GranularityResult) gives the unit's kernels: the one
+    they spend most time in (dominant_settings). Exact where the coarser units are unions of these (iteration and
+    pass under kernel classes); a projection otherwise (phase blocks, whose kernels of one class may sit in blocks
+    of different settings). None without a coarser result."""
+    if coarser is None:
+        return None
+    return dominant_settings(_per_kernel_settings(trace, coarser.units), units, kernel_time_s)
 
 
 def candidate_schedules(trace: Trace, coarser: Sequence[GranularityResult], units: list[TuningUnit],
@@ -149,13 +155,7 @@ def _as_applied(
     if not validator.switching:
         return settings, validated
     realized = validator.realize(tuple(_per_kernel_settings(trace, zip(units, settings))))
-    kernel_time_s = validator.realize.kernel_time_s
-    applied = []
-    for unit in units:
-        weights: dict[ClockSetting, float] = {}
-        for i in unit.kernel_indices:
-            weights[realized[i]] = weights.get(realized[i], 0.0) + float(kernel_time_s[i])
-        applied.append(max(weights, key=weights.get))
+    applied = dominant_settings(realized, units, validator.realize.kernel_time_s)
     if applied == list(settings):
         return settings, validated
     measured = validator.units(units, applied, key)
