@@ -25,7 +25,7 @@ import numpy as np
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting
 from freqopt.kernels import Trace
 from freqopt.phases import phase_spans
-from freqopt.search.schedule import lookahead_requests, settings_per_phase
+from freqopt.search.schedule import lookahead_requests, requests_per_kernel
 
 __all__ = ["realizable_settings", "requested_settings", "Realizer"]
 
@@ -106,11 +106,7 @@ def requested_settings(marks: Sequence[tuple[str, int]], realized: Sequence[Cloc
     duration = np.array([float(np.sum(kernel_time_s[first:end])) for _, first, end in spans])  # (P,)
     start = np.cumsum(duration) - duration  # (P,)
     requests = lookahead_requests(start, float(duration.sum()), changes, switch_s)
-    per_phase = settings_per_phase(len(spans), [(r, landing[p]) for r, p in zip(requests, changes)])
-    out: list[ClockSetting] = []
-    for (_, first, end), setting in zip(spans, per_phase):
-        out.extend([setting] * (end - first))
-    return out
+    return list(requests_per_kernel(spans, [(r, landing[p]) for r, p in zip(requests, changes)]))
 
 
 class Realizer:

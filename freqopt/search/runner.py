@@ -155,7 +155,7 @@ def run_unit_studies(
     )  # fmt: skip
     inherited = []  # per unit: its warm settings, without the default (every study measures it), repeats, or
     for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed
-        settings = w if isinstance(w, (list, tuple)) and not isinstance(w, ClockSetting) else [w]
+        settings = w if isinstance(w, (list, tuple)) else [w]  # ClockSetting is a dataclass, not a tuple
         inherited.append([x for x in dict.fromkeys(settings)
                           if x not in (None, DEFAULT_SETTING) and _at_job_mem_clock([x], mem)])  # fmt: skip
     done = 0
@@ -201,7 +201,7 @@ def levels_to_run(granularities, switching: bool = True) -> tuple[str, ...]:
     levels (CANDIDATES; phase as the kernel level's candidate only with ``switching``)."""
     needed = set(granularities)
     for g in granularities:
-        needed.update(c for c in CANDIDATES[g] if c != "phase" or switching or g == "phase")
+        needed.update(c for c in CANDIDATES[g] if c != "phase" or switching)
     return tuple(g for g in SEARCH_ORDER if g in needed)
 
 

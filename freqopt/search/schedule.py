@@ -180,10 +180,19 @@ def request_schedule(trace: Trace, blocks: Sequence[PhaseBlock], settings: Seque
         One ClockSetting per kernel, shape (K,), constant within each phase.
     """
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
-    per_phase = settings_per_phase(len(spans), [(b.request, s) for b, s in zip(blocks, settings)])
-    out: list[ClockSetting] = [DEFAULT_SETTING] * len(trace)
-    for (_, a, b), setting in zip(spans, per_phase):
-        out[a:b] = [setting] * (b - a)
+    return requests_per_kernel(spans, [(b.request, s) for b, s in zip(blocks, settings)])
+
+
+def requests_per_kernel(spans: Sequence[tuple[str, int, int]], requests: Sequence[tuple[int, ClockSetting]]) -> tuple:
+    """The per-kernel schedule of (phase index, setting) ``requests``, each asked for at its phase's start and held
+    up to the next (settings_per_phase, cyclically); ``spans`` the trace's phases (freqopt.phases.phase_spans).
+
+    Returns:
+        One ClockSetting per kernel, shape (K,), constant within each phase.
+    """
+    out: list[ClockSetting] = []
+    for (_, first, end), setting in zip(spans, settings_per_phase(len(spans), requests)):
+        out.extend([setting] * (end - first))
     return tuple(out)
 
 
