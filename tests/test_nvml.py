@@ -329,17 +329,23 @@ def tiny_model(monkeypatch):
     return "tiny-gpt"
 
 
-def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path, tiny_model):
+def _search_as_root(fake, tmp_path, model: str, granularity: str) -> dict:
+    """`freqopt search` on the stand-in NVML as root (counters updating every 20 ms in real time), a small budget
+    and two trials; the --json document."""
     from freqopt.cli import main
 
     fake.root = True
     for g in fake.gpus:
         g.realtime, g.counter_period_s = True, 0.02
     out = tmp_path / "r.json"
-    assert main(["search", "--backend", "nvml", "--model", tiny_model, "--max-slowdown", "5%", "--granularity",
-                 "iteration", "--trials", "2", "--seq-len", "16", "--micro-batch-size", "1", "--out",
+    assert main(["search", "--backend", "nvml", "--model", model, "--max-slowdown", "5%", "--granularity",
+                 granularity, "--trials", "2", "--seq-len", "16", "--micro-batch-size", "1", "--out",
                  str(tmp_path / "o"), "--json", str(out)]) == 0  # fmt: skip
-    result = json.loads(out.read_text())["results"]["iteration"]
+    return json.loads(out.read_text())
+
+
+def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path, tiny_model):
+    result = _search_as_root(fake, tmp_path, tiny_model, "iteration")["results"]["iteration"]
     assert result["n_measurements"] > 0 and result["search_cost_gpu_s"] > 1.0
     locks = [c for c in fake.set_calls() if c[0] == "nvmlDeviceSetGpuLockedClocks"]
     assert locks  # the search changed clocks ...
@@ -448,18 +454,9 @@ def test_backend_trusts_a_gpu_that_accepts_a_memory_lock_its_file_reads_per_job(
 
 
 def test_cli_search_on_a_gpu_with_a_per_job_memory_clock_completes_and_restores(fake, tmp_path, tiny_model, caplog):
-    from freqopt.cli import main
-
-    fake.root = True
     fake.gpus[0].mem_clocks_mhz = (1593, 2619)
-    for g in fake.gpus:
-        g.realtime, g.counter_period_s = True, 0.02
-    out = tmp_path / "r.json"
-    assert main(["search", "--backend", "nvml", "--model", tiny_model, "--max-slowdown", "5%", "--granularity",
-                 "pass", "--trials", "2", "--seq-len", "16", "--micro-batch-size", "1", "--out",
-                 str(tmp_path / "o"), "--json", str(out)]) == 0  # fmt: skip
+    doc = _search_as_root(fake, tmp_path, tiny_model, "pass")
     assert sum("refused a run-time memory-clock lock" in r.getMessage() for r in caplog.records) == 1
-    doc = json.loads(out.read_text())
     assert doc["results"]["pass"]["n_measurements"] > 0
     gpu = fake.gpus[0]
     assert (gpu.locked_sm_mhz, gpu.locked_mem_mhz, gpu.power_limit_mw) == (None, None, 700_000)
