@@ -294,11 +294,9 @@ def _check_table_targets(trace, measuring, slowdown: float, granularities, seed:
     """Refuse, before any measurement, a search whose tables would replace another search's in ``out``
     (freqopt.tables.check_table_target): the tables' names carry the model, GPU, layout, budget and seed, but not
     the micro-batch, sequence length or backend."""
-    from types import SimpleNamespace
-
     from freqopt.tables import check_table_target, table_identity, table_stem, workload_doc
 
-    stem = table_stem(SimpleNamespace(trace=trace, gpu=measuring.spec.name, max_slowdown=slowdown, seed=seed))
+    stem = table_stem(trace.workload, measuring.spec.name, slowdown, seed)
     for g in granularities:
         check_table_target(out / f"{stem}-{g}.json", table_identity({
             "gpu": {"name": measuring.spec.name}, "workload": workload_doc(trace.workload), "granularity": g,

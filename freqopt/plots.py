@@ -175,7 +175,7 @@ def write_search_figures(result, out: str | Path) -> dict[str, Path]:
     if not have_matplotlib():
         raise ImportError("figures need matplotlib: pip install 'freqopt[plots]'")
     out = Path(out)
-    stem = table_stem(result)
+    stem = table_stem(result.trace.workload, result.gpu, result.max_slowdown, result.seed)
     paths = {"energy-time": plot_energy_time(result, out / f"{stem}-energy-time.png")}
     if any(g != "power-cap" for g in result.results):
         paths["clocks"] = plot_clocks(result, out / f"{stem}-clocks.png")

@@ -392,18 +392,18 @@ def budget_tag(max_slowdown: float) -> str:
     return f"{round(100.0 * max_slowdown, 6):g}pct"
 
 
-def table_stem(result) -> str:
+def table_stem(workload, gpu: str, max_slowdown: float, seed: int = 0) -> str:
     """The file-name stem of a search's tables and figures (module docstring, "File names"): MODEL-GPU, then
     -dpNtpM under a parallel layout, the budget (budget_tag), and -seedN for a seed other than 0 (the ':' of an
     ``hf:NAME`` model becomes '-', which file systems and shells take without quoting).
 
     Args:
-        result: a SearchResult (its trace's workload, ``gpu``, ``max_slowdown`` and ``seed``).
+        workload: the searched freqopt.models.Workload; gpu: the GPU type's name; max_slowdown: the budget, a
+            fraction; seed: the samplers' seed.
     """
-    w = result.trace.workload
-    layout = "" if w.layout.is_single_gpu else f"-dp{w.layout.dp}tp{w.layout.tp}"
-    seed = f"-seed{result.seed}" if getattr(result, "seed", 0) else ""
-    return f"{w.model.replace(':', '-')}-{result.gpu}{layout}-{budget_tag(result.max_slowdown)}{seed}"
+    layout = "" if workload.layout.is_single_gpu else f"-dp{workload.layout.dp}tp{workload.layout.tp}"
+    tag = f"-seed{seed}" if seed else ""
+    return f"{workload.model.replace(':', '-')}-{gpu}{layout}-{budget_tag(max_slowdown)}{tag}"
 
 
 def table_identity(data: dict[str, Any]) -> dict[str, Any]:
@@ -466,7 +466,8 @@ def write_result_tables(result, out: str | Path) -> dict[str, Path]:
     """
     out = Path(out)
     tables = {g: result_table(result, g) for g in result.results}
-    paths = {g: out / f"{table_stem(result)}-{g}.json" for g in tables}
+    stem = table_stem(result.trace.workload, result.gpu, result.max_slowdown, result.seed)
+    paths = {g: out / f"{stem}-{g}.json" for g in tables}
     for g, table in tables.items():
         check_table_target(paths[g], table_identity(table.data))
     for g, table in tables.items():

@@ -393,11 +393,9 @@ class TransferReport:
 def target_table_path(out, trace: Trace, gpu: str, max_slowdown: float, seed: int, granularity: str) -> Path:
     """Where a transfer writes the target's table: ``out``/STEM-GRANULARITY-transferred.json, STEM the target's
     (freqopt.tables.table_stem: model, GPU, layout, budget, seed), absolute."""
-    from types import SimpleNamespace
-
     from freqopt.tables import table_stem
 
-    stem = table_stem(SimpleNamespace(trace=trace, gpu=gpu, max_slowdown=max_slowdown, seed=seed))
+    stem = table_stem(trace.workload, gpu, max_slowdown, seed)
     return (Path(out) / f"{stem}-{granularity}-transferred.json").resolve()
 
 
