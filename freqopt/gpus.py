@@ -151,8 +151,8 @@ class GPUSpec:
             unknown (one measured figure: both ends equal); ``clock_switch_s`` lies within it.
             [actuation] clock_switch_range_ms.
         mem_clock_lock: how the memory clock can be set, one of MEM_CLOCK_LOCKS ("runtime", "per-job", "none").
-        mem_clock_runtime: whether the memory clock can change while a job runs: ``mem_clock_lock`` is "runtime"
-            and the GPU lists more than one memory clock. False: the memory clock is one setting for the whole job.
+        mem_clock_runtime (property): whether the memory clock can change while a job runs (``mem_clock_lock``
+            "runtime" and more than one memory clock).
         energy_counter_period_s: update period of nvmlDeviceGetTotalEnergyConsumption, s.
         power_model: see PowerModel.
         interconnect: see Interconnect.
@@ -195,7 +195,12 @@ class GPUSpec:
     nvml_call_s: float = 0.0
     clock_switch_range_s: tuple[float, float] = (0.0, 0.0)
     mem_clock_lock: str = "none"
-    mem_clock_runtime: bool = False
+
+    @property
+    def mem_clock_runtime(self) -> bool:
+        """Whether the memory clock can change while a job runs: ``mem_clock_lock`` is "runtime" and the GPU lists
+        more than one memory clock. False: the memory clock is one setting for the whole job."""
+        return self.mem_clock_lock == "runtime" and len(self.mem_clocks_mhz) > 1
 
     def with_switch_latency(self, switch_s: float) -> GPUSpec:
         """This GPU type with another effective switch latency (``clock_switch_s``), s, e.g. one measured on the
@@ -314,7 +319,7 @@ def _range_ms(table: dict[str, Any], key: str, path: Path) -> tuple[float, float
     return float(value[0]) / 1e3, float(value[1]) / 1e3
 
 
-def _actuation(data: dict[str, Any], path: Path, clock_switch_s: float, n_mem_clocks: int) -> dict[str, Any]:
+def _actuation(data: dict[str, Any], path: Path, clock_switch_s: float) -> dict[str, Any]:
     """GPUSpec's actuation fields from a file's [actuation] table, checked against its effective latency."""
     a = data.get("actuation")
     if not isinstance(a, dict):
@@ -330,8 +335,7 @@ def _actuation(data: dict[str, Any], path: Path, clock_switch_s: float, n_mem_cl
     if lock not in MEM_CLOCK_LOCKS:
         raise InvalidSettingError(f"{path}: [actuation] mem_clock_lock must be one of {', '.join(MEM_CLOCK_LOCKS)}, "
                                   f"not {lock!r}")
-    return {"nvml_call_s": call[1], "clock_switch_range_s": (low, high), "mem_clock_lock": lock,
-            "mem_clock_runtime": lock == "runtime" and n_mem_clocks > 1}
+    return {"nvml_call_s": call[1], "clock_switch_range_s": (low, high), "mem_clock_lock": lock}
 
 
 @lru_cache(maxsize=None)
@@ -385,5 +389,5 @@ def get_gpu(name: str) -> GPUSpec:
         host_issue_s=float(data.get("host", {}).get("issue_us", 0.0)) * 1e-6,
         host_gemm_issue_s=float(data.get("host", {}).get("gemm_issue_us", 0.0)) * 1e-6,
         memory_gb=float(g["memory_gb"]) if "memory_gb" in g else None,
-        **_actuation(data, path, clock_switch_s, len(mem_clocks)),
+        **_actuation(data, path, clock_switch_s),
     )

@@ -216,8 +216,7 @@ class NVMLDevice:
         lo, hi = self.power_limit_constraints_w()
         return dataclasses.replace(spec, sm_clocks_mhz=sm, mem_clocks_mhz=tuple(mem), max_sm_clock_for_mem_mhz=limits,
                                    power_limit_min_w=lo, power_limit_max_w=hi,
-                                   power_limit_default_w=self.power_limit_default_w(),
-                                   mem_clock_runtime=spec.mem_clock_lock == "runtime" and len(mem) > 1)  # fmt: skip
+                                   power_limit_default_w=self.power_limit_default_w())  # fmt: skip
 
 
 def open_devices(*, read_only: bool = False, visible: str | None = None) -> list[NVMLDevice]:

@@ -102,7 +102,7 @@ class NVMLBackend(Backend):
         except NVMLNotSupportedError as e:
             self.mem_clock_refusal = str(e)
             self.spec = dataclasses.replace(
-                spec, mem_clocks_mhz=(held,), mem_clock_lock="per-job", mem_clock_runtime=False,
+                spec, mem_clocks_mhz=(held,), mem_clock_lock="per-job",
                 max_sm_clock_for_mem_mhz={m: f for m, f in spec.max_sm_clock_for_mem_mhz.items() if m == held})
             logger.warning("GPU %d (%s) refused a run-time memory-clock lock (%s): its memory clock is one setting per "
                            "job, so it is measured at %d MHz only; another takes nvidia-smi "
@@ -118,7 +118,7 @@ class NVMLBackend(Backend):
             logger.info("GPU %d (%s) accepted a run-time memory-clock lock, although search_spaces/%s.toml reads "
                         "%s: the memory clock is searched per phase", self.device.index, self.device.name, spec.name,
                         spec.mem_clock_lock)  # fmt: skip
-        self.spec = dataclasses.replace(spec, mem_clock_lock="runtime", mem_clock_runtime=True)
+        self.spec = dataclasses.replace(spec, mem_clock_lock="runtime")
 
     def close(self) -> None:
         """Restore the GPU's clocks and power limit as the guard found them (freqopt.nvml.GPUStateGuard)."""
