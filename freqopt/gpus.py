@@ -209,8 +209,7 @@ class GPUSpec:
         Raises:
             InvalidSettingError: ``switch_s`` is not a finite number >= 0.
         """
-        if isinstance(switch_s, bool) or not isinstance(switch_s, (int, float)) or not math.isfinite(switch_s) \
-                or switch_s < 0:
+        if not _finite_non_negative(switch_s):
             raise InvalidSettingError(f"switch latency must be a finite number of seconds >= 0, not {switch_s!r}")
         return dataclasses.replace(self, clock_switch_s=float(switch_s))
 
@@ -295,6 +294,11 @@ def _clock_list(table: dict[str, Any], key: str) -> tuple[int, ...]:
     return tuple(sorted(int(math.floor(top - i * step + 1e-9)) for i in range(n)))
 
 
+def _finite_non_negative(value) -> bool:
+    """A real number (not a bool), finite and >= 0: what a switch latency may be."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
 def check_switch_latency_ms(value, *, argument: str = "switch_latency_ms") -> float | None:
     """A switch-latency override given in ms (an argument of the search API and CLI), checked and converted to s;
     None stays None (no override: the GPU file's value).
@@ -304,7 +308,7 @@ def check_switch_latency_ms(value, *, argument: str = "switch_latency_ms") -> fl
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not _finite_non_negative(value):
         raise InvalidSettingError(f"{argument} must be a number of milliseconds >= 0 (0: switches land at once), "
                                   f"not {value!r}", argument=argument)  # fmt: skip
     return float(value) / 1e3
