@@ -292,7 +292,7 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         if on_gpu:
             check_gpu_memory(workload, measuring.spec, memory)
         if not real:
-            _check_setting(measuring.spec, setting)  # before tracing, which takes a while on large models
+            setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
             trace = trace_training_iteration(workload)
             total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
             return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
@@ -305,18 +305,6 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     finally:
         if opened:
             measuring.close()
-
-
-def _check_setting(spec, setting: ClockSetting) -> None:
-    """The GPU type's own checks of a setting (SimulatedGPU.run makes them too, but only after the trace).
-
-    Raises:
-        InvalidSettingError: GPUSpec.check_clocks or check_power_limit refused it (the message lists the range).
-    """
-    if setting.sm_clock_mhz is not None or setting.mem_clock_mhz is not None:
-        spec.check_clocks(*spec.resolve_clocks(setting.sm_clock_mhz, setting.mem_clock_mhz))
-    if setting.power_limit_w is not None:
-        spec.check_power_limit(setting.power_limit_w)
 
 
 class _Trainer:

@@ -36,6 +36,18 @@ class ClockSetting:
         ``sm_clock_mhz``, ``mem_clock_mhz`` and ``power_limit_w``, each None where the default is kept."""
         return cls(entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"])
 
+    def check_supported(self, spec: GPUSpec) -> None:
+        """Raise unless GPU type ``spec`` supports this setting: its clock pair (None: the highest clock) and its
+        power limit (GPUSpec.check_clocks, check_power_limit).
+
+        Raises:
+            InvalidSettingError: the message lists the supported range.
+        """
+        if self.sm_clock_mhz is not None or self.mem_clock_mhz is not None:
+            spec.check_clocks(*spec.resolve_clocks(self.sm_clock_mhz, self.mem_clock_mhz))
+        if self.power_limit_w is not None:
+            spec.check_power_limit(self.power_limit_w)
+
     def label(self) -> str:
         parts = []
         if self.sm_clock_mhz is not None:

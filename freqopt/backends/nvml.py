@@ -145,10 +145,7 @@ class NVMLBackend(Backend):
             self._applied = setting
             return
         spec = self.spec
-        if setting.sm_clock_mhz is not None or setting.mem_clock_mhz is not None:
-            spec.check_clocks(*spec.resolve_clocks(setting.sm_clock_mhz, setting.mem_clock_mhz))
-        if setting.power_limit_w is not None:
-            spec.check_power_limit(setting.power_limit_w)
+        setting.check_supported(spec)
         self.guard.before_change()
         previous = self._applied or ClockSetting(-1, -1, -1.0)  # unknown: apply every field
         if setting.sm_clock_mhz != previous.sm_clock_mhz:

@@ -108,11 +108,7 @@ class SimulatedGPU(Backend):
         Raises:
             InvalidSettingError: clocks or a power limit this GPU type does not support.
         """
-        spec = self.spec
-        if setting.sm_clock_mhz is not None or setting.mem_clock_mhz is not None:
-            spec.check_clocks(*spec.resolve_clocks(setting.sm_clock_mhz, setting.mem_clock_mhz))
-        if setting.power_limit_w is not None:
-            spec.check_power_limit(setting.power_limit_w)
+        setting.check_supported(self.spec)
         self.applied = setting
 
     def energy_j(self) -> float:
@@ -147,11 +143,8 @@ class SimulatedGPU(Backend):
         if switch_latency_s > 0 and len(set(settings)) > 1:
             settings = self._delayed(kernels, settings, switch_latency_s, loop)
         spec = self.spec
-        for s in settings:
-            if s.sm_clock_mhz is not None or s.mem_clock_mhz is not None:
-                spec.check_clocks(*spec.resolve_clocks(s.sm_clock_mhz, s.mem_clock_mhz))
-            if s.power_limit_w is not None:
-                spec.check_power_limit(s.power_limit_w)
+        for s in dict.fromkeys(settings):  # each distinct setting once, in order
+            s.check_supported(spec)
         mem = np.array([spec.resolve_clocks(None, s.mem_clock_mhz)[1] for s in settings], dtype=float)
         requested = np.array([self._sm_index(s.sm_clock_mhz) for s in settings])  # (K,)
         limit = np.array([spec.power_limit_default_w if s.power_limit_w is None else s.power_limit_w
