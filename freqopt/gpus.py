@@ -139,6 +139,20 @@ class GPUSpec:
         host_issue_s: host time to issue one kernel of a training step (Python, dispatcher, launch); the GPU
             idles when it outruns the host (0: an infinitely fast host).
         host_gemm_issue_s: the same for a GEMM (cuBLAS's heuristics and launch cost more).
+        step_host_s: pass (forward, backward, optimizer) -> host time per kernel of a training step on top of
+            ``host_issue_s`` / ``host_gemm_issue_s`` (autograd, module calls, the optimizer's Python), s; the file's
+            [step_host] table in us; empty: a step's host costs what a replay's does.
+        operator_bandwidth_rel: ATen operator name (or "multi_tensor" for the _foreach_ and _fused_ operators) ->
+            its device-memory bandwidth relative to a streaming copy's; the file's [operator_bandwidth_rel]
+            table; absent operators stream as a copy (freqopt.backends.physics.bandwidth_rel).
+        row_overhead_elements: ATen operator name -> c0, elements: a kernel that reduces each row of C elements
+            (its first input's last dimension) streams at C / (C + c0) of its wide-row rate (relative to its rate at
+            rows of 768, where ``operator_bandwidth_rel`` and ``layer_norm_bandwidth_rel`` hold); the file's
+            [row_overhead_elements] table.
+        attention_head_dim_overhead: d0 of fused attention's efficiency at head dimension d, d / (d + d0), relative
+            to its ``attention_efficiency`` at 64 (0: no dependence); the file's [attention] head_dim_overhead.
+        attention_backward_efficiency_rel: fused attention's backward rate per FLOP relative to its forward's;
+            [attention] backward_efficiency_rel.
         clock_switch_s: the effective switch latency, s: from a runtime's request until the new clock holds, as
             the simulated GPU charges it (a schedule's switch lands this late) and as the search's phase blocks are
             sized (at least this long). It is the NVML call's own blocking time plus the transition (request delay
@@ -191,6 +205,11 @@ class GPUSpec:
     layer_norm_bandwidth_rel: float = 1.0
     host_issue_s: float = 0.0
     host_gemm_issue_s: float = 0.0
+    step_host_s: dict[str, float] = field(default_factory=dict)
+    operator_bandwidth_rel: dict[str, float] = field(default_factory=dict)
+    row_overhead_elements: dict[str, float] = field(default_factory=dict)
+    attention_head_dim_overhead: float = 0.0
+    attention_backward_efficiency_rel: float = 1.0
     memory_gb: float | None = None
     nvml_call_s: float = 0.0
     clock_switch_range_s: tuple[float, float] = (0.0, 0.0)
@@ -392,6 +411,11 @@ def get_gpu(name: str) -> GPUSpec:
         layer_norm_bandwidth_rel=float(m.get("layer_norm_bandwidth_rel", 1.0)),
         host_issue_s=float(data.get("host", {}).get("issue_us", 0.0)) * 1e-6,
         host_gemm_issue_s=float(data.get("host", {}).get("gemm_issue_us", 0.0)) * 1e-6,
+        step_host_s={k.removesuffix("_us"): float(v) * 1e-6 for k, v in data.get("step_host", {}).items()},
+        operator_bandwidth_rel={k: float(v) for k, v in data.get("operator_bandwidth_rel", {}).items()},
+        row_overhead_elements={k: float(v) for k, v in data.get("row_overhead_elements", {}).items()},
+        attention_head_dim_overhead=float(data.get("attention", {}).get("head_dim_overhead", 0.0)),
+        attention_backward_efficiency_rel=float(data.get("attention", {}).get("backward_efficiency_rel", 1.0)),
         memory_gb=float(g["memory_gb"]) if "memory_gb" in g else None,
         **_actuation(data, path, clock_switch_s),
     )

@@ -106,6 +106,39 @@ def _tensor_bytes(t: torch.Tensor) -> int:
         return nbytes
 
 
+# PyTorch's fused Adam(W) kernel stores the gradient back only when it unscales it (grad_scale given:
+# aten/src/ATen/native/cuda/fused_adam_utils.cuh), though the schema marks the gradients as written.
+_WRITES_GRADS_ONLY_WHEN_SCALED = {"_fused_adamw_", "_fused_adam_"}
+_NLL_LOSS = {"nll_loss_forward", "nll_loss_backward"}
+
+
+def _written_arguments(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an operator writes in place: its schema's arguments marked as written (``Tensor(a!)``), e.g.
+    the parameters and moments of ``_fused_adamw_`` or the tensors of ``_foreach_mul_``, which return nothing."""
+    found: list[torch.Tensor] = []
+    op = func._overloadpacket.__name__
+    scaled = kwargs.get("grad_scale") is not None
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if arg.name == "grads" and op in _WRITES_GRADS_ONLY_WHEN_SCALED and not scaled:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        found += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    return found
+
+
+def _nll_loss_bytes(op: str, args: tuple, written: list[torch.Tensor]) -> int:
+    """Device-memory bytes of the negative log-likelihood loss: the forward reads the targets and one log-probability
+    per row (a gather, not the (N, C) input); the backward reads the targets and writes the whole (N, C) gradient
+    (zero-filled, then one entry per row), never reading the input (aten/src/ATen/native/cuda/Loss.cu)."""
+    target = args[2] if op == "nll_loss_backward" else args[1]
+    nbytes = _tensor_bytes(target) + sum(map(_tensor_bytes, written))
+    if op == "nll_loss_forward":
+        nbytes += target.numel() * args[0].element_size()
+    return nbytes
+
+
 def _shapes(inputs: list[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
     if len(inputs) >= _MULTI_TENSOR_MIN_INPUTS:
         return ((len(inputs), sum(t.numel() for t in inputs)),)
@@ -208,12 +241,16 @@ class _KernelRecorder(TorchDispatchMode):
         if op == "all_reduce":
             self.kernels.append(_all_reduce_kernel(*args, pass_name=self.pass_name, call=call))
             return out
-        # In-place and out= operators return their (already counted) inputs: count each storage once as written.
+        # In-place and out= operators return their (already counted) inputs, or nothing (the foreach and fused
+        # optimizer operators): count each storage they write once more, as written.
         written = [o for o in outputs if not any(o is i for i in inputs)]
         mutated = [o for o in outputs if any(o is i for i in inputs)]
+        mutated += [t for t in _written_arguments(func, args, kwargs) if not any(t is o for o in mutated)]
         mem_bytes = sum(map(_tensor_bytes, inputs)) + sum(map(_tensor_bytes, written)) + sum(map(_tensor_bytes, mutated))
         if op == "_foreach_copy_" or op == "copy_":  # reads the source, writes the destination
             mem_bytes = sum(map(_tensor_bytes, inputs))
+        elif op in _NLL_LOSS:
+            mem_bytes = _nll_loss_bytes(op, args, written)
         formula = flop_registry.get(packet)
         flops = float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
         floating = [t for t in inputs if t.is_floating_point()] or inputs or outputs  # outputs: factories (full)

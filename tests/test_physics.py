@@ -1,5 +1,7 @@
 """The simulated GPU's physics (freqopt/backends/simulated.py's module docstring)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -118,14 +120,30 @@ def test_communication_kernels_do_not_wait_for_the_host():
 
 
 def test_launch_bound_kernels_idle_at_the_context_power():
-    """Tiny kernels on the H100: the step takes the host's issue time and draws little more than the idle power
+    """Tiny kernels of a training step on the H100: the step takes the host's time per kernel (a replay's issue
+    time and the training step's framework time of the kernel's pass) and draws little more than the idle power
     with a context open (~124 W measured, experiments/data/h100)."""
     gpu = SimulatedGPU(H100, noise=False)
     n = 50
     time_s, energy_j, _ = gpu.run([TINY] * n, [ClockSetting()] * n, loop=False)
-    assert time_s.sum() == pytest.approx(n * H100.host_issue_s, rel=0.05)
+    assert H100.step_host_s["forward"] > 0
+    assert time_s.sum() == pytest.approx(n * (H100.host_issue_s + H100.step_host_s["forward"]), rel=0.05)
     baseline = physics(TINY).baseline_power_w[0, -1]
     assert baseline < energy_j.sum() / time_s.sum() < baseline + 60
+
+
+def test_a_replay_loop_pays_a_replays_host_time_and_a_step_its_passes():
+    """A unit's replay issues operators back to back (no autograd, no modules): only ``host_issue_s`` per kernel;
+    a training step's host costs more per kernel, most in the forward pass (calibration_steps.HOST_SPLIT_US)."""
+    gpu = SimulatedGPU(H100, noise=False)
+    n = 50
+    replay, _, _ = gpu.run([TINY] * n, [ClockSetting()] * n, loop=True)
+    assert replay.sum() == pytest.approx(n * H100.host_issue_s, rel=0.05)
+    by_pass = {}
+    for name in ("forward", "backward", "optimizer"):
+        kernel = dataclasses.replace(TINY, pass_name=name)
+        by_pass[name] = gpu.step([kernel] * n).time_s
+    assert by_pass["forward"] > by_pass["backward"] > by_pass["optimizer"] > replay.sum()
 
 
 def test_no_host_time_where_a_gpu_type_has_none():

@@ -32,6 +32,20 @@ def test_gemm_flops_are_2mkn():
     assert kernel.tensor_core
 
 
+def test_bytes_count_what_the_optimizer_and_the_loss_move(gpt3_small_trace):
+    """In-place operators that return nothing still write: the fused AdamW reads the FP32 master weights,
+    gradients and two moments and writes back the weights and moments (28 bytes a parameter; the gradients only
+    when it unscales them), _foreach_mul_ reads and writes each tensor. The loss gathers one log-probability a
+    row, and its backward writes the whole gradient without reading the log-probabilities."""
+    kernels = {k.name: k for k in gpt3_small_trace.kernels}
+    n_params = kernels["aten._foreach_norm"].shapes[0][1]  # (tensors, elements) of the gradients
+    assert kernels["aten._fused_adamw_"].mem_bytes == pytest.approx(28 * n_params, rel=1e-4)
+    assert kernels["aten._foreach_mul_"].mem_bytes == pytest.approx(2 * 4 * n_params, rel=1e-4)
+    tokens, vocab = kernels["aten.nll_loss_forward"].shapes[0]
+    assert kernels["aten.nll_loss_forward"].mem_bytes < 0.01 * 2 * tokens * vocab
+    assert kernels["aten.nll_loss_backward"].mem_bytes == pytest.approx(2 * tokens * vocab, rel=1e-3)
+
+
 @pytest.mark.parametrize("model,batch", [("gpt3-small", 4), ("gpt3-xl", 1), ("gpt3-175b", 1)])
 def test_iteration_flops_match_narayanan(model, batch):
     w = get_workload(model, micro_batch_size=batch)

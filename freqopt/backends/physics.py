@@ -11,10 +11,15 @@ import numpy as np
 from freqopt.gpus import GPUSpec
 from freqopt.kernels import Kernel
 
-__all__ = ["KernelPhysics", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "SFU_OPS",
-           "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION"]
+__all__ = ["KernelPhysics", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
+           "attention_efficiency", "attention_head_dim", "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION",
+           "ATTENTION_HEAD_DIM_TILE", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES", "ROW_WIDTH_REF"]
 
 CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
+# cuDNN's fused attention on sm90 computes on head-dimension tiles of 64 or 128: the kernels of the measured H100
+# steps are named ..._64x128x64_... for head dimension 64 and ..._64x128x128_... for 80 and 128
+# (experiments/data/h100/whole_steps, top_kernels); a head dimension between is zero-padded to the next tile.
+ATTENTION_HEAD_DIM_TILE = 64
 
 
 # Operators whose SM work besides FLOPs draws power of its own (PowerModel): special-function (transcendental)
@@ -38,10 +43,65 @@ def gemm_inner_dim(kernel: Kernel) -> int | None:
     return int(kernel.shapes[arg][-1])
 
 
-def host_issue_s(spec: GPUSpec, kernels: Sequence[Kernel]) -> np.ndarray:
+def host_issue_s(spec: GPUSpec, kernels: Sequence[Kernel], *, step: bool = False) -> np.ndarray:
     """Host time to issue each kernel, s, shape (K,): ``spec.host_gemm_issue_s`` for GEMMs, else
-    ``spec.host_issue_s`` (both 0 where the GPU type has no host measurement)."""
-    return np.array([spec.host_gemm_issue_s if k.kind == "gemm" else spec.host_issue_s for k in kernels])
+    ``spec.host_issue_s`` (both 0 where the GPU type has no host measurement): what a replay loop's host spends.
+    ``step``: the kernels are a training step's, whose host also runs the framework around each kernel (autograd,
+    module calls, the optimizer's Python): ``spec.step_host_s`` of the kernel's pass on top."""
+    extra = spec.step_host_s if step else {}
+    return np.array([(spec.host_gemm_issue_s if k.kind == "gemm" else spec.host_issue_s) + extra.get(k.pass_name, 0.0)
+                     for k in kernels])  # fmt: skip
+
+
+MULTI_TENSOR_PREFIXES = ("aten._foreach_", "aten._fused_")  # PyTorch's multi-tensor-apply operators
+MULTI_TENSOR = "multi_tensor"  # their key in GPUSpec.operator_bandwidth_rel
+# Rows of GPT-3 Small's width (768): the layer-norm microbenchmark's (8192 x 768, experiments/data/h100) and that of
+# the whole steps' smallest model, where the bandwidths relative to a copy's are stated.
+ROW_WIDTH_REF = 768
+
+
+def bandwidth_rel(spec: GPUSpec, kernel: Kernel) -> float:
+    """The kernel's device-memory bandwidth relative to a streaming copy's.
+
+    ``spec.layer_norm_bandwidth_rel`` for the layer-norm forward, ``spec.operator_bandwidth_rel`` by operator name
+    (multi-tensor operators under MULTI_TENSOR), else 1; both at rows of ROW_WIDTH_REF elements. An operator with
+    a row overhead c0 (``spec.row_overhead_elements``: one reduction per row of C elements, its first input's last
+    dimension) streams at C / (C + c0) of its rate at wide rows, so at (C / (C + c0)) / (W / (W + c0)) of its rate
+    at rows of W = ROW_WIDTH_REF."""
+    if kernel.name == "aten.native_layer_norm":
+        rel = spec.layer_norm_bandwidth_rel
+    else:
+        key = MULTI_TENSOR if kernel.name.startswith(MULTI_TENSOR_PREFIXES) else kernel.name
+        rel = spec.operator_bandwidth_rel.get(key, 1.0)
+    c0 = spec.row_overhead_elements.get(kernel.name, 0.0)
+    if c0 > 0 and kernel.shapes and kernel.shapes[0]:
+        width = kernel.shapes[0][-1]
+        rel *= width / (width + c0) * (ROW_WIDTH_REF + c0) / ROW_WIDTH_REF
+    return rel
+
+
+def attention_head_dim(kernel: Kernel) -> tuple[int, int]:
+    """(head dimension, the head dimension the fused kernel computes on): the last dimension of the query, and
+    that rounded up to a multiple of ATTENTION_HEAD_DIM_TILE."""
+    d = int(kernel.shapes[0][-1])
+    return d, -(-d // ATTENTION_HEAD_DIM_TILE) * ATTENTION_HEAD_DIM_TILE
+
+
+def attention_efficiency(spec: GPUSpec, kernel: Kernel) -> float:
+    """Fraction of tensor peak a fused attention kernel reaches on its (padded, causal) work.
+
+    ``spec.attention_efficiency`` is the rate at head dimension 64 (where it was fitted); at a padded head
+    dimension d it scales as d / (d + d0) over 64 / (64 + d0), d0 = ``spec.attention_head_dim_overhead`` (the
+    head dimension is the inner dimension of both of attention's matmuls: the same per-tile overhead as a GEMM's
+    ``gemm_k_overhead``); a backward kernel runs at ``spec.attention_backward_efficiency_rel`` of that."""
+    eff = spec.attention_efficiency or spec.gemm_efficiency
+    d0 = spec.attention_head_dim_overhead
+    if d0 > 0:
+        _, padded = attention_head_dim(kernel)
+        eff *= padded / (padded + d0) * (64 + d0) / 64
+    if kernel.name.endswith("_backward"):
+        eff *= spec.attention_backward_efficiency_rel
+    return eff
 
 
 def host_gaps(time_s: np.ndarray, issue_s: np.ndarray, on_stream: np.ndarray, *, loop: bool) -> np.ndarray:
@@ -93,13 +153,15 @@ class KernelPhysics:
         p = spec.overlap_exponent
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
         m = np.asarray(mem_clock_mhz, dtype=float)[:, None]  # (K, 1)
-        attention_eff = spec.attention_efficiency or spec.gemm_efficiency
         work, efficiency = [], []  # FLOPs the GPU runs; fraction of peak it reaches on them
         for k in kernels:
             w = k.flops * (CAUSAL_WORK_FRACTION if k.causal else 1.0)
             if k.kind == "attention":
                 w *= ATTENTION_BACKWARD_WORK if k.name.endswith("_backward") else 1.0
-                efficiency.append(attention_eff)
+                if spec.attention_head_dim_overhead > 0:
+                    d, padded = attention_head_dim(k)
+                    w *= padded / d
+                efficiency.append(attention_efficiency(spec, k))
             else:
                 inner = gemm_inner_dim(k) if k.tensor_core else None
                 scale = inner / (inner + spec.gemm_k_overhead) if inner else 1.0
@@ -120,8 +182,7 @@ class KernelPhysics:
         t_sm = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
         bandwidth = spec.mem_bandwidth_gbs * 1e9 * m / spec.max_mem_clock_mhz  # (K, 1), B/s
         t_stream = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1): at a streaming copy's rate
-        slow = np.array([spec.layer_norm_bandwidth_rel if k.name == "aten.native_layer_norm" else 1.0
-                         for k in kernels])[:, None]  # fmt: skip
+        slow = np.array([bandwidth_rel(spec, k) for k in kernels])[:, None]
         t_dram = t_stream / slow  # (K, 1)
         t_busy = (t_sm**p + t_dram**p + link_s**p) ** (1 / p)  # (K, F)
         gemm_fixed = np.array([spec.gemm_fixed_s if k.kind == "gemm" else 0.0 for k in kernels])[:, None]

@@ -11,7 +11,13 @@ Time of a kernel at SM clock f and memory clock m (roofline with partial overlap
 where a GEMM's efficiency is ``gemm_efficiency * K / (K + gemm_k_overhead)`` (K its inner dimension), fused
 attention's ``attention_efficiency`` on its causal work (its backward runs 1.25x the 2x-forward FLOP count:
 FlashAttention-2 recomputes the scores), and the layer-norm forward streams at ``layer_norm_bandwidth_rel`` of a
-copy's bandwidth (all fitted on the H100, experiments/calibrate_h100.py).
+copy's bandwidth (all fitted on the H100, experiments/calibrate_h100.py). Where the GPU type has them (the H100,
+fitted on whole training steps by experiments/fit_whole_steps.py): other memory-bound operators stream at their
+``operator_bandwidth_rel`` of a copy's bandwidth (multi-tensor optimizer kernels, casts, reductions, softmax), a
+row-wise kernel over rows of C elements at C / (C + c0) of its wide-row rate (``row_overhead_elements``), and fused
+attention computes on the head dimension padded to a multiple of 64 at ``d / (d + attention_head_dim_overhead)``
+(relative to 64), its backward at ``attention_backward_efficiency_rel`` of the forward's rate
+(freqopt.backends.physics: ``bandwidth_rel``, ``attention_efficiency``).
 
 Power while it runs (PowerModel, CMOS P ~ C V^2 f with activity factors u_sm = t_flops / t for arithmetic, and
 u_mem = t_dram / t for memory traffic, whose power sits in the memory term)::
@@ -23,12 +29,15 @@ with u_sm the kernel's FLOP rate over the best GEMM's, u_mem its bytes over what
 its time, b its busy share (outside the fixed latency), and p_op the SM power of its operator class:
 transcendental (GELU, softmax), layer norm, attention (PowerModel).
 
-Host: the host issues each kernel of a step in ``host_issue_s`` (GEMMs: ``host_gemm_issue_s``); a kernel starts
-no earlier than it is issued, and the GPU idles at its baseline power (an idle GPU with a context at that clock)
-while it waits (``host_gaps``). A training step starts from an idle GPU (training loops read the loss each step):
-that is the step every whole-iteration figure measures (``measure_schedule``: the search's baseline and
+Host: a replay loop's host issues each kernel in ``host_issue_s`` (GEMMs: ``host_gemm_issue_s``); a training
+step's host also runs the framework around each kernel (autograd, module calls, the optimizer's Python), another
+``step_host_s`` of the kernel's pass (``host_issue_s(..., step=True)``). A kernel starts no earlier than it is
+issued, and the GPU idles at its baseline power (an idle GPU with a context at that clock) while it waits
+(``host_gaps``). A training step starts from an idle GPU (training loops read the loss each step): that is the
+step every whole-iteration figure measures (``step`` and ``measure_schedule``: the search's baseline and
 validation, the runtime's step, ``freqopt profile``), one physics for all of them. A tuning unit's measurement
-replays its kernels back to back (``measure``, ``true_measure``), so only a host slower than the GPU shows there.
+replays its kernels back to back (``measure``, ``true_measure``) with a replay's host, so only a host slower than
+the GPU shows there.
 
 Collectives (all-reduce, ring algorithm) are timed by their bytes on the interconnect (GPUSpec.interconnect)::
 
@@ -168,7 +177,7 @@ class SimulatedGPU(Backend):
         e = phys.energy_j[k_idx[:, None], eff]  # (K, F)
         # The GPU idles at its baseline power while it waits for the host (host_gaps), before each kernel.
         on_stream = np.array([k.stream == 0 for k in kernels], dtype=bool)
-        gaps = host_gaps(t, host_issue_s(spec, kernels), on_stream, loop=loop)  # (K, F)
+        gaps = host_gaps(t, host_issue_s(spec, kernels, step=not loop), on_stream, loop=loop)  # (K, F)
         t = t + gaps
         e = e + gaps * phys.baseline_power_w[k_idx[:, None], eff]
         avg_power = np.add.reduceat(e, starts, axis=0) / np.add.reduceat(t, starts, axis=0)  # (W, F)
