@@ -32,8 +32,9 @@ RESIDUALS = HERE / "calibration_residuals.json"
 REFERENCE = "v100-pcie"  # the Zeus sweep's GPU: a 250 W V100 (McDonald et al. 2022 also ran 250 W V100s)
 # Published anchor: an H200 at 700 W sustains about 1500 MHz under full load (shared/calibration/published.md).
 SUSTAINED_GEMM_CLOCK_MHZ = {"h200-sxm": 1500}
-# GPU types fitted to measurements of their own (experiments/calibrate_h100.py): never derived from the V100.
-MEASURED = {"h100-sxm"}
+# GPU types fitted to measurements of their own (experiments/calibrate_h100.py; experiments/fit_dvfs.py for the A100
+# and the A40): never derived from the V100.
+MEASURED = {"h100-sxm", "a100-sxm4-80gb", "a40"}
 
 
 def write_power_model(name: str, pm, note: str) -> None:
@@ -119,7 +120,7 @@ def main() -> int:
             "power model fitted to both data sets; each workload has its own fitted host gap per step.\n\n"
             + ("The residuals below are those of the committed constants under the current traces "
                "(`python experiments/calibrate.py --record`): the traced optimizer step gained gradient clipping "
-               "after the fit, and a refit from the same start moved to another optimum of similar residuals "
+               "after the fit, and later (issue 23) the bytes that in-place optimizer kernels write; a refit from the same start moved to another optimum of similar residuals "
                "(Zeus time rms 3.64 pp, McDonald rms 2.29 pp) with a different split between SM and memory "
                "power, so the fitted constants were kept.\n\n" if args.record else "")
             + "## Zeus BERT/SQuAD power-limit sweep\n\n" + table(rows) + "\n\n## McDonald et al. 2022, training "

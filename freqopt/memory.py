@@ -37,7 +37,7 @@ from freqopt.models.meta_checks import MetaChecks
 from freqopt.models.parallel import shard_tensor_parallel
 from freqopt.models.sdpa import FusedSDPA
 
-__all__ = ["StepMemory", "estimate_step_memory", "check_gpu_memory", "workload_label"]
+__all__ = ["StepMemory", "estimate_step_memory", "check_gpu_memory", "workload_label", "GPUMemoryWarning"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,11 @@ def estimate_step_memory(workload: Workload, *, dtype: torch.dtype = torch.bfloa
         model(idx, idx)
     return StepMemory(weights, gradients, optimizer, sum(saved.values()), sum(p.numel() for p in params),
                       str(dtype).removeprefix("torch."))  # fmt: skip
+
+
+class GPUMemoryWarning(UserWarning):
+    """A simulated step was profiled although it does not fit one GPU (check_gpu_memory's message, and what the
+    figures then mean)."""
 
 
 def workload_label(workload: Workload) -> str:

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,7 @@ import torch
 from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.kernels import Trace
-from freqopt.memory import StepMemory, check_gpu_memory, estimate_step_memory
+from freqopt.memory import GPUMemoryWarning, StepMemory, check_gpu_memory, estimate_step_memory
 from freqopt.models import Workload, build_model
 from freqopt.profiler_compare import STEP_LABEL, ProfilerRow, compare_with_profiler, profiled_kinds
 from freqopt.trace import trace_training_iteration
@@ -257,11 +258,16 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         UnknownNameError: unknown model, GPU type or backend.
         InvalidSettingError: a bad override, a non-positive ``steps``, a negative ``warmup_steps``, a ``device``
             with the simulated GPU or one the model cannot train on (check_device), a layout of more than one
-            rank on a real GPU, or a step that does not fit the GPU's memory (check_gpu_memory; not checked when
-            an nvml profile trains on the CPU); ``sm_clock_mhz``, ``mem_clock_mhz`` or ``power_limit_w`` on nvml
+            rank on a real GPU, or a step that does not fit the real GPU's memory (check_gpu_memory; not checked
+            when an nvml profile trains on the CPU); ``sm_clock_mhz``, ``mem_clock_mhz`` or ``power_limit_w`` on nvml
             (profile only reads a real GPU), or clocks or a power limit the GPU type does not support
             (GPUSpec.check_clocks, check_power_limit: the message lists the supported range).
         NVMLError, GPUPermissionError: the real GPU cannot be opened or read.
+
+    Warns:
+        GPUMemoryWarning: on the simulated GPU, a step that does not fit one GPU's memory (check_gpu_memory's
+            message): it is profiled all the same, as a what-if (one pipeline stage of gpt3-175b, say, profiled as
+            the whole model's ratios to the top clock).
     """
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
 
@@ -289,8 +295,14 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     try:
         on_gpu = not real or torch.device(device).type == "cuda"
         memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
-        if on_gpu:
+        if real and on_gpu:
             check_gpu_memory(workload, measuring.spec, memory)
+        elif not real:
+            try:
+                check_gpu_memory(workload, measuring.spec, memory)
+            except InvalidSettingError as e:  # a what-if on the simulated GPU: the figures, with the warning
+                warnings.warn(f"{e}; profiled anyway: the simulated time and energy of one rank's kernels, a step "
+                              "that could not run as it stands", GPUMemoryWarning, stacklevel=2)  # fmt: skip
         if not real:
             setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
             trace = trace_training_iteration(workload)

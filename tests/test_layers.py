@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the simulated GPU (backends + traces), names resolved to models, GPUs and backends, and the memory a
     # training step holds (a meta-device forward pass of the models).
     ("freqopt.trace", "freqopt.step_trace", "freqopt.calibration", "freqopt.calibration_h100",
-     "freqopt.calibration_steps", "freqopt.resolve", "freqopt.memory"),
+     "freqopt.calibration_steps", "freqopt.calibration_dvfs", "freqopt.resolve", "freqopt.memory"),
     # The search, on a backend and a trace.
     ("freqopt.search",),
     # What uses the search and its tables: transfer, the runtime, training, profiling, the energy statement, the

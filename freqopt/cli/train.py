@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import click
 
@@ -135,11 +136,20 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
 
     from freqopt.backends.base import DEFAULT_SETTING
     from freqopt.layout import parse_layout
+    from freqopt.memory import GPUMemoryWarning
     from freqopt.profile import profile as run_profile
 
     check_json_path(json_path)
-    report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout, sm_clock_mhz=sm_clock_mhz,
-                         mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w, **sizes)  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GPUMemoryWarning)
+        report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
+                             sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
+                             **sizes)  # fmt: skip
+    for w in caught:  # one line each on stderr; others go on as Python shows them
+        if issubclass(w.category, GPUMemoryWarning):
+            click.echo(f"freqopt: warning: {w.message}", err=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     nvml = report.backend == "nvml"
     console = stdout_console()
     where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else \
