@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,7 +32,7 @@ import numpy as np
 from freqopt.backends.base import ClockSetting
 from freqopt.backends.simulated import SimulatedGPU
 from freqopt.gpus import GPUSpec, PowerModel
-from freqopt.kernels import GPUPathWarning, Kernel
+from freqopt.kernels import Kernel
 
 __all__ = ["Stage", "Sweep", "STAGES", "FIT_PARAMETERS", "load_sweep", "stage_kernels", "simulate_sweep",
            "residuals", "summarize", "fit", "with_values", "TIME_PARAMETERS"]
@@ -52,7 +51,6 @@ class Stage:
         tp: tensor-parallel degree whose shards one GPU runs.
         micro_batch_size, seq_len: sequences and tokens per micro-batch.
         collectives: whether the tensor-parallel all-reduces are part of the measured time.
-        fused_attention: attention as one fused kernel (else eager: scores materialised in device memory).
         power_limit_w: the boards' power limit during the sweep.
         assumption: what of the above the files do not say, and why the value was chosen.
     """
@@ -67,7 +65,6 @@ class Stage:
     micro_batch_size: int
     seq_len: int
     collectives: bool
-    fused_attention: bool
     power_limit_w: float
     assumption: str
 
@@ -77,20 +74,22 @@ class Stage:
 # Perseus runs 8 pipeline stages (shared/calibration/perseus/README.md): 9 BLOOM layers or 12 GPT-3 layers per stage.
 STAGES: dict[str, Stage] = {
     "bloom+a100": Stage(
-        "bloom+a100", "bloom+a100_sxm_bf16.csv", "a100-sxm4-80gb", 14336, 112, 9, 8, 1, 2048, True, False, 500.0,
+        "bloom+a100", "bloom+a100_sxm_bf16.csv", "a100-sxm4-80gb", 14336, 112, 9, 8, 1, 2048, True, 500.0,
         "9 layers (70 over 8 stages; stage 7 is the shorter one), tensor parallel over the node's 8 GPUs on NVLink "
-        "(the all-reduces included), micro-batch 1: its forward's 2.4e13 FLOPs per GPU in 51 ms is 75 % of the "
+        "(the all-reduces included), micro-batch 1: its forward's 1.2e13 FLOPs per GPU in 51 ms is 75 % of the "
         "A100's dense BF16 peak, where a larger micro-batch or fewer GPUs would exceed it. Power limit 500 W: the "
         "stage averages 467 W at 1410 MHz, above the 400 W of the standard A100 80GB SXM, so these are the 500 W "
         "boards (NVIDIA A100 data sheet: the HGX A100 80GB custom-thermal SKU supports up to 500 W)"),
     "bloom+a40": Stage(
-        "bloom+a40", "bloom+a40_bf16.csv", "a40", 14336, 112, 9, 8, 1, 2048, True, False, 300.0,
-        "as the A100's stage (9 layers, tp=8 shards, micro-batch 1), without the all-reduces: over the A40's PCIe "
-        "they would take about 0.2 s of the 0.38 s measured, leaving the GEMMs above the A40's peak, so the "
-        "measured time cannot include them; power limit 300 W (the A40's default and maximum)"),
+        "bloom+a40", "bloom+a40_bf16.csv", "a40", 14336, 112, 9, 8, 1, 2048, True, 300.0,
+        "as the A100's stage (9 layers, tp=8, micro-batch 1), its all-reduces over PCIe included: with the A40's "
+        "throttle under its 300 W limit they are what leaves half of the measured time independent of the SM clock "
+        "(1.37x the time at 855 MHz against 1.02x at 1455), where the A100's NVLink leaves a sixth; the A40's GEMM "
+        "efficiency and PCIe all-reduce efficiency, assumed in its file, are fitted with the power model. Power "
+        "limit 300 W (the A40's default and maximum)"),
     "gpt3-175b+a40": Stage(
-        "gpt3-175b+a40", "gpt3-175b+a40_bf16.csv", "a40", 12288, 96, 12, 8, 1, 2048, True, False, 300.0,
-        "12 layers (96 over 8 stages), tp=8 shards without the all-reduces, micro-batch 1, as the BLOOM stage on "
+        "gpt3-175b+a40", "gpt3-175b+a40_bf16.csv", "a40", 12288, 96, 12, 8, 1, 2048, True, 300.0,
+        "12 layers (96 over 8 stages), tp=8 with its all-reduces over PCIe, micro-batch 1, as the BLOOM stage on "
         "the A40; power limit 300 W"),
 }
 
@@ -148,8 +147,8 @@ def load_sweep(path: str | Path, stage: int = 0) -> Sweep:
 @lru_cache(maxsize=None)
 def stage_kernels(name: str) -> tuple[Kernel, ...]:
     """The forward and backward kernels of one GPU of ``STAGES[name]`` (freqopt's GPT-3 layers at the stage's
-    shapes; a vocabulary of 128 keeps the output layer negligible), collectives dropped where the measured time
-    cannot include them."""
+    shapes; a vocabulary of 128 keeps the output layer negligible), collectives dropped where the stage says the
+    measured time does not include them."""
     from freqopt.layout import Layout
     from freqopt.models import Workload
     from freqopt.models.gpt3 import GPTConfig
@@ -158,10 +157,7 @@ def stage_kernels(name: str) -> tuple[Kernel, ...]:
     s = STAGES[name]
     config = GPTConfig(n_layers=s.n_layers, d_model=s.d_model, n_heads=s.n_heads, vocab_size=128, vocab_multiple=1,
                        seq_len=s.seq_len)  # fmt: skip
-    with warnings.catch_warnings():  # the eager attention path warns that a GPU would fuse it: here it is meant
-        warnings.simplefilter("ignore", GPUPathWarning)
-        trace = trace_training_iteration(Workload(name, config, s.micro_batch_size, Layout(tp=s.tp)),
-                                         fused_attention=s.fused_attention)  # fmt: skip
+    trace = trace_training_iteration(Workload(name, config, s.micro_batch_size, Layout(tp=s.tp)))
     return tuple(k for k in trace.kernels if k.pass_name in ("forward", "backward")
                  and (s.collectives or not k.is_collective))  # fmt: skip
 

@@ -39,7 +39,6 @@ GPU runs, and are not warned of.
 
 from __future__ import annotations
 
-import contextlib
 
 import warnings
 
@@ -316,8 +315,7 @@ class _GradientBuckets:
             handle.remove()
 
 
-def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.bfloat16,
-                             fused_attention: bool = True) -> Trace:
+def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
     """Kernels of one training iteration: forward, backward and a mixed-precision AdamW step.
 
     Runs on the meta device, so it needs no memory and takes seconds even for gpt3-175b.
@@ -325,15 +323,11 @@ def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.b
     Args:
         workload: model and micro-batch.
         dtype: parameter and activation dtype; the optimizer keeps FP32 master weights and moments.
-        fused_attention: attention as one fused kernel each way, as PyTorch's SDPA runs it on a GPU
-            (freqopt.models.sdpa.FusedSDPA); False traces the eager math path (scores materialised in device
-            memory: two batched GEMMs, a softmax, and their backward), as implementations without fused attention
-            run it, and warns (GPUPathWarning) where it is taken.
 
     Returns:
         Trace with kernels in issue order; ``meta`` holds the parameter count and the mode.
     """
-    return trace_iteration(workload, "train", dtype=dtype, fused_attention=fused_attention)
+    return trace_iteration(workload, "train", dtype=dtype)
 
 
 def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
@@ -341,10 +335,9 @@ def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) 
     return trace_iteration(workload, "inference", dtype=dtype)
 
 
-def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16,
-                    fused_attention: bool = True) -> Trace:
+def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16) -> Trace:
     """One training step (mode "train") or one inference batch (mode "inference") of one rank of the workload's
-    layout, traced on the meta device (``fused_attention`` as in trace_training_iteration).
+    layout, traced on the meta device.
 
     Raises:
         UnknownNameError: unknown mode.
@@ -358,7 +351,6 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
     recorder = _KernelRecorder(model)
     hooks = PhaseHooks(model, recorder.mark)
-    attention = FusedSDPA() if fused_attention else contextlib.nullcontext()
     if mode == "train":
         params = list(model.parameters())
         buckets = _GradientBuckets(params, layout.dp, layout.tp, layout.bucket_elements) if layout.dp > 1 else None
@@ -371,7 +363,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
             return sq_norm
 
         optimizer = MixedPrecisionAdamW(params, reduce_sq_norm=reduce_norm)
-        with recorder, hooks, attention, MetaChecks():
+        with recorder, hooks, FusedSDPA(), MetaChecks():
             loss = model(idx, idx)
             recorder.pass_name = "backward"
             with quiet_backward_hooks():
@@ -383,7 +375,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
             hooks.mark_step()
             optimizer.step()
     else:
-        with torch.no_grad(), recorder, hooks, attention, MetaChecks():
+        with torch.no_grad(), recorder, hooks, FusedSDPA(), MetaChecks():
             model(idx)
     n_params = sum(p.numel() for p in model.parameters())
     from freqopt.fingerprint import FINGERPRINT_KEY, module_fingerprint
