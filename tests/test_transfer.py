@@ -145,8 +145,10 @@ def test_reallocation_meets_the_budget_where_the_clocks_as_transferred_break_it(
     for entry in doc["entries"]:
         entry["sm_clock_mhz"] = 990
     table = ClockTable(doc)
-    # Four sequences of 512 tokens: GPU-bound (at one or two of 256 the host's gap hides a slow GPU).
-    target = trace_training_iteration(get_workload("gpt3-small", layout=Layout(dp=2), micro_batch_size=4, seq_len=512))
+    # Four sequences of 2048 tokens: GPU-bound enough that 990 MHz costs 27 % (at 4 x 512 the host's work per kernel,
+    # fitted on whole H100 steps, hides a slow GPU: 0.3 %).
+    target = trace_training_iteration(get_workload("gpt3-small", layout=Layout(dp=2), micro_batch_size=4,
+                                                   seq_len=2048))  # fmt: skip
     config = SearchConfig(max_slowdown=0.01, n_trials_1d=4, finalist_repeats=1, switching=False)
     report = evaluate_transfer(table, target, SimulatedGPU(H100, seed=3), config, native=False)
     summary = report.summary()
