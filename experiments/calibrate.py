@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 
 from freqopt import calibration as cal
-from freqopt.gpus import get_gpu, list_gpus, search_spaces_dir
+from freqopt.gpus import get_gpu, list_gpus, replace_toml_block, search_spaces_dir
+from freqopt.tables import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "zeus_v100_bert_squad.csv"
@@ -38,15 +38,9 @@ MEASURED = {"h100-sxm", "a100-sxm4-80gb", "a40"}
 
 
 def write_power_model(name: str, pm, note: str) -> None:
+    body = [f"# {note}", "[power_model]", *(f"{k} = {v:.6g}" for k, v in dataclasses.asdict(pm).items())]
     path = search_spaces_dir() / f"{name}.toml"
-    text = path.read_text()
-    lines = ["# BEGIN power_model (written by experiments/calibrate.py; edit there)", f"# {note}", "[power_model]"]
-    lines += [f"{k} = {v:.6g}" for k, v in dataclasses.asdict(pm).items()]
-    lines.append("# END power_model")
-    new = re.sub(r"# BEGIN power_model.*?# END power_model", "\n".join(lines), text, flags=re.S)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(new)
-    tmp.replace(path)
+    atomic_write_text(path, replace_toml_block(path.read_text(), "power_model", body, writer="experiments/calibrate.py"))
 
 
 def table(rows: list[dict]) -> str:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 
 from freqopt import calibration_h100 as cal
-from freqopt.gpus import get_gpu, search_spaces_dir
+from freqopt.gpus import get_gpu, replace_toml_block, search_spaces_dir
+from freqopt.tables import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "h100"
@@ -26,14 +26,6 @@ RESIDUALS = HERE / "h100_calibration_residuals.json"
 REPORT = HERE / "h100_calibration.md"
 GPU = "h100-sxm"
 
-
-def _replace_block(text: str, marker: str, body: list[str]) -> str:
-    pattern = rf"# BEGIN {marker} .*?# END {marker}"
-    block = [f"# BEGIN {marker} (written by experiments/calibrate_h100.py; edit there)", *body, f"# END {marker}"]
-    new, n = re.subn(pattern, lambda _: "\n".join(block), text, flags=re.S)
-    if n != 1:
-        raise SystemExit(f"search_spaces/{GPU}.toml lacks its '# BEGIN {marker}' block")
-    return new
 
 
 def write_toml(spec) -> None:
@@ -52,11 +44,9 @@ def write_toml(spec) -> None:
           "[power_model]"]  # fmt: skip
     pm += [f"{k} = {v:.6g}" for k, v in dataclasses.asdict(spec.power_model).items()]
     text = path.read_text()
-    text = _replace_block(text, "fitted", fitted)
-    text = _replace_block(text, "power_model", pm)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    for marker, body in (("fitted", fitted), ("power_model", pm)):
+        text = replace_toml_block(text, marker, body, writer="experiments/calibrate_h100.py")
+    atomic_write_text(path, text)
 
 
 def report(rows: list[dict], summary: dict, spec) -> str:

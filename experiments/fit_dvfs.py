@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from freqopt import calibration_dvfs as cd
-from freqopt.gpus import get_gpu, search_spaces_dir
+from freqopt.gpus import get_gpu, replace_toml_block, search_spaces_dir
+from freqopt.tables import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "perseus"
@@ -43,23 +44,18 @@ TOP_POWER_WEIGHT = {"a100-sxm4-80gb": 0.5, "a40": 1.0}
 def write_block(gpu: str, spec, time_parameters: tuple[str, ...]) -> None:
     """Replace the file's power_model block (and the fitted time figures' lines) and write it atomically."""
     path = search_spaces_dir() / f"{gpu}.toml"
-    text = path.read_text()
-    note = (f"# Fitted to Perseus's measured stage sweeps (experiments/data/perseus; method: freqopt/calibration_dvfs.py; "
-            f"residuals: experiments/dvfs_fit.md); p_mem_clock_w, p_mem_active_w and power_window_s kept (one memory "
-            f"clock in the sweeps)")  # fmt: skip
-    lines = ["# BEGIN power_model (written by experiments/fit_dvfs.py; edit there)", note, "[power_model]"]
-    lines += [f"{k} = {v:.6g}" for k, v in dataclasses.asdict(spec.power_model).items()]
-    lines.append("# END power_model")
-    text = re.sub(r"# BEGIN power_model.*?# END power_model", "\n".join(lines), text, flags=re.S)
+    note = ("# Fitted to Perseus's measured stage sweeps (experiments/data/perseus; method: freqopt/calibration_dvfs.py; "
+            "residuals: experiments/dvfs_fit.md); p_mem_clock_w, p_mem_active_w and power_window_s kept (one memory "
+            "clock in the sweeps)")  # fmt: skip
+    body = [note, "[power_model]", *(f"{k} = {v:.6g}" for k, v in dataclasses.asdict(spec.power_model).items())]
+    text = replace_toml_block(path.read_text(), "power_model", body, writer="experiments/fit_dvfs.py")
     values = {"gemm_efficiency": spec.gemm_efficiency, "link_efficiency": spec.interconnect.link_efficiency}
     for name in time_parameters:
         text, n = re.subn(rf"^{name} = [^#\n]*#[^\n]*$", f"{name} = {values[name]:.4g}  # fitted to Perseus's A40 "
                           f"sweeps (experiments/fit_dvfs.py)", text, flags=re.M)  # fmt: skip
         if n != 1:
             raise SystemExit(f"{path}: expected one {name} line")
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, text)
 
 
 def report(results: dict[str, list[dict]]) -> str:

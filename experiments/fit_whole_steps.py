@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 from freqopt import calibration_steps as cal
-from freqopt.gpus import get_gpu, search_spaces_dir
+from freqopt.gpus import get_gpu, replace_toml_block, search_spaces_dir
+from freqopt.tables import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "h100" / "whole_steps"
@@ -69,13 +69,7 @@ def write_toml(spec) -> None:
         f"head_dim_overhead = {v['attention_head_dim_overhead']:.4g}",
         f"backward_efficiency_rel = {v['attention_backward_efficiency_rel']:.4g}",
     ]
-    block = [f"# BEGIN {MARKER} (written by experiments/fit_whole_steps.py; edit there)", *body, f"# END {MARKER}"]
-    text, n = re.subn(rf"# BEGIN {MARKER} .*?# END {MARKER}", lambda _: "\n".join(block), path.read_text(), flags=re.S)
-    if n != 1:
-        raise SystemExit(f"search_spaces/{GPU}.toml lacks its '# BEGIN {MARKER}' block")
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, replace_toml_block(path.read_text(), MARKER, body, writer="experiments/fit_whole_steps.py"))
 
 
 def report(result: dict, summary: dict, spec) -> str:

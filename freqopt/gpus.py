@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -30,7 +31,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = ["PowerModel", "Interconnect", "GPUSpec", "DEFAULT_GPU", "MEM_CLOCK_LOCKS", "get_gpu", "list_gpus",
-           "search_spaces_dir", "check_switch_latency_ms"]
+           "search_spaces_dir", "check_switch_latency_ms", "replace_toml_block"]
 
 DEFAULT_GPU = "h100-sxm"
 
@@ -280,6 +281,22 @@ class GPUSpec:
     def clock_pairs(self) -> list[tuple[int, int]]:
         """Every supported (sm_clock_mhz, mem_clock_mhz) pair."""
         return [(f, m) for m in self.mem_clocks_mhz for f in self.sm_clocks_mhz if self.supports(f, m)]
+
+
+def replace_toml_block(text: str, marker: str, body: list[str], *, writer: str) -> str:
+    """``text`` (a GPU type's TOML) with the lines from ``# BEGIN <marker> ...`` to ``# END <marker>`` replaced by
+    ``body``, between a BEGIN line that names ``writer`` (the script that fits them) and the END line: how the
+    calibration scripts in experiments/ write what they fit.
+
+    Raises:
+        ValueError: ``text`` holds no such block, or more than one.
+    """
+    block = [f"# BEGIN {marker} (written by {writer}; edit there)", *body, f"# END {marker}"]
+    new, n = re.subn(rf"# BEGIN {re.escape(marker)} .*?# END {re.escape(marker)}", lambda _: "\n".join(block), text,
+                     flags=re.S)  # fmt: skip
+    if n != 1:
+        raise ValueError(f"expected one '# BEGIN {marker}' block, found {n}")
+    return new
 
 
 def search_spaces_dir() -> Path:

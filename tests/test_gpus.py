@@ -109,3 +109,16 @@ def test_a_file_without_actuation_or_with_a_latency_outside_its_range_is_refused
     bad_lock.write_text(text.replace('mem_clock_lock = "per-job"', 'mem_clock_lock = "sometimes"'))
     with pytest.raises(InvalidSettingError, match="mem_clock_lock must be one of"):
         get_gpu(str(bad_lock))
+
+
+def test_replace_toml_block_replaces_one_marked_block_and_refuses_none_or_two():
+    from freqopt.gpus import replace_toml_block
+
+    text = "[a]\nx = 1\n# BEGIN fit (written by old.py; edit there)\ny = 2\n# END fit\n[b]\n"
+    new = replace_toml_block(text, "fit", ["y = 3"], writer="experiments/new.py")
+    assert new == "[a]\nx = 1\n# BEGIN fit (written by experiments/new.py; edit there)\ny = 3\n# END fit\n[b]\n"
+    with pytest.raises(ValueError, match="expected one '# BEGIN other' block, found 0"):
+        replace_toml_block(text, "other", [], writer="w")
+    with pytest.raises(ValueError, match="found 2"):
+        replace_toml_block(text + text, "fit", [], writer="w")
+
