@@ -35,7 +35,7 @@ from freqopt.gpus import GPUSpec, PowerModel
 from freqopt.kernels import Kernel
 
 __all__ = ["Stage", "Sweep", "STAGES", "FIT_PARAMETERS", "load_sweep", "stage_kernels", "simulate_sweep",
-           "residuals", "summarize", "fit", "with_values", "TIME_PARAMETERS"]
+           "simulate_stage", "residuals", "summarize", "fit", "with_values", "TIME_PARAMETERS"]
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,6 @@ class Sweep:
     sm_clock_mhz: np.ndarray
     time_s: np.ndarray
     energy_j: np.ndarray
-    forward_time_s: np.ndarray
-    forward_energy_j: np.ndarray
 
 
 def load_sweep(path: str | Path, stage: int = 0) -> Sweep:
@@ -139,9 +137,8 @@ def load_sweep(path: str | Path, stage: int = 0) -> Sweep:
     for f in clocks:
         if set(by_clock[f]) != {"forward", "backward"}:
             raise ValueError(f"{path}: stage {stage} at {f} MHz lacks its forward or backward")
-    fwd = np.array([by_clock[f]["forward"] for f in clocks])
-    bwd = np.array([by_clock[f]["backward"] for f in clocks])
-    return Sweep(np.array(clocks, dtype=float), fwd[:, 0] + bwd[:, 0], fwd[:, 1] + bwd[:, 1], fwd[:, 0], fwd[:, 1])
+    both = np.array([np.add(by_clock[f]["forward"], by_clock[f]["backward"]) for f in clocks])  # (F, 2)
+    return Sweep(np.array(clocks, dtype=float), both[:, 0], both[:, 1])
 
 
 @lru_cache(maxsize=None)
@@ -176,6 +173,11 @@ def simulate_sweep(spec: GPUSpec, kernels: tuple[Kernel, ...], sm_clocks_mhz: np
     return tuple(np.array(col) for col in zip(*out))  # type: ignore[return-value]
 
 
+def simulate_stage(spec: GPUSpec, stage: Stage, sweep: Sweep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """simulate_sweep of the stage's kernels at the sweep's clocks under the stage's power limit."""
+    return simulate_sweep(spec, stage_kernels(stage.name), sweep.sm_clock_mhz, stage.power_limit_w)
+
+
 def with_values(spec: GPUSpec, values: dict[str, float]) -> GPUSpec:
     """``spec`` with the fields in ``values`` replaced: the power model's (``f_knee_rel`` as f_knee_mhz over the
     highest SM clock), ``link_efficiency`` of the interconnect, and GPUSpec's own (``gemm_efficiency``)."""
@@ -191,7 +193,7 @@ def with_values(spec: GPUSpec, values: dict[str, float]) -> GPUSpec:
 def residuals(spec: GPUSpec, stage: Stage, sweep: Sweep) -> dict:
     """Measured against simulated for one stage: per clock the time and energy ratios to the top clock and their
     errors (percentage points), the top clock's average power, and the energy-optimal clocks."""
-    sim_t, sim_e, sim_c = simulate_sweep(spec, stage_kernels(stage.name), sweep.sm_clock_mhz, stage.power_limit_w)
+    sim_t, sim_e, sim_c = simulate_stage(spec, stage, sweep)
     tr_m, er_m = sweep.time_s / sweep.time_s[-1], sweep.energy_j / sweep.energy_j[-1]
     tr_s, er_s = sim_t / sim_t[-1], sim_e / sim_e[-1]
     points = [{"sm_clock_mhz": int(f), "time_rel_measured": float(a), "time_rel_simulated": float(b),
@@ -224,9 +226,8 @@ def fit(spec: GPUSpec, stages: list[tuple[Stage, Sweep]], *, power_parameters: t
         time_parameters: tuple[str, ...] = (),
         top_power_weight: float = 0.5, max_nfev: int = 200) -> tuple[GPUSpec, object]:  # fmt: skip
     """Fit the ``power_parameters`` named (of ``FIT_PARAMETERS``; the others keep ``spec``'s values), and the
-    ``time_parameters`` named (of
-    ``TIME_PARAMETERS``), to the stages' time and energy ratios (one residual per clock and ratio, in fractions)
-    and their top-clock average power (relative, weighted ``top_power_weight``).
+    ``time_parameters`` named (of ``TIME_PARAMETERS``), to the stages' time and energy ratios (one residual per
+    clock and ratio, in fractions) and their top-clock average power (relative, weighted ``top_power_weight``).
 
     Returns:
         (the fitted spec, scipy's OptimizeResult).
@@ -246,7 +247,7 @@ def fit(spec: GPUSpec, stages: list[tuple[Stage, Sweep]], *, power_parameters: t
         candidate = with_values(spec, dict(zip(names, x)))
         out = []
         for stage, sweep in stages:
-            t, e, _ = simulate_sweep(candidate, stage_kernels(stage.name), sweep.sm_clock_mhz, stage.power_limit_w)
+            t, e, _ = simulate_stage(candidate, stage, sweep)
             out.append(t / t[-1] - sweep.time_s / sweep.time_s[-1])
             out.append(e / e[-1] - sweep.energy_j / sweep.energy_j[-1])
             out.append([top_power_weight * ((e[-1] / t[-1]) / (sweep.energy_j[-1] / sweep.time_s[-1]) - 1)])

@@ -297,13 +297,12 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
         memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
         if real and on_gpu:
             check_gpu_memory(workload, measuring.spec, memory)
-        elif not real:
+        if not real:
             try:
                 check_gpu_memory(workload, measuring.spec, memory)
             except InvalidSettingError as e:  # a what-if on the simulated GPU: the figures, with the warning
                 warnings.warn(f"{e}; profiled anyway: the simulated time and energy of one rank's kernels, a step "
                               "that could not run as it stands", GPUMemoryWarning, stacklevel=2)  # fmt: skip
-        if not real:
             setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
             trace = trace_training_iteration(workload)
             total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)

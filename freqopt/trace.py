@@ -39,7 +39,6 @@ GPU runs, and are not warned of.
 
 from __future__ import annotations
 
-
 import warnings
 
 import torch
