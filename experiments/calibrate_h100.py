@@ -2,6 +2,7 @@
 
     python experiments/calibrate_h100.py           # fit, write search_spaces/h100-sxm.toml, the report and residuals
     python experiments/calibrate_h100.py --check   # only print the committed constants' residuals
+    python experiments/calibrate_h100.py --carry-knee  # why only the A100's voltage floor is carried (prints)
 
 Writes the fitted block and the [power_model] block of search_spaces/h100-sxm.toml,
 experiments/h100_calibration_residuals.json (guarded by tests/test_calibration.py) and
@@ -25,6 +26,8 @@ DATA = HERE / "data" / "h100"
 RESIDUALS = HERE / "h100_calibration_residuals.json"
 REPORT = HERE / "h100_calibration.md"
 GPU = "h100-sxm"
+# The voltage curve's floor is carried from this GPU's fit on a measured sweep (cal.voltage_floor_from says why).
+FLOOR_FROM = "a100-sxm4-80gb"
 
 
 
@@ -79,8 +82,17 @@ def report(rows: list[dict], summary: dict, spec) -> str:
               f"none is 2x its simulated time. The classes left out ran other kernels than today's trace has:", ""]
     lines += [f"- {line}" for line in _changed_classes(spec)]
     values = cal.current_values(spec)
+    carried = cal.voltage_floor_from(get_gpu(FLOOR_FROM))
     lines += ["", "## Fitted", "", "| constant | value |", "|---|---:|"]
-    lines += [f"| {k} | {v:.4g} |" for k, v in values.items()]
+    lines += [f"| {k} | {v:.4g} |" for k, v in values.items() if k not in carried]
+    lines += ["", f"## Carried from the {FLOOR_FROM} (its fit on Perseus's measured BLOOM sweep, experiments/dvfs_fit.md)",
+              "", "The voltage floor, as a fraction of the top clock's voltage. The points above all lie at 1335-1980 "
+              "MHz: they pin the voltage curve's slope there (the knee above is where that line meets the floor), not "
+              "how far down it goes. The A100's knee (at 79 % of its top clock) does not carry: fitted with it, the "
+              "points' clock error grows little but the launch-bound whole step at 1980 MHz (gpt3-small, "
+              "micro-batch 1) comes out 12 % high in energy (`python experiments/calibrate_h100.py --carry-knee`; "
+              "freqopt/calibration_h100.py, voltage_floor_from).", "", "| constant | value |", "|---|---:|"]  # fmt: skip
+    lines += [f"| {k} | {v:.4g} |" for k, v in carried.items()]
     lines += ["", "## Assumed (what the data cannot separate)", "", "| constant | value | why |", "|---|---:|---|"]
     lines += [f"| {k} | {v:g} | {why} |" for k, (v, why) in cal.ASSUMED.items()]
     return "\n".join(lines) + "\n"
@@ -114,14 +126,35 @@ def _changed_classes(spec) -> list[str]:
             "replayed at 955 us, is a point above."]
 
 
+def carry_knee(spec, points) -> int:
+    """The evidence that the A100's knee does not carry: this fit, then the whole-step fit (fit_whole_steps.py's),
+    with the floor alone carried and with the knee carried too; summaries printed, nothing written."""
+    from freqopt import calibration_steps as steps_cal
+
+    steps = steps_cal.load_steps(DATA / "whole_steps")
+    traces = steps_cal.trace_steps(steps)
+    for label, with_knee in (("floor carried", False), ("floor and knee carried", True)):
+        fixed = cal.voltage_floor_from(get_gpu(FLOOR_FROM), with_knee=with_knee, target=spec)
+        fitted = cal.fit(spec, points, fixed=fixed)
+        stepped = steps_cal.fit(fitted, steps, traces)
+        print(json.dumps({"carried": label, **fixed, "points": cal.summarize(cal.residuals(fitted, points)),
+                          "whole_steps": steps_cal.summarize(steps_cal.residuals(stepped, steps, traces))}))  # fmt: skip
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="print the committed constants' residuals only")
+    parser.add_argument("--carry-knee", action="store_true",
+                        help=f"fit with the {FLOOR_FROM}'s knee carried too; print the points' and the whole steps' "
+                             "residual summaries, write nothing")  # fmt: skip
     args = parser.parse_args()
     points = cal.load_points(DATA)
     spec = get_gpu(GPU)
+    if args.carry_knee:
+        return carry_knee(spec, points)
     if not args.check:
-        spec = cal.fit(spec, points)
+        spec = cal.fit(spec, points, fixed=cal.voltage_floor_from(get_gpu(FLOOR_FROM)))
         write_toml(spec)
         get_gpu.cache_clear()
         spec = get_gpu(GPU)

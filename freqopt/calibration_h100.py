@@ -38,7 +38,8 @@ from freqopt.backends.simulated import KernelPhysics, SimulatedGPU
 from freqopt.gpus import GPUSpec
 from freqopt.kernels import Kernel
 
-__all__ = ["Point", "load_points", "residuals", "summarize", "fit", "FIT_PARAMETERS", "ASSUMED", "with_values"]
+__all__ = ["Point", "load_points", "residuals", "summarize", "fit", "FIT_PARAMETERS", "ASSUMED", "with_values",
+           "voltage_floor_from"]
 
 BF16_BYTES = 2
 # Copy-replayed classes carry only their simulated time at commit d174579; their bytes are recovered from it by
@@ -231,6 +232,33 @@ def current_values(spec: GPUSpec) -> dict[str, float]:
     return out
 
 
+def voltage_floor_from(reference: GPUSpec, *, with_knee: bool = False, target: GPUSpec | None = None) -> dict[str, float]:
+    """The voltage curve's floor of ``reference`` (``v_min_rel``, a fraction of the top clock's voltage), to hold
+    fixed in ``fit``; with ``with_knee``, also its knee at the same fraction of ``target``'s highest SM clock.
+
+    Why: every point here lies at 1335-1980 MHz (the GPU's default settings). They pin the voltage curve's slope
+    there, not how far down it goes: the floor and the knee trade off along one line. A measured sweep of another
+    GPU pins the floor. Issue 23 carries the floor of the A100's fit on Perseus's BLOOM stage sweep
+    (experiments/fit_dvfs.py, experiments/dvfs_fit.md), the only fitted curve not held at its bounds (the A40's
+    floor sits at its lower bound, its clock ratios pinned by the time model's split instead). The A100's knee
+    does not carry: its steeper rise to the top clock puts the H100's launch-bound whole step (gpt3-small at
+    micro-batch 1, at 1980 MHz) 12 % high in energy (``python experiments/calibrate_h100.py --carry-knee``).
+
+    Returns:
+        ``{"v_min_rel": float}`` (and ``"f_knee_mhz"`` with ``with_knee``), to pass as ``fit(..., fixed=...)``.
+
+    Raises:
+        ValueError: ``with_knee`` without ``target``.
+    """
+    pm = reference.power_model
+    out = {"v_min_rel": pm.v_min_rel}
+    if with_knee:
+        if target is None:
+            raise ValueError("with_knee needs the target GPU, whose highest SM clock places the knee")
+        out["f_knee_mhz"] = pm.f_knee_mhz / reference.max_sm_clock_mhz * target.max_sm_clock_mhz
+    return out
+
+
 def residuals(spec: GPUSpec, points: list[Point]) -> list[dict]:
     """Per point: measured and simulated time, power and (throttled) clock, and errors in % of the measured."""
     gpu = SimulatedGPU(spec, noise=False)
@@ -264,16 +292,27 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def fit(spec: GPUSpec, points: list[Point], *, max_nfev: int = 300) -> GPUSpec:
+def fit(spec: GPUSpec, points: list[Point], *, fixed: dict[str, float] | None = None, max_nfev: int = 300) -> GPUSpec:
     """Least-squares fit of FIT_PARAMETERS (bounds and starts there) to the points' errors in time (log ratio),
-    power and throttled clock, each in % (scipy.optimize.least_squares, trust-region reflective)."""
+    power and throttled clock, each in % (scipy.optimize.least_squares, trust-region reflective).
+
+    Args:
+        fixed: FIT_PARAMETERS held at the values given instead of fitted (the voltage curve's shape carried from a
+            measured sweep of another GPU: experiments/calibrate_h100.py says which and why).
+
+    Raises:
+        ValueError: ``fixed`` names a constant that is not in FIT_PARAMETERS.
+    """
     from scipy.optimize import least_squares
 
-    names = list(FIT_PARAMETERS)
-    lower, upper, x0 = (np.array(v) for v in zip(*FIT_PARAMETERS.values()))
+    fixed = dict(fixed or {})
+    if unknown := sorted(set(fixed) - set(FIT_PARAMETERS)):
+        raise ValueError(f"fixed names {unknown}, which are not fitted constants; choose from {list(FIT_PARAMETERS)}")
+    names = [n for n in FIT_PARAMETERS if n not in fixed]
+    lower, upper, x0 = (np.array(v) for v in zip(*(FIT_PARAMETERS[n] for n in names)))
 
     def fun(x):
-        rows = residuals(with_values(spec, dict(zip(names, x))), points)
+        rows = residuals(with_values(spec, {**fixed, **dict(zip(names, x))}), points)
         out = []
         for r in rows:
             if "time_error_pct" in r:
@@ -285,4 +324,4 @@ def fit(spec: GPUSpec, points: list[Point], *, max_nfev: int = 300) -> GPUSpec:
 
     # Steps of 1 %: the power limit's clock steps make the error piecewise constant at finer steps.
     result = least_squares(fun, x0, bounds=(lower, upper), diff_step=0.01, x_scale=upper - lower, max_nfev=max_nfev)
-    return with_values(spec, dict(zip(names, map(float, result.x))))
+    return with_values(spec, {**fixed, **dict(zip(names, map(float, result.x)))})
