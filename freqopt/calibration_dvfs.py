@@ -72,17 +72,23 @@ class Stage:
 # BLOOM 176B: 70 layers, d_model 14336, 112 heads, sequence 2048 (BigScience, arXiv 2211.05100, table 3).
 # GPT-3 175B: 96 layers, d_model 12288, 96 heads, sequence 2048 (Brown et al. 2020, table 2.1).
 # Perseus runs 8 pipeline stages (shared/calibration/perseus/README.md): 9 BLOOM layers or 12 GPT-3 layers per stage.
+# The artifact's emulation (evaluation.ipynb, "Large-Scale Emulation", branch kronos) sets tp, pp = 8, 8 and a global
+# batch of 1536 split as 1536 // M pipelines of M micro-batches: tensor parallel 8 and micro-batch 1 are its own
+# figures. It also multiplies the files' time by 10 (and energy by 10 x tp) to get a stage's, so the files hold
+# about a tenth of a stage's work; with a stage's mix of kernels, that leaves the ratios to the top clock compared
+# here as a stage's. Absolute times are not compared.
 STAGES: dict[str, Stage] = {
     "bloom+a100": Stage(
         "bloom+a100", "bloom+a100_sxm_bf16.csv", "a100-sxm4-80gb", 14336, 112, 9, 8, 1, 2048, True, 500.0,
-        "9 layers (70 over 8 stages; stage 7 is the shorter one), tensor parallel over the node's 8 GPUs on NVLink "
-        "(the all-reduces included), micro-batch 1: its forward's 1.2e13 FLOPs per GPU in 51 ms is 75 % of the "
-        "A100's dense BF16 peak, where a larger micro-batch or fewer GPUs would exceed it. Power limit 500 W: the "
+        "9 layers (70 over 8 stages; stage 7 is the shorter one), tensor parallel 8 on NVLink (the all-reduces "
+        "included) and micro-batch 1, the artifact's own emulation figures (evaluation.ipynb: tp, pp = 8, 8; a "
+        "global batch of 1536 over 1536 // M pipelines of M micro-batches). Power limit 500 W: the "
         "stage averages 467 W at 1410 MHz, above the 400 W of the standard A100 80GB SXM, so these are the 500 W "
         "boards (NVIDIA A100 data sheet: the HGX A100 80GB custom-thermal SKU supports up to 500 W)"),
     "bloom+a40": Stage(
         "bloom+a40", "bloom+a40_bf16.csv", "a40", 14336, 112, 9, 8, 1, 2048, True, 300.0,
-        "as the A100's stage (9 layers, tp=8, micro-batch 1), its all-reduces over PCIe included: with the A40's "
+        "as the A100's stage (9 layers, tp=8, micro-batch 1, the artifact's figures), its all-reduces over PCIe "
+        "included: with the A40's "
         "throttle under its 300 W limit they are what leaves half of the measured time independent of the SM clock "
         "(1.37x the time at 855 MHz against 1.02x at 1455), where the A100's NVLink leaves a sixth; the A40's GEMM "
         "efficiency and PCIe all-reduce efficiency, assumed in its file, are fitted with the power model. Power "
