@@ -2,8 +2,9 @@
 
     python experiments/benchmark_report.py
 
-The runs themselves (24 s and 27 s for gpt3-small on h100-sxm, 201 s and 229 s for gpt3-xl on rtx3080ti, on 2 cores
-shared with other experiment runs, 2026-11-25):
+The runs themselves (32 s and 28 s for gpt3-small on h100-sxm, re-run after the H100's voltage floor change; 201 s
+and 229 s for gpt3-xl on rtx3080ti, whose GPU did not change; on 2 cores shared with other experiment runs,
+2026-11-25):
 
     freqopt benchmark --model gpt3-small --gpu h100-sxm --json experiments/benchmark/gpt3-small-h100-sxm.json
     freqopt benchmark --model gpt3-small --gpu h100-sxm --free-switching --json experiments/benchmark/gpt3-small-h100-sxm-free-switching.json
