@@ -23,7 +23,7 @@ from pathlib import Path
 
 from freqopt import calibration as cal
 from freqopt.gpus import get_gpu, list_gpus, replace_toml_block, search_spaces_dir
-from freqopt.tables import atomic_write_text
+from freqopt.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "zeus_v100_bert_squad.csv"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from freqopt import calibration_h100 as cal
 from freqopt.gpus import get_gpu, replace_toml_block, search_spaces_dir
-from freqopt.tables import atomic_write_text
+from freqopt.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "h100"

@@ -114,7 +114,7 @@ class Check:
         return get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len)
 
     def save(self) -> None:
-        from freqopt.tables import atomic_write_text
+        from freqopt.files import atomic_write_text
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out_dir / "device_check.json", json.dumps(self.doc, indent=1, default=str) + "\n")

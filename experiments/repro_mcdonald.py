@@ -26,7 +26,7 @@ from freqopt.calibration_steps import HOST_SPLIT_US
 from freqopt.gpus import get_gpu
 from freqopt.models import get_workload
 from freqopt.search.powercap import sweep_power_caps
-from freqopt.tables import atomic_write_text
+from freqopt.files import atomic_write_text
 from freqopt.trace import trace_iteration
 
 OUT = Path(__file__).resolve().parent / "mcdonald"

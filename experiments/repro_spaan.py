@@ -27,7 +27,7 @@ from freqopt.backends.simulated import SimulatedGPU
 from freqopt.gpus import get_gpu
 from freqopt.models import get_workload
 from freqopt.search.runner import SearchConfig, Validator, allocate_validated, open_storage, run_unit_studies
-from freqopt.tables import atomic_write_text
+from freqopt.files import atomic_write_text
 from freqopt.trace import trace_training_iteration
 
 OUT = Path(__file__).resolve().parent / "spaan"

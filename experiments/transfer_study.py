@@ -34,7 +34,7 @@ from freqopt.gpus import get_gpu
 from freqopt.layout import Layout
 from freqopt.models import get_workload
 from freqopt.search.runner import SearchConfig, Validator, run_search
-from freqopt.tables import atomic_write_text, load_table, table_from_result, write_table
+XX, table_from_result, write_table
 from freqopt.trace import trace_training_iteration
 from freqopt.transfer import evaluate_transfer, reallocate
 

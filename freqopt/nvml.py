@@ -276,7 +276,7 @@ def _state_path(uuid: str) -> Path:
 
 
 def _write_state(state: GPUState) -> Path:
-    from freqopt.tables import atomic_write_text
+    from freqopt.files import atomic_write_text
 
     path = _state_path(state.uuid)
     atomic_write_text(path, json.dumps(asdict(state)) + "\n")

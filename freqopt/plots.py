@@ -45,7 +45,7 @@ def _save(fig, path: Path) -> Path:
     """Save ``fig`` as PNG atomically (a temporary file renamed over ``path``)."""
     import io
 
-    from freqopt.tables import atomic_write_bytes
+    from freqopt.files import atomic_write_bytes
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)

@@ -177,7 +177,8 @@ def statement(table, *, iterations: int = 1000, gpus: int = 1, pue: float | None
         InvalidSettingError: see energy_statement and load_pue_profile.
     """
     from freqopt.api import check_writable_file
-    from freqopt.tables import atomic_write_text, load_table
+    from freqopt.files import atomic_write_text
+    from freqopt.tables import load_table
 
     if out is not None:
         check_writable_file(out, argument="out")

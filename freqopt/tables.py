@@ -30,9 +30,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,12 +38,12 @@ from typing import Any
 
 from freqopt import __version__
 from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
+from freqopt.files import atomic_write_text
 from freqopt.gpus import GPUSpec
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "workload_doc", "describe_workload",
            "table_from_result", "result_table", "budget_tag", "table_stem", "table_identity", "check_table_target",
-           "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text",
-           "atomic_write_bytes"]
+           "write_result_tables", "write_table", "write_table_csv", "load_table"]
 
 SCHEMA_NAME = "freqopt.clock-table"
 SCHEMA_VERSION = 1
@@ -474,60 +472,6 @@ def write_result_tables(result, out: str | Path) -> dict[str, Path]:
         write_table(table, paths[g])
         write_table_csv(table, paths[g].with_suffix(".csv"))
     return paths
-
-
-def _umask() -> int:
-    """The process's file-mode creation mask.
-
-    Read from the ``Umask:`` line of /proc/self/status (Linux 4.7 and later, proc(5)), which changes nothing.
-    Elsewhere os.umask, which has no read-only form, is set and put back: a thread of the same process creating a
-    file in that instant would get mode 022's permissions.
-    """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename, so a reader
-    never sees half a file. The file's mode is what the umask gives a new file (0644 under the usual 022), as any
-    other tool's output.
-
-    Raises:
-        OutputError: the folder cannot be written.
-    """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's file is 0600; a file written in place would honour the umask
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e}; choose a writable path") from e
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically (atomic_write_bytes).
-
-    Raises:
-        OutputError: the folder cannot be written.
-    """
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_table(table: ClockTable, path: str | Path) -> Path:

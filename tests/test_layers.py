@@ -14,11 +14,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
 
 # Lowest first. A module may import modules of its own layer and of the layers below, never of a layer above.
 LAYERS: list[tuple[str, ...]] = [
-    # Foundations: errors, the parallel layout, GPU types, the kernel data classes, the clock-table format (which
-    # also holds the atomic file write that everything writing a file uses), the slowdown budget's parser. The
-    # package root only names its lazy exports (strings, imported on first use).
-    ("freqopt", "freqopt.errors", "freqopt.layout", "freqopt.gpus", "freqopt.kernels", "freqopt.tables",
-     "freqopt.budget"),
+    # Foundations: errors, the atomic file write that everything writing a file uses, the parallel layout, GPU
+    # types, the kernel data classes, the clock-table format, the slowdown budget's parser. The package root only
+    # names its lazy exports (strings, imported on first use).
+    ("freqopt", "freqopt.errors", "freqopt.files", "freqopt.layout", "freqopt.gpus", "freqopt.kernels",
+     "freqopt.tables", "freqopt.budget"),
     # NVML device access; the models (PyTorch modules and their custom operators) and the phase hooks on them, and
     # the module-structure fingerprint a trace carries.
     ("freqopt.nvml", "freqopt.models", "freqopt.phases", "freqopt.fingerprint"),

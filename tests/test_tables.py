@@ -151,7 +151,7 @@ def test_missing_file_and_unwritable_target(table, tmp_path):
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_written_files_honour_the_umask(tmp_path, umask, mode):
-    from freqopt.tables import atomic_write_text
+    from freqopt.files import atomic_write_text
 
     old = os.umask(umask)
     try:
@@ -166,7 +166,7 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
 def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
     import builtins
 
-    from freqopt import tables
+    from freqopt import files
 
     if not proc_readable:  # not Linux: the set-and-put-back fallback
         real_open = builtins.open
@@ -179,7 +179,7 @@ def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
         monkeypatch.setattr(builtins, "open", no_proc)
     old = os.umask(0o027)
     try:
-        assert tables._umask() == 0o027
+        assert files._umask() == 0o027
         assert os.umask(0o027) == 0o027  # still the caller's
     finally:
         os.umask(old)

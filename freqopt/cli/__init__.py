@@ -44,7 +44,7 @@ def write_json(json_path: str | None, doc) -> None:
     if json_path:
         import json
 
-        from freqopt.tables import atomic_write_text
+        from freqopt.files import atomic_write_text
 
         atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
 
