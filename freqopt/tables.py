@@ -3,7 +3,7 @@
 A table holds the GPU type and its clock lists, the workload it was searched on, the granularity and slowdown
 budget, one entry per tuning unit (its kernel-class signature, kind and arithmetic intensity, and the setting; at
 phase level, the block of phases and the phase at whose start the runtime requests the setting; at the other
-levels also the unit's measured default and (time, energy) front, from which freqopt.transfer re-allocates a
+levels also the unit's measured default and (time, energy) front, from which freqopt.apply.transfer re-allocates a
 budget on another layout),
 predicted and validated time and energy against the default, and provenance (storage, studies, cost).
 Files are written atomically (a temporary file renamed over the target), so a reader never sees half a table.
@@ -22,7 +22,7 @@ checked by its model's name and the rest.
 than 0 (table_stem); a transfer writes ``STEM-GRANULARITY-transferred.json`` with the target's STEM. So searches
 at two budgets, or with two seeds, keep their own tables in one folder. A file of that name holding the table of
 another search (another micro-batch, sequence length, backend or source table) is never replaced:
-check_table_target refuses it, before any work where the caller can (freqopt.search, freqopt.transfer).
+check_table_target refuses it, before any work where the caller can (freqopt.search, freqopt.apply.transfer).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 from freqopt import __version__
 from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
 from freqopt.files import atomic_write_text
-from freqopt.gpus import GPUSpec
+from freqopt.gpu.specs import GPUSpec
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "workload_doc", "describe_workload",
            "table_from_result", "result_table", "budget_tag", "table_stem", "table_identity", "check_table_target",
@@ -86,7 +86,7 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
             "required": ["model"],
             "properties": {
                 "model": {"type": "string"},
-                "n_layers": {"type": ["integer", "null"]},  # null: a user's own step (freqopt.step_trace)
+                "n_layers": {"type": ["integer", "null"]},  # null: a user's own step (freqopt.workload.step_trace)
                 "d_model": {"type": ["integer", "null"]},
                 "n_heads": {"type": ["integer", "null"]},
                 "seq_len": {"type": ["integer", "null"]},
@@ -135,7 +135,7 @@ _WORKLOAD_FIELDS = ("model", "n_layers", "d_model", "n_heads", "seq_len", "micro
 
 
 def workload_doc(workload) -> dict[str, Any]:
-    """A table's ``workload`` for a freqopt.models.Workload (or a table's own ``workload`` document, completed:
+    """A table's ``workload`` for a freqopt.workload.models.Workload (or a table's own ``workload`` document, completed:
     a missing layout is one GPU): model, n_layers, d_model, n_heads, seq_len (tokens), micro_batch_size
     (sequences per model replica), layout {dp, tp}; sizes a user's own step does not state are None."""
     if isinstance(workload, dict):
@@ -191,7 +191,7 @@ class ClockTable:
         layers, width or heads), layout, micro-batch or sequence length.
 
         Args:
-            workload: a freqopt.models.Workload, or a table's ``workload`` document.
+            workload: a freqopt.workload.models.Workload, or a table's ``workload`` document.
             source: how the message names the table (default its file, else "the clock table").
 
         Raises:
@@ -222,7 +222,7 @@ class ClockTable:
             command += f" --n-heads {target['n_heads']}"
         raise TableWorkloadError(
             f"table {name} was found for {describe_workload(mine, sizes=sizes)}, not "
-            f"{describe_workload(target, sizes=sizes)}: lay it onto this workload with `{command}` (freqopt.transfer)"
+            f"{describe_workload(target, sizes=sizes)}: lay it onto this workload with `{command}` (freqopt.apply.transfer)"
         )
 
     @property
@@ -376,7 +376,7 @@ def result_table(result, granularity: str) -> ClockTable:
         UnknownNameError: ``granularity`` was not searched; the message lists those that were.
     """
     from freqopt.errors import UnknownNameError
-    from freqopt.gpus import get_gpu
+    from freqopt.gpu.specs import get_gpu
 
     if granularity not in result.results:
         raise UnknownNameError(f"granularity {granularity!r} was not searched; choose from "
@@ -396,7 +396,7 @@ def table_stem(workload, gpu: str, max_slowdown: float, seed: int = 0) -> str:
     ``hf:NAME`` model becomes '-', which file systems and shells take without quoting).
 
     Args:
-        workload: the searched freqopt.models.Workload; gpu: the GPU type's name; max_slowdown: the budget, a
+        workload: the searched freqopt.workload.models.Workload; gpu: the GPU type's name; max_slowdown: the budget, a
             fraction; seed: the samplers' seed.
     """
     layout = "" if workload.layout.is_single_gpu else f"-dp{workload.layout.dp}tp{workload.layout.tp}"
@@ -558,7 +558,7 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
     table = ClockTable(data, source=str(Path(path).resolve()))
     if spec is None:
         from freqopt.errors import UnknownNameError
-        from freqopt.gpus import get_gpu
+        from freqopt.gpu.specs import get_gpu
 
         try:
             spec = get_gpu(table.gpu)
