@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent / "benchmark"
 def _switches(gpu: str) -> str:
     """The GPU file's effective clock-switch latency, as the benchmark validated with it."""
-    from freqopt.gpus import get_gpu
+    from freqopt.gpu.specs import get_gpu
 
     return f"{1e3 * get_gpu(gpu).clock_switch_s:g} ms switches"
 

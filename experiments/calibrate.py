@@ -10,7 +10,7 @@ Writes the [power_model] block of every search_spaces/*.toml but those fitted to
 (h100-sxm: experiments/calibrate_h100.py), experiments/calibration_residuals.json (the fitted
 host gaps of the two workloads and the residuals that tests/test_calibration.py holds the committed constants
 to) and experiments/calibration.md.
-Method and sources: freqopt/calibration.py.
+Method and sources: freqopt/gpu/calibration/v100.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from freqopt import calibration as cal
-from freqopt.gpus import get_gpu, list_gpus, replace_toml_block, search_spaces_dir
-from freqopt.tables import atomic_write_text
+from freqopt.gpu.calibration import v100 as cal
+from freqopt.gpu.specs import get_gpu, list_gpus, replace_toml_block, search_spaces_dir
+from freqopt.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "zeus_v100_bert_squad.csv"
@@ -77,7 +77,7 @@ def main() -> int:
     if not args.check and not args.derive_only:
         spec, gaps = cal.fit_power_model(spec, points, traces, figures, figure_traces)
         write_power_model(REFERENCE, spec.power_model, "Fitted to experiments/data/zeus_v100_bert_squad.csv and "
-                          "mcdonald_v100_training.csv (method: freqopt/calibration.py).")  # fmt: skip
+                          "mcdonald_v100_training.csv (method: freqopt/gpu/calibration/v100.py).")  # fmt: skip
     else:
         gaps = json.loads(RESIDUALS.read_text())["host_gaps_s"]
     if not args.check:
@@ -110,7 +110,7 @@ def main() -> int:
         }, indent=1) + "\n")  # fmt: skip
         (HERE / "calibration.md").write_text(
             "# Calibration of the simulated V100\n\n"
-            "Produced by `python experiments/calibrate.py`; method and sources in freqopt/calibration.py. One V100 "
+            "Produced by `python experiments/calibrate.py`; method and sources in freqopt/gpu/calibration/v100.py. One V100 "
             "power model fitted to both data sets; each workload has its own fitted host gap per step.\n\n"
             + ("The residuals below are those of the committed constants under the current traces "
                "(`python experiments/calibrate.py --record`): the traced optimizer step gained gradient clipping "

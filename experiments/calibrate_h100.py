@@ -6,7 +6,7 @@
 
 Writes the fitted block and the [power_model] block of search_spaces/h100-sxm.toml,
 experiments/h100_calibration_residuals.json (guarded by tests/test_calibration.py) and
-experiments/h100_calibration.md. Method, points and assumptions: freqopt/calibration_h100.py.
+experiments/h100_calibration.md. Method, points and assumptions: freqopt/gpu/calibration/h100.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from freqopt import calibration_h100 as cal
-from freqopt.gpus import get_gpu, replace_toml_block, search_spaces_dir
-from freqopt.tables import atomic_write_text
+from freqopt.gpu.calibration import h100 as cal
+from freqopt.gpu.specs import get_gpu, replace_toml_block, search_spaces_dir
+from freqopt.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "h100"
@@ -34,14 +34,14 @@ FLOOR_FROM = "a100-sxm4-80gb"
 def write_toml(spec) -> None:
     path = search_spaces_dir() / f"{GPU}.toml"
     values = cal.current_values(spec)
-    fitted = ["# Fitted to experiments/data/h100 (method: freqopt/calibration_h100.py; residuals: "
+    fitted = ["# Fitted to experiments/data/h100 (method: freqopt/gpu/calibration/h100.py; residuals: "
               "experiments/h100_calibration.md)."]
     fitted += [f"{k} = {values[k]:.6g}" for k in ("gemm_efficiency", "gemm_k_overhead", "gemm_fixed_us",
                                                   "attention_efficiency", "mem_efficiency", "layer_norm_bandwidth_rel")]  # fmt: skip
     fitted.append(f"kernel_fixed_us = {spec.kernel_fixed_s * 1e6:g}  # {cal.ASSUMED['kernel_fixed_us'][1]}")
     fitted += ["", "[host]", "# Host time to issue one kernel of a training step (fitted: launch-bound points)",
                f"issue_us = {values['host_issue_us']:.6g}", f"gemm_issue_us = {values['host_gemm_issue_us']:.6g}", ""]
-    pm = ["# Fitted to experiments/data/h100 (method: freqopt/calibration_h100.py); assumed: "
+    pm = ["# Fitted to experiments/data/h100 (method: freqopt/gpu/calibration/h100.py); assumed: "
           + "; ".join(f"{k} ({why})" for k, (_, why) in cal.ASSUMED.items() if k in
                       ("p_mem_clock_w", "p_mem_active_w", "p_leak_w", "power_window_s")),
           "[power_model]"]  # fmt: skip
@@ -56,7 +56,7 @@ def report(rows: list[dict], summary: dict, spec) -> str:
     lines = ["# Calibration of the simulated H100 against a real one", "",
              "Produced by `python experiments/calibrate_h100.py`; data in [data/h100/](data/h100/README.md) "
              "(one H100 80GB HBM3, read-only, default settings, 2026-11-23); method, points and assumptions in "
-             "`freqopt/calibration_h100.py`. Errors are the simulated GPU's, in % of the measured value; clocks "
+             "`freqopt/gpu/calibration/h100.py`. Errors are the simulated GPU's, in % of the measured value; clocks "
              "only where the 700 W limit throttled the GPU.", "",
              "| point | time measured (us) | simulated (us) | error (%) | power measured (W) | simulated (W) | "
              "error (%) | clock measured (MHz) | simulated (MHz) | error (%) |",
@@ -91,7 +91,7 @@ def report(rows: list[dict], summary: dict, spec) -> str:
               "how far down it goes. The A100's knee (at 79 % of its top clock) does not carry: fitted with it, the "
               "points' clock error grows little but the launch-bound whole step at 1980 MHz (gpt3-small, "
               "micro-batch 1) comes out 12 % high in energy (`python experiments/calibrate_h100.py --carry-knee`; "
-              "freqopt/calibration_h100.py, voltage_floor_from).", "", "| constant | value |", "|---|---:|"]  # fmt: skip
+              "freqopt/gpu/calibration/h100.py, voltage_floor_from).", "", "| constant | value |", "|---|---:|"]  # fmt: skip
     lines += [f"| {k} | {v:.4g} |" for k, v in carried.items()]
     lines += ["", "## Assumed (what the data cannot separate)", "", "| constant | value | why |", "|---|---:|---|"]
     lines += [f"| {k} | {v:g} | {why} |" for k, (v, why) in cal.ASSUMED.items()]
@@ -100,10 +100,10 @@ def report(rows: list[dict], summary: dict, spec) -> str:
 
 def _changed_classes(spec) -> list[str]:
     """What the simulated GPU predicts for the classes whose replay at d174579 ran another kernel than today's."""
-    from freqopt.backends.base import DEFAULT_SETTING
-    from freqopt.backends.simulated import SimulatedGPU
-    from freqopt.models import get_workload
-    from freqopt.trace import trace_training_iteration
+    from freqopt.gpu.backends.base import DEFAULT_SETTING
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.workload.models import get_workload
+    from freqopt.workload.trace import trace_training_iteration
 
     trace = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=4))
     gpu = SimulatedGPU(spec, noise=False)
@@ -129,8 +129,7 @@ def _changed_classes(spec) -> list[str]:
 def carry_knee(spec, points) -> int:
     """The evidence that the A100's knee does not carry: this fit, then the whole-step fit (fit_whole_steps.py's),
     with the floor alone carried and with the knee carried too; summaries printed, nothing written."""
-    from freqopt import calibration_steps as steps_cal
-
+    from freqopt.gpu.calibration import h100_steps as steps_cal
     steps = steps_cal.load_steps(DATA / "whole_steps")
     traces = steps_cal.trace_steps(steps)
     for label, with_knee in (("floor carried", False), ("floor and knee carried", True)):

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import freqopt
-from freqopt.backends.base import ClockSetting
-from freqopt.models import get_workload
-from freqopt.trace import trace_training_iteration
+from freqopt.gpu.backends.base import ClockSetting
+from freqopt.workload.models import get_workload
+from freqopt.workload.trace import trace_training_iteration
 
 HERE = Path(__file__).resolve().parent / "cap_with_clocks"
 SETTINGS = [  # model, GPU, micro-batch, sequence: the main job, the transfer study's source, Spaan et al.'s

@@ -8,20 +8,20 @@ no setting of the GPU.
 Before anything touches the GPU, ``install_guard`` replaces every pynvml function that changes a device or the
 system (``nvmlDeviceSet*``, ``nvmlDeviceReset*``, ``nvmlDeviceClear*``, ``nvmlSet*`` and the others of
 ``GUARDED_PREFIXES``) with one that raises PermissionError; on top, every NVML access goes through a device opened
-read-only (freqopt.nvml.NVMLDevice refuses set and reset calls before NVML sees them). So it is safe on a shared
+read-only (freqopt.gpu.nvml.NVMLDevice refuses set and reset calls before NVML sees them). So it is safe on a shared
 GPU. It writes OUT_DIR/device_check.json (and prints progress) with:
 
 a. ``environment`` and ``discovery``: date (UTC), host, torch and CUDA versions, the NVIDIA driver, the GPU's NVML
    name and UUID, the search_spaces/ file it matches, its supported SM clocks for each supported memory clock,
    power-limit range, the clocks seen now, and the energy counter's update period (detected by polling while the
-   GPU replays the first kernel class, freqopt.replay.detect_counter_period);
+   GPU replays the first kernel class, freqopt.gpu.replay.detect_counter_period);
 b. ``kernel_classes``: every kernel class of one gpt3-small training iteration (micro-batch 4, sequence 2048)
-   replayed as itself (freqopt.replay: each kernel's own operator on its traced shapes; collectives and failures
+   replayed as itself (freqopt.gpu.replay: each kernel's own operator on its traced shapes; collectives and failures
    as copies, listed in ``replayed_as_copies``) by the NVML backend at the GPU's current settings (time by CUDA
    events, energy by the counter over >= 10 updates), beside the simulated GPU's prediction at the SM clock seen;
    per class time, energy and average power and the ratios replayed/simulated, and the largest time ratio (issue
    11's target: no class more than ``TARGET_TIME_RATIO`` times its simulated time);
-c. ``profile``: freqopt.profile.profile for a real gpt3-small training step (micro-batch 4): the step measured
+c. ``profile``: freqopt.measure.profile.profile for a real gpt3-small training step (micro-batch 4): the step measured
    and predicted, and the trace's kernels by kind against torch.profiler's kernels by kind;
 d. ``training_steps``: whole training steps of freqopt's own modules (bf16, MixedPrecisionAdamW, as traced)
    measured (CUDA-event time over the window's steps, energy by the counter's delta over a window of at least
@@ -105,8 +105,8 @@ class Check:
         self.torch_device = "cpu" if dry_run else "cuda:0"
 
     def workload(self, model: str, micro_batch_size: int, seq_len: int | None = None):
-        from freqopt.models import Workload, get_workload
-        from freqopt.models.gpt3 import GPTConfig
+        from freqopt.workload.models import Workload, get_workload
+        from freqopt.workload.models.gpt3 import GPTConfig
 
         if self.dry_run:  # every workload stands in as one tiny GPT, so that the run takes seconds on a CPU
             return Workload(f"{model}-tiny", GPTConfig(n_layers=1, d_model=64, n_heads=4, vocab_size=256, seq_len=16),
@@ -114,7 +114,7 @@ class Check:
         return get_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len)
 
     def save(self) -> None:
-        from freqopt.tables import atomic_write_text
+        from freqopt.files import atomic_write_text
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out_dir / "device_check.json", json.dumps(self.doc, indent=1, default=str) + "\n")
@@ -145,11 +145,11 @@ def kernel_classes(check: Check, device) -> None:
     import numpy as np
     import torch
 
-    from freqopt.backends.base import DEFAULT_SETTING, ClockSetting, MeasurementProtocol
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, MeasurementProtocol
+    from freqopt.gpu.backends.nvml import NVMLBackend
+    from freqopt.gpu.backends.simulated import SimulatedGPU
     from freqopt.search.units import partition
-    from freqopt.trace import trace_iteration
+    from freqopt.workload.trace import trace_iteration
 
     spec = device.spec()
     protocol = (MeasurementProtocol(warmup_s=0.02, min_window_s=0.05, min_counter_updates=3) if check.dry_run
@@ -199,8 +199,8 @@ def kernel_classes(check: Check, device) -> None:
 
 
 def profile_step(check: Check, device) -> None:
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.profile import profile
+    from freqopt.gpu.backends.nvml import NVMLBackend
+    from freqopt.measure.profile import profile
 
     with NVMLBackend(device, torch_device=check.torch_device) as backend:
         report = profile(check.workload("gpt3-small", 4, 2048), backend,
@@ -214,9 +214,9 @@ def _measure_steps(check: Check, workload, device, period_s: float) -> dict:
     delta), s and J."""
     import torch
 
-    from freqopt.models import build_model
-    from freqopt.models.ops import MixedPrecisionAdamW
-    from freqopt.phases import quiet_backward_hooks
+    from freqopt.workload.models import build_model
+    from freqopt.workload.models.ops import MixedPrecisionAdamW
+    from freqopt.workload.phases import quiet_backward_hooks
 
     cuda = check.torch_device.startswith("cuda")
     torch.manual_seed(0)
@@ -266,9 +266,9 @@ def _measure_steps(check: Check, workload, device, period_s: float) -> dict:
 
 
 def training_steps(check: Check, device) -> None:
-    from freqopt.backends.base import DEFAULT_SETTING
-    from freqopt.backends.simulated import SimulatedGPU
-    from freqopt.trace import trace_training_iteration
+    from freqopt.gpu.backends.base import DEFAULT_SETTING
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.workload.trace import trace_training_iteration
 
     sim = SimulatedGPU(device.spec(), noise=False)
     period = check.doc.get("discovery", {}).get("counter_period_s") or device.spec().energy_counter_period_s
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check = Check(args.out_dir, args.dry_run)
     check.doc["guarded_nvml_functions"] = install_guard(pynvml)  # before anything touches the GPU
-    from freqopt.nvml import open_devices
+    from freqopt.gpu.nvml import open_devices
 
     device = open_devices(read_only=True)[0]
     discovery(check, device, pynvml)

@@ -3,7 +3,7 @@
     python experiments/fit_dvfs.py           # fit, write the [power_model] blocks, the report and the residuals
     python experiments/fit_dvfs.py --check   # only print the committed constants' residuals
 
-Method and sources: freqopt/calibration_dvfs.py. The A100 is fitted on the BLOOM stage (its power model only: the
+Method and sources: freqopt/gpu/calibration/dvfs.py. The A100 is fitted on the BLOOM stage (its power model only: the
 time ratios are already within 2 pp); the A40 on its BLOOM and GPT-3 175B stages, with the two time figures its file
 only assumed (GEMM efficiency, PCIe all-reduce efficiency). The GPT-3 175B A100 sweep is held out: not read here.
 Writes search_spaces/{a100-sxm4-80gb,a40}.toml's power_model blocks (and the A40's two time figures),
@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from freqopt import calibration_dvfs as cd
-from freqopt.gpus import get_gpu, replace_toml_block, search_spaces_dir
-from freqopt.tables import atomic_write_text
+from freqopt.gpu.calibration import dvfs as cd
+from freqopt.gpu.specs import get_gpu, replace_toml_block, search_spaces_dir
+from freqopt.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "perseus"
@@ -44,7 +44,7 @@ TOP_POWER_WEIGHT = {"a100-sxm4-80gb": 0.5, "a40": 1.0}
 def write_block(gpu: str, spec, time_parameters: tuple[str, ...]) -> None:
     """Replace the file's power_model block (and the fitted time figures' lines) and write it atomically."""
     path = search_spaces_dir() / f"{gpu}.toml"
-    note = ("# Fitted to Perseus's measured stage sweeps (experiments/data/perseus; method: freqopt/calibration_dvfs.py; "
+    note = ("# Fitted to Perseus's measured stage sweeps (experiments/data/perseus; method: freqopt/gpu/calibration/dvfs.py; "
             "residuals: experiments/dvfs_fit.md); p_mem_clock_w, p_mem_active_w and power_window_s kept (one memory "
             "clock in the sweeps)")  # fmt: skip
     body = [note, "[power_model]", *(f"{k} = {v:.6g}" for k, v in dataclasses.asdict(spec.power_model).items())]
@@ -74,7 +74,7 @@ def fit_alone(gpu: str) -> dict[str, dict]:
 
 def report(results: dict[str, list[dict]], alone: dict[str, dict]) -> str:
     out = ["# The DVFS power model fitted on measured sweeps (A100, A40)", "",
-           "Produced by `python experiments/fit_dvfs.py` (method and every assumption: freqopt/calibration_dvfs.py). "
+           "Produced by `python experiments/fit_dvfs.py` (method and every assumption: freqopt/gpu/calibration/dvfs.py). "
            "Each stage's forward + backward, time and energy relative to the top clock, measured (Perseus's "
            "artifact, experiments/data/perseus) against freqopt's simulated GPU with the committed constants. "
            "Errors in percentage points of the ratio.", ""]  # fmt: skip

@@ -6,7 +6,7 @@
 
 Writes the ``whole_steps`` block of search_spaces/h100-sxm.toml, experiments/h100_whole_steps_residuals.json
 (guarded by tests/test_calibration.py) and experiments/h100_whole_steps.md. Method, classes and assumptions:
-freqopt/calibration_steps.py. Each workload is traced once (gpt3-2.7b takes seconds) and its kernels reused.
+freqopt/gpu/calibration/h100_steps.py. Each workload is traced once (gpt3-2.7b takes seconds) and its kernels reused.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from freqopt import calibration_steps as cal
-from freqopt.gpus import get_gpu, replace_toml_block, search_spaces_dir
-from freqopt.tables import atomic_write_text
+from freqopt.gpu.calibration import h100_steps as cal
+from freqopt.gpu.specs import get_gpu, replace_toml_block, search_spaces_dir
+from freqopt.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "h100" / "whole_steps"
@@ -40,10 +40,10 @@ def write_toml(spec) -> None:
     host = ", ".join(f"{p} {us:g} us" for p, us in cal.HOST_SPLIT_US.items())
     body = [
         "# Fitted to whole training steps measured on a real H100 (experiments/data/h100/whole_steps; method:",
-        "# freqopt/calibration_steps.py; residuals: experiments/h100_whole_steps.md).",
+        "# freqopt/gpu/calibration/h100_steps.py; residuals: experiments/h100_whole_steps.md).",
         "[step_host]",
         "# Host time per kernel of a training step on top of [host] (autograd, module calls, the optimizer's Python):",
-        f"# {v['host_split_scale']:.4g} x the split measured on a CPU ({host}; calibration_steps.HOST_SPLIT_US),",
+        f"# {v['host_split_scale']:.4g} x the split measured on a CPU ({host}; h100_steps.HOST_SPLIT_US),",
         "# the factor fitted on the launch-bound gpt3-small step at micro-batch 1.",
         *(f"{p}_us = {v['host_split_scale'] * us:.4g}" for p, us in cal.HOST_SPLIT_US.items()),
         "",
@@ -76,7 +76,7 @@ def report(result: dict, summary: dict, spec) -> str:
     lines = ["# The simulated H100's training step against whole steps measured on a real one", "",
              "Produced by `python experiments/fit_whole_steps.py`; data in "
              "[data/h100/whole_steps/](data/h100/whole_steps/README.md) (one H100 80GB HBM3, read-only, default "
-             "settings); method, kernel classes and assumptions in `freqopt/calibration_steps.py`. The simulated "
+             "settings); method, kernel classes and assumptions in `freqopt/gpu/calibration/h100_steps.py`. The simulated "
              "step is `SimulatedGPU.step` at default settings, the step `freqopt profile`, the search and `train` "
              "measure. Errors in % of the measured value.", "",
              "## Whole steps", "",
@@ -151,14 +151,14 @@ def _left(result: dict) -> list[str]:
 
 def measure_host_split(repeats: int = 40) -> dict[str, float]:
     """ms per pass (forward, backward, optimizer) of freqopt's 12-layer GPT at d_model 64, sequence 8, bf16, on the
-    CPU with one thread, minimum of ``repeats`` steps, and us of one bare operator call (calibration_steps.HOST_SPLIT_US
+    CPU with one thread, minimum of ``repeats`` steps, and us of one bare operator call (h100_steps.HOST_SPLIT_US
     divides them by gpt3-small's kernels per pass and subtracts the bare call)."""
     import torch
 
-    from freqopt.models import build_model
-    from freqopt.models.gpt3 import GPTConfig
-    from freqopt.models.ops import MixedPrecisionAdamW
-    from freqopt.phases import quiet_backward_hooks
+    from freqopt.workload.models import build_model
+    from freqopt.workload.models.gpt3 import GPTConfig
+    from freqopt.workload.models.ops import MixedPrecisionAdamW
+    from freqopt.workload.phases import quiet_backward_hooks
 
     torch.set_num_threads(1)
     model = build_model(GPTConfig(n_layers=12, d_model=64, n_heads=1, vocab_size=128, seq_len=8), device="cpu")

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from freqopt.backends.simulated import SimulatedGPU
-from freqopt.calibration_steps import HOST_SPLIT_US
-from freqopt.gpus import get_gpu
-from freqopt.models import get_workload
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.calibration.h100_steps import HOST_SPLIT_US
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.models import get_workload
 from freqopt.search.powercap import sweep_power_caps
-from freqopt.tables import atomic_write_text
-from freqopt.trace import trace_iteration
+from freqopt.files import atomic_write_text
+from freqopt.workload.trace import trace_iteration
 
 OUT = Path(__file__).resolve().parent / "mcdonald"
 GPU = "v100-pcie"
@@ -54,7 +54,7 @@ def fitted_host_gap_s() -> float:
 
 def host_work_us(trace) -> float:
     """The host's work to issue one step of ``trace``, us, up to one factor: its kernels' host time per kernel by pass
-    (freqopt/calibration_steps.py HOST_SPLIT_US, measured on a CPU)."""
+    (freqopt/gpu/calibration/h100_steps.py HOST_SPLIT_US, measured on a CPU)."""
     return sum(HOST_SPLIT_US[k.pass_name] for k in trace.kernels)
 
 
@@ -136,7 +136,7 @@ def report(curves: dict) -> str:
               + " relative to 250 W, averaged over batch sizes. The inference curves below were never fitted: they "
               "are freqopt's prediction, for which the paper gives no figures to compare (a held-out check has them). "
               "An inference batch issues only a forward, so its gap is the forward's share of the training step's "
-              "host work, by the host's time per kernel in each pass (freqopt/calibration_steps.py HOST_SPLIT_US): "
+              "host work, by the host's time per kernel in each pass (freqopt/gpu/calibration/h100_steps.py HOST_SPLIT_US): "
               + ", ".join(f"{m} {1e3 * g:.1f} ms" for m, g in inference_gaps_s().items())
               + ". That is an upper bound (no_grad skips autograd's share), and the prediction hangs on it: with no "
               "gap at all, the same physics slows bert-base inference "
@@ -155,7 +155,7 @@ def report(curves: dict) -> str:
 def _zeus_rel(what: str) -> dict[float, float]:
     """Time or energy relative to 250 W in the calibration data (Zeus V100 BERT/SQuAD sweep), averaged over batch
     sizes; energy per epoch = time x average power."""
-    from freqopt.calibration import load_zeus_points
+    from freqopt.gpu.calibration.v100 import load_zeus_points
 
     points = load_zeus_points(Path(__file__).resolve().parent / "data" / "zeus_v100_bert_squad.csv")
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import optuna
 
-from freqopt.backends.simulated import SimulatedGPU
-from freqopt.gpus import get_gpu
-from freqopt.models import get_workload
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.models import get_workload
 from freqopt.search.runner import SearchConfig, Validator, allocate_validated, open_storage, run_unit_studies
-from freqopt.tables import atomic_write_text
-from freqopt.trace import trace_training_iteration
+from freqopt.files import atomic_write_text
+from freqopt.workload.trace import trace_training_iteration
 
 OUT = Path(__file__).resolve().parent / "spaan"
 GPU = "rtx3080ti"

@@ -33,9 +33,9 @@ from pathlib import Path
 import optuna
 
 import freqopt
-from freqopt.gpus import get_gpu
-from freqopt.models import get_workload
-from freqopt.tables import atomic_write_text
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.models import get_workload
+from freqopt.files import atomic_write_text
 
 OUT = Path(__file__).resolve().parent / "switch_latency"
 GRANULARITIES = ("iteration", "pass", "kernel", "phase")

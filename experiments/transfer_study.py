@@ -13,7 +13,7 @@ intensity, else default), on:
   activation all-reduces sit on the critical path; tp=16 spans two 8-GPU nodes).
 
 Each transferred table is measured twice on the target: with its clocks as they were, and with the slowdown budget
-re-allocated there from the (time, energy) fronts the table carries (freqopt.transfer.reallocate: each target unit's
+re-allocated there from the (time, energy) fronts the table carries (freqopt.apply.transfer.reallocate: each target unit's
 default measured, the matched source unit's front scaled to it, the target's own iteration and pass levels as the
 starting point). Both are validated by measuring the whole iteration, and compared with a search done natively
 on the target (iteration, pass, then kernel level, as `freqopt search` runs it) under the same 1 % budget and the
@@ -29,14 +29,14 @@ from pathlib import Path
 
 from joblib import Parallel, delayed
 
-from freqopt.backends.simulated import SimulatedGPU
-from freqopt.gpus import get_gpu
-from freqopt.layout import Layout
-from freqopt.models import get_workload
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.layout import Layout
+from freqopt.workload.models import get_workload
 from freqopt.search.runner import SearchConfig, Validator, run_search
-from freqopt.tables import atomic_write_text, load_table, table_from_result, write_table
-from freqopt.trace import trace_training_iteration
-from freqopt.transfer import evaluate_transfer, reallocate
+XX, table_from_result, write_table
+from freqopt.workload.trace import trace_training_iteration
+from freqopt.apply.transfer import evaluate_transfer, reallocate
 
 OUT = Path(__file__).resolve().parent / "transfer"
 GPU, MODEL, SOURCE_MICRO_BATCH, MAX_SLOWDOWN, SEED = "h100-sxm", "gpt3-xl", 4, 0.01, 0
@@ -99,7 +99,7 @@ def gemm_clock_at_default(layout: Layout, micro_batch: int) -> float:
     """Time-weighted SM clock of the GEMMs at default settings (the power limit decides it), MHz."""
     import numpy as np
 
-    from freqopt.backends.base import DEFAULT_SETTING
+    from freqopt.gpu.backends.base import DEFAULT_SETTING
 
     trace = trace_training_iteration(get_workload(MODEL, micro_batch_size=micro_batch, layout=layout))
     time_s, _, clocks = SimulatedGPU(get_gpu(GPU), noise=False).run(trace.kernels, [DEFAULT_SETTING] * len(trace),

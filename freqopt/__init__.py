@@ -4,15 +4,18 @@
     >>> result = freqopt.search("gpt3-small", max_slowdown="1%", granularity="pass")  # doctest: +SKIP
     >>> result.summary()                                                              # doctest: +SKIP
 
-The layers, each looking only down: gpus and backends (the GPU, simulated or real) -> models and trace (the
-workload's kernels) -> search (Optuna studies, budget allocation, validation) -> tables -> api -> cli.
+The package is grouped into wings by layer, each importing only the ones before it (tests/test_layers.py): the
+foundations (errors, files, budget) -> workload/ (layouts, models, the traced kernels) -> gpu/ (GPU types, NVML,
+the simulated and the real GPU, calibration) -> the clock-table format and names resolved (tables, resolve) ->
+search/ (Optuna studies, budget allocation, validation) -> api, worker -> apply/ (transfer, the runtime, train,
+statement) -> integrations/ and measure/ (profile, benchmark, power capping) -> cli/.
 
 The names below are imported lazily, on first use (PEP 562 module ``__getattr__``, as SciPy and Optuna do), so
 ``import freqopt`` loads neither torch nor optuna.
 
-Two of them share their name with a module: ``freqopt.search`` is the function freqopt.api.search (the
+One of them shares its name with a module: ``freqopt.search`` is the function freqopt.api.search (the
 subpackage is still imported as ``from freqopt.search import run_search`` or ``from freqopt.search.runner import
-...``), and ``freqopt.profile`` is the function freqopt.profile.profile. Importing a submodule makes Python bind it
+...``); ``freqopt.profile`` is the function freqopt.measure.profile.profile. Importing a submodule makes Python bind it
 as an attribute of its package (``setattr(freqopt, "search", <module>)``), which would replace the function; the
 package's module class refuses that one binding (``_Package.__setattr__``), so the function stays whatever was
 imported first. The cost: the subpackage cannot be reached as an attribute (``freqopt.search.runner``,
@@ -29,20 +32,20 @@ __version__ = "0.1.0"
 _LAZY = {
     "search": "freqopt.api",
     "SearchStart": "freqopt.api",
-    "profile": "freqopt.profile",
-    "trace_step": "freqopt.step_trace",
-    "DVFSRuntime": "freqopt.runtime",
-    "get_workload": "freqopt.models",
-    "list_models": "freqopt.models",
-    "trace_training_iteration": "freqopt.trace",
+    "profile": "freqopt.measure.profile",
+    "trace_step": "freqopt.workload.step_trace",
+    "DVFSRuntime": "freqopt.apply.runtime",
+    "get_workload": "freqopt.workload.models",
+    "list_models": "freqopt.workload.models",
+    "trace_training_iteration": "freqopt.workload.trace",
     "load_table": "freqopt.tables",
     "ClockTable": "freqopt.tables",
     "SearchConfig": "freqopt.search",
     "SearchResult": "freqopt.search",
     "parse_slowdown": "freqopt.budget",
-    "get_gpu": "freqopt.gpus",
-    "get_backend": "freqopt.backends",
-    "list_gpus": "freqopt.gpus",
+    "get_gpu": "freqopt.gpu.specs",
+    "get_backend": "freqopt.gpu.backends",
+    "list_gpus": "freqopt.gpu.specs",
     "FreqoptError": "freqopt.errors",
     "UnknownNameError": "freqopt.errors",
     "InvalidSettingError": "freqopt.errors",
@@ -52,7 +55,7 @@ _LAZY = {
     "StorageError": "freqopt.errors",
     "GPUPermissionError": "freqopt.errors",
     "TraceMismatchError": "freqopt.errors",
-    "NVMLError": "freqopt.nvml",
+    "NVMLError": "freqopt.gpu.nvml",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -73,7 +76,7 @@ def __dir__() -> list[str]:
 
 class _Package(types.ModuleType):
     """freqopt's module class: the import system's binding of a submodule whose name is also a top-level function
-    (freqopt.search, freqopt.profile) is ignored, so that name stays the function (module docstring)."""
+    (freqopt.search) is ignored, so that name stays the function (module docstring)."""
 
     def __setattr__(self, name: str, value) -> None:
         if name in _LAZY and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":

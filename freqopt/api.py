@@ -27,8 +27,8 @@ class SearchStart:
     measurement.
 
     Attributes:
-        trace: the iteration's kernels (freqopt.trace.Trace).
-        spec: the GPU type measured on (freqopt.gpus.GPUSpec).
+        trace: the iteration's kernels (freqopt.workload.trace.Trace).
+        spec: the GPU type measured on (freqopt.gpu.specs.GPUSpec).
         backend: the backend's name ("sim", "nvml") or class name.
         study_name: the search's name in the storage: ``freqopt worker --storage URL --study NAME`` joins it.
         storage: the Optuna storage URL (None: in memory, so no worker can join).
@@ -198,7 +198,7 @@ def search(
     (freqopt.search.run_search).
 
     Args:
-        model_or_trace: a model name (freqopt.models.list_models), a Workload, or a Trace already traced.
+        model_or_trace: a model name (freqopt.workload.models.list_models), a Workload, or a Trace already traced.
         max_slowdown: allowed slowdown of the iteration: a fraction (0.01) or a string ("1%", "0.01").
         gpu: GPU type name or GPUSpec; default h100-sxm on the simulated GPU, the real GPU's type on nvml.
         granularity: "all", one of power-cap, iteration, pass, kernel, phase, or a sequence of them (searched
@@ -225,7 +225,7 @@ def search(
     Returns:
         SearchResult: ``.summary()`` (the JSON document), ``.table(granularity)``, ``.write_tables(folder)``;
         ``.table_paths`` lists the tables written under ``out``, and ``.figure_paths`` the PNGs beside them
-        (freqopt.plots; written when matplotlib is installed, the ``plots`` extra). ``.n_new_measurements``
+        (freqopt.search.plots; written when matplotlib is installed, the ``plots`` extra). ``.n_new_measurements``
         counts the measurements this call took, ``.n_stored_measurements`` those a resumed search read back from
         ``storage``.
 
@@ -236,13 +236,13 @@ def search(
         OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
             micro-batch, sequence length or backend) under a name this search writes (refused before measuring).
         StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
-        NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.nvml).
+        NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.gpu.nvml).
     """
-    from freqopt.backends.base import switch_latency
+    from freqopt.gpu.backends.base import switch_latency
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
     from freqopt.budget import parse_slowdown
-    from freqopt.gpus import check_switch_latency_ms
-    from freqopt.kernels import Trace
+    from freqopt.gpu.specs import check_switch_latency_ms
+    from freqopt.workload.kernels import Trace
     from freqopt.search.study import optuna_logging
 
     # Every check before any work or any file is touched, in the CLI's order.
@@ -308,7 +308,7 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
     from freqopt.search import SearchConfig, run_search
     from freqopt.search.runner import levels_to_run
     from freqopt.search.storage import study_prefix
-    from freqopt.trace import trace_training_iteration
+    from freqopt.workload.trace import trace_training_iteration
 
     out, storage = open_output(out, storage)  # a bad URL fails here, before any work or any folder is made
     counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
@@ -324,7 +324,7 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
                                  for g in levels_to_run(granularities, config.switching))))  # fmt: skip
     result = run_search(trace, measuring, config, on_unit=on_unit)  # its backend_name is measuring.name
     if out is not None:
-        from freqopt.plots import have_matplotlib, write_search_figures
+        from freqopt.search.plots import have_matplotlib, write_search_figures
 
         result = replace(result, table_paths=result.write_tables(out))
         if have_matplotlib():  # the plots extra

@@ -74,7 +74,7 @@ class GPUPermissionError(FreqoptError):
 
 
 class TraceMismatchError(FreqoptError):
-    """A trace recorded from another module than the one a DVFS runtime is attached to (freqopt.fingerprint)."""
+    """A trace recorded from another module than the one a DVFS runtime is attached to (freqopt.workload.fingerprint)."""
 
 
 class MissingDependencyError(FreqoptError, ImportError):

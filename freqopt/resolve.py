@@ -4,10 +4,10 @@ backend. The API functions (freqopt.search, freqopt.profile) take names or objec
 
 from __future__ import annotations
 
-from freqopt.backends import Backend, check_backend, get_backend
+from freqopt.gpu.backends import Backend, check_backend, get_backend
 from freqopt.errors import InvalidSettingError
-from freqopt.gpus import DEFAULT_GPU, GPUSpec, get_gpu
-from freqopt.layout import Layout, parse_layout
+from freqopt.gpu.specs import DEFAULT_GPU, GPUSpec, get_gpu
+from freqopt.workload.layout import Layout, parse_layout
 
 __all__ = ["resolve_workload", "resolve_gpu", "resolve_backend", "open_backend"]
 
@@ -15,10 +15,10 @@ __all__ = ["resolve_workload", "resolve_gpu", "resolve_backend", "open_backend"]
 def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int | None = None,
                      n_heads: int | None = None, vocab_multiple: int | None = None,
                      layout: Layout | str | None = None):  # fmt: skip
-    """A Workload from a model name and overrides (freqopt.models.get_workload), or ``model`` itself if it is one.
+    """A Workload from a model name and overrides (freqopt.workload.models.get_workload), or ``model`` itself if it is one.
 
     Args:
-        model: a model name (freqopt.models.list_models) or a Workload.
+        model: a model name (freqopt.workload.models.list_models) or a Workload.
         micro_batch_size, seq_len, n_heads, vocab_multiple: see get_workload; only with a model name.
         layout: a Layout or its text ("dp=2,tp=4"); None: one GPU.
 
@@ -26,7 +26,7 @@ def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int
         UnknownNameError: unknown model.
         InvalidSettingError: a bad override or layout, or overrides given with a Workload (which is already sized).
     """
-    from freqopt.models import Workload, get_workload
+    from freqopt.workload.models import Workload, get_workload
 
     overrides = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
                  "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
@@ -44,7 +44,7 @@ def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int
 
 
 def resolve_gpu(gpu: GPUSpec | str | None) -> GPUSpec | None:
-    """The GPU type named ``gpu`` (freqopt.gpus.get_gpu), ``gpu`` itself if it is a GPUSpec, or None.
+    """The GPU type named ``gpu`` (freqopt.gpu.specs.get_gpu), ``gpu`` itself if it is a GPUSpec, or None.
 
     Raises:
         UnknownNameError: unknown GPU type.
@@ -57,7 +57,7 @@ def resolve_gpu(gpu: GPUSpec | str | None) -> GPUSpec | None:
 
 
 def resolve_backend(backend: Backend | str) -> Backend | str:
-    """``backend`` checked: a Backend as is, or a known backend name (freqopt.backends.BACKENDS).
+    """``backend`` checked: a Backend as is, or a known backend name (freqopt.gpu.backends.BACKENDS).
 
     Raises:
         UnknownNameError: unknown backend name.
@@ -74,13 +74,13 @@ def open_backend(backend: Backend | str, gpu: GPUSpec | None, *, seed: int = 0,
                  read_only: bool = False) -> tuple[Backend, bool]:  # fmt: skip
     """The backend to measure on, and whether the caller opened it here (and so must close it).
 
-    A name opens one (freqopt.backends.get_backend): "sim" simulates ``gpu`` (default h100-sxm); "nvml" opens the
+    A name opens one (freqopt.gpu.backends.get_backend): "sim" simulates ``gpu`` (default h100-sxm); "nvml" opens the
     first visible real GPU, which must be of type ``gpu`` when one is given. A Backend is used as given, and must
     be of type ``gpu`` when one is given.
 
     Raises:
         InvalidSettingError: the backend's GPU is not of type ``gpu``.
-        NVMLError, GPUPermissionError: see freqopt.nvml.
+        NVMLError, GPUPermissionError: see freqopt.gpu.nvml.
     """
     if isinstance(backend, Backend):
         if gpu is not None and backend.spec.name != gpu.name:

@@ -3,7 +3,7 @@
 A table holds the GPU type and its clock lists, the workload it was searched on, the granularity and slowdown
 budget, one entry per tuning unit (its kernel-class signature, kind and arithmetic intensity, and the setting; at
 phase level, the block of phases and the phase at whose start the runtime requests the setting; at the other
-levels also the unit's measured default and (time, energy) front, from which freqopt.transfer re-allocates a
+levels also the unit's measured default and (time, energy) front, from which freqopt.apply.transfer re-allocates a
 budget on another layout),
 predicted and validated time and energy against the default, and provenance (storage, studies, cost).
 Files are written atomically (a temporary file renamed over the target), so a reader never sees half a table.
@@ -22,7 +22,7 @@ checked by its model's name and the rest.
 than 0 (table_stem); a transfer writes ``STEM-GRANULARITY-transferred.json`` with the target's STEM. So searches
 at two budgets, or with two seeds, keep their own tables in one folder. A file of that name holding the table of
 another search (another micro-batch, sequence length, backend or source table) is never replaced:
-check_table_target refuses it, before any work where the caller can (freqopt.search, freqopt.transfer).
+check_table_target refuses it, before any work where the caller can (freqopt.search, freqopt.apply.transfer).
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,12 +38,12 @@ from typing import Any
 
 from freqopt import __version__
 from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
-from freqopt.gpus import GPUSpec
+from freqopt.files import atomic_write_text
+from freqopt.gpu.specs import GPUSpec
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "workload_doc", "describe_workload",
            "table_from_result", "result_table", "budget_tag", "table_stem", "table_identity", "check_table_target",
-           "write_result_tables", "write_table", "write_table_csv", "load_table", "atomic_write_text",
-           "atomic_write_bytes"]
+           "write_result_tables", "write_table", "write_table_csv", "load_table"]
 
 SCHEMA_NAME = "freqopt.clock-table"
 SCHEMA_VERSION = 1
@@ -88,7 +86,7 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
             "required": ["model"],
             "properties": {
                 "model": {"type": "string"},
-                "n_layers": {"type": ["integer", "null"]},  # null: a user's own step (freqopt.step_trace)
+                "n_layers": {"type": ["integer", "null"]},  # null: a user's own step (freqopt.workload.step_trace)
                 "d_model": {"type": ["integer", "null"]},
                 "n_heads": {"type": ["integer", "null"]},
                 "seq_len": {"type": ["integer", "null"]},
@@ -137,7 +135,7 @@ _WORKLOAD_FIELDS = ("model", "n_layers", "d_model", "n_heads", "seq_len", "micro
 
 
 def workload_doc(workload) -> dict[str, Any]:
-    """A table's ``workload`` for a freqopt.models.Workload (or a table's own ``workload`` document, completed:
+    """A table's ``workload`` for a freqopt.workload.models.Workload (or a table's own ``workload`` document, completed:
     a missing layout is one GPU): model, n_layers, d_model, n_heads, seq_len (tokens), micro_batch_size
     (sequences per model replica), layout {dp, tp}; sizes a user's own step does not state are None."""
     if isinstance(workload, dict):
@@ -193,7 +191,7 @@ class ClockTable:
         layers, width or heads), layout, micro-batch or sequence length.
 
         Args:
-            workload: a freqopt.models.Workload, or a table's ``workload`` document.
+            workload: a freqopt.workload.models.Workload, or a table's ``workload`` document.
             source: how the message names the table (default its file, else "the clock table").
 
         Raises:
@@ -224,7 +222,7 @@ class ClockTable:
             command += f" --n-heads {target['n_heads']}"
         raise TableWorkloadError(
             f"table {name} was found for {describe_workload(mine, sizes=sizes)}, not "
-            f"{describe_workload(target, sizes=sizes)}: lay it onto this workload with `{command}` (freqopt.transfer)"
+            f"{describe_workload(target, sizes=sizes)}: lay it onto this workload with `{command}` (freqopt.apply.transfer)"
         )
 
     @property
@@ -378,7 +376,7 @@ def result_table(result, granularity: str) -> ClockTable:
         UnknownNameError: ``granularity`` was not searched; the message lists those that were.
     """
     from freqopt.errors import UnknownNameError
-    from freqopt.gpus import get_gpu
+    from freqopt.gpu.specs import get_gpu
 
     if granularity not in result.results:
         raise UnknownNameError(f"granularity {granularity!r} was not searched; choose from "
@@ -398,7 +396,7 @@ def table_stem(workload, gpu: str, max_slowdown: float, seed: int = 0) -> str:
     ``hf:NAME`` model becomes '-', which file systems and shells take without quoting).
 
     Args:
-        workload: the searched freqopt.models.Workload; gpu: the GPU type's name; max_slowdown: the budget, a
+        workload: the searched freqopt.workload.models.Workload; gpu: the GPU type's name; max_slowdown: the budget, a
             fraction; seed: the samplers' seed.
     """
     layout = "" if workload.layout.is_single_gpu else f"-dp{workload.layout.dp}tp{workload.layout.tp}"
@@ -474,60 +472,6 @@ def write_result_tables(result, out: str | Path) -> dict[str, Path]:
         write_table(table, paths[g])
         write_table_csv(table, paths[g].with_suffix(".csv"))
     return paths
-
-
-def _umask() -> int:
-    """The process's file-mode creation mask.
-
-    Read from the ``Umask:`` line of /proc/self/status (Linux 4.7 and later, proc(5)), which changes nothing.
-    Elsewhere os.umask, which has no read-only form, is set and put back: a thread of the same process creating a
-    file in that instant would get mode 022's permissions.
-    """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename, so a reader
-    never sees half a file. The file's mode is what the umask gives a new file (0644 under the usual 022), as any
-    other tool's output.
-
-    Raises:
-        OutputError: the folder cannot be written.
-    """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's file is 0600; a file written in place would honour the umask
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e}; choose a writable path") from e
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically (atomic_write_bytes).
-
-    Raises:
-        OutputError: the folder cannot be written.
-    """
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_table(table: ClockTable, path: str | Path) -> Path:
@@ -614,7 +558,7 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
     table = ClockTable(data, source=str(Path(path).resolve()))
     if spec is None:
         from freqopt.errors import UnknownNameError
-        from freqopt.gpus import get_gpu
+        from freqopt.gpu.specs import get_gpu
 
         try:
             spec = get_gpu(table.gpu)

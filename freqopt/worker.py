@@ -36,8 +36,8 @@ def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: 
         StorageError: the storage cannot be opened, holds no search ``name`` within ``wait_s``, or this worker's
             trace or GPU type differs from the search's.
     """
-    from freqopt.backends import check_backend, get_backend
-    from freqopt.gpus import get_gpu
+    from freqopt.gpu.backends import check_backend, get_backend
+    from freqopt.gpu.specs import get_gpu
     from freqopt.search.storage import open_storage, study_prefix
     from freqopt.search.study import optuna_logging
     from freqopt.search.workers import check_worker_backend, load_job, serve, trace_from_job

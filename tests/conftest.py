@@ -12,8 +12,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from freqopt.models import get_workload
-from freqopt.trace import trace_training_iteration
+from freqopt.workload.models import get_workload
+from freqopt.workload.trace import trace_training_iteration
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402

@@ -55,7 +55,7 @@ class FakeGPU:
         else the search_spaces/ file that lists its name (a name no file lists: NVML's documented Ampere+ call)."""
         lock = self.mem_clock_lock
         if lock is None:
-            from freqopt.gpus import get_gpu, list_gpus
+            from freqopt.gpu.specs import get_gpu, list_gpus
 
             lock = next((get_gpu(n).mem_clock_lock for n in list_gpus() if self.name in get_gpu(n).nvml_names),
                         "runtime")  # fmt: skip

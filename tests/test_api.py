@@ -18,13 +18,13 @@ SMALL = {"seq_len": 128, "micro_batch_size": 1}  # gpt3-small at one 128-token s
 
 def test_import_freqopt_loads_neither_torch_nor_optuna():
     code = ("import sys, freqopt; heavy = [m for m in ('torch', 'optuna', 'numpy', 'scipy', 'freqopt.search', "
-            "'freqopt.trace') if m in sys.modules]; print(heavy)")  # fmt: skip
+            "'freqopt.workload.trace') if m in sys.modules]; print(heavy)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 
 
 def test_lazy_names_resolve_and_are_listed():
-    from freqopt.models import get_workload
+    from freqopt.workload.models import get_workload
     from freqopt.search import SearchConfig, SearchResult
     from freqopt.tables import ClockTable, load_table
 
@@ -36,9 +36,9 @@ def test_lazy_names_resolve_and_are_listed():
         freqopt.nothing_here  # noqa: B018
 
 
-@pytest.mark.skipif(importlib.util.find_spec("freqopt.step_trace") is None, reason="freqopt.step_trace not merged")
+@pytest.mark.skipif(importlib.util.find_spec("freqopt.workload.step_trace") is None, reason="freqopt.workload.step_trace not merged")
 def test_trace_step_is_exported():
-    from freqopt.step_trace import trace_step
+    from freqopt.workload.step_trace import trace_step
 
     assert freqopt.trace_step is trace_step
 
@@ -46,9 +46,9 @@ def test_trace_step_is_exported():
 def test_search_stays_the_function_after_the_subpackage_is_imported():
     """Importing a submodule binds it on its package (setattr(freqopt, "search", <module>)); that one binding is
     refused, so freqopt.search and freqopt.profile stay the functions whatever is imported, and in any order."""
-    code = ("import freqopt.search.runner, freqopt.profile, freqopt.search.summary, types, freqopt; "
+    code = ("import freqopt.search.runner, freqopt.measure.profile, freqopt.search.summary, types, freqopt; "
             "from freqopt.search import run_search; from freqopt.search.runner import SearchResult; "
-            "import freqopt.api, importlib; p = importlib.import_module('freqopt.profile'); "
+            "import freqopt.api, importlib; p = importlib.import_module('freqopt.measure.profile'); "
             "print(freqopt.search is freqopt.api.search, freqopt.profile is p.profile, "
             "isinstance(freqopt.search, types.FunctionType))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -169,7 +169,7 @@ def test_out_is_checked_before_any_work(tmp_path, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("traced before out was checked")
 
-    monkeypatch.setattr("freqopt.trace.trace_training_iteration", never)
+    monkeypatch.setattr("freqopt.workload.trace.trace_training_iteration", never)
     with pytest.raises(OutputError, match="out .* is a file; give a directory"):
         freqopt.search("gpt3-small", max_slowdown="1%", out=blocker)
     with pytest.raises(OutputError, match="out .*sub: cannot write there .*; choose another directory") as e:
@@ -180,7 +180,7 @@ def test_out_is_checked_before_any_work(tmp_path, monkeypatch):
 
 
 def test_the_backend_is_closed_even_when_the_search_fails(small_trace, monkeypatch):
-    from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.gpu.backends.simulated import SimulatedGPU
 
     closed = []
     monkeypatch.setattr(SimulatedGPU, "close", lambda self: closed.append(self))
@@ -243,7 +243,7 @@ def test_a_bad_storage_is_found_before_out_is_made(tmp_path):
 def test_switch_latency_ms_replaces_the_gpu_files_and_reaches_the_validation(small_trace):
     """Issue 22: the override is the latency the schedules are realized with. Instant switches let the kernel level
     keep several settings; a latency longer than the iteration leaves one setting for all of it."""
-    from freqopt.backends.simulated import SimulatedGPU
+    from freqopt.gpu.backends.simulated import SimulatedGPU
 
     instant = freqopt.search(small_trace, max_slowdown="1%", granularity="kernel", n_trials=4, switch_latency_ms=0)
     endless = freqopt.search(small_trace, max_slowdown="1%", granularity="kernel", n_trials=4,
@@ -259,15 +259,15 @@ def test_switch_latency_ms_replaces_the_gpu_files_and_reaches_the_validation(sma
 
 
 def test_transfer_and_train_take_the_switch_latency_override(monkeypatch):
-    import freqopt.train
-    from freqopt.transfer import transfer
-    from freqopt.train import plan_training
+    import freqopt.apply.train
+    from freqopt.apply.transfer import transfer
+    from freqopt.apply.train import plan_training
 
     with pytest.raises(InvalidSettingError, match="^switch_latency_ms must be"):
         transfer("no-such-table.json", "gpt3-small", switch_latency_ms=-1)  # before the table is read
     with pytest.raises(InvalidSettingError, match="^switch_latency_ms must be"):
         plan_training("gpt3-small", switch_latency_ms=-1)
     seen = []
-    monkeypatch.setattr(freqopt.train, "train", lambda workload, backend, **kwargs: seen.append(backend.spec))
+    monkeypatch.setattr(freqopt.apply.train, "train", lambda workload, backend, **kwargs: seen.append(backend.spec))
     plan_training("gpt3-small", steps=1, seq_len=16, micro_batch_size=1, switch_latency_ms=7).run()
     assert seen[0].clock_switch_s == pytest.approx(0.007) and seen[0].name == "h100-sxm"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from freqopt import calibration as cal
-from freqopt.gpus import get_gpu
+from freqopt.gpu.calibration import v100 as cal
+from freqopt.gpu.specs import get_gpu
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
@@ -64,14 +64,13 @@ H100_REPORTED = json.loads((EXPERIMENTS / "h100_calibration_residuals.json").rea
 
 @pytest.fixture(scope="module")
 def h100_rows():
-    from freqopt import calibration_h100
-
+    from freqopt.gpu.calibration import h100 as calibration_h100
     points = calibration_h100.load_points(EXPERIMENTS / "data" / "h100")
     return calibration_h100.residuals(get_gpu("h100-sxm"), points)
 
 
 def test_h100_residuals_within_what_the_fit_reported(h100_rows):
-    from freqopt.calibration_h100 import summarize
+    from freqopt.gpu.calibration.h100 import summarize
 
     assert len(h100_rows) == len(H100_REPORTED["points"])
     got = summarize(h100_rows)
@@ -83,7 +82,7 @@ def test_h100_residuals_within_what_the_fit_reported(h100_rows):
 
 def test_h100_fit_meets_its_aims(h100_rows):
     """Power within 5 % rms and the power limit's throttled GEMM clocks within 3 % rms of the real H100's."""
-    from freqopt.calibration_h100 import summarize
+    from freqopt.gpu.calibration.h100 import summarize
 
     got = summarize(h100_rows)
     assert got["power_error_pct"]["rms"] < 5.0
@@ -111,8 +110,7 @@ WHOLE_STEPS_AIM_PCT = 5.0  # issue 23: the four shared steps within 5 % in time 
 
 @pytest.fixture(scope="module")
 def whole_steps():
-    from freqopt import calibration_steps
-
+    from freqopt.gpu.calibration import h100_steps as calibration_steps
     steps = calibration_steps.load_steps(EXPERIMENTS / "data" / "h100" / "whole_steps")
     return calibration_steps.residuals(get_gpu("h100-sxm"), steps, calibration_steps.trace_steps(steps))
 
@@ -126,7 +124,7 @@ def test_whole_h100_steps_within_five_percent(whole_steps):
 
 
 def test_whole_step_residuals_within_what_the_fit_reported(whole_steps):
-    from freqopt.calibration_steps import summarize
+    from freqopt.gpu.calibration.h100_steps import summarize
 
     got = summarize(whole_steps)
     for key, reported in STEPS_REPORTED["summary"].items():
@@ -149,8 +147,7 @@ DVFS = json.loads((EXPERIMENTS / "dvfs_fit_residuals.json").read_text())
 
 @pytest.mark.parametrize("stage", sorted(DVFS["summary"]))
 def test_dvfs_sweeps_within_what_the_fit_reported(stage):
-    from freqopt import calibration_dvfs as cd
-
+    from freqopt.gpu.calibration import dvfs as cd
     s = cd.STAGES[stage]
     got = cd.summarize(cd.residuals(get_gpu(s.gpu), s, cd.load_sweep(EXPERIMENTS / "data" / "perseus" / s.file)))
     reported = DVFS["summary"][stage]
@@ -168,8 +165,7 @@ def test_the_a100_fit_meets_issue_23s_targets():
 
 
 def test_load_sweep_refuses_a_stage_it_lacks(tmp_path):
-    from freqopt import calibration_dvfs as cd
-
+    from freqopt.gpu.calibration import dvfs as cd
     path = tmp_path / "s.csv"
     path.write_text("# source\nstage,instruction,frequency,time,energy\n0,forward,1410,0.05,24\n")
     with pytest.raises(ValueError, match="lacks its forward or backward"):

@@ -97,7 +97,7 @@ def test_the_results_table_fits_100_columns(small_trace):
 
     import dataclasses
 
-    from freqopt.backends.base import Measurement
+    from freqopt.gpu.backends.base import Measurement
 
     result = freqopt.search(small_trace, max_slowdown="1%", granularity="iteration", n_trials=3)
     # The widest row: a kernel level with its free-switching figures (a rendering test: the row is made up).

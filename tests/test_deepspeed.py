@@ -1,6 +1,6 @@
 """freqopt's per-rank traces of parallel layouts against real DeepSpeed: two CPU ranks (gloo), torch.profiler.
 
-For dp=2 (ZeRO stage 0) and tp=2 (AutoTP training), freqopt/deepspeed_profile.py trains a tiny GPT under the
+For dp=2 (ZeRO stage 0) and tp=2 (AutoTP training), freqopt/workload/deepspeed_profile.py trains a tiny GPT under the
 DeepSpeed launcher and records each rank's GEMMs and all-reduces; freqopt's meta-device trace of the same
 workload and layout must have the same GEMM shapes per rank and the same collectives with the same sizes and
 groups. (All-reduces over a group of one rank, which DeepSpeed issues for its data-parallel group under pure
@@ -18,11 +18,11 @@ from collections import Counter
 import pytest
 import torch
 
-import freqopt.deepspeed_profile as ds_profile
-from freqopt.layout import parse_layout
-from freqopt.models import Workload
-from freqopt.models.gpt3 import GPTConfig
-from freqopt.trace import trace_iteration
+import freqopt.workload.deepspeed_profile as ds_profile
+from freqopt.workload.layout import parse_layout
+from freqopt.workload.models import Workload
+from freqopt.workload.models.gpt3 import GPTConfig
+from freqopt.workload.trace import trace_iteration
 
 pytest.importorskip("deepspeed")
 MICRO_BATCH = 2
@@ -41,8 +41,8 @@ def real_run(request, tmp_path_factory):
         pytest.importorskip("transformers", reason="AutoTP needs transformers: pip install -e '.[tp]'")
     out = tmp_path_factory.mktemp(layout.replace("=", ""))
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--no_local_rank",
-           # As a module: run as a script, freqopt/ would lead sys.path and freqopt/profile.py shadow stdlib profile.
-           "--master_port", str(_free_port()), "--module", "freqopt.deepspeed_profile", "--layout", layout,
+           # As a module: run as a script, freqopt/workload/ would lead sys.path and its trace.py shadow stdlib trace.
+           "--master_port", str(_free_port()), "--module", "freqopt.workload.deepspeed_profile", "--layout", layout,
            "--micro-batch-size", str(MICRO_BATCH), "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

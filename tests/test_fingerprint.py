@@ -1,4 +1,4 @@
-"""The trace's module fingerprint (freqopt.fingerprint) and DVFSRuntime in a user's own training loop: a trace of
+"""The trace's module fingerprint (freqopt.workload.fingerprint) and DVFSRuntime in a user's own training loop: a trace of
 another module is refused, a matching one is followed, and PyTorch's backward-hook warning never reaches the user."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ import pytest
 import torch
 import torch.nn as nn
 
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.errors import TraceMismatchError
-from freqopt.fingerprint import (FINGERPRINT_KEY, TraceFingerprintWarning, check_trace_module, module_fingerprint,
+from freqopt.workload.fingerprint import (FINGERPRINT_KEY, TraceFingerprintWarning, check_trace_module, module_fingerprint,
                                  unwrap_module)
-from freqopt.gpus import get_gpu
-from freqopt.layout import Layout
-from freqopt.models import Workload, build_model, get_workload
-from freqopt.models.gpt3 import GPTConfig
-from freqopt.models.parallel import shard_tensor_parallel
-from freqopt.phases import _HOOK_WARNING, PhaseHooks
-from freqopt.runtime import DVFSRuntime
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.layout import Layout
+from freqopt.workload.models import Workload, build_model, get_workload
+from freqopt.workload.models.gpt3 import GPTConfig
+from freqopt.workload.models.parallel import shard_tensor_parallel
+from freqopt.workload.phases import _HOOK_WARNING, PhaseHooks
+from freqopt.apply.runtime import DVFSRuntime
 from freqopt.tables import ClockTable, workload_doc
-from freqopt.trace import Trace, trace_training_iteration
+from freqopt.workload.trace import Trace, trace_training_iteration
 
 H100 = get_gpu("h100-sxm")
 TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from freqopt.cli import main, parse_slowdown
 from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError
-from freqopt.gpus import get_gpu
-from freqopt.layout import parse_layout
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.layout import parse_layout
 from freqopt.tables import SCHEMA_NAME, load_table
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from freqopt.errors import InvalidSettingError, UnknownNameError
-from freqopt.gpus import (DEFAULT_GPU, MEM_CLOCK_LOCKS, check_switch_latency_ms, get_gpu, list_gpus,
+from freqopt.gpu.specs import (DEFAULT_GPU, MEM_CLOCK_LOCKS, check_switch_latency_ms, get_gpu, list_gpus,
                           search_spaces_dir)  # fmt: skip
 
 REQUIRED = {"v100-pcie", "v100-sxm2", "a100-sxm4-80gb", "h100-sxm", "h200-sxm", "rtx3080ti"}
@@ -112,7 +112,7 @@ def test_a_file_without_actuation_or_with_a_latency_outside_its_range_is_refused
 
 
 def test_replace_toml_block_replaces_one_marked_block_and_refuses_none_or_two():
-    from freqopt.gpus import replace_toml_block
+    from freqopt.gpu.specs import replace_toml_block
 
     text = "[a]\nx = 1\n# BEGIN fit (written by old.py; edit there)\ny = 2\n# END fit\n[b]\n"
     new = replace_toml_block(text, "fit", ["y = 3"], writer="experiments/new.py")

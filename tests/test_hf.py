@@ -15,10 +15,10 @@ import torch.nn as nn
 pytest.importorskip("transformers")
 
 from freqopt.errors import InvalidSettingError, UnknownNameError  # noqa: E402
-from freqopt.layout import Layout  # noqa: E402
-from freqopt.models import build_model, config_from_dict, count_parameters, get_workload  # noqa: E402
-from freqopt.models.parallel import COMM_STREAM  # noqa: E402
-from freqopt.trace import trace_iteration  # noqa: E402
+from freqopt.workload.layout import Layout  # noqa: E402
+from freqopt.workload.models import build_model, config_from_dict, count_parameters, get_workload  # noqa: E402
+from freqopt.workload.models.parallel import COMM_STREAM  # noqa: E402
+from freqopt.workload.trace import trace_iteration  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hf"
 CONFIGS = ("llama", "mistral", "qwen2", "gpt2")
@@ -122,8 +122,8 @@ def test_config_is_hashable_and_rebuilds_from_its_dict():
 
 
 def test_a_short_search_runs_on_an_hf_trace():
-    from freqopt.backends.simulated import SimulatedGPU
-    from freqopt.gpus import get_gpu
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.gpu.specs import get_gpu
     from freqopt.search.runner import SearchConfig, run_search
 
     config = SearchConfig(max_slowdown=0.01, granularities=("pass",), n_trials_1d=4, n_trials_per_mem_clock=1,
@@ -159,7 +159,7 @@ def test_bad_configs_name_their_path(tmp_path):
 
 
 def test_sdpa_on_real_tensors_is_untouched():
-    from freqopt.models.sdpa import FusedSDPA
+    from freqopt.workload.models.sdpa import FusedSDPA
 
     q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)

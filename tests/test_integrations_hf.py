@@ -15,15 +15,15 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate: pip install -e '.[test]'")
 
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting  # noqa: E402
-from freqopt.backends.simulated import SimulatedGPU  # noqa: E402
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting  # noqa: E402
+from freqopt.gpu.backends.simulated import SimulatedGPU  # noqa: E402
 from freqopt.errors import MissingDependencyError, TraceMismatchError, UnknownNameError  # noqa: E402
-from freqopt.gpus import get_gpu  # noqa: E402
+from freqopt.gpu.specs import get_gpu  # noqa: E402
 from freqopt.integrations.hf import FreqoptCallback, TrainerGPT  # noqa: E402
-from freqopt.models import Workload  # noqa: E402
-from freqopt.models.gpt3 import GPTConfig  # noqa: E402
+from freqopt.workload.models import Workload  # noqa: E402
+from freqopt.workload.models.gpt3 import GPTConfig  # noqa: E402
 from freqopt.tables import ClockTable, workload_doc  # noqa: E402
-from freqopt.trace import trace_training_iteration  # noqa: E402
+from freqopt.workload.trace import trace_training_iteration  # noqa: E402
 
 H100 = get_gpu("h100-sxm")
 INSTANT = dataclasses.replace(H100, clock_switch_s=0.0)  # an H100 whose clock switches land at once
@@ -150,8 +150,8 @@ def test_with_block_exits_the_runtime_when_training_raises(tmp_path, trace):
 def test_gpu_restored_when_training_raises_on_the_nvml_backend(fake_gpu, tmp_path, trace):
     """Through a stand-in NVML: the table's clocks are locked while Trainer trains, and the failure inside the
     ``with callback:`` block restores the GPU."""
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.nvml import open_devices
+    from freqopt.gpu.backends.nvml import NVMLBackend
+    from freqopt.gpu.nvml import open_devices
 
     table = ClockTable({"granularity": "iteration", "gpu": {"name": "h100-sxm"}, "workload": WORKLOAD,
                         "entries": [{"unit": "iteration", "sm_clock_mhz": 1005, "mem_clock_mhz": 2619,
@@ -170,7 +170,7 @@ def test_gpu_restored_when_training_raises_on_the_nvml_backend(fake_gpu, tmp_pat
 def test_freqopt_does_not_import_transformers_and_the_integration_says_how_to_install_it():
     script = textwrap.dedent("""
         import sys
-        import freqopt, freqopt.runtime, freqopt.integrations, freqopt.fingerprint
+        import freqopt, freqopt.apply.runtime, freqopt.integrations, freqopt.workload.fingerprint
         assert 'transformers' not in sys.modules, 'transformers imported'
         sys.modules['transformers'] = None  # as if not installed
         from freqopt.errors import MissingDependencyError

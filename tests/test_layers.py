@@ -13,33 +13,41 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
 
 # Lowest first. A module may import modules of its own layer and of the layers below, never of a layer above.
+# The package is grouped into wings (workload/, gpu/, search/, apply/, measure/, integrations/, cli/), each one
+# layer or a few consecutive ones, so that imports between wings run one way; the package root holds only the
+# foundations, the table format and the name resolver that the wings above the GPU share, and the search's API.
 LAYERS: list[tuple[str, ...]] = [
-    # Foundations: errors, the parallel layout, GPU types, the kernel data classes, the clock-table format (which
-    # also holds the atomic file write that everything writing a file uses), the slowdown budget's parser. The
-    # package root only names its lazy exports (strings, imported on first use).
-    ("freqopt", "freqopt.errors", "freqopt.layout", "freqopt.gpus", "freqopt.kernels", "freqopt.tables",
-     "freqopt.budget"),
-    # NVML device access; the models (PyTorch modules and their custom operators) and the phase hooks on them, and
-    # the module-structure fingerprint a trace carries.
-    ("freqopt.nvml", "freqopt.models", "freqopt.phases", "freqopt.fingerprint"),
-    # Re-running traced kernels on a device.
-    ("freqopt.replay",),
-    # Where measurements come from: the simulated GPU and the real one.
-    ("freqopt.backends",),
-    # The tracers (a built-in or Hugging Face model, or a user's own step function -> kernels), the calibration of
-    # the simulated GPU (backends + traces), names resolved to models, GPUs and backends, and the memory a
-    # training step holds (a meta-device forward pass of the models).
-    ("freqopt.trace", "freqopt.step_trace", "freqopt.calibration", "freqopt.calibration_h100",
-     "freqopt.calibration_steps", "freqopt.calibration_dvfs", "freqopt.resolve", "freqopt.memory"),
-    # The search, on a backend and a trace.
+    # Foundations: errors, the atomic file write that everything writing a file uses, the slowdown budget's parser.
+    # The package root only names its lazy exports (strings, imported on first use).
+    ("freqopt", "freqopt.errors", "freqopt.files", "freqopt.budget"),
+    # The workload. Parallel layouts and the kernel data classes;
+    ("freqopt.workload.layout", "freqopt.workload.kernels"),
+    # the models (PyTorch modules and their custom operators), the phase hooks on them, and the module-structure
+    # fingerprint a trace carries;
+    ("freqopt.workload.models", "freqopt.workload.phases", "freqopt.workload.fingerprint"),
+    # the tracers (a built-in or Hugging Face model, or a user's own step function -> kernels), the memory a
+    # training step holds (a meta-device forward pass of the models), and real DeepSpeed steps to check them by.
+    ("freqopt.workload.trace", "freqopt.workload.step_trace", "freqopt.workload.memory",
+     "freqopt.workload.deepspeed_profile"),
+    # The GPU. Its types;
+    ("freqopt.gpu.specs",),
+    # NVML device access, and traced kernels re-run on a device;
+    ("freqopt.gpu.nvml", "freqopt.gpu.replay"),
+    # where measurements come from: the simulated GPU and the real one;
+    ("freqopt.gpu.backends",),
+    # the simulated GPU's calibration (backends + traces).
+    ("freqopt.gpu.calibration",),
+    # What every wing above the GPU shares: the clock-table format, and names resolved to models, GPUs and backends.
+    ("freqopt.tables", "freqopt.resolve"),
+    # The search, on a backend and a trace, and the figures of one.
     ("freqopt.search",),
-    # What uses the search and its tables: transfer, the runtime, training, profiling, the energy statement, the
-    # figures. The API functions that run them (api, benchmark, powercap, worker) and the torch.profiler comparison.
-    ("freqopt.transfer", "freqopt.runtime", "freqopt.statement", "freqopt.deepspeed_profile", "freqopt.train",
-     "freqopt.profile", "freqopt.profiler_compare", "freqopt.plots", "freqopt.api", "freqopt.benchmark",
-     "freqopt.powercap", "freqopt.worker"),
-    # Training frameworks' hooks (the Hugging Face Trainer callback).
-    ("freqopt.integrations",),
+    # The search's API functions: one call (api), and joining a running search (worker).
+    ("freqopt.api", "freqopt.worker"),
+    # Applying a table: transfer, the runtime, training, the energy statement.
+    ("freqopt.apply",),
+    # On top of applying, side by side (neither imports the other): training frameworks' hooks (the Hugging Face
+    # Trainer callback), and measurement (profiling, the torch.profiler comparison, benchmark, power capping).
+    ("freqopt.integrations", "freqopt.measure"),
     ("freqopt.cli",),
 ]  # fmt: skip
 
@@ -144,9 +152,9 @@ def _without_package_reexports(graph: dict[str, set[str]]) -> dict[str, set[str]
 def test_the_graph_sees_known_imports():
     """The graph builder itself: a module-level import, a function-level one, and a TYPE_CHECKING one."""
     graph = import_graph()
-    assert "freqopt.kernels" in graph["freqopt.backends.base"]  # module level
-    assert "freqopt.backends.simulated" in graph["freqopt.backends"]  # inside get_backend
-    assert "freqopt.models" not in graph["freqopt.kernels"]  # under TYPE_CHECKING only
+    assert "freqopt.workload.kernels" in graph["freqopt.gpu.backends.base"]  # module level
+    assert "freqopt.gpu.backends.simulated" in graph["freqopt.gpu.backends"]  # inside get_backend
+    assert "freqopt.workload.models" not in graph["freqopt.workload.kernels"]  # under TYPE_CHECKING only
 
 
 def test_find_cycle_finds_one():
@@ -181,4 +189,12 @@ def test_known_upward_imports_still_exist():
 
 
 def test_the_kernel_data_classes_import_nothing_of_freqopt():
-    assert import_graph()["freqopt.kernels"] == set()
+    assert import_graph()["freqopt.workload.kernels"] == set()
+
+
+def test_integrations_and_measurement_import_neither_the_other():
+    """The two wings share the layer below the CLI (LAYERS); that holds only while neither imports the other."""
+    wings = ("freqopt.integrations", "freqopt.measure")
+    crossing = [f"{m} -> {t}" for m, ts in import_graph().items() for t in ts
+                if any(m.startswith(a) and t.startswith(b) for a, b in (wings, wings[::-1]))]  # fmt: skip
+    assert not crossing, "between integrations/ and measure/: " + ", ".join(crossing)

@@ -6,13 +6,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from freqopt.backends.base import ClockSetting
-from freqopt.backends.simulated import KernelPhysics, SimulatedGPU
+from freqopt.gpu.backends.base import ClockSetting
+from freqopt.gpu.backends.simulated import KernelPhysics, SimulatedGPU
 from freqopt.errors import InvalidSettingError
-from freqopt.gpus import get_gpu
-from freqopt.layout import Layout, parse_layout
-from freqopt.models import count_parameters, get_workload
-from freqopt.trace import Kernel, trace_training_iteration
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.layout import Layout, parse_layout
+from freqopt.workload.models import count_parameters, get_workload
+from freqopt.workload.trace import Kernel, trace_training_iteration
 
 H100 = get_gpu("h100-sxm")
 SMALL = {"micro_batch_size": 1, "seq_len": 256}

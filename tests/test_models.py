@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from freqopt.errors import InvalidSettingError, UnknownNameError
-from freqopt.models import build_model, count_parameters, get_workload, list_models
-from freqopt.models.ops import MixedPrecisionAdamW, flash_attention, flash_attention_backward
+from freqopt.workload.models import build_model, count_parameters, get_workload, list_models
+from freqopt.workload.models.ops import MixedPrecisionAdamW, flash_attention, flash_attention_backward
 
 # Brown et al. 2020, Table 2.1: n_params.
 # Devlin et al. 2019 (110M, 340M) and Sanh et al. 2019 (66M).
@@ -112,7 +112,7 @@ def test_gpt3_vocabulary_is_padded_to_a_multiple_of_128_and_bert_is_not():
 
 
 def test_trace_runs_the_logit_gemm_on_the_padded_vocabulary():
-    from freqopt.trace import trace_training_iteration
+    from freqopt.workload.trace import trace_training_iteration
 
     trace = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=1, seq_len=64))
     widths = {n for k in trace.kernels if k.kind == "gemm" for shape in k.shapes for n in shape}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from freqopt.errors import GPUPermissionError, InvalidSettingError, UnknownNameError
-from freqopt.nvml import (GPUStateGuard, NVMLError, NVMLNotSupportedError, open_devices, reset_from_state_files,
+from freqopt.gpu.nvml import (GPUStateGuard, NVMLError, NVMLNotSupportedError, open_devices, reset_from_state_files,
                           state_dir)  # fmt: skip
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -136,7 +136,7 @@ CHILD = textwrap.dedent("""
     from fake_pynvml import FakeNVML
     fake = FakeNVML.load({gpu_file!r}, persist={gpu_file!r})
     sys.modules["pynvml"] = fake.module()
-    from freqopt.nvml import GPUStateGuard, open_devices
+    from freqopt.gpu.nvml import GPUStateGuard, open_devices
     device = open_devices()[0]
     with GPUStateGuard(device) as guard:
         guard.before_change()
@@ -204,8 +204,8 @@ def test_reset_leaves_a_live_process_alone(fake):
 
 
 def backend(fake, root: bool, read_only: bool = False):
-    from freqopt.backends.base import MeasurementProtocol
-    from freqopt.backends.nvml import NVMLBackend
+    from freqopt.gpu.backends.base import MeasurementProtocol
+    from freqopt.gpu.backends.nvml import NVMLBackend
 
     fake.root = root
     for g in fake.gpus:
@@ -217,16 +217,16 @@ def backend(fake, root: bool, read_only: bool = False):
 def tiny_kernels():
     import torch
 
-    from freqopt.models import Workload
-    from freqopt.models.gpt3 import GPTConfig
-    from freqopt.trace import trace_iteration
+    from freqopt.workload.models import Workload
+    from freqopt.workload.models.gpt3 import GPTConfig
+    from freqopt.workload.trace import trace_iteration
 
     config = GPTConfig(n_layers=1, d_model=64, n_heads=4, vocab_size=256, seq_len=16)
     return list(trace_iteration(Workload("tiny", config, 2), "train", dtype=torch.float32).kernels)
 
 
 def test_backend_measures_time_and_energy_from_the_counter(fake):
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
 
     kernels = tiny_kernels()
     with backend(fake, root=True) as b:
@@ -239,7 +239,7 @@ def test_backend_measures_time_and_energy_from_the_counter(fake):
 
 
 def test_backend_read_only_measures_current_settings_and_sets_nothing(fake):
-    from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
+    from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
 
     kernels = tiny_kernels()
     with backend(fake, root=True, read_only=True) as b:
@@ -251,7 +251,7 @@ def test_backend_read_only_measures_current_settings_and_sets_nothing(fake):
 
 
 def test_backend_schedule_switches_per_phase_and_restores(fake):
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
 
     kernels = tiny_kernels()
     with backend(fake, root=True) as b:
@@ -265,7 +265,7 @@ def test_backend_schedule_switches_per_phase_and_restores(fake):
 def test_backend_kernel_times_time_each_distinct_kernel_once_per_setting(fake, monkeypatch):
     """kernel_times_s applies the setting, replays each kernel signature once per setting (equal kernels share its
     time) and keeps the times for later calls."""
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
 
     kernels = tiny_kernels()
     distinct = {k.signature for k in kernels}
@@ -295,7 +295,7 @@ def test_backend_kernel_times_time_each_distinct_kernel_once_per_setting(fake, m
 def test_backend_interface_applies_keeps_and_reads_the_counter(fake):
     """Backend.apply sets one setting and keeps it; energy_j is NVML's mJ counter / 1000; the context manager
     restores the GPU."""
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
 
     with backend(fake, root=True) as b:
         assert b.name == "nvml" and not b.simulated
@@ -323,7 +323,7 @@ def test_cli_reset_reports_nothing_to_do(fake, capsys):
 def tiny_model(monkeypatch):
     """A two-layer GPT registered as a model name: the nvml backend now replays every kernel as itself, and
     gpt3-small's fused AdamW over 125 M parameters takes seconds a replay on a CPU."""
-    from freqopt.models import MODELS, GPTConfig
+    from freqopt.workload.models import MODELS, GPTConfig
 
     monkeypatch.setitem(MODELS, "tiny-gpt", GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16))
     return "tiny-gpt"
@@ -407,10 +407,10 @@ def test_stand_in_refuses_a_run_time_memory_lock_where_the_gpu_file_says_it_cann
 
 
 def test_backend_turns_a_refused_memory_lock_into_one_memory_clock_per_job_with_one_warning(fake, caplog):
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
 
     fake.gpus[0].mem_clocks_mhz = (1593, 2619)
-    with caplog.at_level("INFO", logger="freqopt.backends.nvml"):
+    with caplog.at_level("INFO", logger="freqopt.gpu.backends.nvml"):
         b = backend(fake, root=True)
     with b:
         warnings = [r for r in caplog.records if r.levelname == "WARNING"]
@@ -430,10 +430,10 @@ def test_backend_turns_a_refused_memory_lock_into_one_memory_clock_per_job_with_
 
 
 def test_backend_searches_the_memory_clock_per_phase_where_the_gpu_locks_it(fake, caplog):
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
 
     fake.gpus = [FakeGPU(uuid="GPU-rtx", **RTX3080TI)]
-    with caplog.at_level("INFO", logger="freqopt.backends.nvml"):
+    with caplog.at_level("INFO", logger="freqopt.gpu.backends.nvml"):
         with backend(fake, root=True) as b:
             assert b.spec.name == "rtx3080ti" and b.spec.mem_clock_runtime and b.mem_clock_refusal is None
             assert b.spec.mem_clocks_mhz == (5001, 9251, 9501)
@@ -447,7 +447,7 @@ def test_backend_searches_the_memory_clock_per_phase_where_the_gpu_locks_it(fake
 def test_backend_trusts_a_gpu_that_accepts_a_memory_lock_its_file_reads_per_job(fake, caplog):
     fake.gpus[0].mem_clocks_mhz = (1593, 2619)
     fake.gpus[0].mem_clock_lock = "runtime"  # a driver that locks an H100's memory clock at run time
-    with caplog.at_level("INFO", logger="freqopt.backends.nvml"):
+    with caplog.at_level("INFO", logger="freqopt.gpu.backends.nvml"):
         with backend(fake, root=True) as b:
             assert b.spec.mem_clock_runtime and b.spec.mem_clocks_mhz == (1593, 2619)
     assert [r.levelname for r in caplog.records] == ["INFO"] and "reads per-job" in caplog.records[0].getMessage()

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.cli import main
-from freqopt.gpus import get_gpu
+from freqopt.gpu.specs import get_gpu
 from freqopt.search import SearchConfig
 from freqopt.search.oracle import benchmark, oracle_search
 

@@ -3,14 +3,14 @@
 import numpy as np
 import torch
 
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
-from freqopt.backends.simulated import SimulatedGPU
-from freqopt.gpus import get_gpu
-from freqopt.models import Workload, build_model, get_workload
-from freqopt.models.gpt3 import GPTConfig
-from freqopt.phases import STEP_MARK, PhaseHooks, phase_spans, quiet_backward_hooks
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.models import Workload, build_model, get_workload
+from freqopt.workload.models.gpt3 import GPTConfig
+from freqopt.workload.phases import STEP_MARK, PhaseHooks, phase_spans, quiet_backward_hooks
 from freqopt.search.realize import realizable_settings
-from freqopt.trace import trace_iteration
+from freqopt.workload.trace import trace_iteration
 
 TINY = GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16)
 LOW, HIGH = ClockSetting(1200, 2619), ClockSetting(1800, 2619)

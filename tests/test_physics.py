@@ -1,14 +1,14 @@
-"""The simulated GPU's physics (freqopt/backends/simulated.py's module docstring)."""
+"""The simulated GPU's physics (freqopt/gpu/backends/simulated.py's module docstring)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-from freqopt.backends.base import ClockSetting
-from freqopt.backends.simulated import KernelPhysics, SimulatedGPU
-from freqopt.gpus import get_gpu
-from freqopt.trace import Kernel
+from freqopt.gpu.backends.base import ClockSetting
+from freqopt.gpu.backends.simulated import KernelPhysics, SimulatedGPU
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.trace import Kernel
 
 H100 = get_gpu("h100-sxm")
 N = 8192
@@ -94,7 +94,7 @@ def test_unsupported_clock_is_refused():
 
 # -- host issue time (launch-bound steps) -----------------------------------------------------------------------------
 
-from freqopt.backends.simulated import host_gaps  # noqa: E402
+from freqopt.gpu.backends.simulated import host_gaps  # noqa: E402
 
 TINY = Kernel("aten.add", "elementwise", "forward", 0.0, 3 * 2.0 * 1024, "bfloat16", ((1024,), (1024,)))
 
@@ -134,7 +134,7 @@ def test_launch_bound_kernels_idle_at_the_context_power():
 
 def test_a_replay_loop_pays_a_replays_host_time_and_a_step_its_passes():
     """A unit's replay issues operators back to back (no autograd, no modules): only ``host_issue_s`` per kernel;
-    a training step's host costs more per kernel, most in the forward pass (calibration_steps.HOST_SPLIT_US)."""
+    a training step's host costs more per kernel, most in the forward pass (h100_steps.HOST_SPLIT_US)."""
     gpu = SimulatedGPU(H100, noise=False)
     n = 50
     replay, _, _ = gpu.run([TINY] * n, [ClockSetting()] * n, loop=True)

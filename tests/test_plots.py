@@ -1,4 +1,4 @@
-"""The figures a search saves beside its tables (freqopt.plots)."""
+"""The figures a search saves beside its tables (freqopt.search.plots)."""
 
 import dataclasses
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import freqopt
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
-from freqopt.gpus import get_gpu
-from freqopt.plots import clock_series, timeline_ms
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.specs import get_gpu
+from freqopt.search.plots import clock_series, timeline_ms
 from freqopt.search.units import partition
 
 pytest.importorskip("matplotlib")

@@ -1,4 +1,4 @@
-"""freqopt.profile and `freqopt profile`: the simulated iteration by kernel kind, and a real training step measured
+"""freqopt.measure.profile and `freqopt profile`: the simulated iteration by kernel kind, and a real training step measured
 read-only through the stand-in NVML (tests/fake_pynvml.py) on the CPU, compared with the trace and torch.profiler."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from freqopt.backends.base import ClockSetting
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.base import ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
-from freqopt.gpus import get_gpu
-from freqopt.layout import parse_layout
-from freqopt.models import Workload, build_model, get_workload
-from freqopt.models.gpt3 import GPTConfig
-from freqopt.profile import check_device, estimate_step_memory, profile
-from freqopt.trace import trace_training_iteration
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.layout import parse_layout
+from freqopt.workload.models import Workload, build_model, get_workload
+from freqopt.workload.models.gpt3 import GPTConfig
+from freqopt.measure.profile import check_device, estimate_step_memory, profile
+from freqopt.workload.trace import trace_training_iteration
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
@@ -107,7 +107,7 @@ def test_activations_are_what_a_real_forward_pass_keeps_for_backward():
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from freqopt.train import synthetic_batch
+    from freqopt.apply.train import synthetic_batch
 
     workload = Workload("tiny", GPTConfig(**TINY), 3)
     estimate = estimate_step_memory(workload, dtype=torch.float32)
@@ -120,7 +120,7 @@ def test_activations_are_what_a_real_forward_pass_keeps_for_backward():
 
 
 def test_every_gpu_type_states_its_memory():
-    from freqopt.gpus import list_gpus
+    from freqopt.gpu.specs import list_gpus
 
     memory = {name: get_gpu(name).memory_gb for name in list_gpus()}
     assert all(gb is not None and gb > 0 for gb in memory.values())
@@ -128,7 +128,7 @@ def test_every_gpu_type_states_its_memory():
 
 
 def test_profile_warns_of_a_simulated_step_that_does_not_fit_the_gpu_and_skips_a_gpu_of_unknown_memory():
-    from freqopt.memory import GPUMemoryWarning
+    from freqopt.workload.memory import GPUMemoryWarning
 
     with pytest.warns(GPUMemoryWarning, match=r"gpt3-175b \(micro_batch_size 1, seq_len 2048, dp=1,tp=8\) needs "
                                               r"about [\d,]+ GB .* more than one a100-sxm4-80gb's 80 GB; spread the "
@@ -180,7 +180,7 @@ def fake(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("read_only", [True, False])
 def test_nvml_profile_measures_a_real_step_beside_the_prediction_and_sets_nothing(fake, read_only):
-    from freqopt.backends import get_backend
+    from freqopt.gpu.backends import get_backend
 
     fake.root = True  # even where changes would be allowed
     workload = Workload("tiny", GPTConfig(**TINY), 2)
@@ -209,8 +209,8 @@ def test_nvml_profile_measures_a_real_step_beside_the_prediction_and_sets_nothin
 
 
 def test_nvml_profile_refuses_a_layout_of_several_gpus(fake):
-    from freqopt.backends import get_backend
-    from freqopt.layout import parse_layout
+    from freqopt.gpu.backends import get_backend
+    from freqopt.workload.layout import parse_layout
 
     workload = get_workload("gpt3-small", seq_len=16, micro_batch_size=1, layout=parse_layout("dp=2"))
     with get_backend("nvml", None, read_only=True) as backend:
@@ -220,8 +220,7 @@ def test_nvml_profile_refuses_a_layout_of_several_gpus(fake):
 
 
 def test_cli_profile_on_nvml_is_read_only(fake, tmp_path, capsys, monkeypatch):
-    from freqopt import models
-
+    from freqopt.workload import models
     monkeypatch.setitem(models.MODELS, "tiny-gpt", GPTConfig(**TINY))
     out = tmp_path / "p.json"
     assert main(["profile", "--model", "tiny-gpt", "--backend", "nvml", "--device", "cpu", "--micro-batch-size", "2",
@@ -324,8 +323,7 @@ def test_by_pass_sums_to_the_step_and_collectives_count_in_their_pass():
 def test_nvml_profile_refuses_a_setting_and_touches_nothing(fake, capsys, monkeypatch, argument, flag, value):
     """profile only reads a real GPU: a setting is refused before the GPU is opened, naming the argument (the
     library) or the flag (the command line), in one line with exit status 2."""
-    from freqopt import models
-
+    from freqopt.workload import models
     workload = Workload("tiny", GPTConfig(**TINY), 2)
     with pytest.raises(InvalidSettingError, match=rf"^{argument} applies to the simulated GPU; on nvml profile only "
                                                   "reads the GPU") as info:  # fmt: skip

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from freqopt.backends.base import DEFAULT_SETTING
-from freqopt.phases import _HOOK_WARNING
+from freqopt.gpu.backends.base import DEFAULT_SETTING
+from freqopt.workload.phases import _HOOK_WARNING
 
 README = Path(__file__).parent.parent / "README.md"
 BLOCK = re.compile(r"<!-- test: (?P<name>[\w-]+) -->\s*```(?P<lang>\w+)\n(?P<code>.*?)```", re.DOTALL)

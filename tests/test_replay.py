@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from freqopt.layout import Layout
-from freqopt.models import Workload
-from freqopt.models.gpt3 import GPTConfig
-from freqopt.replay import COPY_OP, build_replay, detect_counter_period
-from freqopt.trace import OpCall, _KernelRecorder, record_call, trace_iteration
+from freqopt.workload.layout import Layout
+from freqopt.workload.models import Workload
+from freqopt.workload.models.gpt3 import GPTConfig
+from freqopt.gpu.replay import COPY_OP, build_replay, detect_counter_period
+from freqopt.workload.trace import OpCall, _KernelRecorder, record_call, trace_iteration
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
@@ -186,9 +186,9 @@ def test_the_recorder_marks_arguments_it_cannot_record():
 
 
 def test_the_nvml_backend_warns_once_about_the_operators_it_copies(monkeypatch, tmp_path, caplog):
-    from freqopt.backends.base import DEFAULT_SETTING, MeasurementProtocol
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.nvml import open_devices
+    from freqopt.gpu.backends.base import DEFAULT_SETTING, MeasurementProtocol
+    from freqopt.gpu.backends.nvml import NVMLBackend
+    from freqopt.gpu.nvml import open_devices
 
     fake = FakeNVML(gpus=[FakeGPU(realtime=True, counter_period_s=0.01)])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module())
@@ -196,11 +196,11 @@ def test_the_nvml_backend_warns_once_about_the_operators_it_copies(monkeypatch, 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     kernels = list(tiny_trace(Layout(dp=2)).kernels)
     protocol = MeasurementProtocol(warmup_s=0.05, min_window_s=0.1, min_counter_updates=3)
-    with caplog.at_level(logging.WARNING, logger="freqopt.backends.nvml"):
+    with caplog.at_level(logging.WARNING, logger="freqopt.gpu.backends.nvml"):
         with NVMLBackend(open_devices(read_only=True)[0], torch_device="cpu", protocol=protocol) as backend:
             backend.measure(kernels, DEFAULT_SETTING)
             backend.measure(kernels[-5:], DEFAULT_SETTING)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "freqopt.backends.nvml"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "freqopt.gpu.backends.nvml"]
     assert len(warnings) == 1 and "freqopt.all_reduce (a collective" in warnings[0]
     assert list(backend.copied_ops) == ["freqopt.all_reduce"]
     assert fake.set_calls() == []
@@ -236,7 +236,7 @@ def _device_check():
 def test_device_check_refuses_every_nvml_set_call_before_nvml_sees_it(monkeypatch, tmp_path):
     from fake_pynvml import SETTERS
 
-    from freqopt.nvml import open_devices
+    from freqopt.gpu.nvml import open_devices
 
     device_check, _ = _device_check()
     fake = FakeNVML(root=True)  # a GPU that would allow changes

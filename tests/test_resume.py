@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from freqopt.backends.simulated import SimulatedGPU
-from freqopt.gpus import get_gpu
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.specs import get_gpu
 from freqopt.search import SearchConfig, run_search
 
 

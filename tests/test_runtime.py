@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from freqopt.backends.base import ClockSetting
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.base import ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.cli import main
-from freqopt.gpus import get_gpu
-from freqopt.models import Workload, build_model
-from freqopt.models.gpt3 import GPTConfig
-from freqopt.phases import quiet_backward_hooks
-from freqopt.runtime import _STOP, DVFSRuntime, _Worker, plan_phases
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.models import Workload, build_model
+from freqopt.workload.models.gpt3 import GPTConfig
+from freqopt.workload.phases import quiet_backward_hooks
+from freqopt.apply.runtime import _STOP, DVFSRuntime, _Worker, plan_phases
 from freqopt.tables import ClockTable, workload_doc
-from freqopt.trace import trace_training_iteration
+from freqopt.workload.trace import trace_training_iteration
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
@@ -90,8 +90,8 @@ def test_simulated_runtime_measures_the_phases_it_requested():
 
 
 def test_runtime_switches_through_the_worker_and_restores(fake_gpu):
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.nvml import open_devices
+    from freqopt.gpu.backends.nvml import NVMLBackend
+    from freqopt.gpu.nvml import open_devices
 
     # Phases of milliseconds (a wide 2-layer model's trace) followed through a tiny model's hooks (same modules).
     trace = trace_training_iteration(WIDE)
@@ -200,9 +200,9 @@ def test_each_request_is_enqueued_one_switch_latency_ahead_of_its_phase():
     """On an H100 (6 ms switches; WIDE's iteration is 22 ms, its forward 8 ms, backward 11 ms) the runtime asks
     for each run's setting at the last phase boundary at least 6 ms of kernel time before the run, computed here
     from the kernel times and the realized (landing) schedule."""
-    from freqopt.phases import phase_spans
+    from freqopt.workload.phases import phase_spans
     from freqopt.search.realize import realizable_settings
-    from freqopt.transfer import transfer_table
+    from freqopt.apply.transfer import transfer_table
 
     latency = H100.clock_switch_s
     trace = trace_training_iteration(WIDE)
@@ -250,7 +250,7 @@ def test_the_runtime_applies_what_the_search_validates():
     """The simulated step of a runtime applying a table is the search's validation of that table (switching
     included): the same realized schedule, requested one latency ahead."""
     from freqopt.search.validate import Validator
-    from freqopt.transfer import transfer_table
+    from freqopt.apply.transfer import transfer_table
 
     trace = trace_training_iteration(WIDE)
     sim = SimulatedGPU(H100, noise=False)
@@ -271,8 +271,8 @@ def test_the_queue_is_drained_and_the_gpu_restored_at_exit(fake_gpu):
     (applying only the latest) and stops, and the GPU is restored; the same when training raises."""
     import threading
 
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.nvml import open_devices
+    from freqopt.gpu.backends.nvml import NVMLBackend
+    from freqopt.gpu.nvml import open_devices
 
     trace = trace_training_iteration(WIDE)
     model = build_model(TINY, device="cpu", dtype=torch.float32)
@@ -347,7 +347,7 @@ def _check_whole_steps(report, steps):
 
 @pytest.mark.parametrize("micro_batch", [1, 3])
 def test_train_runs_whole_steps_on_the_simulated_gpu(micro_batch):
-    from freqopt.train import train
+    from freqopt.apply.train import train
 
     report = train(Workload("tiny", TINY, micro_batch), SimulatedGPU(H100, seed=0), table=None, steps=2)
     _check_whole_steps(report, 2)
@@ -355,9 +355,9 @@ def test_train_runs_whole_steps_on_the_simulated_gpu(micro_batch):
 
 @pytest.mark.parametrize("micro_batch", [1, 3])
 def test_train_runs_whole_steps_through_nvml_on_the_cpu(fake_gpu, micro_batch):
-    from freqopt.backends.nvml import NVMLBackend
-    from freqopt.nvml import open_devices
-    from freqopt.train import train
+    from freqopt.gpu.backends.nvml import NVMLBackend
+    from freqopt.gpu.nvml import open_devices
+    from freqopt.apply.train import train
 
     gpu = fake_gpu.gpus[0]
     gpu.realtime, gpu.counter_period_s = True, 0.001  # the counter moves within a tiny model's steps
@@ -462,9 +462,9 @@ def test_cli_train_runs_data_parallel_under_deepspeed(tmp_path):
 
 
 def test_train_refuses_ranks_that_cannot_fit_the_machines_memory(monkeypatch, capsys):
-    """Checked before any rank starts: the ranks' estimated memory together (freqopt.memory, FP32 on the CPU)
+    """Checked before any rank starts: the ranks' estimated memory together (freqopt.workload.memory, FP32 on the CPU)
     against the machine's; here a machine of 3 GB, which one rank of this configuration fits and two do not."""
-    from freqopt import train as train_module
+    from freqopt.apply import train as train_module
     from freqopt.errors import InvalidSettingError
 
     monkeypatch.setattr(train_module, "host_memory_bytes", lambda: (3_000_000_000, 2_000_000_000))
@@ -509,7 +509,7 @@ def test_cli_train_reports_a_rank_killed_for_memory_in_one_line(monkeypatch, cap
     """DeepSpeed's launcher mocked: rank 1 ended by SIGKILL (what the out-of-memory killer sends) and the launcher
     exiting as DeepSpeed's does (sys.exit(-9): 247). freqopt says which rank, why, and the memory estimate against
     the machine's, in one line, and exits 137 (128 + 9)."""
-    from freqopt import train as train_module
+    from freqopt.apply import train as train_module
     from freqopt.cli.rank import STATUS_DIR_ENV
 
     def launcher(cmd, env):

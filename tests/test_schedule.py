@@ -6,19 +6,19 @@ import json
 import numpy as np
 import pytest
 
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.errors import ClockTableError, InvalidSettingError
-from freqopt.gpus import get_gpu
-from freqopt.models import Workload
-from freqopt.models.gpt3 import GPTConfig
-from freqopt.phases import phase_spans
-from freqopt.runtime import plan_phases
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.models import Workload
+from freqopt.workload.models.gpt3 import GPTConfig
+from freqopt.workload.phases import phase_spans
+from freqopt.apply.runtime import plan_phases
 from freqopt.search import SearchConfig, partition, run_search
 from freqopt.search.schedule import phase_blocks, request_schedule
 from freqopt.tables import load_table, write_table
-from freqopt.trace import trace_training_iteration
-from freqopt.transfer import transfer_table
+from freqopt.workload.trace import trace_training_iteration
+from freqopt.apply.transfer import transfer_table
 
 H100 = get_gpu("h100-sxm").with_switch_latency(0.006)  # the GH200's 6 ms: several switches fit this 16 ms iteration
 
@@ -129,8 +129,8 @@ def _distinct_settings(table):
 
 
 def test_a_phase_table_transfers_as_the_runtime_applies_it_on_another_layout(result, trace):
-    from freqopt.layout import Layout
-    from freqopt.transfer import EXACT, evaluate_transfer
+    from freqopt.workload.layout import Layout
+    from freqopt.apply.transfer import EXACT, evaluate_transfer
 
     table = _distinct_settings(result.table("phase"))
     sim = SimulatedGPU(H100, noise=False)

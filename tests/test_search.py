@@ -2,9 +2,9 @@ import dataclasses
 
 import pytest
 
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.errors import InvalidSettingError, UnknownNameError
-from freqopt.gpus import get_gpu
+from freqopt.gpu.specs import get_gpu
 from freqopt.search import GRANULARITIES, SearchConfig, partition, run_search, search_unit
 
 
@@ -62,7 +62,7 @@ def test_resumed_study_measures_nothing_again(small_trace, tmp_path):
 
 
 def test_validator_measures_each_schedule_once(small_trace):
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
     from freqopt.search.runner import Validator
 
     validator = Validator(small_trace, SimulatedGPU(get_gpu("h100-sxm"), seed=0), repeats=3)
@@ -146,7 +146,7 @@ def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(t
 def test_a_pair_the_memory_clock_does_not_allow_is_snapped_to_its_highest_sm_clock():
     import optuna
 
-    from freqopt.backends.base import ClockSetting
+    from freqopt.gpu.backends.base import ClockSetting
     from freqopt.search.journal import MeasurementLog
     from freqopt.search.study import _Objective
 
@@ -235,7 +235,7 @@ def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_ener
     """Issue 22, item 1: realizable kernel >= phase. A phase schedule (one setting per block, requested at its
     phase) is not always a per-kernel-class schedule, so where it validated less energy the kernel level ends on
     it as it stands, and its table is a phase schedule that the runtime applies by its requests."""
-    from freqopt.backends.base import ClockSetting, Measurement
+    from freqopt.gpu.backends.base import ClockSetting, Measurement
     from freqopt.search.result import GranularityResult, SearchResult
     from freqopt.search.runner import _at_least_the_phase_schedule
     from freqopt.search.units import TuningUnit
@@ -260,7 +260,7 @@ def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_ener
     assert table.is_phase_schedule and [e["request_phase"] for e in table.entries] == list(phase.requests)
     assert all("front" not in e for e in table.entries)  # blocks' in-situ options are not unit fronts
 
-    from freqopt.runtime import plan_phases
+    from freqopt.apply.runtime import plan_phases
 
     plan = plan_phases(table, small_trace, SimulatedGPU(get_gpu("h100-sxm")))
     assert [s for _, s in plan.requests] == [ClockSetting(1500, 2619), ClockSetting(1200, 2619)]

@@ -4,7 +4,7 @@ import pytest
 
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
-from freqopt.statement import DEFAULT_PUE, PueProfile, energy_statement, load_pue_profile
+from freqopt.apply.statement import DEFAULT_PUE, PueProfile, energy_statement, load_pue_profile
 from freqopt.tables import SCHEMA_NAME, SCHEMA_VERSION, load_table
 
 

@@ -1,4 +1,4 @@
-"""freqopt.step_trace.trace_step: a user's own training step, traced with passes, fused attention and torch.optim's
+"""freqopt.workload.step_trace.trace_step: a user's own training step, traced with passes, fused attention and torch.optim's
 kernels, searchable, with clear errors for wrong input."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from freqopt.errors import InvalidSettingError
-from freqopt.step_trace import trace_step
-from freqopt.trace import GPUPathWarning
+from freqopt.workload.step_trace import trace_step
+from freqopt.workload.trace import GPUPathWarning
 
 V, D, N_HEADS, N_KV_HEADS, N_LAYERS, B, T = 512, 128, 4, 2, 2, 2, 64
 
@@ -98,7 +98,7 @@ def test_user_step_traces_with_passes_fused_attention_and_optimizer_kernels(opti
     assert not [k for k in trace.kernels if k.name in ("aten.bmm", "aten._softmax", "aten._safe_softmax")]
     optimizer = [k for k in trace.kernels if k.pass_name == "optimizer"]
     assert expected_ops <= {k.name for k in optimizer}
-    # No zeros of lazily made state (the warm-up step is untraced); _foreach_mul_ is elementwise (freqopt.trace._KINDS)
+    # No zeros of lazily made state (the warm-up step is untraced); _foreach_mul_ is elementwise (freqopt.workload.trace._KINDS)
     assert {k.kind for k in optimizer if k.name != "aten._foreach_mul_"} == {"optimizer"}
     n_params = sum(p.numel() for p in model.parameters())
     fused = [k.shapes for k in optimizer if k.name == "aten._fused_adamw_"]
@@ -115,8 +115,8 @@ def test_user_step_traces_with_passes_fused_attention_and_optimizer_kernels(opti
 
 
 def test_a_search_runs_on_a_user_trace():
-    from freqopt.backends.simulated import SimulatedGPU
-    from freqopt.gpus import get_gpu
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.gpu.specs import get_gpu
     from freqopt.search.runner import SearchConfig, run_search
 
     step, model = make_step(fused=True)
@@ -266,10 +266,10 @@ def test_need_weights_traces_the_explicit_attention_a_gpu_runs():
 def test_attention_on_a_path_the_gpu_would_not_take_is_warned_of_by_operator_and_module(monkeypatch):
     import contextlib
 
-    import freqopt.models.sdpa
+    import freqopt.workload.models.sdpa
 
     # Were nn.MultiheadAttention's SDPA call not routed (as if PyTorch called it another way), its math path is traced.
-    monkeypatch.setattr(freqopt.models.sdpa, "_functional_sdpa_fused", contextlib.nullcontext)
+    monkeypatch.setattr(freqopt.workload.models.sdpa, "_functional_sdpa_fused", contextlib.nullcontext)
     with torch.device("meta"):
         mha = MHA(need_weights=False)
     expected = (r"^aten\._safe_softmax in module attn \(MultiheadAttention\): scaled_dot_product_attention was traced "

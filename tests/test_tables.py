@@ -6,10 +6,10 @@ import stat
 
 import pytest
 
-from freqopt.backends.base import Measurement
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.base import Measurement
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.errors import ClockTableError, OutputError
-from freqopt.gpus import get_gpu
+from freqopt.gpu.specs import get_gpu
 from freqopt.search import SearchConfig, run_search
 from freqopt.tables import SCHEMA_VERSION, ClockTable, load_table, table_from_result, write_table, write_table_csv
 
@@ -151,7 +151,7 @@ def test_missing_file_and_unwritable_target(table, tmp_path):
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_written_files_honour_the_umask(tmp_path, umask, mode):
-    from freqopt.tables import atomic_write_text
+    from freqopt.files import atomic_write_text
 
     old = os.umask(umask)
     try:
@@ -166,7 +166,7 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
 def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
     import builtins
 
-    from freqopt import tables
+    from freqopt import files
 
     if not proc_readable:  # not Linux: the set-and-put-back fallback
         real_open = builtins.open
@@ -179,7 +179,7 @@ def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
         monkeypatch.setattr(builtins, "open", no_proc)
     old = os.umask(0o027)
     try:
-        assert tables._umask() == 0o027
+        assert files._umask() == 0o027
         assert os.umask(0o027) == 0o027  # still the caller's
     finally:
         os.umask(old)
@@ -188,8 +188,8 @@ def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
 # -- the workload a table was found for ------------------------------------------------------------------------
 def test_a_table_records_its_workload_and_refuses_another(table, tmp_path):
     from freqopt.errors import TableWorkloadError
-    from freqopt.layout import Layout
-    from freqopt.models import get_workload
+    from freqopt.workload.layout import Layout
+    from freqopt.workload.models import get_workload
 
     path = write_table(table, tmp_path / "t.json")
     loaded = load_table(path)
@@ -221,8 +221,8 @@ def test_a_table_from_before_layouts_is_read_as_one_gpu_and_one_without_its_size
     the layout since parallel layouts: without it a table is a single-GPU one. One that does not record its
     micro-batch (written by hand) loads, but cannot be checked against a workload: refused for training."""
     from freqopt.errors import TableWorkloadError
-    from freqopt.layout import Layout
-    from freqopt.models import get_workload
+    from freqopt.workload.layout import Layout
+    from freqopt.workload.models import get_workload
 
     data = json.loads(json.dumps(table.data))
     del data["workload"]["layout"]
@@ -258,8 +258,8 @@ def test_train_refuses_another_workloads_table_in_one_line_naming_freqopt_transf
 
 def test_train_takes_the_sizes_and_layout_it_is_not_given_from_the_table(table, tmp_path):
     from freqopt.errors import TableWorkloadError
-    from freqopt.layout import Layout
-    from freqopt.train import plan_training
+    from freqopt.workload.layout import Layout
+    from freqopt.apply.train import plan_training
 
     data = json.loads(json.dumps(table.data))
     data["workload"]["layout"] = {"dp": 2, "tp": 1}  # as a table transferred to two data-parallel ranks

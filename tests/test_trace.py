@@ -4,8 +4,8 @@ from collections import Counter
 import pytest
 import torch
 
-from freqopt.models import get_workload
-from freqopt.trace import PASSES, trace_training_iteration
+from freqopt.workload.models import get_workload
+from freqopt.workload.trace import PASSES, trace_training_iteration
 
 
 def narayanan_training_flops(workload) -> float:
@@ -18,7 +18,7 @@ def narayanan_training_flops(workload) -> float:
 
 
 def test_gemm_flops_are_2mkn():
-    from freqopt.trace import _KernelRecorder
+    from freqopt.workload.trace import _KernelRecorder
 
     recorder = _KernelRecorder()
     a = torch.empty(64, 128, device="meta", dtype=torch.bfloat16)
@@ -80,7 +80,7 @@ def test_kernel_classes_group_repeated_layers(gpt3_small_trace):
 
 @pytest.mark.parametrize("model", ["gpt3-small", "bert-base", "distilbert"])
 def test_inference_is_the_forward_pass(model):
-    from freqopt.trace import trace_iteration
+    from freqopt.workload.trace import trace_iteration
 
     w = get_workload(model, micro_batch_size=2, seq_len=128)
     train, infer = trace_iteration(w, "train"), trace_iteration(w, "inference")
@@ -120,7 +120,7 @@ def _qkv(shape, dtype=torch.bfloat16, v_head_dim=None):
     ((8, 64, 32), torch.bfloat16, {}, None, "math"),  # fused kernels take 4-D inputs only
 ])  # fmt: skip
 def test_cuda_sdpa_backend_follows_pytorchs_selection(shape, dtype, kwargs, v_head_dim, backend):
-    from freqopt.models.sdpa import cuda_sdpa_backend
+    from freqopt.workload.models.sdpa import cuda_sdpa_backend
 
     q, k, v = _qkv(shape, dtype, v_head_dim)
     if kwargs.get("attn_mask") == "mask":
@@ -131,7 +131,7 @@ def test_cuda_sdpa_backend_follows_pytorchs_selection(shape, dtype, kwargs, v_he
 def test_cuda_sdpa_backend_reads_the_enabled_backends():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from freqopt.models.sdpa import cuda_sdpa_backend
+    from freqopt.workload.models.sdpa import cuda_sdpa_backend
 
     q, k, v = _qkv((2, 4, 64, 32))
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
@@ -141,8 +141,8 @@ def test_cuda_sdpa_backend_reads_the_enabled_backends():
 
 
 def _record(fn):
-    from freqopt.models.sdpa import FusedSDPA
-    from freqopt.trace import _KernelRecorder
+    from freqopt.workload.models.sdpa import FusedSDPA
+    from freqopt.workload.trace import _KernelRecorder
 
     recorder = _KernelRecorder()
     with recorder, FusedSDPA():
@@ -151,7 +151,7 @@ def _record(fn):
 
 
 def test_sdpa_the_gpu_runs_unfused_keeps_its_math_path_without_a_warning():
-    from freqopt.trace import GPUPathWarning
+    from freqopt.workload.trace import GPUPathWarning
 
     for shape, dtype in [((8, 64, 32), torch.bfloat16), ((2, 4, 64, 32), torch.float64)]:
         q, k, v = _qkv(shape, dtype)
@@ -163,7 +163,7 @@ def test_sdpa_the_gpu_runs_unfused_keeps_its_math_path_without_a_warning():
 
 
 def test_a_float32_gemm_with_tf32_allowed_is_warned_of():
-    from freqopt.trace import GPUPathWarning
+    from freqopt.workload.trace import GPUPathWarning
 
     a = torch.empty(64, 128, device="meta")
     b = torch.empty(128, 32, device="meta")

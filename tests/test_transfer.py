@@ -4,19 +4,19 @@ import json
 
 import pytest
 
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
-from freqopt.backends.simulated import SimulatedGPU
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.cli import main
-from freqopt.gpus import get_gpu
-from freqopt.layout import Layout
-from freqopt.models import get_workload
+from freqopt.gpu.specs import get_gpu
+from freqopt.workload.layout import Layout
+from freqopt.workload.models import get_workload
 from freqopt.search import SearchConfig, run_search
 from freqopt.tables import ClockTable, load_table, table_from_result, write_table
-from freqopt.trace import trace_training_iteration
+from freqopt.workload.trace import trace_training_iteration
 from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
-from freqopt.train import plan_training
+from freqopt.apply.train import plan_training
 from freqopt.search.study import Option
-from freqopt.transfer import (BY_KIND, EXACT, UNMATCHED, _with_front, evaluate_transfer, has_fronts, reallocate,
+from freqopt.apply.transfer import (BY_KIND, EXACT, UNMATCHED, _with_front, evaluate_transfer, has_fronts, reallocate,
                               transfer_table)
 
 H100 = get_gpu("h100-sxm")
@@ -278,7 +278,7 @@ def _phase_table(small_trace, micro_batch_size: int = 1) -> ClockTable:
 def test_a_phase_table_is_written_for_the_target_workload_as_it_stands(small_trace, tmp_path):
     """A phase-level table transfers as it stands; the transfer writes it for the target, so that `train` (which
     refuses a table of another workload) takes it there; --json names the file."""
-    from freqopt.transfer import transfer
+    from freqopt.apply.transfer import transfer
 
     source = tmp_path / "phase.json"
     write_table(_phase_table(small_trace), source)
@@ -299,7 +299,7 @@ def test_a_phase_table_is_written_for_the_target_workload_as_it_stands(small_tra
 def test_a_transfer_never_replaces_another_transfers_table(small_trace, tmp_path):
     """Two source tables (micro-batch 1 and 3) transferred to the same target in one folder: the second would take
     the first's file name, and is refused before any measurement."""
-    from freqopt.transfer import transfer
+    from freqopt.apply.transfer import transfer
 
     out = tmp_path / "o"
     for mb in (1, 3):

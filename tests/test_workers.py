@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from freqopt.backends.base import ClockSetting
+from freqopt.gpu.backends.base import ClockSetting
 from freqopt.search.workers import UnitQueue, UnitWork
 
 from postgres_server import server

@@ -17,8 +17,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from freqopt.memory import GPUMemoryWarning
-from freqopt.profile import profile
+from freqopt.workload.memory import GPUMemoryWarning
+from freqopt.measure.profile import profile
 
 HERE = Path(__file__).resolve().parent
 CLOCKS = list(range(870, 1411, 15))

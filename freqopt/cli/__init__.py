@@ -44,7 +44,7 @@ def write_json(json_path: str | None, doc) -> None:
     if json_path:
         import json
 
-        from freqopt.tables import atomic_write_text
+        from freqopt.files import atomic_write_text
 
         atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
 
@@ -56,7 +56,7 @@ def absolute_path(path) -> str:
 
 def absolute_model(model: str) -> str:
     """A --model value that works from any folder: ``hf:PATH`` with PATH absolute; a built-in name as it is."""
-    from freqopt.models.hf import HF_PREFIX, is_hf_model
+    from freqopt.workload.models.hf import HF_PREFIX, is_hf_model
 
     return HF_PREFIX + absolute_path(model[len(HF_PREFIX):]) if is_hf_model(model) else model
 

@@ -17,8 +17,8 @@ def models(names, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) ->
     layer hold (the tokenizer's in parentheses where padded)."""
     from rich.table import Table
 
-    from freqopt.layout import parse_layout
-    from freqopt.models import count_parameters, get_workload, list_models
+    from freqopt.workload.layout import parse_layout
+    from freqopt.workload.models import count_parameters, get_workload, list_models
 
     parsed = parse_layout(layout)
     columns = ["model", "layers", "d_model", "heads", "seq len", "vocabulary (padded)", "parameters"]
@@ -44,7 +44,7 @@ def gpus() -> None:
     """List the GPU types in search_spaces/."""
     from rich.table import Table
 
-    from freqopt.gpus import DEFAULT_GPU, get_gpu, list_gpus
+    from freqopt.gpu.specs import DEFAULT_GPU, get_gpu, list_gpus
 
     table = Table("gpu", "name", "SM clocks (MHz)", "memory clocks (MHz)", "power limit (W)", "BF16 peak (TFLOP/s)")
     for name in list_gpus():
@@ -83,7 +83,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     from rich.console import Console
     from rich.table import Table
 
-    from freqopt.transfer import transfer as run_transfer
+    from freqopt.apply.transfer import transfer as run_transfer
 
     check_json_path(json_path)
     console = Console(stderr=True)
@@ -146,8 +146,8 @@ def _train_line(model: str, workload, table_path, vocab_multiple: int | None) ->
     model's defaults (and --vocab-multiple where given), the table's absolute path."""
     from pathlib import Path
 
-    from freqopt.models import get_workload
-    from freqopt.models.hf import is_hf_model
+    from freqopt.workload.models import get_workload
+    from freqopt.workload.models.hf import is_hf_model
 
     default = get_workload(model)
     name = f"hf:{Path(model[3:]).resolve()}" if is_hf_model(model) else model
@@ -180,7 +180,7 @@ def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, js
     from rich.console import Console
     from rich.table import Table
 
-    from freqopt.benchmark import benchmark as run_benchmark
+    from freqopt.measure.benchmark import benchmark as run_benchmark
 
     check_json_path(json_path)
     with Console(stderr=True).status(f"searching {repeats}x and sweeping every setting of {model}"):
@@ -208,7 +208,7 @@ def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, js
 @cli.command(short_help="Restore GPUs that a killed freqopt left changed.")
 def reset() -> None:
     """Restore GPUs that a killed freqopt left with changed clocks or power limit (from its state files)."""
-    from freqopt.nvml import reset_from_state_files, state_dir
+    from freqopt.gpu.nvml import reset_from_state_files, state_dir
 
     done = reset_from_state_files()
     if not done:
@@ -233,7 +233,7 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
     """Measure one iteration at each power limit, relative to the GPU's default limit (McDonald et al. 2022)."""
     from rich.table import Table
 
-    from freqopt.powercap import powercap as run_powercap
+    from freqopt.measure.powercap import powercap as run_powercap
 
     check_json_path(json_path)
     report = run_powercap(model, gpu=gpu, caps=caps, mode=mode, backend=backend, seed=seed, host_gap_ms=host_gap_ms,
@@ -262,7 +262,7 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
 @click.option("--out", "out_path", default=None, help="Also write the statement (markdown) to this file.")
 def statement(table_path, iterations, gpus, pue, site_pue_profile, grid_gco2_per_kwh, out_path) -> None:
     """Write an energy statement (McDonald et al. 2022) for a run with and without a clock table."""
-    from freqopt.statement import statement as write_statement
+    from freqopt.apply.statement import statement as write_statement
 
     text = write_statement(table_path, iterations=iterations, gpus=gpus, pue=pue, site_pue_profile=site_pue_profile,
                            grid_gco2_per_kwh=grid_gco2_per_kwh, out=out_path)  # fmt: skip

@@ -32,7 +32,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     """Train on synthetic tokens under the DVFS runtime and report time and energy per step."""
     from rich.table import Table
 
-    from freqopt.train import plan_training
+    from freqopt.apply.train import plan_training
 
     check_json_path(json_path)
     plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
@@ -70,8 +70,9 @@ def _relaunch_under_deepspeed(plan) -> None:
 
     from freqopt.cli.rank import STATUS_DIR_ENV, killed_ranks
 
-    # As a module (-m freqopt.cli.rank, which runs -m freqopt.cli), not a script: a script's folder (freqopt/)
-    # would come first on sys.path, and freqopt/profile.py would shadow the standard library's profile module.
+    # As a module (-m freqopt.cli.rank, which runs -m freqopt.cli), not a script: a script's folder would come
+    # first on sys.path, where a freqopt module could shadow the standard library's (as freqopt/workload/trace.py
+    # would shadow trace).
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(plan.workload.layout.world_size),
            "--no_local_rank", "--module", "freqopt.cli.rank", *sys.argv[1:]]  # fmt: skip
     status_dir = tempfile.mkdtemp(prefix="freqopt-ranks-")
@@ -91,7 +92,7 @@ def _killed_rank_error(plan, rank: int, signum: int):
     import signal
 
     from freqopt.errors import FreqoptError
-    from freqopt.train import host_memory_report
+    from freqopt.apply.train import host_memory_report
 
     try:
         name = signal.Signals(signum).name
@@ -134,10 +135,10 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     and one step under torch.profiler beside the trace, kind by kind."""
     from rich.table import Table
 
-    from freqopt.backends.base import DEFAULT_SETTING
-    from freqopt.layout import parse_layout
-    from freqopt.memory import GPUMemoryWarning
-    from freqopt.profile import profile as run_profile
+    from freqopt.gpu.backends.base import DEFAULT_SETTING
+    from freqopt.workload.layout import parse_layout
+    from freqopt.workload.memory import GPUMemoryWarning
+    from freqopt.measure.profile import profile as run_profile
 
     check_json_path(json_path)
     with warnings.catch_warnings(record=True) as caught:

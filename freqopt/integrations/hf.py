@@ -7,8 +7,8 @@
     with callback:  # exits the runtime (and restores the GPU) also when training raises
         trainer.train()
 
-On ``on_train_begin`` the callback enters a ``freqopt.runtime.DVFSRuntime`` on the Trainer's model, which must be
-the module the trace was recorded from (the runtime checks it, freqopt.fingerprint); ``on_pre_optimizer_step``
+On ``on_train_begin`` the callback enters a ``freqopt.apply.runtime.DVFSRuntime`` on the Trainer's model, which must be
+the module the trace was recorded from (the runtime checks it, freqopt.workload.fingerprint); ``on_pre_optimizer_step``
 marks the optimizer phase (Trainer calls it after gradient clipping, just before ``optimizer.step()``, so the
 clipping kernels run at the last backward phase's clocks); ``on_train_end`` exits the runtime, restoring the GPU.
 
@@ -27,12 +27,12 @@ import os
 
 import torch
 
-from freqopt.backends.base import Backend, Measurement
+from freqopt.gpu.backends.base import Backend, Measurement
 from freqopt.errors import InvalidSettingError, MissingDependencyError, UnknownNameError
-from freqopt.models.gpt3 import GPTConfig, GPTModel
-from freqopt.runtime import DVFSRuntime
+from freqopt.workload.models.gpt3 import GPTConfig, GPTModel
+from freqopt.apply.runtime import DVFSRuntime
 from freqopt.tables import ClockTable, load_table
-from freqopt.trace import Trace
+from freqopt.workload.trace import Trace
 
 try:
     from transformers import TrainerCallback
@@ -49,7 +49,7 @@ BACKEND_CHOICES = ("auto", "sim", "nvml")
 
 
 class TrainerGPT(GPTModel):
-    """freqopt's GPT (freqopt.models.GPTModel) as ``transformers.Trainer`` calls a model: ``forward(input_ids,
+    """freqopt's GPT (freqopt.workload.models.GPTModel) as ``transformers.Trainer`` calls a model: ``forward(input_ids,
     labels)`` returns ``{"loss": ...}``, the mean cross-entropy of the logits at each position against ``labels``
     (B, T) at the same position, so labels are the next tokens, as in GPTModel.forward.
 
@@ -74,7 +74,7 @@ class FreqoptCallback(TrainerCallback):
     Args:
         table: the clock table (a ClockTable, or the path of its JSON file), or None for default settings (the
             runtime still follows the phases).
-        trace: the trace of the model the Trainer trains (freqopt.trace.trace_iteration of its workload).
+        trace: the trace of the model the Trainer trains (freqopt.workload.trace.trace_iteration of its workload).
         backend: where the settings go. "auto" (the default): the NVML backend of the model's GPU when the model is
             on a CUDA device when training begins, else "sim". "sim": the simulated GPU of the table's type
             (nothing real changes; each step's simulated time and energy are kept in ``step_measurements``).
@@ -111,12 +111,12 @@ class FreqoptCallback(TrainerCallback):
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         name = self.backend if self.backend != "auto" else ("nvml" if device.type == "cuda" else "sim")
         if name == "sim":
-            from freqopt.backends import get_backend
-            from freqopt.gpus import get_gpu
+            from freqopt.gpu.backends import get_backend
+            from freqopt.gpu.specs import get_gpu
 
             return get_backend("sim", get_gpu(self.table.gpu) if self.table is not None else None)
-        from freqopt.backends.nvml import NVMLBackend
-        from freqopt.nvml import NVMLError, open_devices
+        from freqopt.gpu.backends.nvml import NVMLBackend
+        from freqopt.gpu.nvml import NVMLError, open_devices
 
         if device.type != "cuda":
             raise InvalidSettingError(

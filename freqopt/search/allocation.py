@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
-from freqopt.kernels import Trace
+from freqopt.workload.kernels import Trace
 from freqopt.search.allocate import allocate
 from freqopt.search.result import GranularityResult
 from freqopt.search.study import UnitSearch

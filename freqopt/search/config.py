@@ -27,7 +27,7 @@ class SearchConfig:
         max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
         seed: seeds the samplers.
         storage: Optuna storage URL; None keeps studies in memory.
-        switching: validate schedules as a phase-switching runtime realizes them (freqopt.phases), with each
+        switching: validate schedules as a phase-switching runtime realizes them (freqopt.workload.phases), with each
             change of clocks landing one clock-switch latency late, so the budget is met with switching costs
             included; the free-switching ("ideal") figure is measured beside it.
         share_classes: at kernel level, run full studies only for one kernel class per family (kind and

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import optuna
 
-from freqopt.backends.base import Measurement
+from freqopt.gpu.backends.base import Measurement
 
 __all__ = ["MeasurementLog", "digest"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freqopt.backends.base import DEFAULT_SETTING, ClockSetting
-from freqopt.backends.simulated import SimulatedGPU
-from freqopt.kernels import Trace
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.workload.kernels import Trace
 from freqopt.search.allocation import allocate_validated
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import SearchResult

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freqopt.backends.base import Backend, ClockSetting, Measurement
+from freqopt.gpu.backends.base import Backend, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
-from freqopt.kernels import Trace
+from freqopt.workload.kernels import Trace
 from freqopt.search.validate import Validator
 
 __all__ = ["CapPoint", "default_caps", "sweep_power_caps"]
@@ -47,7 +47,7 @@ def sweep_power_caps(
         caps_w: power limits, W; each within the GPU's limits.
         repeats: measurements averaged per limit.
         host_gap_s: host time per iteration in which the GPU idles at its idle power (data loading, Python): a
-            cap does not slow it, so it flattens the time curve (calibration: freqopt/calibration.py).
+            cap does not slow it, so it flattens the time curve (calibration: freqopt/gpu/calibration/v100.py).
 
     Returns:
         The default-limit measurement and one CapPoint per cap, in the order given.

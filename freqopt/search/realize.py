@@ -1,6 +1,6 @@
 """Realization: what a phase-switching runtime applies for a per-kernel schedule, once switching has a cost.
 
-A runtime can switch clocks only at phase boundaries (freqopt.phases: module hooks and the optimizer step), and a
+A runtime can switch clocks only at phase boundaries (freqopt.workload.phases: module hooks and the optimizer step), and a
 switch takes ``GPUSpec.clock_switch_s`` to land (the NVML call plus the transition: 6-26 ms on Hopper, over 100 ms on consumer parts; Velicka et
 al. 2025, Spaan et al. 2026). ``realizable_settings`` turns a per-kernel schedule into what such a runtime applies:
 each phase takes the setting its kernels spend most time in, and a switch is made only into a run of consecutive
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting
-from freqopt.kernels import Trace
-from freqopt.phases import phase_spans
+from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting
+from freqopt.workload.kernels import Trace
+from freqopt.workload.phases import phase_spans
 from freqopt.search.schedule import lookahead_requests, requests_per_kernel
 
 __all__ = ["realizable_settings", "requested_settings", "Realizer"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from freqopt.backends.base import ClockSetting, Measurement
-from freqopt.kernels import Trace
+from freqopt.gpu.backends.base import ClockSetting, Measurement
+from freqopt.workload.kernels import Trace
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 
@@ -80,7 +80,7 @@ class SearchResult:
             opened: a resumed search's earlier runs' (or, in a shared storage, other workers'); 0 for a fresh one.
         backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
         table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
-        figure_paths: "energy-time" and "clocks" -> the PNGs written beside them (freqopt.plots).
+        figure_paths: "energy-time" and "clocks" -> the PNGs written beside them (freqopt.search.plots).
     """
 
     trace: Trace

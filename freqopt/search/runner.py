@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
-from freqopt.kernels import Trace
-from freqopt.phases import phase_spans
+from freqopt.gpu.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
+from freqopt.workload.kernels import Trace
+from freqopt.workload.phases import phase_spans
 from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated,
                                        candidate_schedules, coarser_settings)
 from freqopt.search.config import SearchConfig

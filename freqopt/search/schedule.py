@@ -4,7 +4,7 @@ The finer granularities choose a setting per kernel class or pass; a runtime the
 (freqopt.search.realize), and on an H100, where a clock change lands 6-26 ms after it is asked for, most of
 what they chose is lost. This granularity searches realizable schedules directly:
 
-* **Blocks.** The iteration's phases (freqopt.phases: module hooks and the optimizer step) are grouped into blocks
+* **Blocks.** The iteration's phases (freqopt.workload.phases: module hooks and the optimizer step) are grouped into blocks
   of consecutive phases, each at least as long as the GPU's clock-switch latency (``GPUSpec.clock_switch_s``) and
   at least 1/``max_blocks`` of the iteration, cut within each pass so that forward, backward and optimizer start
   blocks of their own where they are long enough (phase_blocks). Kernel times are ``Backend.kernel_times_s`` at
@@ -38,10 +38,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from freqopt.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import ClockTableError, InvalidSettingError
-from freqopt.kernels import Trace
-from freqopt.phases import phase_spans
+from freqopt.workload.kernels import Trace
+from freqopt.workload.phases import phase_spans
 from freqopt.search.allocate import allocate
 from freqopt.search.study import UnitSearch, search_unit, _tag
 from freqopt.search.units import TuningUnit
@@ -185,7 +185,7 @@ def request_schedule(trace: Trace, blocks: Sequence[PhaseBlock], settings: Seque
 
 def requests_per_kernel(spans: Sequence[tuple[str, int, int]], requests: Sequence[tuple[int, ClockSetting]]) -> tuple:
     """The per-kernel schedule of (phase index, setting) ``requests``, each asked for at its phase's start and held
-    up to the next (settings_per_phase, cyclically); ``spans`` the trace's phases (freqopt.phases.phase_spans).
+    up to the next (settings_per_phase, cyclically); ``spans`` the trace's phases (freqopt.workload.phases.phase_spans).
 
     Returns:
         One ClockSetting per kernel, shape (K,), constant within each phase.
@@ -200,7 +200,7 @@ def settings_per_phase(n_phases: int, requests: Sequence[tuple[int, T]]) -> tupl
     """The setting in force in each phase when each (phase index, setting) of ``requests`` is asked for at that
     phase's start: the latest request at or before the phase, cyclically (the phases before the first request run
     with the last one's setting, left by the previous iteration). Requests at the same phase take effect in the
-    order given. Any value may stand for the setting (freqopt.transfer passes the requesting entry's index).
+    order given. Any value may stand for the setting (freqopt.apply.transfer passes the requesting entry's index).
 
     Returns:
         One setting per phase, shape (n_phases,).
@@ -222,7 +222,7 @@ def request_phases(table, labels: Sequence[str]) -> list[int]:
 
     Args:
         table: a phase-level freqopt.tables.ClockTable (its entries carry ``request_phase``).
-        labels: the trace's phase labels in order (freqopt.phases.phase_spans).
+        labels: the trace's phase labels in order (freqopt.workload.phases.phase_spans).
 
     Raises:
         ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).

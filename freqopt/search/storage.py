@@ -6,7 +6,7 @@ import hashlib
 import time
 
 from freqopt.errors import StorageError
-from freqopt.kernels import Trace
+from freqopt.workload.kernels import Trace
 from freqopt.search.journal import MeasurementLog
 
 __all__ = ["open_storage", "study_prefix", "validation_log"]

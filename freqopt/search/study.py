@@ -28,8 +28,8 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING
-from freqopt.kernels import Kernel
+from freqopt.gpu.backends.base import Backend, ClockSetting, DEFAULT_SETTING
+from freqopt.workload.kernels import Kernel
 from freqopt.search.journal import MeasurementLog
 
 __all__ = ["Option", "UnitSearch", "search_unit", "optuna_logging", "GridGPSampler", "SPACES"]

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from freqopt.errors import UnknownNameError
-from freqopt.kernels import Kernel, Trace
+from freqopt.workload.kernels import Kernel, Trace
 
 __all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity", "kernel_families"]
 

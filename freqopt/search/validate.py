@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from freqopt.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
-from freqopt.kernels import Trace
+from freqopt.gpu.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
+from freqopt.workload.kernels import Trace
 from freqopt.search.journal import MeasurementLog, digest
 from freqopt.search.realize import Realizer
 from freqopt.search.units import TuningUnit

@@ -30,9 +30,9 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
-from freqopt.backends.base import Backend, ClockSetting
+from freqopt.gpu.backends.base import Backend, ClockSetting
 from freqopt.errors import InvalidSettingError
-from freqopt.kernels import Trace
+from freqopt.workload.kernels import Trace
 from freqopt.search.journal import digest
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import TuningUnit
@@ -117,9 +117,9 @@ def load_job(storage, prefix: str) -> dict | None:
 
 def trace_from_job(job: dict) -> Trace:
     """The leader's trace, traced again from the job's workload."""
-    from freqopt.layout import Layout
-    from freqopt.models import Workload, config_from_dict
-    from freqopt.trace import trace_iteration
+    from freqopt.workload.layout import Layout
+    from freqopt.workload.models import Workload, config_from_dict
+    from freqopt.workload.trace import trace_iteration
 
     config = config_from_dict(job["model"], job["config"])
     workload = Workload(job["model"], config, job["micro_batch_size"], Layout(**job["layout"]))

@@ -1,0 +1,268 @@
+"""The simulated GPU's physics: kernel time by a roofline with partial overlap, board power by the DVFS power model,
+all-reduce link costs, two streams overlapped, and the host that issues kernels (the formulas and their sources are
+in freqopt.gpu.backends.simulated's module docstring; SimulatedGPU there runs the measurement loop on top of them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from freqopt.gpu.specs import GPUSpec
+from freqopt.workload.kernels import Kernel
+
+__all__ = ["KernelPhysics", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
+           "attention_efficiency", "attention_head_dim", "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION",
+           "ATTENTION_HEAD_DIM_TILE", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES", "ROW_WIDTH_REF"]
+
+CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
+# cuDNN's fused attention on sm90 computes on head-dimension tiles of 64 or 128: the kernels of the measured H100
+# steps are named ..._64x128x64_... for head dimension 64 and ..._64x128x128_... for 80 and 128
+# (experiments/data/h100/whole_steps, top_kernels); a head dimension between is zero-padded to the next tile.
+ATTENTION_HEAD_DIM_TILE = 64
+
+
+# Operators whose SM work besides FLOPs draws power of its own (PowerModel): special-function (transcendental)
+# elementwise operators and softmaxes, layer norms, fused attention. Matched on the ATen operator's name.
+SFU_OPS = frozenset({
+    "aten.gelu", "aten.gelu_backward", "aten.tanh", "aten.tanh_backward", "aten.exp", "aten.sigmoid",
+    "aten.sigmoid_backward", "aten.silu", "aten.silu_backward", "aten.erf", "aten.rsqrt", "aten._softmax",
+    "aten._softmax_backward_data", "aten._log_softmax", "aten._log_softmax_backward_data",
+})  # fmt: skip
+# FlashAttention-2's backward recomputes the scores: 5 matmuls against the 4 that the 2x-forward FLOP count
+# (torch.utils.flop_counter's convention) holds, i.e. 2.5x the forward's work (Dao 2023, arXiv 2307.08691, sec. 3).
+ATTENTION_BACKWARD_WORK = 1.25
+_GEMM_INNER_DIM_ARG = {"aten.mm": 0, "aten.bmm": 0, "aten.addmm": 1, "aten.baddbmm": 1}
+
+
+def gemm_inner_dim(kernel: Kernel) -> int | None:
+    """K of a GEMM kernel (the reduced dimension: the last of its first matrix operand), None for other kernels."""
+    arg = _GEMM_INNER_DIM_ARG.get(kernel.name)
+    if arg is None or len(kernel.shapes) <= arg or not kernel.shapes[arg]:
+        return None
+    return int(kernel.shapes[arg][-1])
+
+
+def host_issue_s(spec: GPUSpec, kernels: Sequence[Kernel], *, step: bool = False) -> np.ndarray:
+    """Host time to issue each kernel, s, shape (K,): ``spec.host_gemm_issue_s`` for GEMMs, else
+    ``spec.host_issue_s`` (both 0 where the GPU type has no host measurement): what a replay loop's host spends.
+    ``step``: the kernels are a training step's, whose host also runs the framework around each kernel (autograd,
+    module calls, the optimizer's Python): ``spec.step_host_s`` of the kernel's pass on top."""
+    extra = spec.step_host_s if step else {}
+    return np.array([(spec.host_gemm_issue_s if k.kind == "gemm" else spec.host_issue_s) + extra.get(k.pass_name, 0.0)
+                     for k in kernels])  # fmt: skip
+
+
+MULTI_TENSOR_PREFIXES = ("aten._foreach_", "aten._fused_")  # PyTorch's multi-tensor-apply operators
+MULTI_TENSOR = "multi_tensor"  # their key in GPUSpec.operator_bandwidth_rel
+# Rows of GPT-3 Small's width (768): the layer-norm microbenchmark's (8192 x 768, experiments/data/h100) and that of
+# the whole steps' smallest model, where the bandwidths relative to a copy's are stated.
+ROW_WIDTH_REF = 768
+
+
+def bandwidth_rel(spec: GPUSpec, kernel: Kernel) -> float:
+    """The kernel's device-memory bandwidth relative to a streaming copy's.
+
+    ``spec.layer_norm_bandwidth_rel`` for the layer-norm forward, ``spec.operator_bandwidth_rel`` by operator name
+    (multi-tensor operators under MULTI_TENSOR), else 1; both at rows of ROW_WIDTH_REF elements. An operator with
+    a row overhead c0 (``spec.row_overhead_elements``: one reduction per row of C elements, its first input's last
+    dimension) streams at C / (C + c0) of its rate at wide rows, so at (C / (C + c0)) / (W / (W + c0)) of its rate
+    at rows of W = ROW_WIDTH_REF."""
+    if kernel.name == "aten.native_layer_norm":
+        rel = spec.layer_norm_bandwidth_rel
+    else:
+        key = MULTI_TENSOR if kernel.name.startswith(MULTI_TENSOR_PREFIXES) else kernel.name
+        rel = spec.operator_bandwidth_rel.get(key, 1.0)
+    c0 = spec.row_overhead_elements.get(kernel.name, 0.0)
+    if c0 > 0 and kernel.shapes and kernel.shapes[0]:
+        width = kernel.shapes[0][-1]
+        rel *= width / (width + c0) * (ROW_WIDTH_REF + c0) / ROW_WIDTH_REF
+    return rel
+
+
+def attention_head_dim(kernel: Kernel) -> tuple[int, int]:
+    """(head dimension, the head dimension the fused kernel computes on): the last dimension of the query, and
+    that rounded up to a multiple of ATTENTION_HEAD_DIM_TILE."""
+    d = int(kernel.shapes[0][-1])
+    return d, -(-d // ATTENTION_HEAD_DIM_TILE) * ATTENTION_HEAD_DIM_TILE
+
+
+def attention_efficiency(spec: GPUSpec, kernel: Kernel) -> float:
+    """Fraction of tensor peak a fused attention kernel reaches on its (padded, causal) work.
+
+    ``spec.attention_efficiency`` is the rate at head dimension 64 (where it was fitted); at a padded head
+    dimension d it scales as d / (d + d0) over 64 / (64 + d0), d0 = ``spec.attention_head_dim_overhead`` (the
+    head dimension is the inner dimension of both of attention's matmuls: the same per-tile overhead as a GEMM's
+    ``gemm_k_overhead``); a backward kernel runs at ``spec.attention_backward_efficiency_rel`` of that."""
+    eff = spec.attention_efficiency or spec.gemm_efficiency
+    d0 = spec.attention_head_dim_overhead
+    if d0 > 0:
+        _, padded = attention_head_dim(kernel)
+        eff *= padded / (padded + d0) * (64 + d0) / 64
+    if kernel.name.endswith("_backward"):
+        eff *= spec.attention_backward_efficiency_rel
+    return eff
+
+
+def host_gaps(time_s: np.ndarray, issue_s: np.ndarray, on_stream: np.ndarray, *, loop: bool) -> np.ndarray:
+    """Idle time the GPU spends before each kernel waiting for the host to issue it, s, shape of ``time_s``.
+
+    The host issues kernel i at H_i = issue_s[0] + ... + issue_s[i]; a training-stream kernel starts at
+    max(end of the previous one, H_i), so it ends at e_i = T_i + max(0, max_{j<=i} (H_j - T_{j-1})), T the running
+    sum of kernel times, and the gap before it is the rise of that maximum. This is one step issued from an idle
+    GPU (a training loop that reads the loss each step). ``loop``: the kernels are replayed back to back with no
+    synchronization, so in steady state the host runs ahead unless it is the slower side; the period is
+    max(GPU time, host time) and the gaps are scaled to fill the difference.
+
+    Args:
+        time_s: kernel times, (K,) or (K, F) (one column per candidate clock).
+        issue_s: host issue time per kernel, (K,).
+        on_stream: (K,) bool, kernels of the training stream (communication kernels overlap it and get no gap).
+        loop: as above.
+    """
+    if not issue_s.any():
+        return np.zeros_like(time_s)
+    t = np.where(on_stream.reshape(-1, *[1] * (time_s.ndim - 1)), time_s, 0.0)
+    issued = np.cumsum(issue_s).reshape(-1, *[1] * (time_s.ndim - 1))
+    done = np.cumsum(t, axis=0)
+    slack = np.where(on_stream.reshape(issued.shape), issued - (done - t), -np.inf)
+    waited = np.maximum.accumulate(np.maximum(slack, 0.0), axis=0)
+    gaps = np.diff(waited, axis=0, prepend=np.zeros((1, *time_s.shape[1:])))
+    if loop:
+        short = np.maximum(issued[-1] - done[-1], 0.0)  # host time per repetition beyond the GPU's
+        total = gaps.sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gaps = np.where(total > 0, gaps * (short / total), 0.0)
+    return gaps
+
+
+class KernelPhysics:
+    """Per-kernel time and power at every supported SM clock, for one list of kernels.
+
+    Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock:
+    ``time_s``, ``power_w``, ``energy_j``, and ``baseline_power_w`` (the board's power with no activity at that
+    clock: constant, leakage and clock-tree terms; what an idle GPU with a context draws).
+
+    A tensor-core kernel's SM activity is its FLOP rate over the rate of the best large GEMM at that clock
+    (``gemm_efficiency`` of peak), so a GEMM with a short inner dimension, or attention, draws less per clock and
+    throttles less under the power limit, as measured on the H100 (../shared/calibration/h100).
+    """
+
+    def __init__(self, spec: GPUSpec, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray):
+        self.spec = spec
+        p = spec.overlap_exponent
+        f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
+        m = np.asarray(mem_clock_mhz, dtype=float)[:, None]  # (K, 1)
+        work, efficiency = [], []  # FLOPs the GPU runs; fraction of peak it reaches on them
+        for k in kernels:
+            w = k.flops * (CAUSAL_WORK_FRACTION if k.causal else 1.0)
+            if k.kind == "attention":
+                w *= ATTENTION_BACKWARD_WORK if k.name.endswith("_backward") else 1.0
+                if spec.attention_head_dim_overhead > 0:
+                    d, padded = attention_head_dim(k)
+                    w *= padded / d
+                efficiency.append(attention_efficiency(spec, k))
+            else:
+                inner = gemm_inner_dim(k) if k.tensor_core else None
+                scale = inner / (inner + spec.gemm_k_overhead) if inner else 1.0
+                efficiency.append(spec.gemm_efficiency * scale)
+            work.append(w)
+        work, efficiency = np.array(work)[:, None], np.array(efficiency)[:, None]  # (K, 1) each
+        per_clock = np.array(
+            [spec.tensor_flops_per_clock_per_sm if k.tensor_core else spec.cuda_flops_per_clock_per_sm for k in kernels]
+        )[:, None]
+        nbytes = np.array([k.mem_bytes for k in kernels])[:, None]
+        link_s, latency_s, link_j = _link_costs(spec, kernels)  # (K, 1) each
+        # A collective's loads and stores go through the few SMs NCCL runs on, not the whole GPU.
+        sm_share = np.array([spec.interconnect.nccl_sms / spec.n_sms if k.is_collective else 1.0 for k in kernels])
+        peak = spec.n_sms * per_clock * f * 1e6  # (K, F), FLOP/s
+        t_ideal = work / (peak * spec.gemm_efficiency)  # (K, F): at the best GEMM's rate
+        t_flops = work / (peak * efficiency)  # (K, F)
+        t_l2 = nbytes / (spec.l2_bytes_per_clock * sm_share[:, None] * f * 1e6)  # (K, F)
+        t_sm = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
+        bandwidth = spec.mem_bandwidth_gbs * 1e9 * m / spec.max_mem_clock_mhz  # (K, 1), B/s
+        t_stream = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1): at a streaming copy's rate
+        slow = np.array([bandwidth_rel(spec, k) for k in kernels])[:, None]
+        t_dram = t_stream / slow  # (K, 1)
+        t_busy = (t_sm**p + t_dram**p + link_s**p) ** (1 / p)  # (K, F)
+        gemm_fixed = np.array([spec.gemm_fixed_s if k.kind == "gemm" else 0.0 for k in kernels])[:, None]
+        self.time_s = t_busy + latency_s + spec.kernel_fixed_s + gemm_fixed  # (K, F)
+        u_sm = t_ideal / self.time_s
+        u_mem = t_stream / self.time_s  # bytes moved over what a copy would move meanwhile
+        pm = spec.power_model
+        op_w = np.array([pm.p_attention_w if k.kind == "attention" else pm.p_norm_w if k.kind == "normalization"
+                         else pm.p_sfu_w if k.name in SFU_OPS else 0.0 for k in kernels])[:, None]  # fmt: skip
+        v = voltage_rel(spec, f)  # (1, F)
+        f_rel = f / spec.max_sm_clock_mhz
+        m_rel = m / spec.max_mem_clock_mhz
+        self.baseline_power_w = pm.p_const_w + pm.p_leak_w * v + pm.p_sm_clock_w * v**2 * f_rel + pm.p_mem_clock_w * m_rel
+        self.power_w = (
+            self.baseline_power_w
+            + (pm.p_sm_active_w * u_sm + pm.p_sm_stream_w * u_mem + op_w * t_busy / self.time_s) * v**2 * f_rel
+            + pm.p_mem_active_w * u_mem * m_rel
+            + link_j / self.time_s
+        )  # (K, F)
+        self.energy_j = self.power_w * self.time_s  # (K, F)
+
+
+def _link_costs(spec: GPUSpec, kernels: Sequence[Kernel]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per kernel, shape (K, 1) each: the ring all-reduce's bandwidth time on the link (s), its latency (s), and
+    the link energy (J) for the bytes each rank sends and receives; zeros for kernels that are not collectives."""
+    link = spec.interconnect
+    link_s, latency_s, link_j = (np.zeros((len(kernels), 1)) for _ in range(3))
+    for i, k in enumerate(kernels):
+        if not k.is_collective:
+            continue
+        n = k.group_size
+        inter = link.spans_nodes(n, k.group_stride)
+        bandwidth = (link.inter_node_bandwidth_gbs if inter else link.link_bandwidth_gbs) * 1e9 * link.link_efficiency
+        latency = (link.inter_node_latency_us if inter else link.link_latency_us) * 1e-6
+        bus_bytes = 2 * (n - 1) / n * k.comm_bytes  # sent (and received) by each rank
+        link_s[i] = bus_bytes / bandwidth
+        latency_s[i] = 2 * (n - 1) * latency
+        link_j[i] = 2 * bus_bytes * 8 * link.link_energy_pj_per_bit * 1e-12
+    return link_s, latency_s, link_j
+
+
+def _overlap_streams(
+    kernels: Sequence[Kernel], time_s: np.ndarray, energy_j: np.ndarray, baseline_w: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lay the kernels on a training stream and a communication stream (freqopt.gpu.backends.simulated's module
+    docstring) and return, per kernel, the wall time it adds (a communication kernel: only its exposed part) and
+    its energy (overlapped: only its power above ``baseline_w``). Shapes (K,); the sums are the iteration's wall time and energy."""
+    compute_end = 0.0  # when the training stream's last kernel ends
+    comm_end = 0.0  # when the communication stream's last kernel ends
+    busy: list[list[float]] = []  # the training stream's busy intervals, merged
+    spans = {}  # communication kernel -> (start, end)
+    last_pass = None
+    for i, k in enumerate(kernels):
+        if k.stream != 0:
+            start = max(comm_end, compute_end)
+            comm_end = start + time_s[i]
+            spans[i] = (start, comm_end)
+            continue
+        start = compute_end
+        if last_pass is not None and k.pass_name != last_pass:
+            start = max(start, comm_end)  # a pass boundary waits for the gradients in flight
+        last_pass = k.pass_name
+        if busy and busy[-1][1] >= start:
+            busy[-1][1] = start + time_s[i]
+        else:
+            busy.append([start, start + time_s[i]])
+        compute_end = start + time_s[i]
+    wall_time, wall_energy = time_s.copy(), energy_j.copy()
+    for i, (start, end) in spans.items():
+        overlapped = sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy)
+        exposed = (end - start) - overlapped
+        power = energy_j[i] / time_s[i]
+        wall_time[i] = exposed
+        wall_energy[i] = power * exposed + (power - baseline_w[i]) * overlapped
+    return wall_time, wall_energy
+
+
+def voltage_rel(spec: GPUSpec, sm_clock_mhz: np.ndarray | float) -> np.ndarray:
+    """V(f) / V_max: flat at v_min_rel up to the knee, then linear to 1 at the highest SM clock."""
+    pm = spec.power_model
+    f = np.asarray(sm_clock_mhz, dtype=float)
+    rise = (f - pm.f_knee_mhz) / (spec.max_sm_clock_mhz - pm.f_knee_mhz)
+    return pm.v_min_rel + (1.0 - pm.v_min_rel) * np.clip(rise, 0.0, 1.0)

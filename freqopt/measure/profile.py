@@ -1,0 +1,419 @@
+"""``freqopt profile``: one training iteration's time, energy, average power, FLOPs and a breakdown by kernel kind.
+
+On the simulated GPU (``SimulatedGPU``) the iteration is traced (freqopt.workload.trace) and run once, noiselessly, at one
+setting for the whole step: the GPU's defaults, or the locked SM clock, memory clock and power limit asked for
+(``SimulatedGPU.run(kernels, [setting] * K, loop=False)``: one step issued from an idle GPU, the step that
+``SimulatedGPU.step`` and so the search's baseline and validation and the runtime measure). Per-kernel time and
+energy are summed by ``Kernel.kind`` and by ``Kernel.pass_name`` (forward, backward, optimizer; a collective counts
+in the pass it is issued in).
+
+On a real GPU (``NVMLBackend``) the model trains for real, read-only: profile reads the backend's energy counter
+(``Backend.energy_j``) and never applies a setting (it refuses one). After a few warm-up steps, steps run until the
+window spans at least ``MIN_WINDOW_S`` and ``MIN_COUNTER_UPDATES`` updates of the energy counter (its period is
+detected by polling, freqopt.gpu.replay.detect_counter_period); time per step comes from CUDA events (perf_counter on
+the CPU), energy per step from the nvmlDeviceGetTotalEnergyConsumption delta. The measurement is set beside the
+simulated GPU's prediction for the same GPU type (the backend's spec) and the same trace. Then two more steps run
+under torch.profiler (the first warms it up), and what it recorded of the second is compared, kind by kind, with
+the trace (freqopt.measure.profiler_compare.profiled_kinds; ProfilerRow, profiled_kinds and STEP_LABEL are re-exported here).
+
+Before any of that, the step's memory is estimated (freqopt.workload.memory: weights, gradients, optimizer state and the
+activations saved for backward, on one rank) and a step that does not fit the GPU's memory is refused
+(check_gpu_memory; StepMemory, estimate_step_memory and check_gpu_memory are re-exported here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.errors import InvalidSettingError, check_positive_int
+from freqopt.workload.kernels import Trace
+from freqopt.workload.memory import GPUMemoryWarning, StepMemory, check_gpu_memory, estimate_step_memory
+from freqopt.workload.models import Workload, build_model
+from freqopt.measure.profiler_compare import STEP_LABEL, ProfilerRow, compare_with_profiler, profiled_kinds
+from freqopt.workload.trace import trace_training_iteration
+
+__all__ = ["KindFigures", "PassFigures", "ProfilerRow", "ProfileReport", "profile", "simulate_iteration",
+           "simulate_by_kind", "profiled_kinds",
+           "check_device", "MIN_WINDOW_S", "MIN_COUNTER_UPDATES", "STEP_LABEL", "StepMemory", "estimate_step_memory",
+           "check_gpu_memory"]
+
+MIN_WINDOW_S = 1.0  # the measured window lasts at least this long, s
+MIN_COUNTER_UPDATES = 5  # ... and spans at least this many energy-counter periods
+COUNTER_DETECTION_S = 1.0  # polling time to find the counter's period (10 updates at the slowest documented 100 ms)
+N_BATCHES = 4  # distinct synthetic batches, made on the device before any step is timed
+
+
+@dataclass(frozen=True)
+class KindFigures:
+    """One kernel kind's share of an iteration on the simulated GPU.
+
+    Attributes:
+        time_s: wall time its kernels add to the iteration, s (communication overlapped with compute: only the
+            exposed part; idle time waiting for the host, where the GPU type models it, included).
+        energy_j: their energy, J.
+        n_kernels: kernels of this kind in the trace.
+    """
+
+    time_s: float
+    energy_j: float
+    n_kernels: int
+
+
+@dataclass(frozen=True)
+class PassFigures:
+    """One pass's share (forward, backward or optimizer, ``Kernel.pass_name``) of an iteration on the simulated GPU.
+
+    Attributes:
+        time_s: wall time its kernels add to the iteration, s (as KindFigures.time_s; a collective counts in the
+            pass it is issued in).
+        energy_j: their energy, J.
+    """
+
+    time_s: float
+    energy_j: float
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """One training iteration of one GPU (one rank of the workload's layout).
+
+    Attributes:
+        model, gpu, backend: the workload's model, the GPU type (search_spaces/ name), "sim" or "nvml".
+        time_s, energy_j: per iteration, s and J: the simulated GPU's (sim) or measured per step (nvml).
+        flops: FLOPs of the traced iteration (``Trace.total_flops``).
+        by_kind: kind -> the simulated GPU's figures, in first-seen order; they sum to ``time_s`` and ``energy_j``
+            on sim, to ``predicted`` on nvml (NVML cannot split energy by kernel).
+        by_pass: pass (forward, backward, optimizer) -> the simulated GPU's figures, in issue order; they sum as
+            ``by_kind`` does.
+        setting: sim: the one setting the whole step ran at (None fields: the GPU's defaults); None on nvml, which
+            measures at the GPU's current settings and sets nothing (``predicted`` is at the defaults).
+        predicted: nvml only: the simulated GPU's iteration at default settings for the same trace.
+        device: nvml only: where the model trained ("cuda", "cpu").
+        n_steps, window_s, counter_period_s: nvml only: steps in the measured window, its length (s), the energy
+            counter's detected update period (s).
+        profiler_by_kind: nvml only: kind -> ProfilerRow.
+        profiler_time: nvml only: what ``ProfilerRow.measured_time_s`` is ("cuda device time" or "cpu time").
+        memory: the step's memory on one rank (freqopt.workload.memory.estimate_step_memory, in the dtype the step runs in:
+            BF16 on a GPU, FP32 when an nvml profile trains on the CPU).
+        gpu_memory_gb: the GPU type's memory (GPUSpec.memory_gb), GB; None where its file does not say.
+    """
+
+    model: str
+    gpu: str
+    backend: str
+    time_s: float
+    energy_j: float
+    flops: float
+    by_kind: dict[str, KindFigures]
+    by_pass: dict[str, PassFigures] = dataclasses.field(default_factory=dict)
+    setting: ClockSetting | None = DEFAULT_SETTING
+    predicted: Measurement | None = None
+    device: str | None = None
+    n_steps: int | None = None
+    window_s: float | None = None
+    counter_period_s: float | None = None
+    profiler_by_kind: dict[str, ProfilerRow] | None = None
+    profiler_time: str | None = None
+    memory: StepMemory | None = None
+    gpu_memory_gb: float | None = None
+
+    @property
+    def avg_power_w(self) -> float:
+        """energy_j / time_s, W."""
+        return self.energy_j / self.time_s
+
+    def summary(self) -> dict:
+        """The JSON document: {"model", "gpu", "backend", "setting": {"sm_clock_mhz", "mem_clock_mhz",
+        "power_limit_w"} (MHz, MHz, W; null: the GPU's default; the whole "setting" null on nvml), "time_s",
+        "energy_j", "avg_power_w", "flops", "by_kind": {KIND: {"time_s", "energy_j", "n_kernels"}}, "by_pass":
+        {"forward"|"backward"|"optimizer": {"time_s", "energy_j"}}}; on nvml also "measured" {"time_s", "energy_j", "avg_power_w",
+        "device", "n_steps", "window_s", "counter_period_s"}, "predicted" {"time_s", "energy_j", "avg_power_w"},
+        "measured_over_predicted" {"time", "energy", "avg_power"}, "profiler_time" and "profiler_by_kind" {KIND:
+        {"traced_n_kernels", "predicted_time_s", "profiled_n_kernels", "measured_time_s"}}; and "memory"
+        {"weights_gb", "gradients_gb", "optimizer_gb", "activations_gb", "total_gb", "gpu_gb", "dtype"} (GB:
+        1e9 bytes, one rank; gpu_gb None where the GPU type's memory is not known)."""
+        setting = None if self.setting is None else dataclasses.asdict(self.setting)
+        doc = {"model": self.model, "gpu": self.gpu, "backend": self.backend, "setting": setting,
+               "time_s": self.time_s, "energy_j": self.energy_j, "avg_power_w": self.avg_power_w, "flops": self.flops,
+               "by_kind": {kind: vars(f) for kind, f in self.by_kind.items()},
+               "by_pass": {name: vars(f) for name, f in self.by_pass.items()}}  # fmt: skip
+        if self.memory is not None:
+            doc["memory"] = {**self.memory.summary(), "gpu_gb": self.gpu_memory_gb, "dtype": self.memory.dtype}
+        if self.predicted is not None:
+            p = self.predicted
+            doc["measured"] = {"time_s": self.time_s, "energy_j": self.energy_j, "avg_power_w": self.avg_power_w,
+                               "device": self.device, "n_steps": self.n_steps, "window_s": self.window_s,
+                               "counter_period_s": self.counter_period_s}  # fmt: skip
+            doc["predicted"] = {"time_s": p.time_s, "energy_j": p.energy_j, "avg_power_w": p.avg_power_w}
+            doc["measured_over_predicted"] = {"time": self.time_s / p.time_s, "energy": self.energy_j / p.energy_j,
+                                              "avg_power": self.avg_power_w / p.avg_power_w}  # fmt: skip
+        if self.profiler_by_kind is not None:
+            doc["profiler_time"] = self.profiler_time
+            doc["profiler_by_kind"] = {kind: vars(r) for kind, r in self.profiler_by_kind.items()}
+        return doc
+
+
+def simulate_iteration(trace: Trace, gpu, setting: ClockSetting = DEFAULT_SETTING
+                       ) -> tuple[Measurement, dict[str, KindFigures], dict[str, PassFigures]]:  # fmt: skip
+    """The trace's iteration on ``gpu`` (a SimulatedGPU) at ``setting`` for every kernel, issued once from an idle
+    GPU (``SimulatedGPU.run(kernels, [setting] * K, loop=False)``, noiseless): the step ``SimulatedGPU.step``
+    measures, and so what the search's validation measures for that one setting over the whole step.
+
+    Returns:
+        (the iteration: time_s, energy_j, time-weighted mean SM clock; kind -> KindFigures in first-seen order;
+        pass -> PassFigures in issue order; each breakdown sums to the iteration).
+
+    Raises:
+        InvalidSettingError: clocks or a power limit the GPU type does not support (GPUSpec.check_clocks,
+            check_power_limit).
+    """
+    kernels = trace.kernels
+    time_s, energy_j, clocks = gpu.run(kernels, [setting] * len(kernels), loop=False)  # (K,) each
+
+    def split(labels: list[str]):
+        labels = np.array(labels)
+        for label in dict.fromkeys(labels.tolist()):
+            mask = labels == label
+            yield label, float(time_s[mask].sum()), float(energy_j[mask].sum()), int(mask.sum())
+
+    by_kind = {kind: KindFigures(t, e, n) for kind, t, e, n in split([k.kind for k in kernels])}
+    by_pass = {name: PassFigures(t, e) for name, t, e, _ in split([k.pass_name for k in kernels])}
+    total = Measurement(float(time_s.sum()), float(energy_j.sum()),
+                        sm_clock_mhz=float(np.average(clocks, weights=time_s)))  # fmt: skip
+    return total, by_kind, by_pass
+
+
+def simulate_by_kind(trace: Trace, gpu) -> tuple[Measurement, dict[str, KindFigures]]:
+    """``simulate_iteration`` at the GPU's default settings, without the breakdown by pass."""
+    total, by_kind, _ = simulate_iteration(trace, gpu)
+    return total, by_kind
+
+
+def check_device(device: str) -> str:
+    """``device`` if the model can train there while NVML measures the first visible GPU: "cpu", or "cuda"/"cuda:0"
+    on a CUDA build of torch that sees a GPU.
+
+    Raises:
+        InvalidSettingError: another device type, a CPU-only torch, no visible GPU, or a CUDA index other than 0.
+    """
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidSettingError(f"device {device!r} is not a torch device; pass 'cuda' or 'cpu'",
+                                  argument="device") from e  # fmt: skip
+    if parsed.type == "cpu":
+        return device
+    if parsed.type != "cuda":
+        raise InvalidSettingError(f"device {device!r}: profile trains on 'cuda' (the GPU NVML measures) or 'cpu'",
+                                  argument="device")  # fmt: skip
+    from freqopt.apply.train import check_training_device
+
+    check_training_device(device)  # a CUDA build of torch that sees a GPU
+    if parsed.index not in (None, 0):
+        raise InvalidSettingError(f"device {device!r}: NVML measures the first visible GPU; pass device 'cuda' and "
+                                  "choose the GPU with CUDA_VISIBLE_DEVICES", argument="device")  # fmt: skip
+    return device
+
+
+def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=None, device: str | None = None,
+            steps: int = 10, warmup_steps: int = 3, seed: int = 0, micro_batch_size: int | None = None,
+            seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
+            layout=None, sm_clock_mhz: int | None = None, mem_clock_mhz: int | None = None,
+            power_limit_w: float | None = None) -> ProfileReport:  # fmt: skip
+    """Profile one training iteration of ``workload`` (module docstring).
+
+    Args:
+        workload: a model name (freqopt.workload.models.list_models) or a Workload; on a real GPU a single-GPU layout.
+        backend: "sim" or a simulated backend (``backend.simulated``: traced and simulated; ``device``, ``steps``'
+            count and ``seed`` unused), or "nvml" or an NVMLBackend (trained and measured at the GPU's current
+            settings, read-only: a name opens the GPU read-only, and however a backend was opened, profile only
+            reads its energy counter (Backend.energy_j) and never applies a setting). A name is opened and closed
+            here.
+        gpu: GPU type name or GPUSpec: the simulated one (default h100-sxm), or what the real GPU must be.
+        device: nvml only: where the model trains, default "cuda"; "cpu" trains on the CPU while the counter of the
+            first visible GPU is read (for tests with a stand-in NVML).
+        steps: nvml: the fewest steps in the measured window; more run until it spans ``MIN_WINDOW_S`` and
+            ``MIN_COUNTER_UPDATES`` counter periods.
+        warmup_steps: nvml: untimed steps first (allocator, cuBLAS heuristics, clocks ramping up).
+        seed: nvml: seed of the weights and the synthetic tokens.
+        micro_batch_size, seq_len, n_heads, vocab_multiple, layout: get_workload overrides, model names only.
+        sm_clock_mhz, mem_clock_mhz, power_limit_w: simulated GPU only: the locked SM clock (MHz), memory clock
+            (MHz) and power limit (W) the whole step runs at; None keeps the GPU's default (boost clocks under the
+            default power limit, the highest memory clock). The step is the one the search's validation measures
+            for that setting (``SimulatedGPU.step(kernels, [setting] * K)``).
+
+    Returns:
+        ProfileReport.
+
+    Raises:
+        UnknownNameError: unknown model, GPU type or backend.
+        InvalidSettingError: a bad override, a non-positive ``steps``, a negative ``warmup_steps``, a ``device``
+            with the simulated GPU or one the model cannot train on (check_device), a layout of more than one
+            rank on a real GPU, or a step that does not fit the real GPU's memory (check_gpu_memory; not checked
+            when an nvml profile trains on the CPU); ``sm_clock_mhz``, ``mem_clock_mhz`` or ``power_limit_w`` on nvml
+            (profile only reads a real GPU), or clocks or a power limit the GPU type does not support
+            (GPUSpec.check_clocks, check_power_limit: the message lists the supported range).
+        NVMLError, GPUPermissionError: the real GPU cannot be opened or read.
+
+    Warns:
+        GPUMemoryWarning: on the simulated GPU, a step that does not fit one GPU's memory (check_gpu_memory's
+            message): it is profiled all the same, as a what-if (one pipeline stage of gpt3-175b, say, profiled as
+            the whole model's ratios to the top clock).
+    """
+    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
+
+    workload = resolve_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    spec = resolve_gpu(gpu)
+    backend = resolve_backend(backend)
+    check_positive_int("steps", steps)
+    if warmup_steps < 0:
+        raise InvalidSettingError(f"warmup_steps must not be negative, not {warmup_steps}")
+    real = not backend.simulated if isinstance(backend, Backend) else backend == "nvml"
+    setting = ClockSetting(sm_clock_mhz, mem_clock_mhz, power_limit_w)
+    if real:
+        for name, value in dataclasses.asdict(setting).items():
+            if value is not None:
+                raise InvalidSettingError(f"{name} applies to the simulated GPU; on nvml profile only reads the GPU "
+                                          "at its current settings and never sets one", argument=name)  # fmt: skip
+        device = check_device(device or "cuda")
+        if workload.layout.world_size > 1:
+            raise InvalidSettingError(f"profile on a real GPU trains one GPU; pass a single-GPU layout, not "
+                                      f"{workload.layout} (the simulated GPU profiles one rank of any layout)")  # fmt: skip
+    elif device is not None:
+        raise InvalidSettingError("device applies to backend nvml; the simulated GPU trains nothing", argument="device")
+    measuring, opened = open_backend(backend, spec, seed=seed, read_only=backend == "nvml")
+    try:
+        on_gpu = not real or torch.device(device).type == "cuda"
+        memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
+        if real and on_gpu:
+            check_gpu_memory(workload, measuring.spec, memory)
+        if not real:
+            try:
+                check_gpu_memory(workload, measuring.spec, memory)
+            except InvalidSettingError as e:  # a what-if on the simulated GPU: the figures, with the warning
+                warnings.warn(f"{e}; profiled anyway: the simulated time and energy of one rank's kernels, a step "
+                              "that could not run as it stands", GPUMemoryWarning, stacklevel=2)  # fmt: skip
+            setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
+            trace = trace_training_iteration(workload)
+            total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
+            return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
+                                 trace.total_flops, by_kind, by_pass, setting, memory=memory,
+                                 gpu_memory_gb=measuring.spec.memory_gb)  # fmt: skip
+        # The GPU is only read, through the backend's energy counter (Backend.energy_j); nothing is applied, and a
+        # backend the caller opened is left as it was opened.
+        report = _profile_real(workload, measuring, device, steps, warmup_steps, seed)
+        return dataclasses.replace(report, memory=memory, gpu_memory_gb=measuring.spec.memory_gb)
+    finally:
+        if opened:
+            measuring.close()
+
+
+class _Trainer:
+    """The real training step: the model in bf16 on CUDA (float32 on the CPU), MixedPrecisionAdamW as the trace
+    models it, synthetic tokens from the model's vocabulary with the next tokens as targets."""
+
+    def __init__(self, workload: Workload, device: str, seed: int):
+        from freqopt.workload.models.ops import MixedPrecisionAdamW
+
+        self.cuda = torch.device(device).type == "cuda"
+        self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.device = device
+        torch.manual_seed(seed)
+        config = workload.config
+        self.model = build_model(config, device=device, dtype=self.dtype)
+        self.optimizer = MixedPrecisionAdamW(self.model.parameters())
+        generator = torch.Generator().manual_seed(seed + 1)
+        from freqopt.apply.train import synthetic_batch
+
+        # Made before any timing, so no step pays for the host-to-device copy.
+        self.batches = [synthetic_batch(workload, generator, device) for _ in range(N_BATCHES)]
+        self.n = 0
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def step(self, label: str | None = None) -> None:
+        """One training step (forward, backward, optimizer), then wait for the device, as a loop reading its loss."""
+        from freqopt.workload.phases import quiet_backward_hooks
+
+        idx, targets = self.batches[self.n % len(self.batches)]
+        self.n += 1
+        with torch.profiler.record_function(label) if label else contextlib.nullcontext():
+            loss = self.model(idx, targets)
+            with quiet_backward_hooks():
+                loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        self.sync()
+
+
+def _counter_period_s(backend: Backend, trainer: _Trainer) -> float:
+    """The energy counter's update period, s: polled (freqopt.gpu.replay.detect_counter_period) from a thread while
+    training steps keep the GPU busy; the GPU type's documented period if the counter barely moved. Cached on the
+    backend, as its own measurements cache it."""
+    from freqopt.gpu.replay import detect_counter_period
+
+    if backend.counter_period_s is not None:
+        return backend.counter_period_s
+    found: list[float] = []
+
+    def poll() -> None:
+        try:
+            found.append(detect_counter_period(backend.energy_j, duration_s=COUNTER_DETECTION_S))
+        except RuntimeError:
+            pass
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    while poller.is_alive():
+        trainer.step()
+    poller.join()
+    backend.counter_period_s = found[0] if found else backend.spec.energy_counter_period_s
+    return backend.counter_period_s
+
+
+def _profile_real(workload: Workload, backend: Backend, device: str, steps: int, warmup_steps: int,
+                  seed: int) -> ProfileReport:  # fmt: skip
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+
+    trainer = _Trainer(workload, device, seed)
+    trace = trace_training_iteration(workload, dtype=trainer.dtype)  # what the GPU runs: same model, same dtype
+    predicted, by_kind, by_pass = simulate_iteration(trace, SimulatedGPU(backend.spec, noise=False))
+    for _ in range(warmup_steps):
+        trainer.step()
+    period_s = _counter_period_s(backend, trainer)  # its steps warm up too
+    need_s = max(MIN_WINDOW_S, MIN_COUNTER_UPDATES * period_s)
+    trainer.sync()
+    energy_before = backend.energy_j()
+    if trainer.cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    n = 0
+    while n < steps or time.perf_counter() - t0 < need_s:
+        trainer.step()
+        n += 1
+    if trainer.cuda:
+        end.record()
+        trainer.sync()
+    wall_s = time.perf_counter() - t0
+    energy_j = backend.energy_j() - energy_before
+    window_s = start.elapsed_time(end) / 1000.0 if trainer.cuda else wall_s
+    rows = compare_with_profiler(trainer.step, by_kind, cuda=trainer.cuda)
+    return ProfileReport(workload.model, backend.spec.name, "nvml", window_s / n, energy_j / n, trace.total_flops,
+                         by_kind, by_pass, None, predicted=predicted, device=device, n_steps=n, window_s=window_s,
+                         counter_period_s=period_s, profiler_by_kind=rows,
+                         profiler_time="cuda device time" if trainer.cuda else "cpu time")  # fmt: skip
+
+

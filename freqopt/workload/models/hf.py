@@ -1,0 +1,178 @@
+"""Hugging Face causal language models as freqopt workloads: ``get_workload("hf:PATH")``.
+
+PATH is a ``config.json`` or a folder holding one (a local path; nothing is downloaded). The model is built from
+the config alone with ``transformers.AutoModelForCausalLM.from_config`` on the meta device in bf16, so it holds no
+weights and costs nothing at any size, with ``attn_implementation="sdpa"`` (attention through
+``torch.nn.functional.scaled_dot_product_attention``, which the tracer records as one fused FlashAttention kernel
+each way: freqopt.workload.models.sdpa) and ``use_cache=False`` (training keeps no key/value cache).
+
+Tested on Llama, Mistral, Qwen2 (RMSNorm, SwiGLU MLP, rotary embeddings, grouped-query attention) and GPT-2
+(LayerNorm, GELU, learned positions, a fused q/k/v ``Conv1D``) configs in tests/data/hf. What the trace shows is
+what HF's eager modules launch: e.g. RMSNorm as separate pow/mean/rsqrt/mul kernels, rotary embeddings as
+elementwise kernels, and the loss over the logits upcast to float32.
+
+transformers is an optional dependency: ``pip install 'freqopt[hf]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from freqopt.errors import InvalidSettingError, UnknownNameError
+
+__all__ = ["HF_PREFIX", "DEFAULT_HF_SEQ_LEN", "HFConfig", "HFCausalLM", "is_hf_model", "load_hf_config",
+           "build_hf_model"]
+
+HF_PREFIX = "hf:"
+# Tokens per sequence when the config allows more: 2048, GPT-3's context (freqopt's default workload size), so
+# that a model with a 128k context is not traced at 128k tokens unless asked (seq_len=...).
+DEFAULT_HF_SEQ_LEN = 2048
+_INSTALL = "Hugging Face models need transformers: pip install 'freqopt[hf]'"
+
+
+def is_hf_model(name: str) -> bool:
+    """Whether a model name asks for a Hugging Face config (``hf:PATH``)."""
+    return isinstance(name, str) and name.startswith(HF_PREFIX)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UnknownNameError(_INSTALL) from None
+    return transformers
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """A Hugging Face causal-LM config as a frozen, hashable freqopt model config.
+
+    Attributes:
+        name: the model's display name, ``hf:`` and the config's folder name (``hf:llama``).
+        config_json: the whole HF config as JSON (sorted keys), from which ``build_hf_model`` rebuilds the model;
+            it makes two configs of the same folder name distinct (study names hash the config).
+        seq_len: tokens per sequence (default min(max_position_embeddings, DEFAULT_HF_SEQ_LEN)).
+        n_layers, d_model, n_heads, n_kv_heads, head_dim, vocab_size: the architecture, read from the config.
+        tied_embeddings: the output layer shares the token embedding's weight.
+        max_seq_len: the longest sequence the config allows (max_position_embeddings or n_positions).
+    """
+
+    name: str
+    config_json: str
+    seq_len: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool
+    max_seq_len: int
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and output layer: HF's vocab_size as the config gives it (no padding)."""
+        return self.vocab_size
+
+    vocab_multiple = 1  # no padding beyond what the config's vocab_size holds
+    causal = True
+
+    @property
+    def model_type(self) -> str:
+        return json.loads(self.config_json)["model_type"]
+
+    def hf_config(self):
+        """The transformers config object (raises UnknownNameError without transformers)."""
+        transformers = _transformers()
+        data = json.loads(self.config_json)
+        return transformers.AutoConfig.for_model(**data)
+
+
+def _read_config(path: Path) -> dict:
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UnknownNameError(f"no Hugging Face config at {str(path)!r}; give a config.json or a folder holding one")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidSettingError(f"cannot read the Hugging Face config {str(path)!r}: {e}") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise InvalidSettingError(f"{str(path)!r} is not a Hugging Face config: it names no model_type")
+    return data
+
+
+def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
+    """The HFConfig of ``hf:PATH``, read with ``transformers.AutoConfig`` from a local config.json.
+
+    Args:
+        model: ``hf:`` and a config.json or a folder holding one.
+        seq_len: tokens per sequence; at most the config's max_position_embeddings.
+
+    Raises:
+        UnknownNameError: transformers missing (says to ``pip install 'freqopt[hf]'``), no config at PATH, or a
+            model_type transformers does not know or has no causal LM for.
+        InvalidSettingError: an unreadable or corrupt config, or seq_len beyond the config's positions.
+    """
+    transformers = _transformers()
+    path = Path(model[len(HF_PREFIX):]).expanduser()
+    _read_config(path)  # clear errors for a missing or corrupt file before transformers reads it
+    folder = (path if path.is_dir() else path.parent).resolve().name or "model"
+    name = HF_PREFIX + re.sub(r"[^A-Za-z0-9._-]+", "_", folder)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UnknownNameError(f"transformers cannot build the config {str(path)!r}: {str(e).splitlines()[0]}") from None
+    if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
+        raise UnknownNameError(f"{str(path)!r}: transformers has no causal language model for model_type "
+                               f"{config.model_type!r}")  # fmt: skip
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_heads = text.num_attention_heads
+    n_kv_heads = getattr(text, "num_key_value_heads", None) or n_heads
+    d_model = text.hidden_size
+    head_dim = getattr(text, "head_dim", None) or d_model // n_heads
+    max_seq_len = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    if max_seq_len is None:
+        raise InvalidSettingError(f"{str(path)!r} gives no max_position_embeddings; the sequence length is unknown")
+    if seq_len is not None and seq_len > max_seq_len:
+        raise InvalidSettingError(f"seq_len {seq_len} exceeds the {max_seq_len} positions of {str(path)!r}")
+    tied = bool(getattr(config, "tie_word_embeddings", True))
+    return HFConfig(
+        name=name, config_json=json.dumps(config.to_dict(), sort_keys=True, default=str),
+        seq_len=seq_len or min(max_seq_len, DEFAULT_HF_SEQ_LEN), n_layers=text.num_hidden_layers, d_model=d_model,
+        n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, vocab_size=text.vocab_size,
+        tied_embeddings=tied, max_seq_len=max_seq_len,
+    )  # fmt: skip
+
+
+class HFCausalLM(nn.Module):
+    """A Hugging Face causal LM with the built-in models' calling convention: ``(idx, targets)`` -> the loss HF
+    computes (``model(input_ids=idx, labels=targets).loss``: HF shifts the labels by one itself, so pass the
+    input ids as targets), ``(idx)`` -> logits (B, T, V). idx, targets (B, T) token ids below vocab_size."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return self.model(input_ids=idx).logits
+        return self.model(input_ids=idx, labels=targets).loss
+
+
+def build_hf_model(config: HFConfig, *, device: str | torch.device = "meta",
+                   dtype: torch.dtype = torch.bfloat16) -> HFCausalLM:  # fmt: skip
+    """The model of ``config`` on ``device`` (no weights loaded; on "meta" no memory), in training mode, with
+    SDPA attention and no key/value cache."""
+    transformers = _transformers()
+    hf_config = config.hf_config()
+    hf_config.use_cache = False
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=dtype)
+    return HFCausalLM(model.train())
