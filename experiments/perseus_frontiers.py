@@ -185,26 +185,26 @@ def report(results, command: str, total_s: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--refine", type=int, default=30, help="extra solves per setting at the worst point")
+    parser.add_argument("--refine", type=int, default=20, help="extra solves per setting at the worst point")
     parser.add_argument("--time-limit-s", type=float, default=6.0, help="HiGHS limit per MILP solve")
     parser.add_argument("--micro-batches", type=int, nargs="*", default=list(MICRO_BATCHES))
     parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()
     start = time.perf_counter()
     results = []
-    for gpu, model, profile_file, power_w, unit_s in SETTINGS:
-        for m in args.micro_batches:
+    OUT.mkdir(parents=True, exist_ok=True)
+    command = ("nice -n 10 python experiments/perseus_frontiers.py " + " ".join(sys.argv[1:])).strip()
+    for m in args.micro_batches:  # every GPU at M = 12 first, then 24, ...: the report is rewritten after each
+        for gpu, model, profile_file, power_w, unit_s in SETTINGS:
             r = run_setting(gpu, model, profile_file, power_w, unit_s, m, args.refine, args.time_limit_s, args.data)
             print(f"{model} {gpu} M={m}: worst {100 * r['worst']['difference']:+.3f} % at {r['worst']['time_s']:.4f} s, "
                   f"max gap {100 * r['max_proven_gap']:.3f} %, {r['planner_s']:.0f} s", flush=True)  # fmt: skip
             results.append(r)
-    total = time.perf_counter() - start
-    OUT.mkdir(parents=True, exist_ok=True)
-    command = "nice -n 10 python experiments/perseus_frontiers.py " + " ".join(sys.argv[1:])
-    atomic_write_text(OUT / "results.json", json.dumps({"command": command.strip(), "wall_s": total,
-                                                         "settings": results}, indent=1) + "\n")  # fmt: skip
-    plot(results, OUT / "frontiers.png")
-    atomic_write_text(OUT / "report.md", report(results, command.strip(), total))
+            total = time.perf_counter() - start
+            atomic_write_text(OUT / "results.json", json.dumps({"command": command, "wall_s": total,
+                                                                 "settings": results}, indent=1) + "\n")  # fmt: skip
+            plot(results, OUT / "frontiers.png")
+            atomic_write_text(OUT / "report.md", report(results, command, total))
 
 
 if __name__ == "__main__":

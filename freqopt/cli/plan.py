@@ -7,7 +7,7 @@ import click
 from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, write_json
 
 
-@cli.command(short_help="Plan a clock per pipeline instruction from a measured stage profile.")
+@cli.command(short_help="Plan a clock per pipeline instruction from a stage profile.")
 @click.option("--stage-profile", "stage_profile", required=True,
               help="CSV with columns stage, instruction, frequency, time, energy (Perseus's and Zeus's format).")
 @click.option("--stages", type=int, default=None, help="Pipeline stages (default: the profile's; must match it).")
