@@ -189,13 +189,20 @@ def main() -> None:
     parser.add_argument("--time-limit-s", type=float, default=6.0, help="HiGHS limit per MILP solve")
     parser.add_argument("--micro-batches", type=int, nargs="*", default=list(MICRO_BATCHES))
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--resume", action="store_true", help="keep the settings experiments/perseus/results.json has")
     args = parser.parse_args()
     start = time.perf_counter()
     results = []
+    if args.resume and (OUT / "results.json").is_file():  # keep the settings a previous run finished
+        previous = json.loads((OUT / "results.json").read_text())
+        results, start = previous["settings"], start - previous["wall_s"]
+    done = {(r["gpu"], r["model"], r["micro_batches"]) for r in results}
     OUT.mkdir(parents=True, exist_ok=True)
     command = ("nice -n 10 python experiments/perseus_frontiers.py " + " ".join(sys.argv[1:])).strip()
     for m in args.micro_batches:  # every GPU at M = 12 first, then 24, ...: the report is rewritten after each
         for gpu, model, profile_file, power_w, unit_s in SETTINGS:
+            if (gpu, model, m) in done:
+                continue
             r = run_setting(gpu, model, profile_file, power_w, unit_s, m, args.refine, args.time_limit_s, args.data)
             print(f"{model} {gpu} M={m}: worst {100 * r['worst']['difference']:+.3f} % at {r['worst']['time_s']:.4f} s, "
                   f"max gap {100 * r['max_proven_gap']:.3f} %, {r['planner_s']:.0f} s", flush=True)  # fmt: skip

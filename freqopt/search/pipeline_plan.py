@@ -501,17 +501,35 @@ class PipelinePlanner:
             # The MILP on the instructions the LP left fractional; the others keep the LP's option (freeing their DAG
             # neighbours too was tried: on the Perseus profiles at M = 96 it found worse plans within the time limit).
             share = np.array([np.max(x_lp[offsets[i]:offsets[i + 1]]) for i in range(self.dag.n)])
-            free = share < 1 - 1e-6
-            fixed_lower, fixed_upper = var_lower.copy(), var_upper.copy()
-            for i in np.flatnonzero(~free):
-                k = offsets[i] + int(np.argmax(x_lp[offsets[i]:offsets[i + 1]]))
-                fixed_upper[offsets[i]:offsets[i + 1]] = 0.0
-                fixed_lower[k] = fixed_upper[k] = 1.0
             options = {"mip_rel_gap": self.mip_rel_gap, "disp": False,
                        "time_limit": self.time_limit_s if self.time_limit_s is not None else HULL_TIME_LIMIT_S}
-            result = milp(objective, constraints=constraints, integrality=integrality,
-                          bounds=Bounds(fixed_lower, fixed_upper), options=options)  # fmt: skip
-            x = _solution(result, deadline_s)
+            x = None
+            # Fixing an option the LP took at 1 - 1e-7 can leave no room within the deadline (the LP's tolerance):
+            # then free more (share below 1 - 1e-3 and their DAG neighbours), then everything (the whole MILP).
+            for attempt in range(3):
+                free = share < 1 - (1e-6 if attempt == 0 else 1e-3)
+                if attempt == 1:
+                    edges = self.dag.edges
+                    grown = free.copy()
+                    grown[edges[free[edges[:, 0]], 1]] = True
+                    grown[edges[free[edges[:, 1]], 0]] = True
+                    free = grown
+                elif attempt == 2:
+                    free[:] = True
+                fixed_lower, fixed_upper = var_lower.copy(), var_upper.copy()
+                for i in np.flatnonzero(~free):
+                    k = offsets[i] + int(np.argmax(x_lp[offsets[i]:offsets[i + 1]]))
+                    fixed_upper[offsets[i]:offsets[i + 1]] = 0.0
+                    fixed_lower[k] = fixed_upper[k] = 1.0
+                result = milp(objective, constraints=constraints, integrality=integrality,
+                              bounds=Bounds(fixed_lower, fixed_upper), options=options)  # fmt: skip
+                if result.x is not None:
+                    x = result.x
+                    break
+            if x is None:  # no MILP solution within the time limit: the fastest plan meets every deadline
+                return PipelinePlan(self.dag, fastest.sm_clock_mhz, fastest.time_s, fastest.energy_j,
+                                    float(deadline_s), min(lower_bound, fastest.energy_j), fastest.time_s,
+                                    fastest.energy_j, _time.perf_counter() - start, self)  # fmt: skip
         solve_s = _time.perf_counter() - start
         clocks = np.empty(self.dag.n, dtype=int)
         for i, inst in enumerate(self.dag.instructions):
