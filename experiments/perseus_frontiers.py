@@ -180,6 +180,16 @@ def report(results, command: str, total_s: float) -> str:
         "![frontiers](frontiers.png)",
         "",
     ]
+    missing = [f"{model} {gpu} M={m}" for m in MICRO_BATCHES for gpu, model, *_ in SETTINGS
+               if not any((r["gpu"], r["model"], r["micro_batches"]) == (gpu, model, m) for r in results)]
+    if missing:
+        lines += [f"Not run yet: {', '.join(missing)} (`--resume` runs them and keeps the rows above).", ""]
+    failing = [f"{r['model']} {r['gpu']} M={r['micro_batches']}" for r in results
+               if r["worst"]["difference"] > TOLERANCE]
+    if failing:
+        lines += [f"Above +0.2 % somewhere: {', '.join(failing)}. Where a row's solves reached `--refine` + 12, the "
+                  "staircase between two solved deadlines is coarser than the frontier's drop: more solves "
+                  "(`--refine`) close it; each solved point itself is below Perseus (results.json, `solves`).", ""]
     return "\n".join(lines)
 
 
