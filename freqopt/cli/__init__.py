@@ -2,7 +2,7 @@
 one line and exit non-zero (``main``). The library owns every check.
 
 The commands live by group: freqopt.cli.search (search, worker), freqopt.cli.train (train, profile) and
-freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset).
+freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset), freqopt.cli.plan (plan).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ FLAGS = {
     "device": "--device", "compare": "--compare", "read_only": "--read-only", "iterations": "--iterations",
     "gpus": "--gpus", "pue": "--pue", "grid_gco2_per_kwh": "--grid-gco2-per-kwh",
     "switch_latency_ms": "--switch-latency-ms", "sm_clock_mhz": "--sm-clock", "mem_clock_mhz": "--mem-clock",
-    "power_limit_w": "--power-limit",
+    "power_limit_w": "--power-limit", "stage_profile": "--stage-profile", "stages": "--stages",
+    "micro_batches": "--micro-batches", "schedule": "--schedule", "blocking_power_w": "--blocking-power-w",
+    "n_points": "--frontier-points",
 }  # fmt: skip
 
 
@@ -136,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The command modules register their commands on ``cli`` when imported (after it exists).
-from freqopt.cli import search, tools, train  # noqa: E402,F401
+from freqopt.cli import plan, search, tools, train  # noqa: E402,F401

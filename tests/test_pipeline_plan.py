@@ -1,0 +1,239 @@
+"""The 1F1B pipeline schedule, the exact clock planner on a stage profile, and ``freqopt plan`` (issue 24)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from freqopt.cli import main
+from freqopt.errors import InvalidSettingError
+from freqopt.search.pipeline import BACKWARD, FORWARD, Instruction, one_f_one_b, stage_order
+from freqopt.search.pipeline_plan import (PipelinePlanner, load_stage_profile, plan_pipeline,
+                                          stage_profile_from_rows)  # fmt: skip
+
+PERSEUS = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "perseus"
+if not PERSEUS.is_dir():
+    PERSEUS = Path(__file__).resolve().parents[3] / "shared" / "calibration" / "perseus"
+
+
+def deepspeed_order(stages: int, micro_batches: int, stage: int) -> list[Instruction]:
+    """The forward and backward passes DeepSpeed's TrainSchedule yields for one stage, in order."""
+    schedule_module = pytest.importorskip("deepspeed.runtime.pipe.schedule")
+    schedule = schedule_module.TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=stage)
+    order = []
+    for step_id, commands in enumerate(schedule.steps()):
+        micro_batch, _ = schedule._step_to_micro_batch(step_id)
+        for command in commands:
+            if isinstance(command, (schedule_module.ForwardPass, schedule_module.BackwardPass)):
+                # The buffer DeepSpeed names is the micro-batch's (modulo its buffer count): a check on the id.
+                assert command.buffer_id == micro_batch % schedule.num_pipe_buffers()
+                kind = FORWARD if isinstance(command, schedule_module.ForwardPass) else BACKWARD
+                order.append(Instruction(stage, kind, micro_batch))
+    return order
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(1, 3), (2, 2), (4, 6), (4, 2), (8, 12), (3, 7)])
+def test_stage_order_is_deepspeeds_train_schedule(stages, micro_batches):
+    for stage in range(stages):
+        assert stage_order(stages, micro_batches, stage) == deepspeed_order(stages, micro_batches, stage)
+
+
+def test_dag_edges_and_uniform_critical_path():
+    dag = one_f_one_b(4, 6)
+    node = dag.index()
+    edges = {tuple(e) for e in dag.edges.tolist()}
+    assert (node[Instruction(0, FORWARD, 2)], node[Instruction(1, FORWARD, 2)]) in edges
+    assert (node[Instruction(2, BACKWARD, 1)], node[Instruction(1, BACKWARD, 1)]) in edges
+    assert (node[Instruction(3, FORWARD, 5)], node[Instruction(3, BACKWARD, 5)]) in edges
+    assert (node[Instruction(1, FORWARD, 2)], node[Instruction(0, FORWARD, 2)]) not in edges
+    # Equal stages with forward f and backward b: a 1F1B iteration lasts (M + S - 1)(f + b).
+    f, b = 0.01, 0.02
+    times = [f if i.kind == FORWARD else b for i in dag.instructions]
+    assert dag.iteration_time_s(times) == pytest.approx((6 + 4 - 1) * (f + b))
+    # Perseus's accounting: energies plus the blocking power over every GPU's idle time.
+    energies = np.full(dag.n, 2.0)
+    total = (6 + 4 - 1) * (f + b)
+    expected = 2.0 * dag.n + 50.0 * (4 * total - 6 * 4 * (f + b))
+    assert dag.iteration_energy_j(times, energies, 50.0) == pytest.approx(expected)
+
+
+def random_profile(stages: int, clocks: int, seed: int):
+    """A stage profile with ``clocks`` clocks per instruction: higher clock, shorter and (mostly) dearer."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for stage in range(stages):
+        for kind, base in ((FORWARD, 1.0), (BACKWARD, 2.0)):
+            scale = base * rng.uniform(0.8, 1.5)
+            for c in range(clocks):
+                clock = 1000 + 100 * c
+                rows.append({"stage": stage, "instruction": kind, "frequency": clock,
+                             "time": scale * (1.0 + 0.25 * (clocks - 1 - c)) * rng.uniform(0.97, 1.03),
+                             "energy": scale * (10.0 + 1.5 * c * c) * rng.uniform(0.9, 1.1)})
+    return stage_profile_from_rows(rows)
+
+
+def brute_force(planner: PipelinePlanner, deadline_s: float) -> float:
+    """The least energy over every assignment of profiled clocks whose iteration time is within the deadline."""
+    choices = [planner.profile.options[(i.stage, i.kind)].sm_clock_mhz for i in planner.dag.instructions]
+    best = np.inf
+    for clocks in itertools.product(*choices):
+        time_s, energy_j = planner.evaluate(clocks)
+        if time_s <= deadline_s + 1e-9:
+            best = min(best, energy_j)
+    return best
+
+
+@pytest.mark.parametrize("seed,blocking_power_w", [(0, 0.0), (1, 3.0), (2, 8.0)])
+def test_exact_planner_matches_brute_force(seed, blocking_power_w):
+    planner = PipelinePlanner(random_profile(2, 3, seed), 2, blocking_power_w=blocking_power_w, method="exact",
+                              mip_rel_gap=0.0)  # fmt: skip
+    fastest = planner.fastest()
+    slowest = planner.slowest_time_s()
+    for deadline in np.linspace(fastest.time_s, slowest * 1.05, 7):
+        plan = planner.plan(float(deadline))
+        optimum = brute_force(planner, float(deadline))
+        assert plan.time_s <= deadline + 1e-9
+        assert plan.energy_j == pytest.approx(optimum, rel=1e-9)
+        assert plan.lower_bound_j <= optimum + 1e-6
+        assert planner.evaluate(plan.sm_clock_mhz) == pytest.approx((plan.time_s, plan.energy_j))
+
+
+def test_hull_method_is_feasible_and_bounds_the_optimum():
+    planner = PipelinePlanner(random_profile(2, 3, 4), 2, blocking_power_w=2.0, method="hull")
+    fastest = planner.fastest()
+    for deadline in np.linspace(fastest.time_s, planner.slowest_time_s(), 5):
+        plan = planner.plan(float(deadline))
+        optimum = brute_force(planner, float(deadline))
+        assert plan.time_s <= deadline + 1e-9
+        assert plan.lower_bound_j <= optimum + 1e-6 <= plan.energy_j + 2e-6
+        assert 0.0 <= plan.gap == pytest.approx((plan.energy_j - plan.lower_bound_j) / plan.energy_j)
+
+
+def test_dominated_clocks_dropped_with_blocking_power():
+    rows = [{"stage": 0, "instruction": kind, "frequency": f, "time": t, "energy": e}
+            for kind in (FORWARD, BACKWARD) for f, t, e in ((1400, 1.0, 10.0), (1300, 1.1, 11.0), (1200, 2.0, 10.5))]
+    profile = stage_profile_from_rows(rows)
+    # 1300 MHz is slower and dearer than 1400 MHz: dropped. 1200 MHz is slower and dearer too, but at 2 W of
+    # blocking power its effective energy (10.5 - 2 * 2.0 = 6.5) is below 1400 MHz's (10 - 2 = 8): kept.
+    assert PipelinePlanner(profile, 1).kept_clocks_mhz(0, FORWARD) == [1400]
+    assert PipelinePlanner(profile, 1, blocking_power_w=2.0).kept_clocks_mhz(0, FORWARD) == [1400, 1200]
+
+
+def test_frontier_is_monotone_and_within_deadlines():
+    planner = PipelinePlanner(random_profile(3, 4, 5), 3, blocking_power_w=1.0)
+    points = planner.frontier(n_points=6)
+    assert len(points) == 6
+    assert points[0].time_s == pytest.approx(planner.fastest().time_s)
+    for a, b in zip(points, points[1:]):
+        assert b.deadline_s > a.deadline_s and b.energy_j <= a.energy_j + 1e-9
+    assert all(p.time_s <= p.deadline_s + 1e-9 and p.lower_bound_j <= p.energy_j + 1e-9 for p in points)
+    assert points[-1].energy_j < points[0].energy_j
+
+
+def test_plan_pipeline_max_slowdown_and_errors():
+    profile = random_profile(2, 3, 6)
+    fastest = plan_pipeline(profile, 2)
+    plan = plan_pipeline(profile, 2, max_slowdown="10%", blocking_power_w=1.0)
+    assert plan.deadline_s == pytest.approx(1.1 * plan.default_time_s) and plan.time_s <= plan.deadline_s + 1e-9
+    assert plan.energy_j < plan.default_energy_j and fastest.deadline_s is None
+    assert [len(s["instructions"]) for s in plan.stage_clocks()] == [4, 4]
+    with pytest.raises(InvalidSettingError, match="^deadline_s .* below the fastest"):
+        plan_pipeline(profile, 2, deadline_s=0.5 * fastest.time_s)
+    with pytest.raises(InvalidSettingError, match="^stages 3 is not the stage profile's 2"):
+        plan_pipeline(profile, 2, stages=3)
+    with pytest.raises(InvalidSettingError, match="^micro_batches"):
+        plan_pipeline(profile, 0)
+    with pytest.raises(InvalidSettingError, match="^schedule 'gpipe' is unknown"):
+        plan_pipeline(profile, 2, schedule="gpipe")
+    with pytest.raises(InvalidSettingError, match="^blocking_power_w"):
+        plan_pipeline(profile, 2, blocking_power_w=-1)
+
+
+GOOD = "stage,instruction,frequency,time,energy\n0,forward,1000,0.2,10\n0,backward,1000,0.4,20\n"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "is empty"),
+    ("stage,instruction,frequency,time\n0,forward,1000,0.2\n", "missing column.* energy"),
+    (GOOD + "0,forward,1100,fast,9\n", "row 4: time 'fast' is not a number"),
+    (GOOD + "0,forward,1100,-0.1,9\n", "row 4: time '-0.1' is not positive"),
+    (GOOD + "0,forward,1100,0.1,-9\n", "row 4: energy '-9' is negative"),
+    (GOOD + "0,sideways,1100,0.1,9\n", "instruction 'sideways' is not forward or backward"),
+    (GOOD + "0,forward,1000,0.1,9\n", "stage 0 forward lists clock.*1000.* more than once"),
+    (GOOD + "2,forward,1000,0.1,9\n2,backward,1000,0.1,9\n", "stage 1 has no forward rows"),
+    (GOOD + "1,forward,1000,0.1,9\n", "stage 1 has no backward rows"),
+    (GOOD + "0.5,forward,1000,0.1,9\n", "stage '0.5' is not a whole number"),
+    ("stage,instruction,frequency,time,energy\n", "no rows"),
+])  # fmt: skip
+def test_stage_profile_errors(tmp_path, text, message):
+    path = tmp_path / "profile.csv"
+    path.write_text(text)
+    with pytest.raises(InvalidSettingError, match=message) as info:
+        load_stage_profile(path)
+    assert info.value.argument == "stage_profile" and "\n" not in str(info.value)
+
+
+def test_stage_profile_missing_file(tmp_path):
+    with pytest.raises(InvalidSettingError, match="cannot be read"):
+        load_stage_profile(tmp_path / "nowhere.csv")
+
+
+def write_profile(path: Path, profile) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["stage", "instruction", "frequency", "time", "energy"])
+        for (stage, kind), opts in profile.options.items():
+            for c, t, e in zip(opts.sm_clock_mhz, opts.time_s, opts.energy_j):
+                writer.writerow([stage, kind, int(c), t, e])
+
+
+def test_cli_plan_end_to_end(tmp_path, capsys):
+    path = tmp_path / "profile.csv"
+    profile = random_profile(2, 3, 7)
+    write_profile(path, profile)
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--stage-profile", str(path), "--stages", "2", "--micro-batches", "3", "--max-slowdown",
+                 "20%", "--blocking-power-w", "1.5", "--frontier-points", "4", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "fastest clocks" in printed and "plan" in printed
+    doc = json.loads(out.read_text())
+    planner = PipelinePlanner(profile, 3, blocking_power_w=1.5)
+    expected = planner.plan(max_slowdown="20%")
+    assert doc["plan"]["energy_j"] == pytest.approx(expected.energy_j, rel=1e-6)
+    assert doc["plan"]["time_s"] <= 1.2 * doc["plan"]["default_time_s"] + 1e-9
+    assert len(doc["frontier"]) == 4 and set(doc["frontier"][0]) >= {"time_s", "energy_j"}
+    energies = [p["energy_j"] for p in doc["frontier"]]
+    assert energies == sorted(energies, reverse=True)
+    clocks = [i["sm_clock_mhz"] for s in doc["plan"]["stages"] for i in s["instructions"]]
+    assert len(clocks) == 2 * 2 * 3 and set(clocks) <= {1000, 1100, 1200}
+
+
+def test_cli_plan_bad_input(tmp_path, capsys):
+    path = tmp_path / "profile.csv"
+    path.write_text("stage,instruction,frequency,time\n0,forward,1000,0.2\n")
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--stage-profile", str(path), "--micro-batches", "4", "--json", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("freqopt: error: --stage-profile") and "energy" in err and err.count("\n") == 1
+    assert not out.exists()
+    write_profile(path, random_profile(2, 3, 8))
+    assert main(["plan", "--stage-profile", str(path), "--stages", "4", "--micro-batches", "4"]) == 2
+    assert "--stages 4 is not the stage profile's 2 stages" in capsys.readouterr().err
+    assert main(["plan", "--stage-profile", str(path), "--micro-batches", "4", "--max-slowdown", "200%"]) == 2
+    assert "--max-slowdown" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (PERSEUS / "bloom+a100_sxm_bf16.csv").is_file(), reason="no shared Perseus data")
+def test_fastest_plan_on_perseus_time_axis():
+    """With Perseus's 1 ms time unit, the fastest BLOOM/A100 plan at M = 12 lasts what Perseus's frontier's fastest
+    point does (2.797 s, frontiers/a100_sxm_bloom_mb12.csv): same schedule, same DAG, same time accounting."""
+    planner = PipelinePlanner(PERSEUS / "bloom+a100_sxm_bf16.csv", 12, blocking_power_w=83.64,
+                              time_quantum_s=1e-3)  # fmt: skip
+    assert planner.fastest().time_s == pytest.approx(2.797, abs=1e-9)
