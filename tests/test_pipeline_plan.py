@@ -237,3 +237,15 @@ def test_fastest_plan_on_perseus_time_axis():
     planner = PipelinePlanner(PERSEUS / "bloom+a100_sxm_bf16.csv", 12, blocking_power_w=83.64,
                               time_quantum_s=1e-3)  # fmt: skip
     assert planner.fastest().time_s == pytest.approx(2.797, abs=1e-9)
+
+
+def test_stage_profile_skips_comment_lines(tmp_path):
+    # experiments/data/perseus's copies open with a '# Source: ...' line; the planner reads them as the originals.
+    plain, commented = tmp_path / "plain.csv", tmp_path / "commented.csv"
+    plain.write_text(GOOD)
+    commented.write_text("# Source: somewhere, copied unchanged\n" + GOOD)
+    a, b = load_stage_profile(plain), load_stage_profile(commented)
+    assert a.options.keys() == b.options.keys()
+    for key in a.options:
+        assert list(a.options[key].time_s) == list(b.options[key].time_s)
+        assert list(a.options[key].energy_j) == list(b.options[key].energy_j)

@@ -176,6 +176,7 @@ def stage_profile_from_rows(rows: Iterable[Mapping[str, object]], *, source: str
 
 def load_stage_profile(path: str | Path) -> StageProfile:
     """Read a stage profile CSV (columns stage, instruction, frequency, time, energy; Perseus's and Zeus's format).
+    Lines starting with ``#`` are comments (a source line, as experiments/data/perseus's copies carry).
 
     Raises:
         InvalidSettingError (argument ``stage_profile``): the file cannot be read, or its content is invalid
@@ -184,7 +185,7 @@ def load_stage_profile(path: str | Path) -> StageProfile:
     source = str(path)
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(line for line in f if not line.lstrip().startswith("#"))
             if reader.fieldnames is None:
                 raise _profile_error(source, "is empty; a stage profile has the columns " + ", ".join(PROFILE_COLUMNS))
             fieldnames = [name.strip() for name in reader.fieldnames]
