@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -249,3 +250,13 @@ def test_stage_profile_skips_comment_lines(tmp_path):
     for key in a.options:
         assert list(a.options[key].time_s) == list(b.options[key].time_s)
         assert list(a.options[key].energy_j) == list(b.options[key].energy_j)
+
+
+def test_highs_stdout_silenced_only_for_its_duration(capfd):
+    # HiGHS writes a stray debugging line to file descriptor 1 during some MIP solves; the solves run inside this.
+    from freqopt.search.pipeline_plan import _highs_stdout_silenced
+
+    with _highs_stdout_silenced():
+        os.write(1, b"from C inside\n")
+    os.write(1, b"after\n")
+    assert capfd.readouterr().out == "after\n"
