@@ -32,8 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from freqopt.search.pipeline_plan import PipelinePlanner, load_stage_profile  # noqa: E402
-from freqopt.files import atomic_write_text  # noqa: E402
+from freqopt.files import atomic_write_text
+from freqopt.search.pipeline_plan import PipelinePlanner, load_stage_profile
 
 DATA = next((p / "shared" / "calibration" / "perseus" for p in (ROOT.parent, ROOT.parent.parent)
              if (p / "shared" / "calibration" / "perseus").is_dir()), ROOT.parent / "shared" / "calibration" / "perseus")
