@@ -2,7 +2,7 @@
 
 For BLOOM on the A100 SXM and the A40 and GPT-3 175B on the A40, 8 stages, 1F1B, M = 12, 24, 48, 96 micro-batches:
 plans freqopt's frontier (freqopt.search.pipeline_plan, method "hull") on the shared stage profile and compares it
-with Perseus's frontier (../shared/calibration/perseus/frontiers/) at every one of Perseus's iteration times.
+with Perseus's frontier (experiments/data/perseus/frontiers/, copied from ../shared) at every one of Perseus's iteration times.
 
 Perseus's accounting, reproduced: every GPU draws the P2P-blocking power while it waits (83.64 W A100, 70.38 W A40;
 lowtime/scripts/perseus.py), and every instruction's time is floored to Perseus's time unit before planning
@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 from freqopt.files import atomic_write_text
 from freqopt.search.pipeline_plan import PipelinePlanner, load_stage_profile
 
-DATA = next((p / "shared" / "calibration" / "perseus" for p in (ROOT.parent, ROOT.parent.parent)
-             if (p / "shared" / "calibration" / "perseus").is_dir()), ROOT.parent / "shared" / "calibration" / "perseus")
+# Perseus's stage profiles and frontiers, copied from shared/calibration/perseus with a source line each.
+DATA = ROOT / "experiments" / "data" / "perseus"
 OUT = ROOT / "experiments" / "perseus"
 SETTINGS = [  # (gpu, model, profile file, blocking power W, Perseus's time unit s)
     ("a100_sxm", "bloom", "bloom+a100_sxm_bf16.csv", 83.64, 1e-3),
@@ -50,7 +50,7 @@ REFINE_MARGIN = 0.0005  # refine until freqopt's staircase is at least 0.05 % be
 
 def read_frontier(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with open(path, newline="") as f:
-        rows = [(float(r["time"]), float(r["energy"])) for r in csv.DictReader(f)]
+        rows = [(float(r["time"]), float(r["energy"])) for r in csv.DictReader(line for line in f if not line.startswith("#"))]
     rows.sort()
     return np.array([t for t, _ in rows]), np.array([e for _, e in rows])
 
@@ -143,7 +143,7 @@ def report(results, command: str, total_s: float) -> str:
         "# freqopt's pipeline planner beside Perseus's, on Perseus's stage profiles (issue 24, item 6)",
         "",
         f"Command: `{command}` ({total_s:.0f} s wall on the 2-core shared machine, niced). Source: "
-        "experiments/perseus_frontiers.py (its docstring gives the accounting). Data: ../shared/calibration/perseus/.",
+        "experiments/perseus_frontiers.py (its docstring gives the accounting). Data: experiments/data/perseus/ (copies of ../shared/calibration/perseus/).",
         "",
         "8 stages, 1F1B (DeepSpeed's TrainSchedule order), one SM clock per instruction. Perseus's accounting: "
         "blocking power while a GPU waits (83.64 W A100, 70.38 W A40), instruction times floored to Perseus's unit "
