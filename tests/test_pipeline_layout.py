@@ -257,3 +257,41 @@ def test_the_cli_lists_a_pipelines_parameters_per_gpu(capsys):
     out = capsys.readouterr().out
     largest = max(stage_parameters(get_workload("gpt3-small").config, parse_layout("pp=4")))
     assert f"{largest / 1e6:,.1f} M (largest stage)" in out and "dp=1,tp=1,pp=4" in out
+
+
+# -- against a real DeepSpeed pipeline engine ---------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["parameters", "uniform"])
+def test_a_real_deepspeed_pipeline_holds_the_stages_freqopt_partitions(method, tmp_path):
+    """Two CPU ranks (gloo) build DeepSpeed's PipelineModule from freqopt's layer list and train two 1F1B steps
+    (tests/deepspeed_pipeline_rank.py); each rank's partition and parameters are freqopt's for that stage."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import deepspeed_pipeline_rank as rank_script
+    from freqopt.workload.models.gpt3 import GPTConfig
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--no_local_rank", "--master_port",
+           str(_free_port()), str(Path(__file__).with_name("deepspeed_pipeline_rank.py")), "--partition-method",
+           method, "--out", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = sorted((json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)), key=lambda r: r["stage"])
+    config = GPTConfig(**rank_script.TINY)
+    stages = partition_stages(build_model(config), 2, method)
+    assert ranks[0]["parts"] == [stages[0].start, stages[1].start, stages[1].stop] == ranks[1]["parts"]
+    assert [r["n_params"] for r in ranks] == stage_parameters(config, Layout(pp=2), method)
+    assert ranks[0]["losses"] == ranks[1]["losses"] and all(0 < loss < 10 for loss in ranks[0]["losses"])
