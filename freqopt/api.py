@@ -232,7 +232,8 @@ def search(
     Raises:
         UnknownNameError: unknown model, GPU type, backend or granularity.
         InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials, n_jobs or
-            switch_latency_ms, or n_jobs > 1 on a real GPU.
+            switch_latency_ms, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1), which the search does
+            not plan yet (Layout.refuse_pipeline).
         OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
             micro-batch, sequence length or backend) under a name this search writes (refused before measuring).
         StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
@@ -257,6 +258,7 @@ def search(
                                       "pass the model's name instead")  # fmt: skip
     else:
         trace, workload = None, resolve_workload(model_or_trace, **sizes)
+    workload.layout.refuse_pipeline("the search")
     requested = resolve_gpu(gpu)
     backend = resolve_backend(backend)
     granularities = _granularities(granularity)

@@ -142,6 +142,7 @@ def workload_doc(workload) -> dict[str, Any]:
         layout = {"dp": 1, "tp": 1, **(workload.get("layout") or {})}
         return {**{k: workload.get(k) for k in _WORKLOAD_FIELDS}, "layout": {"dp": layout["dp"], "tp": layout["tp"]}}
     config, layout = workload.config, workload.layout
+    layout.refuse_pipeline("a clock table")  # its workload records dp and tp only
     return {"model": workload.model, "n_layers": getattr(config, "n_layers", None),
             "d_model": getattr(config, "d_model", None), "n_heads": getattr(config, "n_heads", None),
             "seq_len": getattr(config, "seq_len", None), "micro_batch_size": workload.micro_batch_size,

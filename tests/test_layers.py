@@ -25,10 +25,14 @@ LAYERS: list[tuple[str, ...]] = [
     # the models (PyTorch modules and their custom operators), the phase hooks on them, and the module-structure
     # fingerprint a trace carries;
     ("freqopt.workload.models", "freqopt.workload.phases", "freqopt.workload.fingerprint"),
+    # the model's layers split into pipeline stages as DeepSpeed's PipelineModule splits them;
+    ("freqopt.workload.pipeline_partition",),
     # the tracers (a built-in or Hugging Face model, or a user's own step function -> kernels), the memory a
     # training step holds (a meta-device forward pass of the models), and real DeepSpeed steps to check them by.
     ("freqopt.workload.trace", "freqopt.workload.step_trace", "freqopt.workload.memory",
      "freqopt.workload.deepspeed_profile"),
+    # and a pipeline layout's stages, each traced by the tracer's recorder.
+    ("freqopt.workload.pipeline_trace",),
     # The GPU. Its types;
     ("freqopt.gpu.specs",),
     # NVML device access, and traced kernels re-run on a device;

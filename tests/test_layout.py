@@ -30,7 +30,7 @@ def test_parse_layout(text, dp, tp):
 @pytest.mark.parametrize(
     "text, fragment",
     [("abc", "not a layout"), ("dp=0", "positive integer"), ("tp=-2", "positive integer"), ("dp=2.5", "positive"),
-     ("dp=2,dp=4", "twice"), ("pp=2", "pipeline"), ("dp=8;tp=2", "positive integer"), ("8", "not a layout"), ("dp=", "positive integer")],
+     ("dp=2,dp=4", "twice"), ("pp=0", "positive integer"), ("pp=2,pp=2", "twice"), ("dp=8;tp=2", "positive integer"), ("8", "not a layout"), ("dp=", "positive integer")],
 )  # fmt: skip
 def test_parse_layout_refuses_bad_text(text, fragment):
     with pytest.raises(InvalidSettingError, match=fragment):

@@ -372,7 +372,8 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
 
     Raises:
         UnknownNameError: unknown model, backend or GPU type.
-        InvalidSettingError: a bad override, layout, steps or switch_latency_ms; compare without a table; read_only
+        InvalidSettingError: a bad override, layout (a pipeline one, pp > 1, is refused: Layout.refuse_pipeline),
+            steps or switch_latency_ms; compare without a table; read_only
             with one; a CUDA device this torch cannot use (check_training_device).
         ClockTableError: the table cannot be read.
         InvalidSettingError: also training on the CPU whose ranks clearly cannot fit this machine's memory
@@ -389,6 +390,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
              "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
     workload = resolve_workload(model, **sizes)
+    workload.layout.refuse_pipeline("training")
     check_backend(backend)
     check_positive_int("steps", steps)
     switch_s = check_switch_latency_ms(switch_latency_ms)

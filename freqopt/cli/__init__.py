@@ -93,7 +93,8 @@ def stdout_console():
 def model_options(f):
     """The get_workload overrides every command on a model takes."""
     f = click.option("--layout", default=None,
-                     help="Parallel layout dp=N,tp=M (data- and tensor-parallel degrees); default one GPU.")(f)
+                     help="Parallel layout dp=N,tp=M,pp=P (data-, tensor- and pipeline-parallel degrees; only some "
+                          "commands take pp > 1); default one GPU.")(f)
     f = click.option("--vocab-multiple", type=int, default=None,
                      help="Pad the vocabulary to a multiple of this (default 128 for GPT-3, 1 for BERT; 1: none).")(f)
     f = click.option("--n-heads", type=int, default=None, help="Override the number of attention heads.")(f)

@@ -34,9 +34,23 @@ def models(names, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) ->
                f"{count_parameters(c) / 1e6:,.1f} M"]  # fmt: skip
         if not parsed.is_single_gpu:
             fits = c.n_heads % parsed.tp == 0 and getattr(c, "n_kv_heads", c.n_heads) % parsed.tp == 0
-            row.append(f"{count_parameters(c, parsed.tp) / 1e6:,.1f} M" if fits else f"tp must divide {c.n_heads} heads")
+            row.append(_parameters_per_gpu(c, parsed) if fits else f"tp must divide {c.n_heads} heads")
         table.add_row(*row)
     stdout_console().print(table)
+
+
+def _parameters_per_gpu(config, layout) -> str:
+    """One rank's parameters under ``layout``: the whole model's tp shard, or with pp > 1 the largest stage's."""
+    from freqopt.errors import InvalidSettingError
+    from freqopt.workload.models import count_parameters
+    from freqopt.workload.pipeline_partition import stage_parameters
+
+    if not layout.is_pipeline:
+        return f"{count_parameters(config, layout.tp) / 1e6:,.1f} M"
+    try:
+        return f"{max(stage_parameters(config, layout)) / 1e6:,.1f} M (largest stage)"
+    except InvalidSettingError as e:  # a model without a layer list, or fewer layers than stages
+        return str(e).split(";")[0]
 
 
 @cli.command(short_help="List the GPU types in search_spaces/.")

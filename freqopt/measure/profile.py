@@ -256,8 +256,8 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
 
     Raises:
         UnknownNameError: unknown model, GPU type or backend.
-        InvalidSettingError: a bad override, a non-positive ``steps``, a negative ``warmup_steps``, a ``device``
-            with the simulated GPU or one the model cannot train on (check_device), a layout of more than one
+        InvalidSettingError: a pipeline layout (pp > 1, Layout.refuse_pipeline), a bad override, a non-positive
+            ``steps``, a negative ``warmup_steps``, a ``device`` with the simulated GPU or one the model cannot train on (check_device), a layout of more than one
             rank on a real GPU, or a step that does not fit the real GPU's memory (check_gpu_memory; not checked
             when an nvml profile trains on the CPU); ``sm_clock_mhz``, ``mem_clock_mhz`` or ``power_limit_w`` on nvml
             (profile only reads a real GPU), or clocks or a power limit the GPU type does not support
@@ -273,6 +273,7 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
 
     workload = resolve_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    workload.layout.refuse_pipeline("the profile")
     spec = resolve_gpu(gpu)
     backend = resolve_backend(backend)
     check_positive_int("steps", steps)

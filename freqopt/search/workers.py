@@ -92,7 +92,7 @@ def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int)
     w = trace.workload
     job = {
         "model": w.model, "config": dataclasses.asdict(w.config), "micro_batch_size": w.micro_batch_size,
-        "layout": dataclasses.asdict(w.layout), "mode": trace.meta.get("mode", "train"), "gpu": backend.spec.name,
+        "layout": w.layout.to_kwargs(), "mode": trace.meta.get("mode", "train"), "gpu": backend.spec.name,
         "backend": backend.name, "seed": seed,
     }  # fmt: skip
     study = _job_study(storage, prefix)

@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     from freqopt.workload.models.gpt3 import GPTConfig, GPTModel
 
     layout = parse_layout(args.layout)
+    if layout.is_pipeline:
+        raise SystemExit(f"--layout {layout}: this profile runs dp and tp; pipeline stages are checked against "
+                         "DeepSpeed by tests/test_pipeline_layout.py")  # fmt: skip
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     if world != layout.world_size:

@@ -26,7 +26,7 @@ __all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "record_call", "DEVICE", "
            "GPUPathWarning"]
 
 PASSES = ("forward", "backward", "optimizer")
-COLLECTIVE_KINDS = ("all-reduce",)
+COLLECTIVE_KINDS = ("all-reduce", "send", "recv")  # send, recv: pipeline P2P (freqopt.workload.pipeline_trace)
 
 
 class GPUPathWarning(UserWarning):
@@ -146,7 +146,7 @@ class Kernel:
     Attributes:
         name: the ATen operator (``aten.mm``, ``freqopt.flash_attention``).
         kind: gemm, attention, elementwise, normalization, softmax, reduction, embedding, optimizer, memcpy,
-            all-reduce.
+            all-reduce; send and recv (a pipeline stage's P2P transfers, freqopt.workload.pipeline_trace).
         pass_name: forward, backward or optimizer: for a collective, the pass it is issued in (it runs at that
             pass's clocks under a pass-level table, as the GPU's clock is one for all streams).
         flops: floating-point operations (torch.utils.flop_counter's count; causal masking not discounted).

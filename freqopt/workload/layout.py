@@ -1,11 +1,19 @@
-"""Parallelism layouts: data-parallel (dp) and tensor-parallel (tp) degrees, as DeepSpeed runs them.
+"""Parallelism layouts: data-parallel (dp), tensor-parallel (tp) and pipeline-parallel (pp) degrees, as DeepSpeed
+runs them.
 
-A layout of ``dp=N,tp=M`` runs on N x M GPUs. Tensor-parallel ranks are the innermost (neighbouring GPUs of one
-node, as Megatron-LM and DeepSpeed place them, Narayanan et al. 2021 section 3.3), so a tp group spans nodes only
-when M exceeds the GPUs per node, and a dp group (stride M) spans nodes when N x M does.
+A layout of ``dp=N,tp=M,pp=P`` runs on N x M x P GPUs. Tensor-parallel ranks are the innermost (neighbouring GPUs
+of one node, as Megatron-LM and DeepSpeed place them, Narayanan et al. 2021 section 3.3), so a tp group spans nodes
+only when M exceeds the GPUs per node, and a dp group (stride M) spans nodes when N x M does. Pipeline stages are
+the outermost axis (DeepSpeed's ``PipeModelDataParallelTopology``: axes pipe, data, model), so neighbouring stages
+are N x M global ranks apart. How a model's layers are split into stages is freqopt.workload.pipeline_partition's.
+
+A layout without pipeline parallelism (pp=1) reads, prints and serializes as it did before pp existed (study names,
+table stems and recorded searches depend on it); pp appears only when it is above 1.
 
     >>> parse_layout("dp=8,tp=4")
     Layout(dp=8, tp=4)
+    >>> parse_layout("dp=2,tp=2,pp=4")
+    Layout(dp=2, tp=2, pp=4)
 """
 
 from __future__ import annotations
@@ -24,34 +32,58 @@ DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 
 @dataclass(frozen=True)
 class Layout:
-    """Data-parallel degree ``dp`` and tensor-parallel degree ``tp`` (ranks per model replica).
+    """Data-parallel degree ``dp``, tensor-parallel degree ``tp`` and pipeline-parallel degree ``pp``.
 
     Attributes:
         dp: replicas of the model, each on its own micro-batch; gradients all-reduced in buckets (ZeRO stages 0-1).
         tp: ranks sharing one replica, AutoTP style: q/k/v/up projections column-parallel, o/down row-parallel.
         bucket_elements: gradient elements per data-parallel all-reduce (DeepSpeed's default 5e8).
+        pp: pipeline stages, each holding consecutive layers of the model (DeepSpeed's PipelineModule; the
+            partition: freqopt.workload.pipeline_partition). Last, so that positional ``Layout(dp, tp, bucket)``
+            means what it did before pp existed.
     """
 
     dp: int = 1
     tp: int = 1
     bucket_elements: int = DEEPSPEED_BUCKET_ELEMENTS
+    pp: int = 1
 
     def __post_init__(self):
-        for name, value in (("dp", self.dp), ("tp", self.tp), ("bucket_elements", self.bucket_elements)):
-            if not isinstance(value, int) or value < 1:
+        for name, value in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("bucket_elements", self.bucket_elements)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidSettingError(f"layout {name} must be a positive integer, not {value!r}", argument="layout")
 
-    def __repr__(self) -> str:  # keeps study names and tables short
+    def __repr__(self) -> str:  # keeps study names and tables short; pp=1 prints as before pp existed
+        pp = f", pp={self.pp}" if self.pp > 1 else ""
         extra = "" if self.bucket_elements == DEEPSPEED_BUCKET_ELEMENTS else f", bucket_elements={self.bucket_elements}"
-        return f"Layout(dp={self.dp}, tp={self.tp}{extra})"
+        return f"Layout(dp={self.dp}, tp={self.tp}{pp}{extra})"
 
     def __str__(self) -> str:
-        return f"dp={self.dp},tp={self.tp}"
+        return f"dp={self.dp},tp={self.tp}" + (f",pp={self.pp}" if self.pp > 1 else "")
 
     @property
     def world_size(self) -> int:
-        """GPUs the layout runs on."""
-        return self.dp * self.tp
+        """GPUs the layout runs on: dp x tp x pp."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Whether the layout has more than one pipeline stage."""
+        return self.pp > 1
+
+    def refuse_pipeline(self, what: str) -> None:
+        """Refuse a pipeline layout (pp > 1) where ``what`` (e.g. "the search") cannot handle one yet, naming what
+        works today; nothing that ignores pp may run on one silently.
+
+        Raises:
+            InvalidSettingError: pp > 1 (argument "layout").
+        """
+        if self.pp > 1:
+            raise InvalidSettingError(
+                f"layout {self}: {what} does not handle pipelines (pp > 1) yet; plan a pipeline from a measured "
+                "stage profile with freqopt.plan_pipeline (freqopt plan --stage-profile), trace its stages with "
+                "freqopt.workload.pipeline_trace.trace_pipeline_stages, or use dp and tp here", argument="layout",
+            )
 
     @property
     def is_single_gpu(self) -> bool:
@@ -71,7 +103,14 @@ class Layout:
             )
 
     def as_dict(self) -> dict[str, int]:
-        return {"dp": self.dp, "tp": self.tp}
+        """The degrees as a table records them: ``{"dp", "tp"}``, and ``"pp"`` only when above 1."""
+        return {"dp": self.dp, "tp": self.tp, **({"pp": self.pp} if self.pp > 1 else {})}
+
+    def to_kwargs(self) -> dict[str, int]:
+        """Every field, as ``dataclasses.asdict`` gave them before pp existed, with ``"pp"`` only when above 1:
+        ``Layout(**layout.to_kwargs()) == layout`` (a search job's record, freqopt.search.workers)."""
+        out = {"dp": self.dp, "tp": self.tp, "bucket_elements": self.bucket_elements}
+        return {**out, **({"pp": self.pp} if self.pp > 1 else {})}
 
 
 SINGLE_GPU = Layout()
@@ -80,11 +119,12 @@ _PART = re.compile(r"\s*(dp|tp|pp)\s*=\s*([^,]*)\s*")
 
 
 def parse_layout(text: str | None) -> Layout:
-    """A layout from ``"dp=8,tp=4"``, ``"tp=2"`` or ``"dp=8"`` (missing degrees are 1; None or "" is one GPU).
+    """A layout from ``"dp=8,tp=4"``, ``"tp=2"``, ``"dp=8"`` or ``"dp=2,tp=2,pp=4"`` (degrees in any order;
+    missing degrees are 1; None or "" is one GPU).
 
     Raises:
-        InvalidSettingError: not of that form, a degree that is not a positive integer, a repeated degree, or
-            pipeline parallelism (pp), which freqopt does not model.
+        InvalidSettingError: not of that form, a degree that is not a positive integer, or a repeated degree
+            (argument "layout").
     """
     if text is None or not str(text).strip():
         return SINGLE_GPU
@@ -92,14 +132,12 @@ def parse_layout(text: str | None) -> Layout:
     for part in str(text).split(","):
         match = _PART.fullmatch(part)
         if not match:
-            raise InvalidSettingError(f"layout {text!r} is not a layout; write it like dp=8,tp=4 (dp and tp, "
-                                      "each a positive integer)", argument="layout")  # fmt: skip
+            raise InvalidSettingError(f"layout {text!r} is not a layout; write it like dp=8,tp=4 or dp=2,tp=2,pp=4 "
+                                      "(dp, tp and pp, each a positive integer)", argument="layout")  # fmt: skip
         key, value = match.group(1), match.group(2).strip()
-        if key == "pp":
-            raise InvalidSettingError(f"layout {text!r}: pipeline parallelism is not supported; use dp and tp",
-                                      argument="layout")  # fmt: skip
         if key in degrees:
-            raise InvalidSettingError(f"layout {text!r} gives {key} twice; write it like dp=8,tp=4", argument="layout")
+            raise InvalidSettingError(f"layout {text!r} gives {key} twice; write it like dp=2,tp=2,pp=4",
+                                      argument="layout")  # fmt: skip
         if not value.isdigit() or int(value) < 1:
             raise InvalidSettingError(f"layout {text!r}: {key} must be a positive integer, not {value!r}",
                                       argument="layout")  # fmt: skip

@@ -340,11 +340,14 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
 
     Raises:
         UnknownNameError: unknown mode.
+        InvalidSettingError: a pipeline layout (pp > 1): its stages are traced by
+            freqopt.workload.pipeline_trace.trace_pipeline_stages.
     """
     from freqopt.errors import UnknownNameError
 
     if mode not in MODES:
         raise UnknownNameError(f"unknown mode {mode!r}; choose train or inference")
+    workload.layout.refuse_pipeline("tracing one rank's whole iteration")
     config, layout = workload.config, workload.layout
     model = shard_tensor_parallel(build_model(config, dtype=dtype), layout.tp)
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
