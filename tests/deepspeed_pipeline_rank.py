@@ -85,6 +85,10 @@ def main() -> None:
     tmp = out / f".rank{rank}.json.tmp"
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, out / f"rank{rank}.json")
+    # Both ranks done before either tears down gloo: a rank exiting while its peer's P2P thread still runs can
+    # abort it ("terminate called without an active exception", seen once in a fresh-clone run).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
