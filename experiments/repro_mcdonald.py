@@ -58,15 +58,11 @@ def host_work_us(trace) -> float:
     return sum(HOST_SPLIT_US[k.pass_name] for k in trace.kernels)
 
 
-def inference_gaps_s() -> dict[str, float]:
-    """Per model, the host gap of one inference batch, s (``run``'s rule)."""
-    gap = fitted_host_gap_s()
-    out = {}
-    for model in MODELS:
-        workload = get_workload(model, seq_len=SEQ_LEN, micro_batch_size=BATCH)
-        train, infer = (trace_iteration(workload, mode, dtype=torch.float16) for mode in ("train", "inference"))
-        out[model] = gap * host_work_us(infer) / host_work_us(train)
-    return out
+def host_gap_s(trace, train_trace) -> float:
+    """The host gap of one step of ``trace``, s: the gap fitted to training steps, scaled by ``trace``'s share of the
+    training step's host work (an inference batch issues only a forward; an upper bound, since no_grad skips
+    autograd's part)."""
+    return fitted_host_gap_s() * host_work_us(trace) / host_work_us(train_trace)
 
 
 def _no_gap_inference_time_rel() -> float:
@@ -77,23 +73,22 @@ def _no_gap_inference_time_rel() -> float:
     return next(p.time_rel for p in points if p.power_limit_w == 100.0)
 
 
-def run() -> dict:
+def run() -> tuple[dict, dict[str, float]]:
+    """The curves per "model mode", and per model the host gap of one inference batch (s)."""
     spec = get_gpu(GPU)
-    gap = fitted_host_gap_s()
-    curves = {}
+    curves, inference_gaps = {}, {}
     for model in MODELS:
         workload = get_workload(model, seq_len=SEQ_LEN, micro_batch_size=BATCH)
         traces = {mode: trace_iteration(workload, mode, dtype=torch.float16) for mode in MODES}
+        inference_gaps[model] = host_gap_s(traces["inference"], traces["train"])
         for mode, trace in traces.items():
-            # The gap was fitted to training steps; an inference batch issues only a forward, so it gets the
-            # forward's share of the training step's host work (an upper bound: no_grad skips autograd's part).
-            mode_gap = gap * host_work_us(trace) / host_work_us(traces["train"])
-            _, points = sweep_power_caps(trace, SimulatedGPU(spec, seed=0), CAPS_W, host_gap_s=mode_gap)
+            _, points = sweep_power_caps(trace, SimulatedGPU(spec, seed=0), CAPS_W,
+                                         host_gap_s=host_gap_s(trace, traces["train"]))  # fmt: skip
             curves[f"{model} {mode}"] = [
                 {"power_limit_w": p.power_limit_w, "time_rel": p.time_rel, "energy_rel": p.energy_rel,
                  "avg_power_w": p.avg_power_w} for p in points
             ]  # fmt: skip
-    return curves
+    return curves, inference_gaps
 
 
 def at(curve: list[dict], cap: float, key: str) -> float:
@@ -111,7 +106,7 @@ def ours(curves: dict) -> dict[str, float]:
     }
 
 
-def report(curves: dict) -> str:
+def report(curves: dict, inference_gaps: dict[str, float]) -> str:
     mine = ours(curves)
     lines = ["# McDonald et al. 2022 reproduced with freqopt (simulated V100-PCIe, 250 W default)", "",
              "Produced by `python experiments/repro_mcdonald.py`. Relative to the 250 W run; the paper's column is "
@@ -137,7 +132,7 @@ def report(curves: dict) -> str:
               "are freqopt's prediction, for which the paper gives no figures to compare (a held-out check has them). "
               "An inference batch issues only a forward, so its gap is the forward's share of the training step's "
               "host work, by the host's time per kernel in each pass (freqopt/gpu/calibration/h100_steps.py HOST_SPLIT_US): "
-              + ", ".join(f"{m} {1e3 * g:.1f} ms" for m, g in inference_gaps_s().items())
+              + ", ".join(f"{m} {1e3 * g:.1f} ms" for m, g in inference_gaps.items())
               + ". That is an upper bound (no_grad skips autograd's share), and the prediction hangs on it: with no "
               "gap at all, the same physics slows bert-base inference "
               f"{_no_gap_inference_time_rel():.2f}x at 100 W. Under a cap the busy GPU's slowdown is the Zeus "
@@ -197,12 +192,13 @@ def plot(curves: dict, path: Path) -> None:
 
 
 def main() -> int:
-    curves = run()
+    curves, inference_gaps = run()
+    text = report(curves, inference_gaps)
     OUT.mkdir(exist_ok=True)
     atomic_write_text(OUT / "results.json", json.dumps(curves, indent=1) + "\n")
-    atomic_write_text(OUT / "report.md", report(curves))
+    atomic_write_text(OUT / "report.md", text)
     plot(curves, OUT / "power_cap.png")
-    print(report(curves))
+    print(text)
     return 0
 
 
