@@ -252,11 +252,12 @@ def test_stage_profile_skips_comment_lines(tmp_path):
         assert list(a.options[key].energy_j) == list(b.options[key].energy_j)
 
 
-def test_highs_stdout_silenced_only_for_its_duration(capfd):
-    # HiGHS writes a stray debugging line to file descriptor 1 during some MIP solves; the solves run inside this.
-    from freqopt.search.pipeline_plan import _highs_stdout_silenced
+def test_native_stdout_quiet_only_for_its_duration(capfd):
+    # HiGHS writes a stray debugging line to file descriptor 1 during some MIP solves; the planner's solves run
+    # inside this (the allocation's own guard).
+    from freqopt.search.allocate import quiet_native_stdout
 
-    with _highs_stdout_silenced():
+    with quiet_native_stdout():
         os.write(1, b"from C inside\n")
     os.write(1, b"after\n")
     assert capfd.readouterr().out == "after\n"

@@ -16,13 +16,14 @@ import numpy as np
 
 from freqopt.errors import InvalidSettingError
 
-__all__ = ["allocate"]
+__all__ = ["allocate", "quiet_native_stdout"]
 
 
 @contextlib.contextmanager
-def _quiet_native_stdout():
+def quiet_native_stdout():
     """Silence HiGHS, which prints debugging lines from C++ straight to file descriptor 1 even with disp=False
-    ("HighsMipSolverData::transformNewIntegerFeasibleSolution ..."), by pointing fd 1 at /dev/null meanwhile."""
+    ("HighsMipSolverData::transformNewIntegerFeasibleSolution ..."), by pointing fd 1 at /dev/null meanwhile.
+    Every scipy.optimize.milp call of freqopt runs inside it (this allocation, the pipeline planner)."""
     try:
         sys.stdout.flush()
         saved = os.dup(1)
@@ -70,7 +71,7 @@ def allocate(options: Sequence[Sequence[tuple[float, float]]], time_budget_s: fl
         one_per_unit[u, offsets[u] : offsets[u + 1]] = 1.0
     # Scale energies to O(1) for the solver's tolerances.
     scale = energies.max() or 1.0
-    with _quiet_native_stdout():
+    with quiet_native_stdout():
         result = milp(
             c=energies / scale,
             constraints=[LinearConstraint(one_per_unit, 1, 1), LinearConstraint(times[None, :], -np.inf, time_budget_s)],

@@ -35,11 +35,8 @@ default (None) plans on the measured times.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import math
-import os
-import sys
 import time as _time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
+from freqopt.search.allocate import quiet_native_stdout
 from freqopt.search.pipeline import KINDS, SCHEDULES, PipelineDAG, one_f_one_b
 
 __all__ = ["InstructionOptions", "StageProfile", "load_stage_profile", "stage_profile_from_rows", "PipelinePlan",
@@ -201,27 +199,6 @@ def load_stage_profile(path: str | Path) -> StageProfile:
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise _profile_error(source, f"cannot be read ({reason}); give a CSV file") from None
-
-
-@contextlib.contextmanager
-def _highs_stdout_silenced():
-    """File descriptor 1 pointed at os.devnull for the duration: HiGHS (inside scipy.optimize.milp, scipy 1.17.1)
-    prints a debugging line ("HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();") straight
-    to the process's standard output during some MIP solves, past sys.stdout and despite ``disp: False``; it would
-    land in the middle of freqopt's own output. Where descriptor 1 cannot be duplicated, nothing is silenced."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -512,7 +489,7 @@ class PipelinePlanner:
             options = {"mip_rel_gap": self.mip_rel_gap, "disp": False}
             if self.time_limit_s is not None:
                 options["time_limit"] = self.time_limit_s
-            with _highs_stdout_silenced():
+            with quiet_native_stdout():
                 result = milp(objective, constraints=constraints, integrality=integrality,
                               bounds=Bounds(var_lower, var_upper), options=options)  # fmt: skip
             x = _solution(result, deadline_s)
@@ -520,7 +497,7 @@ class PipelinePlanner:
             lower_bound = float(bound) if bound is not None and np.isfinite(bound) else float(result.fun)
         else:
             # The hull LP: its optimum bounds every plan's energy from below.
-            with _highs_stdout_silenced():
+            with quiet_native_stdout():
                 relaxed = milp(objective, constraints=constraints, integrality=np.zeros(n_var),
                                bounds=Bounds(var_lower, var_upper), options={"disp": False})  # fmt: skip
             x_lp = _solution(relaxed, deadline_s)
@@ -548,7 +525,7 @@ class PipelinePlanner:
                     k = offsets[i] + int(np.argmax(x_lp[offsets[i]:offsets[i + 1]]))
                     fixed_upper[offsets[i]:offsets[i + 1]] = 0.0
                     fixed_lower[k] = fixed_upper[k] = 1.0
-                with _highs_stdout_silenced():
+                with quiet_native_stdout():
                     result = milp(objective, constraints=constraints, integrality=integrality,
                                   bounds=Bounds(fixed_lower, fixed_upper), options=options)  # fmt: skip
                 if result.x is not None:
