@@ -17,6 +17,25 @@ found on one GPU and is read as dp=1, tp=1. A table that does not record its mic
 written by hand) loads, but is refused for training (search again); one without layers, width or heads is
 checked by its model's name and the rest.
 
+**Pipelines.** A table for a pipeline layout (``pp`` > 1, recorded in ``workload.layout``) has granularity
+``"instruction"``: one SM clock per instruction, the forward or backward of one micro-batch on one stage
+(freqopt.search.pipeline). Its entries are one per (stage, pass), unit ``"stage1.backward"``, each with ``"stage"``,
+``"pass"``, its measured ``"default"`` (time, energy and samples of one instruction at the GPU's default clocks) and
+its ``"front"`` (every measured SM clock: time and energy of one instruction), from which freqopt.apply re-plans
+(PipelinePlanner) for another micro-batch count without new measurements; they carry no setting of their own. Its
+``"pipeline"`` object holds the pipeline and the plan (``pipeline_table``):
+
+    "pipeline": {"stages": 2, "micro_batches": 4, "schedule": "1f1b", "partition_method": "parameters",
+                 "blocking_power_w": 71.6, "switch_s": 0.026,
+                 "plan": [{"stage": 0, "forward": [1410, ...], "backward": [1980, ...]}, ...]}
+
+``plan[s]["forward"][m]`` is the SM clock (MHz) of micro-batch m's forward on stage s (M clocks per pass). The plan
+is kept by micro-batch rather than in each stage's 1F1B order: this module sits below the search, whose
+freqopt.search.pipeline.stage_order gives that order (freqopt.apply.pipeline_runtime.stage_schedule puts the clocks
+in it), so that the file can be checked clock by clock here without a second copy of the schedule. Memory clocks and
+power limits stay at the default (A100 and H100 memory clocks do not change at run time). ``max_slowdown`` is the
+budget against the fastest plan (every instruction at its fastest clock), as PipelinePlanner.plan takes it.
+
 **File names.** A search writes ``STEM-GRANULARITY.json`` (and ``.csv``) with STEM = MODEL-GPU, then
 ``-dpNtpM`` under a parallel layout, then the budget (``-1pct``, ``-0.5pct``) and ``-seedN`` for a seed other
 than 0 (table_stem); a transfer writes ``STEM-GRANULARITY-transferred.json`` with the target's STEM. So searches
@@ -33,17 +52,22 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from freqopt import __version__
 from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
 from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import GPUSpec
 
-__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "ClockTable", "workload_doc", "describe_workload",
-           "table_from_result", "result_table", "budget_tag", "table_stem", "table_identity", "check_table_target",
-           "write_result_tables", "write_table", "write_table_csv", "load_table"]
+if TYPE_CHECKING:  # the search's types, above this module: only their attributes are read
+    from freqopt.search.pipeline_plan import PipelinePlan, StageProfile
+
+__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "INSTRUCTION", "PASSES", "ClockTable", "workload_doc",
+           "describe_workload", "table_from_result", "result_table", "pipeline_table", "budget_tag", "table_stem",
+           "table_identity", "check_table_target", "write_result_tables", "write_table", "write_table_csv",
+           "load_table"]
 
 SCHEMA_NAME = "freqopt.clock-table"
 SCHEMA_VERSION = 1
@@ -61,6 +85,24 @@ _measured = {  # a unit's measured option: its setting, mean time and energy per
     "properties": {"sm_clock_mhz": {"type": ["integer", "null"]}, "mem_clock_mhz": {"type": ["integer", "null"]},
                    "power_limit_w": {"type": ["number", "null"]}, "time_s": _positive, "energy_j": _positive,
                    "n_samples": {"type": "integer", "minimum": 1}},
+}  # fmt: skip
+INSTRUCTION = "instruction"  # the pipeline granularity: one SM clock per (stage, micro-batch, pass)
+PASSES = ("forward", "backward")  # freqopt.search.pipeline.KINDS, the instruction kinds
+_clock_list = {"type": "array", "items": {"type": "integer"}}
+_pipeline = {  # a pipeline table's pipeline and plan (module docstring, "Pipelines")
+    "type": "object",
+    "required": ["stages", "micro_batches", "schedule", "blocking_power_w", "switch_s", "plan"],
+    "properties": {
+        "stages": {"type": "integer", "minimum": 2},
+        "micro_batches": {"type": "integer", "minimum": 1},
+        "schedule": {"enum": ["1f1b"]},
+        "partition_method": {"type": "string"},
+        "blocking_power_w": {"type": "number", "minimum": 0},
+        "switch_s": {"type": "number", "minimum": 0},
+        "plan": {"type": "array", "items": {"type": "object", "required": ["stage", *PASSES],
+                                            "properties": {"stage": {"type": "integer", "minimum": 0},
+                                                           "forward": _clock_list, "backward": _clock_list}}},
+    },
 }  # fmt: skip
 CLOCK_TABLE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -93,19 +135,22 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
                 "micro_batch_size": {"type": "integer", "minimum": 1},
                 "layout": {"type": "object", "required": ["dp", "tp"],
                            "properties": {"dp": {"type": "integer", "minimum": 1},
-                                          "tp": {"type": "integer", "minimum": 1}}},
+                                          "tp": {"type": "integer", "minimum": 1},
+                                          "pp": {"type": "integer", "minimum": 1}}},  # pp: only when above 1
             },
         },
-        "granularity": {"enum": ["power-cap", "iteration", "pass", "kernel", "phase"]},
+        "granularity": {"enum": ["power-cap", "iteration", "pass", "kernel", "phase", INSTRUCTION]},
         "max_slowdown": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
         "entries": {
             "type": "array",
             "minItems": 1,
             "items": {
                 "type": "object",
-                "required": ["unit", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w"],
+                "required": ["unit"],  # and the setting, or (instruction level) stage, pass, default and front: below
                 "properties": {
                     "unit": {"type": "string"},
+                    "stage": {"type": "integer", "minimum": 0},
+                    "pass": {"enum": list(PASSES)},
                     "kind": {"type": ["string", "null"]},
                     "signature": {"type": ["string", "null"]},
                     "arithmetic_intensity": {"type": ["number", "null"]},
@@ -124,37 +169,57 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
         "predicted": _time_energy,
         "validated": _time_energy,
         "provenance": {"type": "object"},
+        "pipeline": _pipeline,
     },
     # A phase-level table says at which phase the runtime asks for each entry's setting.
     "if": {"properties": {"granularity": {"const": "phase"}}},
     "then": {"properties": {"entries": {"items": {"required": ["request_phase"]}}}},
+    # An instruction-level (pipeline) table holds its plan in "pipeline" and per (stage, pass) the measurements it
+    # was planned from; every other table holds one setting per entry.
+    "allOf": [{
+        "if": {"properties": {"granularity": {"const": INSTRUCTION}}},
+        "then": {"required": ["pipeline"], "properties": {"entries": {"items": {
+            "required": ["stage", "pass", "default", "front"]}}}},
+        "else": {"properties": {"entries": {"items": {
+            "required": ["sm_clock_mhz", "mem_clock_mhz", "power_limit_w"]}}}},
+    }],
 }  # fmt: skip
 
 
 _WORKLOAD_FIELDS = ("model", "n_layers", "d_model", "n_heads", "seq_len", "micro_batch_size", "layout")
 
 
+def _layout_doc(layout: dict[str, Any] | None) -> dict[str, int]:
+    """A table's layout completed: {dp, tp} (1 where missing: a table from before layouts), and pp only above 1
+    (Layout.as_dict), so that a table without pipeline stages reads and writes as before pp existed."""
+    layout = {"dp": 1, "tp": 1, "pp": 1, **(layout or {})}
+    return {"dp": layout["dp"], "tp": layout["tp"], **({"pp": layout["pp"]} if layout["pp"] != 1 else {})}
+
+
+def _layout_text(layout: dict[str, Any] | None) -> str:
+    """A table's layout as freqopt writes layouts: "dp=1,tp=1", "dp=1,tp=1,pp=2" (Layout.__str__)."""
+    layout = _layout_doc(layout)
+    return f"dp={layout['dp']},tp={layout['tp']}" + (f",pp={layout['pp']}" if "pp" in layout else "")
+
+
 def workload_doc(workload) -> dict[str, Any]:
     """A table's ``workload`` for a freqopt.workload.models.Workload (or a table's own ``workload`` document, completed:
     a missing layout is one GPU): model, n_layers, d_model, n_heads, seq_len (tokens), micro_batch_size
-    (sequences per model replica), layout {dp, tp}; sizes a user's own step does not state are None."""
+    (sequences per model replica), layout {dp, tp, and pp where above 1}; sizes a user's own step does not state are
+    None."""
     if isinstance(workload, dict):
-        layout = {"dp": 1, "tp": 1, **(workload.get("layout") or {})}
-        return {**{k: workload.get(k) for k in _WORKLOAD_FIELDS}, "layout": {"dp": layout["dp"], "tp": layout["tp"]}}
+        return {**{k: workload.get(k) for k in _WORKLOAD_FIELDS}, "layout": _layout_doc(workload.get("layout"))}
     config, layout = workload.config, workload.layout
-    layout.refuse_pipeline("a clock table")  # its workload records dp and tp only
     return {"model": workload.model, "n_layers": getattr(config, "n_layers", None),
             "d_model": getattr(config, "d_model", None), "n_heads": getattr(config, "n_heads", None),
             "seq_len": getattr(config, "seq_len", None), "micro_batch_size": workload.micro_batch_size,
-            "layout": {"dp": layout.dp, "tp": layout.tp}}  # fmt: skip
+            "layout": layout.as_dict()}  # fmt: skip
 
 
 def describe_workload(doc: dict[str, Any], *, sizes: bool = False) -> str:
-    """One line for a table's workload: "gpt3-small dp=1,tp=1 micro-batch 4 seq 2048" (and, with ``sizes``, its
-    layers, width and heads)."""
-    layout = doc.get("layout") or {"dp": 1, "tp": 1}
-    text = (f"{doc['model']} dp={layout['dp']},tp={layout['tp']} micro-batch {doc['micro_batch_size']} "
-            f"seq {doc['seq_len']}")
+    """One line for a table's workload: "gpt3-small dp=1,tp=1 micro-batch 4 seq 2048" ("dp=1,tp=1,pp=2" for a
+    pipeline; and, with ``sizes``, its layers, width and heads)."""
+    text = f"{doc['model']} {_layout_text(doc.get('layout'))} micro-batch {doc['micro_batch_size']} seq {doc['seq_len']}"
     if sizes:
         text += f" ({doc['n_layers']} layers, d_model {doc['d_model']}, {doc['n_heads']} heads)"
     return text
@@ -217,6 +282,13 @@ class ClockTable:
                                                          for k in ("n_layers", "d_model", "n_heads"))
         name = source or self.source or "the clock table"
         layout = target["layout"]
+        if "pp" in mine["layout"] or "pp" in layout:  # freqopt transfer does not lay a pipeline's plan onto another
+            raise TableWorkloadError(
+                f"table {name} was found for {describe_workload(mine, sizes=sizes)}, not "
+                f"{describe_workload(target, sizes=sizes)}: a pipeline's table holds a plan per stage of the pipeline "
+                f"it was searched on; search this workload (layout {_layout_text(layout)}) at granularity "
+                f"{INSTRUCTION!r} and apply that table"
+            )
         command = (f"freqopt transfer --table {name} --model {target['model']} --layout dp={layout['dp']},"
                    f"tp={layout['tp']} --micro-batch-size {target['micro_batch_size']} --seq-len {target['seq_len']}")
         if sizes and target["n_heads"] is not None and target["n_heads"] != mine["n_heads"]:
@@ -229,6 +301,27 @@ class ClockTable:
     @property
     def gpu(self) -> str:
         return self.data["gpu"]["name"]
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Whether the table is a pipeline's (granularity "instruction": a plan per stage in ``pipeline``)."""
+        return self.data.get("granularity") == INSTRUCTION
+
+    @property
+    def pipeline(self) -> dict[str, Any] | None:
+        """A pipeline table's ``pipeline`` object (module docstring, "Pipelines"); None for other tables."""
+        return self.data.get("pipeline") if self.is_pipeline else None
+
+    def refuse_pipeline(self, what: str, *, source: str | Path | None = None) -> None:
+        """Refuse a pipeline table where ``what`` (e.g. "freqopt transfer") handles one setting per tuning unit only.
+
+        Raises:
+            ClockTableError: one line naming what applies a pipeline table.
+        """
+        if self.is_pipeline:
+            raise ClockTableError(f"{source or self.source or 'the clock table'} is a pipeline's table (granularity "
+                                  f"{INSTRUCTION!r}, one clock per instruction); {what} does not take one: train the "
+                                  "pipeline with it (freqopt.apply.train, freqopt.apply.pipeline_runtime)")  # fmt: skip
 
     @property
     def granularity(self) -> str:
@@ -247,7 +340,9 @@ class ClockTable:
         parts = [f"gpu={(d.get('gpu') or {}).get('name')!r}", f"model={workload.get('model')!r}",
                  f"granularity={d.get('granularity')!r}"]  # fmt: skip
         if isinstance(workload.get("layout"), dict):
-            parts.append(f"dp={workload['layout'].get('dp')},tp={workload['layout'].get('tp')}")
+            pp = workload["layout"].get("pp")
+            parts.append(f"dp={workload['layout'].get('dp')},tp={workload['layout'].get('tp')}"
+                         + (f",pp={pp}" if pp not in (None, 1) else ""))  # fmt: skip
         if isinstance(d.get("max_slowdown"), (int, float)):
             parts.append(f"max_slowdown={100 * d['max_slowdown']:g}%")
         n = len(d.get("entries") or ())
@@ -270,6 +365,15 @@ class ClockTable:
         """
         if self.gpu != spec.name:
             raise ClockTableError(f"{source} was searched on {self.gpu}, not {spec.name}; search again on {spec.name}")
+        if self.is_pipeline:
+            for stage in self.data["pipeline"]["plan"]:
+                for kind in PASSES:
+                    for sm in stage[kind]:
+                        if not spec.supports(*spec.resolve_clocks(sm, None)):
+                            raise ClockTableError(f"{source}: stage {stage['stage']}'s plan sets SM {sm} MHz for a "
+                                                  f"{kind} pass, which {spec.name} does not support; search again on "
+                                                  f"{spec.name}")  # fmt: skip
+            return
         for entry in self.entries:
             sm, mem, power = entry["sm_clock_mhz"], entry["mem_clock_mhz"], entry["power_limit_w"]
             if (sm is not None or mem is not None) and not spec.supports(*spec.resolve_clocks(sm, mem)):
@@ -348,6 +452,123 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     return ClockTable(data)
 
 
+def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: PipelinePlan, *, max_slowdown: float | str,
+                   blocking_power_w: float, switch_s: float,
+                   defaults: Mapping[tuple[int, str], tuple[float, float, int]], validated,
+                   predicted=None, front_samples: Mapping[tuple[int, str], Sequence[int]] | int = 1,
+                   partition_method: str = "parameters", backend: str = "sim", seed: int = 0,
+                   provenance: Mapping[str, Any] | None = None) -> ClockTable:  # fmt: skip
+    """The clock table of a pipeline plan (granularity "instruction"; module docstring, "Pipelines").
+
+    Args:
+        workload: the pipeline's freqopt.workload.models.Workload (layout pp > 1 stages).
+        spec: the GPU type every stage runs on; each plan and front clock must be one it supports.
+        profile: the freqopt.search.pipeline_plan.StageProfile the plan was made from: per (stage, pass) the
+            measured SM clocks (MHz) with one instruction's time (s) and energy (J) at each; written as the
+            entries' fronts (fastest first), from which another micro-batch count is re-planned.
+        plan: the freqopt.search.pipeline_plan.PipelinePlan to apply (its DAG's stages and micro-batches).
+        max_slowdown: the budget it was planned for, against the fastest plan (0.01 or "1%").
+        blocking_power_w: the power (W) a GPU draws while it waits on its neighbours, as the plan counted it (the
+            plan's planner's, where it has one).
+        switch_s: the GPU's clock-switch latency the plan was made and validated with, s.
+        defaults: per (stage, pass) one instruction's (time_s, energy_j, n_samples) at the GPU's default clocks.
+        validated: the plan's iteration as measured (an object with time_s and energy_j, s and J).
+        predicted: the plan's iteration as predicted (time_s, energy_j); default the plan's own figures.
+        front_samples: samples behind each front option: per (stage, pass) a sequence aligned with the profile's
+            options, or one count for all.
+        partition_method: DeepSpeed's partition of the layers into stages the profile was measured with.
+        backend, seed: where and with which seed the measurements were taken (provenance).
+        provenance: more provenance (storage, studies, cost...), merged over freqopt's own.
+
+    Returns:
+        A ClockTable (no source), for write_table and write_table_csv.
+
+    Raises:
+        InvalidSettingError: a stage count that differs between workload, profile and plan, a missing default, a
+            blocking power other than the plan's, or a bad budget (argument named).
+        ClockTableError: the document fails load_table's checks (a clock the plan picked that the profile does not
+            list for that pass, one ``spec`` does not support).
+    """
+    from freqopt.budget import parse_slowdown
+    from freqopt.errors import InvalidSettingError
+
+    slowdown = parse_slowdown(max_slowdown)
+    stages, micro_batches = plan.dag.stages, plan.dag.micro_batches
+    if not (workload.layout.pp == profile.stages == stages > 1):
+        raise InvalidSettingError(f"pipeline_table needs one stage count: the workload's layout has pp="
+                                  f"{workload.layout.pp}, the profile {profile.stages} stages, the plan {stages}",
+                                  argument="plan")  # fmt: skip
+    planner = getattr(plan, "planner", None)
+    if planner is not None and abs(planner.blocking_power_w - blocking_power_w) > 1e-12 * max(1.0, blocking_power_w):
+        raise InvalidSettingError(f"blocking_power_w {blocking_power_w} W is not the {planner.blocking_power_w} W the "
+                                  "plan was made with", argument="blocking_power_w")  # fmt: skip
+    keys = [(s, kind) for s in range(stages) for kind in PASSES]
+    missing = [f"stage{s}.{kind}" for s, kind in keys if (s, kind) not in defaults]
+    if missing:
+        raise InvalidSettingError(f"defaults lacks {', '.join(missing)}: give each stage and pass its measured default",
+                                  argument="defaults")  # fmt: skip
+    entries = []
+    for s, kind in keys:
+        options = profile.options[(s, kind)]
+        samples = ([front_samples] * len(options.sm_clock_mhz) if isinstance(front_samples, int)
+                   else list(front_samples[(s, kind)]))  # fmt: skip
+        time_s, energy_j, n_samples = defaults[(s, kind)]
+        front = [{"sm_clock_mhz": _clock_mhz(c), "mem_clock_mhz": None, "power_limit_w": None, "time_s": float(t),
+                  "energy_j": float(e), "n_samples": int(n)}
+                 for c, t, e, n in zip(options.sm_clock_mhz, options.time_s, options.energy_j, samples)]  # fmt: skip
+        front.sort(key=lambda o: (o["time_s"], -o["sm_clock_mhz"]))
+        entries.append({"unit": f"stage{s}.{kind}", "stage": s, "pass": kind,
+                        "default": {"sm_clock_mhz": None, "mem_clock_mhz": None, "power_limit_w": None,
+                                    "time_s": float(time_s), "energy_j": float(energy_j), "n_samples": int(n_samples)},
+                        "front": front})  # fmt: skip
+    clocks = {(s, kind): [0] * micro_batches for s, kind in keys}
+    for inst, clock in zip(plan.dag.instructions, plan.sm_clock_mhz):
+        clocks[(inst.stage, inst.kind)][inst.micro_batch] = _clock_mhz(clock)
+    # The default iteration: every instruction at its default, on the plan's schedule and accounting.
+    default_times = [defaults[(i.stage, i.kind)][0] for i in plan.dag.instructions]
+    default_energies = [defaults[(i.stage, i.kind)][1] for i in plan.dag.instructions]
+    base_time = plan.dag.iteration_time_s(default_times)
+    base_energy = plan.dag.iteration_energy_j(default_times, default_energies, blocking_power_w)
+
+    def rel(time_s: float, energy_j: float) -> dict[str, float]:
+        return {"time_s": float(time_s), "energy_j": float(energy_j),
+                "energy_saved_pct": 100 * (1 - energy_j / base_energy), "slowdown_pct": 100 * (time_s / base_time - 1)}
+
+    predicted_time, predicted_energy = ((plan.time_s, plan.energy_j) if predicted is None
+                                        else (predicted.time_s, predicted.energy_j))  # fmt: skip
+    data = {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "gpu": {"name": spec.name, "marketing_name": spec.marketing_name,
+                "sm_clocks_mhz": [_clock_mhz(f) for f in spec.sm_clocks_mhz],
+                "mem_clocks_mhz": [_clock_mhz(m) for m in spec.mem_clocks_mhz],
+                "power_limit_default_w": spec.power_limit_default_w},
+        "workload": workload_doc(workload),
+        "granularity": INSTRUCTION,
+        "max_slowdown": slowdown,
+        "entries": entries,
+        "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": "1f1b",
+                     "partition_method": partition_method, "blocking_power_w": float(blocking_power_w),
+                     "switch_s": float(switch_s),
+                     "plan": [{"stage": s, **{kind: clocks[(s, kind)] for kind in PASSES}} for s in range(stages)]},
+        "baseline": {"time_s": base_time, "energy_j": base_energy},
+        "predicted": {**rel(predicted_time, predicted_energy), "baseline_time_s": base_time,
+                      "baseline_energy_j": base_energy, "fastest_time_s": float(plan.default_time_s),
+                      "fastest_energy_j": float(plan.default_energy_j), "lower_bound_j": float(plan.lower_bound_j)},
+        "validated": rel(validated.time_s, validated.energy_j),
+        "provenance": {"freqopt_version": __version__,
+                       "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       "backend": backend, "seed": seed, **(provenance or {})},
+    }  # fmt: skip
+    wrong = _pipeline_error(data, "the pipeline table")
+    if wrong:
+        raise ClockTableError(wrong)
+    _check_pipeline(data, "the pipeline table")
+    table = ClockTable(data)
+    table.check_gpu(spec, source="the pipeline table")
+    return table
+
+
 def _clock_mhz(value) -> int | None:
     """A clock setting as the table holds it: an integer of MHz (NVML takes clocks as unsigned integers of MHz,
     nvmlDeviceSetGpuLockedClocks), so that a clock that went through floating point (885.0 from another tool's
@@ -393,7 +614,7 @@ def budget_tag(max_slowdown: float) -> str:
 
 def table_stem(workload, gpu: str, max_slowdown: float, seed: int = 0) -> str:
     """The file-name stem of a search's tables and figures (module docstring, "File names"): MODEL-GPU, then
-    -dpNtpM under a parallel layout, the budget (budget_tag), and -seedN for a seed other than 0 (the ':' of an
+    -dpNtpM under a parallel layout (-dpNtpMppP with pipeline stages), the budget (budget_tag), and -seedN for a seed other than 0 (the ':' of an
     ``hf:NAME`` model becomes '-', which file systems and shells take without quoting).
 
     Args:
@@ -401,6 +622,8 @@ def table_stem(workload, gpu: str, max_slowdown: float, seed: int = 0) -> str:
             fraction; seed: the samplers' seed.
     """
     layout = "" if workload.layout.is_single_gpu else f"-dp{workload.layout.dp}tp{workload.layout.tp}"
+    if workload.layout.is_pipeline:
+        layout += f"pp{workload.layout.pp}"
     tag = f"-seed{seed}" if seed else ""
     return f"{workload.model.replace(':', '-')}-{gpu}{layout}-{budget_tag(max_slowdown)}{tag}"
 
@@ -489,8 +712,17 @@ def write_table(table: ClockTable, path: str | Path) -> Path:
 
 
 def write_table_csv(table: ClockTable, path: str | Path) -> Path:
-    """Write the CSV view (one row per tuning unit), atomically. Returns the path."""
+    """Write the CSV view (one row per tuning unit; a pipeline table's: one row per instruction, columns stage,
+    pass, micro_batch, sm_clock_mhz), atomically. Returns the path."""
     buf = io.StringIO()
+    if table.is_pipeline:
+        writer = csv.writer(buf)
+        writer.writerow(["stage", "pass", "micro_batch", "sm_clock_mhz"])
+        for stage in table.data["pipeline"]["plan"]:
+            for kind in PASSES:
+                writer.writerows([stage["stage"], kind, m, clock] for m, clock in enumerate(stage[kind]))
+        atomic_write_text(path, buf.getvalue())
+        return Path(path)
     columns = ["unit", "kind", "n_kernels", "arithmetic_intensity", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w"]
     if table.is_phase_schedule:
         columns.append("request_phase")
@@ -513,6 +745,84 @@ def _integer_clocks(data: dict[str, Any]) -> None:
                     item[key] = int(item[key])
     for key in ("sm_clocks_mhz", "mem_clocks_mhz"):
         data["gpu"][key] = [int(v) for v in data["gpu"][key]]
+    for stage in (data.get("pipeline") or {}).get("plan", ()):
+        for kind in PASSES:
+            stage[kind] = [int(v) for v in stage[kind]]
+
+
+def _pipeline_error(data: dict[str, Any], path) -> str | None:
+    """What is wrong with a pipeline table document (module docstring, "Pipelines") that the schema cannot say, or
+    with a pipeline layout's table that is no pipeline table; None when nothing is. Run before the schema check,
+    whose message for these cases ("'pipeline' is a required property") would not say what to do."""
+    workload = data.get("workload") if isinstance(data.get("workload"), dict) else {}
+    layout = workload.get("layout") if isinstance(workload.get("layout"), dict) else {}
+    pp = layout.get("pp", 1)
+    granularity = data.get("granularity")
+    if isinstance(pp, int) and pp > 1 and granularity != INSTRUCTION:
+        return (f"{path} is a table of granularity {granularity!r} for a pipeline layout (pp={pp}); a pipeline "
+                f"takes an {INSTRUCTION}-level table (a clock per instruction): search the pipeline again at "
+                f"granularity {INSTRUCTION!r}")  # fmt: skip
+    if granularity != INSTRUCTION:
+        return None
+    if not isinstance(data.get("pipeline"), dict):
+        return (f"{path} is an {INSTRUCTION}-level table without its \"pipeline\" object (the stages, micro-batches "
+                "and plan per stage); it was written by hand or cut short: re-export it with freqopt")  # fmt: skip
+    if pp == 1:
+        return (f"{path} is an {INSTRUCTION}-level table, but its workload has no pipeline stages (layout pp=1); a "
+                "pipeline table records its layout's pp: re-export it with freqopt")  # fmt: skip
+    return None
+
+
+def _check_pipeline(data: dict[str, Any], path) -> None:
+    """A schema-valid pipeline table's consistency: its stage count is its layout's pp, one entry per (stage, pass)
+    with a front of distinct SM clocks only (no memory clock or power limit: those stay at the default), and a plan
+    of every stage whose clocks are each pass's measured ones, M per pass.
+
+    Raises:
+        ClockTableError: one line naming the file, what is wrong and what to do.
+    """
+    pipeline = data["pipeline"]
+    stages, micro_batches = pipeline["stages"], pipeline["micro_batches"]
+    pp = _layout_doc(data["workload"].get("layout")).get("pp", 1)
+    redo = "re-export it with freqopt"
+    if stages != pp:
+        raise ClockTableError(f"{path}: its pipeline has {stages} stages, but its workload's layout has pp={pp}; "
+                              f"{redo}")  # fmt: skip
+    fronts: dict[tuple[int, str], set[int]] = {}
+    for entry in data["entries"]:
+        key = (entry["stage"], entry["pass"])
+        if key[0] >= stages:
+            raise ClockTableError(f"{path}: entry {entry['unit']!r} is for stage {key[0]} of a {stages}-stage "
+                                  f"pipeline; {redo}")  # fmt: skip
+        if key in fronts:
+            raise ClockTableError(f"{path}: stage {key[0]}'s {key[1]} pass has two entries; {redo}")
+        clocks = [option.get("sm_clock_mhz") for option in entry["front"]]
+        if not clocks or None in clocks or len(set(clocks)) != len(clocks):
+            raise ClockTableError(f"{path}: entry {entry['unit']!r} needs a front of distinct measured SM clocks "
+                                  f"(none may be null or repeated); {redo}")  # fmt: skip
+        if any(option.get(k) is not None for option in [entry["default"], *entry["front"]]
+               for k in ("mem_clock_mhz", "power_limit_w")):  # fmt: skip
+            raise ClockTableError(f"{path}: entry {entry['unit']!r} sets a memory clock or power limit; a pipeline "
+                                  f"table's instructions change the SM clock only; {redo}")  # fmt: skip
+        fronts[key] = set(clocks)
+    missing = [f"stage{s}.{k}" for s in range(stages) for k in PASSES if (s, k) not in fronts]
+    if missing:
+        raise ClockTableError(f"{path}: no entry for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
+                              f"(one per stage and pass); {redo}")  # fmt: skip
+    plan = pipeline["plan"]
+    if sorted(stage["stage"] for stage in plan) != list(range(stages)):
+        raise ClockTableError(f"{path}: its plan covers stages {sorted(s['stage'] for s in plan)}, not each of "
+                              f"0..{stages - 1} once; {redo}")  # fmt: skip
+    for stage in plan:
+        for kind in PASSES:
+            clocks = stage[kind]
+            if len(clocks) != micro_batches:
+                raise ClockTableError(f"{path}: stage {stage['stage']}'s plan has {len(clocks)} {kind} clocks, not one "
+                                      f"per micro-batch ({micro_batches}); {redo}")  # fmt: skip
+            unmeasured = sorted(set(clocks) - fronts[(stage["stage"], kind)])
+            if unmeasured:
+                raise ClockTableError(f"{path}: stage {stage['stage']}'s plan runs its {kind} pass at SM {unmeasured[0]} "
+                                      f"MHz, which its front does not list (the plan picks measured clocks); {redo}")
 
 
 def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
@@ -529,7 +839,10 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
 
     Raises:
         ClockTableError: unreadable, not JSON, not a freqopt clock table, another schema version, a GPU type
-            freqopt does not know, another GPU type than ``spec``, or settings the GPU does not support.
+            freqopt does not know, another GPU type than ``spec``, or settings the GPU does not support; for a
+            pipeline layout (pp > 1): a table of another granularity than "instruction", no "pipeline" object, a stage
+            count other than the layout's pp, entries that do not cover each (stage, pass) once, or a plan that does
+            not give each stage M clocks per pass among those measured (module docstring, "Pipelines").
     """
     import jsonschema
 
@@ -550,12 +863,17 @@ def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:
             f"{path} has clock-table schema version {data.get('schema_version')!r}; this freqopt reads version "
             f"{SCHEMA_VERSION}: re-export it with this freqopt version"
         )
+    wrong = _pipeline_error(data, path)
+    if wrong:
+        raise ClockTableError(wrong)
     try:
         jsonschema.validate(data, CLOCK_TABLE_SCHEMA)
     except jsonschema.ValidationError as e:
         where = "/".join(map(str, e.absolute_path)) or "top level"
         raise ClockTableError(f"{path} is a corrupt clock table ({where}: {e.message})") from e
     _integer_clocks(data)
+    if data["granularity"] == INSTRUCTION:
+        _check_pipeline(data, path)
     table = ClockTable(data, source=str(Path(path).resolve()))
     if spec is None:
         from freqopt.errors import UnknownNameError

@@ -1,0 +1,352 @@
+"""A pipeline's clock table applied to a running DeepSpeed pipeline: one SM clock per instruction, on every stage.
+
+    engine, *_ = deepspeed.initialize(model=PipelineModule(...), ...)     # one rank: one stage
+    with PipelineRuntime(engine, table=table, backend=backend) as runtime:
+        for _ in range(steps):
+            engine.train_batch(data_iter)          # each forward and backward pass asks for its clock
+
+**The plan per stage.** A pipeline table (freqopt.tables, granularity "instruction") holds per stage the SM clock of
+every micro-batch's forward and backward pass. ``stage_schedule`` puts one stage's clocks in the order that stage
+runs its instructions, DeepSpeed's 1F1B ``TrainSchedule`` (freqopt.search.pipeline.stage_order). For another number
+of micro-batches than the table was planned for (DeepSpeed's ``gradient_accumulation_steps``), the plan is made
+again from the table's fronts (its measured (clock, time, energy) per stage and pass, table_stage_profile) by
+freqopt.search.pipeline_plan.PipelinePlanner with the table's budget (``max_slowdown``, against the fastest plan)
+and blocking power: no new measurement. Every rank plans the whole pipeline the same way and keeps its own stage.
+HiGHS is deterministic, so the ranks agree wherever the solve finishes; on pipelines so large that the planner's
+"hull" method stops at its time limit (hundreds of instructions, see PipelinePlanner), ranks could keep different
+plans: plan those once with the planner and write the table for that micro-batch count instead.
+
+**Hooks.** The runtime hooks one engine instance, never DeepSpeed's classes: PipelineEngine._exec_schedule looks up
+``self._INSTRUCTION_MAP`` on the instance for each instruction of the schedule (DeepSpeed 0.19,
+deepspeed/runtime/pipe/engine.py), so an instance attribute holding a copy of the class's map, with ForwardPass and
+BackwardPass wrapped, reaches this engine only; ``train_batch`` is wrapped on the instance too, so that the runtime
+counts the instructions of each training iteration (an ``eval_batch``'s forward passes are not counted and request
+nothing). Both instance attributes are removed when the runtime exits. At each forward or backward pass the runtime
+checks that the pass is the one the 1F1B order expects next (else the engine runs another schedule than the plan:
+FreqoptError) and, where the pass's clock differs from the last one asked for, puts the request on the worker's queue
+(freqopt.apply.runtime's worker thread, issue 15): the training thread never calls NVML nor waits for it. On CUDA the
+request carries an event recorded at the pass's start, so the worker sets the clock when the GPU reaches the pass,
+not when the host issues it. As in Perseus (Chung et al., SOSP'24: its client sets an instruction's frequency when
+the instruction begins), the clock lands one switch latency into the pass; an instruction lasts tens of
+milliseconds, a switch on an H100 6-26 ms (search_spaces/h100-sxm.toml, [actuation]). The transfers, the gradient
+reduction and the optimizer step run at the clock of the pass before them.
+
+**Exit.** On leaving the ``with`` block, on an exception, or on SIGINT or SIGTERM (the NVML backend's
+freqopt.gpu.nvml.GPUStateGuard), the queue is drained, the worker stopped and the backend restores what it found.
+
+**The simulated backend.** There is no GPU to switch: the worker records each setting on the simulated GPU, and
+``step_measurement()`` gives the iteration the stages' requested clocks make: each instruction is its stage's
+forward or backward kernels (freqopt.workload.pipeline_trace.trace_pipeline_stages) timed by the simulated GPU at
+that clock (SimulatedGPU.true_measure: noiseless, no switching cost), the iteration is the critical path of the 1F1B
+instruction graph, and every GPU draws the table's blocking power while it waits (freqopt.search.pipeline, Perseus's
+accounting). This rank's stage uses the clocks it requested; the other stages the same table's plan.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError, check_positive_int
+from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
+from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, one_f_one_b, stage_order
+from freqopt.search.pipeline_plan import InstructionOptions, PipelinePlanner, StageProfile
+from freqopt.tables import INSTRUCTION, ClockTable
+from freqopt.apply.runtime import _STOP, _Worker
+
+__all__ = ["table_stage_profile", "pipeline_schedules", "stage_schedule", "check_pipeline_table", "PipelineRuntime"]
+
+
+def check_pipeline_table(table: ClockTable, stages: int | None = None, *, source: str | None = None) -> None:
+    """Refuse a table a pipeline cannot apply: one of another granularity (a single GPU's, a dp/tp layout's), or a
+    pipeline table for another number of stages than ``stages`` (None: any).
+
+    Raises:
+        ClockTableError: one line naming the table, what it is, and what to do.
+    """
+    name = source or table.source or "the clock table"
+    if not table.is_pipeline:
+        raise ClockTableError(f"{name} is a {table.granularity}-level table; a pipeline (layout pp > 1) applies an "
+                              f"{INSTRUCTION}-level table, a clock per instruction: search the pipeline at granularity "
+                              f"{INSTRUCTION!r} and apply that table")  # fmt: skip
+    found = table.pipeline["stages"]
+    if stages is not None and found != stages:
+        raise ClockTableError(f"{name} plans a pipeline of {found} stages, not {stages}: its plan is per stage; search "
+                              f"the {stages}-stage pipeline (layout pp={stages}) at granularity {INSTRUCTION!r} and "
+                              "apply that table")  # fmt: skip
+
+
+def table_stage_profile(table: ClockTable) -> StageProfile:
+    """The stage profile a pipeline table carries: per (stage, pass) its front's SM clocks (MHz), one instruction's
+    time (s) and energy (J) at each, as PipelinePlanner takes it.
+
+    Raises:
+        ClockTableError: not a pipeline table.
+    """
+    check_pipeline_table(table)
+    options = {}
+    for entry in table.entries:
+        front = sorted(entry["front"], key=lambda o: o["sm_clock_mhz"])
+        options[(entry["stage"], entry["pass"])] = InstructionOptions(
+            np.asarray([o["sm_clock_mhz"] for o in front], dtype=int), np.asarray([o["time_s"] for o in front]),
+            np.asarray([o["energy_j"] for o in front]))  # fmt: skip
+    return StageProfile(table.pipeline["stages"], options, table.source)
+
+
+def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> list[list[ClockSetting]]:
+    """Every stage's settings, each stage's in the order it runs its instructions (stage_order): per stage
+    2 x micro_batches ClockSettings, the SM clock the plan picked (memory clock and power limit at the default).
+
+    Args:
+        table: a pipeline table (freqopt.tables.pipeline_table, load_table).
+        micro_batches: micro-batches per iteration (DeepSpeed's gradient_accumulation_steps); None or the table's
+            own: the table's plan. Another count re-plans the whole pipeline from the table's fronts with
+            PipelinePlanner at the table's max_slowdown and blocking power (module docstring), without measuring.
+
+    Raises:
+        ClockTableError: not a pipeline table.
+        InvalidSettingError: micro_batches not a positive integer.
+        FreqoptError: the planner failed.
+    """
+    check_pipeline_table(table)
+    pipeline = table.pipeline
+    stages = pipeline["stages"]
+    micro_batches = pipeline["micro_batches"] if micro_batches is None else micro_batches
+    check_positive_int("micro_batches", micro_batches)
+    if micro_batches == pipeline["micro_batches"]:
+        plan = {(p["stage"], kind): p[kind] for p in pipeline["plan"] for kind in KINDS}
+        clock = {(s, kind, m): plan[(s, kind)][m] for (s, kind) in plan for m in range(micro_batches)}
+    else:
+        planner = PipelinePlanner(table_stage_profile(table), micro_batches,
+                                  blocking_power_w=pipeline["blocking_power_w"])  # fmt: skip
+        replanned = planner.plan(max_slowdown=table.data["max_slowdown"])
+        clock = {(i.stage, i.kind, i.micro_batch): int(c)
+                 for i, c in zip(replanned.dag.instructions, replanned.sm_clock_mhz)}  # fmt: skip
+    return [[ClockSetting(clock[(i.stage, i.kind, i.micro_batch)]) for i in stage_order(stages, micro_batches, s)]
+            for s in range(stages)]  # fmt: skip
+
+
+def stage_schedule(table: ClockTable, stage: int, micro_batches: int | None = None) -> list[ClockSetting]:
+    """One stage's settings in the order it runs its instructions (pipeline_schedules, whose re-planning for
+    another ``micro_batches`` this shares): 2 x micro_batches ClockSettings.
+
+    Raises:
+        ClockTableError, InvalidSettingError, FreqoptError: as pipeline_schedules; InvalidSettingError also for a
+            stage outside the table's pipeline.
+    """
+    check_pipeline_table(table)
+    stages = table.pipeline["stages"]
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < stages:
+        raise InvalidSettingError(f"stage must be an integer in [0, {stages}), not {stage!r}", argument="stage")
+    return pipeline_schedules(table, micro_batches)[stage]
+
+
+def _pipe_instructions():
+    """DeepSpeed's ForwardPass and BackwardPass instruction classes (deepspeed.runtime.pipe.schedule)."""
+    from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass
+
+    return {FORWARD: ForwardPass, BACKWARD: BackwardPass}
+
+
+class PipelineRuntime:
+    """Apply a pipeline table to one rank's DeepSpeed PipelineEngine, instruction by instruction (module docstring).
+
+    Args:
+        engine: the rank's deepspeed.runtime.pipe.engine.PipelineEngine (deepspeed.initialize of a PipelineModule);
+            its ``stage_id``, ``num_stages`` and ``micro_batches`` say which stage and schedule it runs.
+        table: a pipeline table (granularity "instruction") for ``engine.num_stages`` stages, or None (default
+            clocks throughout, the passes still counted).
+        backend: this rank's GPU (NVMLBackend), or a SimulatedGPU; closed (the GPU restored) on exit.
+        stage_traces: every stage's StageTrace (trace_pipeline_stages of the workload trained), for
+            step_measurement on the simulated backend; None: no step_measurement.
+        blocking_power_w: the power a waiting GPU draws in step_measurement, W; default the table's, else the GPU
+            type's idle power (``GPUSpec.idle_power_w``: a stage blocked on a P2P transfer runs no kernel).
+
+    Attributes:
+        stage, stages, micro_batches: the engine's.
+        plan: this stage's settings in its 1F1B order (stage_schedule), the table's, or all default without one.
+        use_table: whether train_batch applies ``plan`` (True, with a table) or the default settings (False).
+        requested: per finished training iteration, the setting each instruction asked for, in order.
+        switches: requests put on the worker's queue (setting changes) since entered.
+
+    Raises:
+        InvalidSettingError: ``engine`` is not a PipelineEngine.
+        ClockTableError: ``table`` is not a pipeline table, or plans another number of stages.
+    """
+
+    def __init__(self, engine, *, table: ClockTable | None, backend: Backend,
+                 stage_traces: Sequence | None = None, blocking_power_w: float | None = None):  # fmt: skip
+        needed = ("_INSTRUCTION_MAP", "train_batch", "stage_id", "num_stages", "micro_batches")
+        if not all(hasattr(engine, name) for name in needed):
+            raise InvalidSettingError(f"engine must be a DeepSpeed PipelineEngine (deepspeed.initialize of a "
+                                      f"PipelineModule), not {type(engine).__name__}", argument="engine")  # fmt: skip
+        if table is not None:
+            check_pipeline_table(table, engine.num_stages)
+        self.engine, self.table, self.backend = engine, table, backend
+        self.stage, self.stages = int(engine.stage_id), int(engine.num_stages)
+        self.simulated = backend.simulated
+        self.stage_traces = stage_traces
+        if blocking_power_w is None:
+            blocking_power_w = table.pipeline["blocking_power_w"] if table is not None else backend.spec.idle_power_w
+        self.blocking_power_w = float(blocking_power_w)
+        self.use_table = table is not None
+        self._plan_for(int(engine.micro_batches))
+        self._position: int | None = None  # the instruction of the current training iteration; None outside one
+        self._current: ClockSetting | None = None  # the setting last requested
+        self._iteration: list[ClockSetting] = []
+        self.requested: list[tuple[ClockSetting, ...]] = []
+        self.switches = 0
+        self._worker = _Worker(backend)
+        self._thread = threading.Thread(target=self._worker.run, name="freqopt-dvfs-pipeline", daemon=True)
+        self._measured: dict[tuple[int, str, ClockSetting], Measurement] = {}
+        self._hooked: dict[str, object] = {}
+
+    def _plan_for(self, micro_batches: int) -> None:
+        """This stage's order and settings for ``micro_batches``, and every stage's (for step_measurement)."""
+        self.micro_batches = micro_batches
+        self._order = stage_order(self.stages, micro_batches, self.stage)
+        default = [[DEFAULT_SETTING] * (2 * micro_batches) for _ in range(self.stages)]
+        self._schedules = pipeline_schedules(self.table, micro_batches) if self.table is not None else default
+        self._defaults = default
+        self.plan = tuple(self._schedules[self.stage])
+        self.default_plan = tuple(default[self.stage])
+
+    @property
+    def _settings(self) -> tuple[ClockSetting, ...]:
+        return self.plan if self.use_table else self.default_plan
+
+    # -- the hooks, on the training thread -----------------------------------------------------------------------
+    def _begin_iteration(self) -> None:
+        if self._worker.error is not None:
+            raise self._worker.error
+        if int(self.engine.micro_batches) != self.micro_batches:  # set_train_batch_size changed it: plan again
+            self._plan_for(int(self.engine.micro_batches))
+        self._position, self._iteration = 0, []
+
+    def _end_iteration(self) -> None:
+        done, self._position = self._position, None
+        if done != len(self._order):
+            raise FreqoptError(f"stage {self.stage}: the engine ran {done} forward and backward passes in a training "
+                               f"iteration, not the {len(self._order)} of DeepSpeed's 1F1B schedule of {self.stages} "
+                               f"stages and {self.micro_batches} micro-batches; the pipeline runtime is out of step "
+                               "with the engine")  # fmt: skip
+        self.requested.append(tuple(self._iteration))
+
+    def _on_instruction(self, kind: str) -> None:
+        """A forward or backward pass begins: check it is the one the 1F1B order expects, and ask for its setting
+        if it differs from the last one asked for. Never waits: no NVML call, no synchronization."""
+        if self._position is None:
+            return  # an eval_batch's pass: not part of the plan
+        if self._worker.error is not None:
+            raise self._worker.error
+        k = self._position
+        if k >= len(self._order) or self._order[k].kind != kind:
+            expected = str(self._order[k]) if k < len(self._order) else "no further pass"
+            raise FreqoptError(f"stage {self.stage}: the engine ran a {kind} pass as pass {k + 1} of a training "
+                               f"iteration where DeepSpeed's 1F1B schedule of {self.stages} stages and "
+                               f"{self.micro_batches} micro-batches has {expected}; the pipeline runtime is out of "
+                               "step with the engine")  # fmt: skip
+        setting = self._settings[k]
+        self._iteration.append(setting)
+        self._position = k + 1
+        if setting != self._current:
+            event = None
+            if torch.cuda.is_available() and not self.simulated:
+                event = torch.cuda.Event()
+                event.record()  # on the current stream: the worker waits for the GPU to reach the pass
+            self._worker.requests.put((event, setting))
+            self._current = setting
+            self.switches += 1
+
+    def _hook(self) -> None:
+        """Wrap ForwardPass, BackwardPass and train_batch on this engine instance (module docstring)."""
+        engine = self.engine
+        self._hooked = {name: engine.__dict__[name] for name in ("_INSTRUCTION_MAP", "train_batch")
+                        if name in engine.__dict__}  # fmt: skip
+        instruction_map = dict(engine._INSTRUCTION_MAP)
+        for kind, instruction in _pipe_instructions().items():
+            execute = instruction_map[instruction]
+
+            def hooked(engine_self, *args, _kind=kind, _execute=execute, **kwargs):
+                self._on_instruction(_kind)
+                return _execute(engine_self, *args, **kwargs)
+
+            instruction_map[instruction] = hooked
+        train_batch = engine.train_batch
+
+        def counted_train_batch(*args, **kwargs):
+            self._begin_iteration()
+            try:
+                result = train_batch(*args, **kwargs)
+            except BaseException:
+                self._position = None
+                raise
+            self._end_iteration()
+            return result
+
+        engine._INSTRUCTION_MAP = instruction_map
+        engine.train_batch = counted_train_batch
+
+    def _unhook(self) -> None:
+        engine = self.engine
+        for name in ("_INSTRUCTION_MAP", "train_batch"):
+            if name in self._hooked:
+                setattr(engine, name, self._hooked[name])
+            else:
+                engine.__dict__.pop(name, None)
+
+    # -- the simulated iteration ---------------------------------------------------------------------------------
+    def _instruction(self, stage: int, kind: str, setting: ClockSetting) -> Measurement:
+        key = (stage, kind, setting)
+        if key not in self._measured:
+            kernels = self.stage_traces[stage].pass_kernels(kind)
+            self._measured[key] = self.backend.true_measure(kernels, setting)
+        return self._measured[key]
+
+    def step_measurement(self) -> Measurement:
+        """The last training iteration on the simulated GPU (module docstring): its time (s, the critical path) and
+        the energy of all its stages' GPUs (J), this stage at the settings it requested, the others at the same
+        table's (or the defaults, with ``use_table`` False).
+
+        Raises:
+            TypeError: on a real GPU (time a real step; its energy is the GPU's counter), or without stage_traces.
+            InvalidSettingError: no training iteration has finished yet.
+        """
+        if not self.simulated or self.stage_traces is None:
+            raise TypeError("step_measurement() is for the simulated backend with stage_traces; on a real GPU time "
+                            "the step and read the GPU's energy counter")  # fmt: skip
+        if not self.requested:
+            raise InvalidSettingError("no training iteration has run yet: call engine.train_batch() first")
+        last = self.requested[-1]
+        settings = [list(last) if s == self.stage else (self._schedules if self.use_table else self._defaults)[s]
+                    for s in range(self.stages)]  # fmt: skip
+        micro_batches = len(last) // 2
+        dag = one_f_one_b(self.stages, micro_batches)
+        position = {s: 0 for s in range(self.stages)}
+        times, energies = [], []
+        for inst in dag.instructions:  # stage by stage, each in its own order
+            m = self._instruction(inst.stage, inst.kind, settings[inst.stage][position[inst.stage]])
+            position[inst.stage] += 1
+            times.append(m.time_s)
+            energies.append(m.energy_j)
+        return Measurement(dag.iteration_time_s(times), dag.iteration_energy_j(times, energies, self.blocking_power_w))
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    def __enter__(self) -> PipelineRuntime:
+        self._thread.start()
+        self._hook()
+        # The first pass's clocks, set before the first iteration begins.
+        self._current = self._settings[0]
+        self._worker.requests.put((None, self._current))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._unhook()
+            self._worker.requests.put(_STOP)  # the worker drains what is queued (the latest request only), then stops
+            self._thread.join(timeout=30)
+        finally:
+            self.backend.close()
