@@ -495,9 +495,9 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
     slowdown = parse_slowdown(max_slowdown)
     stages, micro_batches = plan.dag.stages, plan.dag.micro_batches
     if not (workload.layout.pp == profile.stages == stages > 1):
-        raise InvalidSettingError(f"pipeline_table needs one stage count: the workload's layout has pp="
-                                  f"{workload.layout.pp}, the profile {profile.stages} stages, the plan {stages}",
-                                  argument="plan")  # fmt: skip
+        raise InvalidSettingError(f"plan has {stages} stages, the profile {profile.stages} and the workload's layout "
+                                  f"pp={workload.layout.pp}: give the workload, profile and plan of one pipeline of "
+                                  "at least 2 stages", argument="plan")  # fmt: skip
     planner = getattr(plan, "planner", None)
     if planner is not None and abs(planner.blocking_power_w - blocking_power_w) > 1e-12 * max(1.0, blocking_power_w):
         raise InvalidSettingError(f"blocking_power_w {blocking_power_w} W is not the {planner.blocking_power_w} W the "
