@@ -69,7 +69,7 @@ def check_pipeline_table(table: ClockTable, stages: int | None = None, *, source
     """
     name = source or table.source or "the clock table"
     if not table.is_pipeline:
-        raise ClockTableError(f"{name} is a {table.granularity}-level table; a pipeline (layout pp > 1) applies an "
+        raise ClockTableError(f"{name} is a table of granularity {table.granularity!r}; a pipeline (layout pp > 1) applies an "
                               f"{INSTRUCTION}-level table, a clock per instruction: search the pipeline at granularity "
                               f"{INSTRUCTION!r} and apply that table")  # fmt: skip
     found = table.pipeline["stages"]
@@ -170,7 +170,8 @@ class PipelineRuntime:
         plan: this stage's settings in its 1F1B order (stage_schedule), the table's, or all default without one.
         use_table: whether train_batch applies ``plan`` (True, with a table) or the default settings (False).
         requested: per finished training iteration, the setting each instruction asked for, in order.
-        switches: requests put on the worker's queue (setting changes) since entered.
+        switches: requests put on the worker's queue at a pass (where the setting changes) since entered, the
+            first pass's clock, asked for on entering, not counted.
 
     Raises:
         InvalidSettingError: ``engine`` is not a PipelineEngine.
