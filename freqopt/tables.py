@@ -219,7 +219,8 @@ def workload_doc(workload) -> dict[str, Any]:
 def describe_workload(doc: dict[str, Any], *, sizes: bool = False) -> str:
     """One line for a table's workload: "gpt3-small dp=1,tp=1 micro-batch 4 seq 2048" ("dp=1,tp=1,pp=2" for a
     pipeline; and, with ``sizes``, its layers, width and heads)."""
-    text = f"{doc['model']} {_layout_text(doc.get('layout'))} micro-batch {doc['micro_batch_size']} seq {doc['seq_len']}"
+    text = (f"{doc['model']} {_layout_text(doc.get('layout'))} micro-batch {doc['micro_batch_size']} "
+            f"seq {doc['seq_len']}")
     if sizes:
         text += f" ({doc['n_layers']} layers, d_model {doc['d_model']}, {doc['n_heads']} heads)"
     return text
@@ -821,8 +822,9 @@ def _check_pipeline(data: dict[str, Any], path) -> None:
                                       f"per micro-batch ({micro_batches}); {redo}")  # fmt: skip
             unmeasured = sorted(set(clocks) - fronts[(stage["stage"], kind)])
             if unmeasured:
-                raise ClockTableError(f"{path}: stage {stage['stage']}'s plan runs its {kind} pass at SM {unmeasured[0]} "
-                                      f"MHz, which its front does not list (the plan picks measured clocks); {redo}")
+                raise ClockTableError(f"{path}: stage {stage['stage']}'s plan runs its {kind} pass at SM "
+                                      f"{unmeasured[0]} MHz, which its front does not list (the plan picks measured "
+                                      f"clocks); {redo}")  # fmt: skip
 
 
 def load_table(path: str | Path, *, spec: GPUSpec | None = None) -> ClockTable:

@@ -69,9 +69,9 @@ def check_pipeline_table(table: ClockTable, stages: int | None = None, *, source
     """
     name = source or table.source or "the clock table"
     if not table.is_pipeline:
-        raise ClockTableError(f"{name} is a table of granularity {table.granularity!r}; a pipeline (layout pp > 1) applies an "
-                              f"{INSTRUCTION}-level table, a clock per instruction: search the pipeline at granularity "
-                              f"{INSTRUCTION!r} and apply that table")  # fmt: skip
+        raise ClockTableError(f"{name} is a table of granularity {table.granularity!r}; a pipeline (layout pp > 1) "
+                              f"applies an {INSTRUCTION}-level table, a clock per instruction: search the pipeline at "
+                              f"granularity {INSTRUCTION!r} and apply that table")  # fmt: skip
     found = table.pipeline["stages"]
     if stages is not None and found != stages:
         raise ClockTableError(f"{name} plans a pipeline of {found} stages, not {stages}: its plan is per stage; search "

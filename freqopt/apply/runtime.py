@@ -201,6 +201,8 @@ class DVFSRuntime:
     Raises:
         TableWorkloadError: ``table`` was found for another model, layout, micro-batch or sequence length than
             ``trace``'s workload; the message names ``freqopt transfer``, which lays it onto this one.
+        ClockTableError: ``table`` is a pipeline's (granularity "instruction"): freqopt.apply.pipeline_runtime's
+            PipelineRuntime applies those.
         TraceMismatchError: ``check_trace`` and the trace is of a module of another structure (a trace recorded
             without a fingerprint is accepted with a TraceFingerprintWarning).
     """
@@ -211,6 +213,7 @@ class DVFSRuntime:
         if check_trace:
             check_trace_module(trace, model)
         if table is not None:
+            table.refuse_pipeline("the phase runtime (DVFSRuntime)")
             table.check_workload(trace.workload)
         self.model, self.optimizer, self.backend, self.trace = model, optimizer, backend, trace
         self.simulated = backend.simulated

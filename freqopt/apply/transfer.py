@@ -528,6 +528,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     source = "clock table" if isinstance(table, ClockTable) else str(table)
     if not isinstance(table, ClockTable):
         table = load_table(table)
+    table.refuse_pipeline("freqopt transfer", source=source)  # a plan per stage, not settings per tuning unit
     spec = requested or get_gpu(table.gpu)
     table.check_gpu(spec, source=source)
     slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]

@@ -25,11 +25,17 @@ from freqopt.cli.search import switch_latency_option
 @click.option("--device", default=None, help="Where the model trains (default: cuda with nvml, cpu with sim).")
 @click.option("--json", "json_path", default=None, help="Also write the per-step figures as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of weights, tokens and simulated noise.")
+@click.option("--micro-batches", "micro_batches", default=None, type=int,
+              help="Pipelines (--layout pp=N): micro-batches per step (default: the table's, else 2 x pp); another "
+                   "count than the table's is planned again from its fronts.")
 @switch_latency_option
 @model_options
-def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, switch_latency_ms,
-          micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
-    """Train on synthetic tokens under the DVFS runtime and report time and energy per step."""
+def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, micro_batches,
+          switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+    """Train on synthetic tokens under the DVFS runtime and report time and energy per step.
+
+    With --layout pp=N the model trains as a DeepSpeed pipeline (one rank per stage, 1F1B), and a pipeline table
+    (granularity instruction) sets each stage's SM clock at every forward and backward pass."""
     from rich.table import Table
 
     from freqopt.apply.train import plan_training
@@ -38,7 +44,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
                          read_only=read_only, device=device, seed=seed, micro_batch_size=micro_batch_size,
                          seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                         switch_latency_ms=switch_latency_ms)  # fmt: skip
+                         switch_latency_ms=switch_latency_ms, micro_batches=micro_batches)  # fmt: skip
     if plan.needs_launcher:
         _relaunch_under_deepspeed(plan)
         return
@@ -54,6 +60,11 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     for r in report.steps:
         rich_table.add_row(str(r.step), "table" if r.with_table else "default", f"{r.time_s:.5f}", f"{r.energy_j:.3f}")
     stdout_console().print(rich_table)
+    if report.pipeline is not None:
+        p = report.pipeline
+        click.echo(f"pipeline of {p['stages']} stages x {p['micro_batches']} micro-batches (1F1B): each rank asked for "
+                   f"its stage's clock at every forward and backward pass ({report.switches_per_step:.1f} clock "
+                   "switches per step on rank 0)")  # fmt: skip
     if "energy_saved_pct" in summary:
         click.echo(f"with the table: {summary['energy_saved_pct']:.2f} % less energy per step, "
                    f"{summary['slowdown_pct']:+.2f} % time per step ({report.switches_per_step:.1f} clock switches "
