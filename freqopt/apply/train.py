@@ -232,6 +232,7 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
     layout = workload.layout
     on_cuda = str(device).startswith("cuda")
     dtype = torch.bfloat16 if on_cuda else torch.float32
+    trace = None if layout.is_pipeline else trace_training_iteration(workload)  # a pipeline's stages: its runtime's
     model = build_model(workload.config, device=device, dtype=torch.float32)
     engine = pipeline = None
     if layout.is_pipeline:
@@ -248,12 +249,10 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
         deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
         config = deepspeed_config(workload.micro_batch_size, layout.tp, bf16=dtype == torch.bfloat16)
         engine, *_ = deepspeed.initialize(model=model, optimizer=adamw_factory(fused=on_cuda), config=config)
-        trace = trace_training_iteration(workload)
         runtime = DVFSRuntime.for_deepspeed(engine, table=table, backend=backend, trace=trace)
         data_rank = int(os.environ.get("RANK", "0")) // layout.tp
         table_plan, default_plan = runtime.plan, plan_phases(None, trace, backend)
     else:
-        trace = trace_training_iteration(workload)
         model = model.to(dtype)
         optimizer = MixedPrecisionAdamW(model.parameters())  # GPT-3's AdamW settings, clipping at 1.0
         runtime = DVFSRuntime(model, optimizer, table=table, backend=backend, trace=trace)
