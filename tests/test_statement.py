@@ -105,3 +105,19 @@ def test_statement_cli_writes_file(table_path, tmp_path, capsys):
     out = tmp_path / "statement.md"
     assert main(["statement", "--table", str(table_path), "--iterations", "10", "--out", str(out)]) == 0
     assert out.read_text() == capsys.readouterr().out and out.read_text().startswith("# Energy statement")
+
+
+def test_a_pipeline_table_counts_its_stages_gpus_once():
+    """A pipeline table's iteration energy is its S GPUs' together: the default run is one pipeline, and more GPUs
+    mean replicas of it, so a GPU count that is not a multiple of S is refused."""
+    from pipeline_tables import make_table
+
+    table, _, _ = make_table(stages=2, micro_batches=4)
+    one = energy_statement(table, iterations=1000)
+    assert "on 2 x" in one
+    joules = table.data["validated"]["energy_j"] * 1000
+    assert f"{joules / 3.6e6:,.3f}" in one  # one pipeline: the iteration energy once, not twice
+    four = energy_statement(table, iterations=1000, gpus=4)
+    assert f"{2 * joules / 3.6e6:,.3f}" in four
+    with pytest.raises(InvalidSettingError, match="multiple of the pipeline's 2 stages"):
+        energy_statement(table, iterations=1000, gpus=3)

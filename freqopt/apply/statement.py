@@ -2,6 +2,8 @@
 2205.09646, section 7) ask papers to report.
 
 GPU energy = energy per iteration (the table's validated figure, and its default baseline) x iterations x GPUs.
+A pipeline table's (granularity "instruction") iteration energy is that of its S stages' GPUs together, so there
+it is multiplied by the number of pipeline replicas, GPUs / S.
 Facility energy = GPU energy x PUE (power usage effectiveness). Emissions = facility energy x grid carbon
 intensity. With a site PUE profile (hourly or monthly), the job's facility energy is computed for every start
 hour or month, which shows the paper's day/night and summer/winter effect.
@@ -84,17 +86,23 @@ def energy_statement(
     table: ClockTable,
     *,
     iterations: int,
-    gpus: int = 1,
+    gpus: int | None = None,
     pue: float | None = None,
     profile: PueProfile | None = None,
     grid_gco2_per_kwh: float = DEFAULT_GRID_GCO2_PER_KWH,
 ) -> str:
     """The energy statement of a run of ``iterations`` steps on ``gpus`` GPUs with and without the table, markdown.
 
+    ``gpus`` defaults to one GPU, or for a pipeline table to one pipeline (its S stages' GPUs); a pipeline table's
+    ``gpus`` must be a multiple of S (the replicas of the pipeline).
+
     Raises:
-        InvalidSettingError: non-positive iterations or GPUs, a PUE below 1, a negative grid intensity, or both a
-            PUE and a profile.
+        InvalidSettingError: non-positive iterations or GPUs, GPUs not a multiple of a pipeline's stages, a PUE
+            below 1, a negative grid intensity, or both a PUE and a profile.
     """
+    stages = int(table.pipeline["stages"]) if table.is_pipeline else 1
+    if gpus is None:
+        gpus = stages
     for name, value in (("iterations", iterations), ("gpus", gpus)):
         if value < 1:
             raise InvalidSettingError(f"{name} must be a positive integer, not {value}", argument=name)
@@ -106,9 +114,12 @@ def energy_statement(
     if grid_gco2_per_kwh < 0:
         raise InvalidSettingError(f"grid_gco2_per_kwh must not be negative, not {grid_gco2_per_kwh:g}",
                                   argument="grid_gco2_per_kwh")  # fmt: skip
+    if gpus % stages:
+        raise InvalidSettingError(f"gpus {gpus} is not a multiple of the pipeline's {stages} stages; each replica "
+                                  f"of the pipeline runs on {stages} GPUs", argument="gpus")  # fmt: skip
     d = table.data
     base, tuned = d["baseline"], d["validated"]
-    scale = iterations * gpus
+    scale = iterations * gpus // stages  # a pipeline table's iteration energy covers its S GPUs
     runs = {"default clocks": (base["energy_j"] * scale, base["time_s"] * iterations),
             f"with the {d['granularity']}-level table": (tuned["energy_j"] * scale, tuned["time_s"] * iterations)}
     mean_pue = pue if pue is not None else (float(np.mean(profile.values)) if profile else DEFAULT_PUE)
@@ -157,7 +168,7 @@ def energy_statement(
     return "\n".join(lines) + "\n"
 
 
-def statement(table, *, iterations: int = 1000, gpus: int = 1, pue: float | None = None, site_pue_profile=None,
+def statement(table, *, iterations: int = 1000, gpus: int | None = None, pue: float | None = None, site_pue_profile=None,
               grid_gco2_per_kwh: float | None = None, out: str | Path | None = None) -> str:  # fmt: skip
     """The energy statement (energy_statement) of a clock table, read from its file, optionally written to ``out``.
 

@@ -269,7 +269,8 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
 @cli.command(short_help="Write an energy statement (McDonald et al. 2022).")
 @click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
 @click.option("--iterations", default=1000, show_default=True, type=int, help="Training iterations of the run.")
-@click.option("--gpus", default=1, show_default=True, type=int, help="GPUs running the same iterations.")
+@click.option("--gpus", default=None, type=int,
+              help="GPUs running the same iterations (default: 1, or a pipeline table's stages).")
 @click.option("--pue", default=None, type=float, help="Facility PUE (default 1.58, Uptime Institute 2023 average).")
 @click.option("--site-pue-profile", default=None, help="CSV hour,pue (0-23) or month,pue (1-12): PUE over time.")
 @click.option("--grid-gco2-per-kwh", default=None, type=float, help="Grid carbon intensity (default 436, world 2022).")
