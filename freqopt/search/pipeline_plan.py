@@ -24,7 +24,8 @@ clocks with critical path <= deadline is feasible for it (start every instructio
 every feasible point is such an assignment, so the MILP's optimum is the problem's optimum; T is pushed down to the
 critical path by its positive cost (p > 0) and is set to it afterwards otherwise. HiGHS stops when its proven
 relative gap (incumbent - dual bound) / incumbent is at most ``mip_rel_gap`` (default 1e-5): the plan returned is
-within that fraction of the optimum, and ``PipelinePlan.lower_bound_j`` holds the proven bound.
+within that fraction of the optimum, and ``PipelinePlan.lower_bound_j`` holds the proven bound. Its plan then goes
+through the reclaim pass below, which can only lower its energy (where a time limit stopped HiGHS early).
 
 Large pipelines (method "hull"; "auto" above EXACT_MAX_BINARIES). There HiGHS does not close the whole MILP's gap
 in useful time (GPT-3 175B on the A40, Perseus's profile, 8 stages, 1 % above the fastest time: at M = 24, 384
@@ -41,8 +42,9 @@ instructions x 25-27 options, its gap was 0.73 % after 30 s, the hull method's p
    - Error diffusion: where the LP mixes a fast and a slow option lo < hi of an instruction, the slow one's share
      of its time, (t_lp - t[lo]) / (t[hi] - t[lo]), is summed over the micro-batches of its (stage, kind) in order,
      and the instruction takes hi whenever the sum reaches 1/2 (then less 1), else lo: the LP's count of slow
-     options, where a slow option is one large step (on the A40 a backward pass saves 6.5 J from 1170 to 960 MHz
-     for 1.6 ms, experiments/data/perseus) that rounding down gives up everywhere. It may break the deadline; a
+     options, where a slow option is one large step that rounding down gives up everywhere (Perseus's GPT-3 175B
+     A40 profile, experiments/data/perseus: stage 0's backward pass from 1170 to 960 MHz adds 1.6 ms and saves
+     6.5 J of effective energy at 70.38 W). It may break the deadline; a
      repair pass then speeds up, one option at a time, the instruction on a too-long path whose faster option
      costs the least effective energy per second saved, until the critical path fits (it always ends: the fastest
      plan meets every deadline).
@@ -59,7 +61,7 @@ instructions x 25-27 options, its gap was 0.73 % after 30 s, the hull method's p
    never returns a plan worse than its heuristics.
 
 Proven vs heuristic: the LP bound is proven, and every plan is feasible (its critical path, recomputed from the
-chosen clocks, is at most the deadline); how far a plan may be from the optimum is its ``gap``, nothing more. On
+chosen clocks, is checked against the deadline); how far a plan may be from the optimum is its ``gap``, nothing more. On
 Perseus's profiles the gaps and the comparison with Perseus are in experiments/perseus/report.md. Sources: the
 forward and backward passes and total float are the critical path method's (Kelley and Walker, 1959); Perseus
 itself solves this problem on an exponential fit of each instruction's effective energy with the Phillips-Dessouky
@@ -254,8 +256,9 @@ class PipelinePlan:
         time_s: the iteration time (s): the critical path with those clocks.
         energy_j: the iteration's energy (J), Perseus's accounting.
         deadline_s: the deadline it was planned for (s), or None for the fastest plan.
-        lower_bound_j: HiGHS's proven lower bound (J) on the energy of any plan within the deadline; energy_j
-            itself where the plan is optimal by construction (the fastest plan).
+        lower_bound_j: a proven lower bound (J) on the energy of any plan within the deadline (HiGHS's MILP bound,
+            or the hull LP's optimum for method "hull"); energy_j itself where the plan is optimal by construction
+            (the fastest plan).
         default_time_s, default_energy_j: the fastest plan's (every instruction at its fastest clock).
         solve_s: wall time (s) the solver took.
     """
@@ -577,7 +580,9 @@ class PipelinePlanner:
             x = _solution(result, deadline_s)
             bound = getattr(result, "mip_dual_bound", None)
             lower_bound = float(bound) if bound is not None and np.isfinite(bound) else float(result.fun)
-            chosen = self._reclaim(self._choices(x), deadline_s)  # never dearer; a gain where HiGHS stopped early
+            # The repair only acts on what HiGHS's feasibility tolerance (1e-7) let past the deadline; the reclaim
+            # never makes the plan dearer, and gains where a time limit stopped HiGHS early.
+            chosen = self._reclaim(self._repair(self._choices(x), deadline_s), deadline_s)
         else:
             x_lp, lower_bound = self._hull_lp(deadline_s)
             # The LP's roundings and the warm start, each slowed into the float left (module docstring).
@@ -595,6 +600,9 @@ class PipelinePlanner:
         solve_s = _time.perf_counter() - start
         clocks = self._clocks(chosen)
         time_s, energy_j = self.evaluate(clocks)
+        if time_s > deadline_s * (1 + 1e-9):  # the passes above guarantee it; a guard against a bug in them
+            raise FreqoptError(f"the pipeline planner's plan lasts {time_s:.9g} s, past the deadline {deadline_s:.9g} "
+                               "s; please report this with the stage profile")  # fmt: skip
         return PipelinePlan(self.dag, clocks, time_s, energy_j, float(deadline_s), min(lower_bound, energy_j),
                             fastest.time_s, fastest.energy_j, solve_s, self)  # fmt: skip
 
