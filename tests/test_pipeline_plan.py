@@ -231,6 +231,13 @@ def test_warm_start_and_its_errors():
     other = PipelinePlanner(profile, 4, blocking_power_w=1.0, method="hull").fastest()
     with pytest.raises(InvalidSettingError, match="^warm_start is not a plan of this pipeline"):
         planner.plan(late, warm_start=other)
+    # The frontier hands each point's plan to the next deadline: never dearer than solving each deadline alone and
+    # keeping the best so far, and here (found by trying seeds) cheaper at some point.
+    planner = PipelinePlanner(lumpy_profile(3, 6, 38), 5, blocking_power_w=1.0, method="hull", mip_rel_gap=1.0)
+    points = planner.frontier(deadlines_s=deadlines(planner, 8))
+    alone = np.minimum.accumulate([planner.plan(p.deadline_s).energy_j for p in points])
+    assert all(p.energy_j <= a + 1e-9 for p, a in zip(points, alone))
+    assert any(p.energy_j < a - 1e-6 for p, a in zip(points, alone))
 
 
 def test_dominated_clocks_dropped_with_blocking_power():
