@@ -561,7 +561,7 @@ class PipelinePlanner:
 
         if self._model is None:
             self._build()
-        matrix, lower, upper, objective, integrality, offsets, n_var, t_var = self._model
+        matrix, lower, upper, objective, integrality, offsets, n_var, _ = self._model
         constraints = LinearConstraint(matrix, lower, upper)
         var_lower = np.zeros(n_var)
         var_upper = np.ones(n_var)
@@ -613,7 +613,7 @@ class PipelinePlanner:
 
         if self._model is None:
             self._build()
-        matrix, lower, upper, objective, integrality, offsets, n_var, t_var = self._model
+        matrix, lower, upper, objective, _, offsets, n_var, _ = self._model
         var_upper = np.ones(n_var)
         var_upper[offsets[-1]:] = deadline_s
         with quiet_native_stdout():
@@ -627,7 +627,7 @@ class PipelinePlanner:
         finds no solution within the time limit."""
         from scipy.optimize import Bounds, milp
 
-        matrix, lower, upper, objective, integrality, offsets, n_var, t_var = self._model
+        _, _, _, objective, integrality, offsets, _, _ = self._model
         share = np.maximum.reduceat(x_lp[:offsets[-1]], offsets[:-1])
         options = {"mip_rel_gap": self.mip_rel_gap, "disp": False,
                    "time_limit": self.time_limit_s if self.time_limit_s is not None else HULL_TIME_LIMIT_S}
@@ -749,62 +749,44 @@ class PipelinePlanner:
         choice = [int(k) for k in choice]
         d = self._durations(choice)
         horizon, tol = deadline_s, _TOLERANCE * max(1.0, deadline_s)
+
+        def best_move(i, es, lf, length):  # (saving per second added, option) of i's best slower option, or None
+            g, k = group[i], choice[i]
+            times = times_of[g]
+            end = int(np.searchsorted(times, lf[i] - es[i] + tol, side="right"))  # the options within i's float
+            if end <= k + 1:
+                return None
+            delta = times[k + 1:end] - d[i]
+            change = effective_of[g][k + 1:end] - effective_of[g][k]
+            if sp:  # what the move adds to the critical path: past the longest path through i, es + d + tail
+                change = change + sp * np.maximum(0.0, es[i] + d[i] + horizon - lf[i] + delta - length)
+            rate = -change / delta
+            j = int(np.argmax(rate))
+            return (float(rate[j]), k + 1 + j) if change[j] < -1e-12 else None
+
         while True:
             es, lf = graph.earliest(d), graph.latest(d, horizon)
-            state = {"T": max(e + t for e, t in zip(es, d))}
-
-            def best_move(i):
-                g, k = group[i], choice[i]
-                times = times_of[g]
-                slack = lf[i] - es[i] - d[i]
-                end = int(np.searchsorted(times, d[i] + slack + tol, side="right"))
-                if end <= k + 1:
-                    return None
-                delta = times[k + 1:end] - d[i]
-                through = es[i] + d[i] + horizon - lf[i]  # the longest path through i
-                change = effective_of[g][k + 1:end] - effective_of[g][k]
-                if sp:
-                    change = change + sp * np.maximum(0.0, through + delta - state["T"])
-                rate = -change / delta
-                j = int(np.argmax(rate))
-                return (float(rate[j]), k + 1 + j) if change[j] < -1e-12 else None
-
+            length = max(e + t for e, t in zip(es, d))
             heap = []
             for i in range(len(choice)):
-                move = best_move(i)
+                move = best_move(i, es, lf, length)
                 if move is not None:
                     heap.append((-move[0], i))
             heapq.heapify(heap)
             applied = 0
             while heap:
                 _, i = heapq.heappop(heap)
-                move = best_move(i)
+                move = best_move(i, es, lf, length)
                 if move is None:
                     continue
                 if heap and move[0] < -heap[0][0]:  # its rate fell since it was pushed: wait its turn
                     heapq.heappush(heap, (-move[0], i))
                     continue
-                k = move[1]
-                choice[i], d[i] = k, float(times_of[group[i]][k])
+                choice[i], d[i] = move[1], float(times_of[group[i]][move[1]])
                 applied += 1
-                stack = [i]  # earliest starts after i can only grow, latest finishes before it only shrink
-                while stack:
-                    u = stack.pop()
-                    finish = es[u] + d[u]
-                    for v in graph.succ[u]:
-                        if finish > es[v]:
-                            es[v] = finish
-                            stack.append(v)
-                stack = [i]
-                while stack:
-                    u = stack.pop()
-                    begin = lf[u] - d[u]
-                    for p in graph.pred[u]:
-                        if begin < lf[p]:
-                            lf[p] = begin
-                            stack.append(p)
-                state["T"] = max(state["T"], es[i] + d[i] + horizon - lf[i])
-                move = best_move(i)
+                graph.lengthen(i, d, es, lf)
+                length = max(length, es[i] + d[i] + horizon - lf[i])
+                move = best_move(i, es, lf, length)
                 if move is not None:
                     heapq.heappush(heap, (-move[0], i))
             if not applied:
@@ -828,13 +810,30 @@ class _Graph:
         es = [0.0] * len(d)
         for j in self.order:
             for p in self.pred[j]:
-                if es[p] + d[p] > es[j]:
-                    es[j] = es[p] + d[p]
+                es[j] = max(es[j], es[p] + d[p])
         return es
 
     def length(self, d: Sequence[float]) -> float:
         """The critical path (s) with durations d (s)."""
         return max(e + t for e, t in zip(self.earliest(d), d))
+
+    def lengthen(self, i: int, d: Sequence[float], es: list[float], lf: list[float]) -> None:
+        """Update earliest starts es and latest finishes lf (in place) after instruction i got longer (d[i]): the
+        earliest starts after it can only grow, the latest finishes before it only shrink."""
+        stack = [i]
+        while stack:
+            u = stack.pop()
+            for v in self.succ[u]:
+                if es[u] + d[u] > es[v]:
+                    es[v] = es[u] + d[u]
+                    stack.append(v)
+        stack = [i]
+        while stack:
+            u = stack.pop()
+            for p in self.pred[u]:
+                if lf[u] - d[u] < lf[p]:
+                    lf[p] = lf[u] - d[u]
+                    stack.append(p)
 
     def shorten(self, i: int, d: Sequence[float], es: list[float], lf: list[float], horizon_s: float) -> None:
         """Update earliest starts es and latest finishes lf (in place) after instruction i got shorter (d[i])."""
@@ -860,8 +859,7 @@ class _Graph:
         lf = [horizon_s] * len(d)
         for i in reversed(self.order):
             for s in self.succ[i]:
-                if lf[s] - d[s] < lf[i]:
-                    lf[i] = lf[s] - d[s]
+                lf[i] = min(lf[i], lf[s] - d[s])
         return lf
 
 
