@@ -115,6 +115,131 @@ def test_hull_method_is_feasible_and_bounds_the_optimum():
         assert 0.0 <= plan.gap == pytest.approx((plan.energy_j - plan.lower_bound_j) / plan.energy_j)
 
 
+def lumpy_profile(stages: int, clocks: int, seed: int):
+    """A stage profile whose options are not convex: each (stage, kind) has one clock step that saves far more
+    energy for its time than its neighbours (as the A40's backward passes do between 1170 and 960 MHz), so the
+    hull LP mixes a fast and a slow option and rounding matters."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for stage in range(stages):
+        for kind, base in ((FORWARD, 1.0), (BACKWARD, 2.0)):
+            scale = base * rng.uniform(0.8, 1.3)
+            steps = rng.uniform(0.02, 0.08, clocks - 1)
+            lump = int(rng.integers(1, clocks - 1))
+            time_s = scale * np.concatenate([[1.0], 1.0 + np.cumsum(steps)])
+            savings = rng.uniform(0.2, 1.0, clocks - 1) * steps * 10
+            savings[lump - 1] += rng.uniform(1.0, 3.0)
+            energy = scale * (20.0 - np.concatenate([[0.0], np.cumsum(savings)]))
+            for c in range(clocks):
+                rows.append({"stage": stage, "instruction": kind, "frequency": 2000 - 100 * c, "time": time_s[c],
+                             "energy": energy[c]})
+    return stage_profile_from_rows(rows)
+
+
+def critical_path(planner: PipelinePlanner, choice) -> float:
+    return planner.dag.iteration_time_s(planner._durations(choice))
+
+
+def deadlines(planner: PipelinePlanner, count: int) -> list[float]:
+    fastest, slowest = planner.fastest().time_s, planner.slowest_time_s()
+    return [float(d) for d in np.linspace(fastest, slowest, count + 2)[1:-1]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_roundings_of_the_hull_lp_meet_the_deadline(seed):
+    planner = PipelinePlanner(lumpy_profile(3, 7, seed), 5, blocking_power_w=float(seed % 3), method="hull")
+    fractional = 0
+    for deadline in deadlines(planner, 5):
+        x_lp, _ = planner._hull_lp(deadline)
+        offsets = planner._model[5]
+        lp_times = [float(x_lp[offsets[i]:offsets[i + 1]] @ planner._kept_times[g])
+                    for i, g in enumerate(planner._group)]  # fmt: skip
+        fractional += sum(np.max(x_lp[offsets[i]:offsets[i + 1]]) < 1 - 1e-6 for i in range(planner.dag.n))
+        down = planner._round_down(x_lp, deadline)
+        # Feasible by construction: no instruction slower than the LP's convex-combination time for it.
+        assert all(t <= lp + 1e-9 for t, lp in zip(planner._durations(down), lp_times))
+        assert critical_path(planner, down) <= deadline * (1 + 1e-12)
+        assert critical_path(planner, planner._round_dither(x_lp, deadline)) <= deadline * (1 + 1e-12)
+    assert fractional > 0  # the LP did mix options: the roundings were put to work
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_repair_and_reclaim_keep_the_deadline_and_reach_a_fixed_point(seed):
+    rng = np.random.default_rng(seed)
+    planner = PipelinePlanner(lumpy_profile(3, 6, 10 + seed), 4, blocking_power_w=2.0 * seed, method="hull")
+    sizes = [len(planner._kept_times[g]) for g in planner._group]
+    for deadline in deadlines(planner, 3):
+        start = np.array([rng.integers(0, k) for k in sizes])  # any plan, likely past the deadline
+        repaired = planner._repair(start, deadline)
+        assert critical_path(planner, repaired) <= deadline * (1 + 1e-12)
+        assert all(r <= s for r, s in zip(repaired, start))  # the repair only speeds up
+        reclaimed = planner._reclaim(repaired, deadline)
+        assert critical_path(planner, reclaimed) <= deadline * (1 + 1e-12)
+        cost = planner._cost(reclaimed)
+        assert cost <= planner._cost(repaired) + 1e-9
+        # A fixed point: no single instruction can move to a slower option within the deadline and save energy.
+        for i, k in enumerate(reclaimed):
+            for slower in range(k + 1, sizes[i]):
+                trial = reclaimed.copy()
+                trial[i] = slower
+                if critical_path(planner, trial) <= deadline * (1 + 1e-12):
+                    assert planner._cost(trial) >= cost - 1e-9
+
+
+@pytest.mark.parametrize("seed,blocking_power_w", [(20, 0.0), (21, 1.5), (22, 4.0), (23, 1.0)])
+def test_hull_method_within_its_gap_of_the_exact_optimum(seed, blocking_power_w):
+    profile = lumpy_profile(3, 6, seed)
+    exact = PipelinePlanner(profile, 4, blocking_power_w=blocking_power_w, method="exact", mip_rel_gap=0.0)
+    heuristic = PipelinePlanner(profile, 4, blocking_power_w=blocking_power_w, method="hull", mip_rel_gap=1.0)
+    hull = PipelinePlanner(profile, 4, blocking_power_w=blocking_power_w, method="hull", mip_rel_gap=0.0)
+    for deadline in deadlines(exact, 6):
+        optimum = exact.plan(deadline).energy_j
+        alone, full = heuristic.plan(deadline), hull.plan(deadline)  # without and with the MILP step
+        for plan in (alone, full):
+            assert plan.time_s <= deadline * (1 + 1e-12)
+            assert plan.lower_bound_j <= optimum + 1e-6 <= plan.energy_j + 2e-6
+            assert plan.energy_j - optimum <= plan.gap * plan.energy_j + 1e-6  # within its reported gap
+        assert full.energy_j <= alone.energy_j + 1e-9  # the MILP step never makes the heuristic's plan worse
+
+
+
+def test_hull_heuristic_alone_is_near_the_optimum_on_lumpy_profiles():
+    """The roundings and the reclaim pass without the MILP step, against the exact optimum: where one clock step
+    saves far more than its neighbours, rounding the LP down alone lost up to 1.2 % here (error diffusion keeps the
+    LP's count of slow steps; measured when it was added: 0.05 % mean, 0.33 % worst)."""
+    excess = []
+    for seed in range(40, 48):
+        profile = lumpy_profile(3, 7, seed)
+        exact = PipelinePlanner(profile, 5, blocking_power_w=1.0, method="exact", mip_rel_gap=0.0)
+        heuristic = PipelinePlanner(profile, 5, blocking_power_w=1.0, method="hull", mip_rel_gap=1.0)
+        for deadline in deadlines(exact, 3):
+            excess.append(heuristic.plan(deadline).energy_j / exact.plan(deadline).energy_j - 1)
+    assert min(excess) > -1e-9 and max(excess) < 0.006 and np.mean(excess) < 0.001
+
+def test_warm_start_and_its_errors():
+    profile = lumpy_profile(3, 6, 30)
+    planner = PipelinePlanner(profile, 5, blocking_power_w=1.0, method="hull", mip_rel_gap=1.0)
+    early, late = deadlines(planner, 4)[:2]
+    first = planner.plan(early)
+    warm = planner.plan(late, warm_start=first)
+    assert warm.time_s <= late * (1 + 1e-12)
+    assert warm.energy_j <= planner.plan(late).energy_j + 1e-9  # one more starting point: never worse
+    assert warm.energy_j <= planner.evaluate(first.sm_clock_mhz)[1] + 1e-9
+    with pytest.raises(InvalidSettingError, match="^warm_start's iteration time is above") as info:
+        planner.plan(early, warm_start=planner.plan(late))
+    assert info.value.argument == "warm_start"
+    other = PipelinePlanner(profile, 4, blocking_power_w=1.0, method="hull").fastest()
+    with pytest.raises(InvalidSettingError, match="^warm_start is not a plan of this pipeline"):
+        planner.plan(late, warm_start=other)
+    # The frontier hands each point's plan to the next deadline: never dearer than solving each deadline alone and
+    # keeping the best so far, and here (found by trying seeds) cheaper at some point.
+    planner = PipelinePlanner(lumpy_profile(3, 6, 38), 5, blocking_power_w=1.0, method="hull", mip_rel_gap=1.0)
+    points = planner.frontier(deadlines_s=deadlines(planner, 8))
+    alone = np.minimum.accumulate([planner.plan(p.deadline_s).energy_j for p in points])
+    assert all(p.energy_j <= a + 1e-9 for p, a in zip(points, alone))
+    assert any(p.energy_j < a - 1e-6 for p, a in zip(points, alone))
+
+
 def test_dominated_clocks_dropped_with_blocking_power():
     rows = [{"stage": 0, "instruction": kind, "frequency": f, "time": t, "energy": e}
             for kind in (FORWARD, BACKWARD) for f, t, e in ((1400, 1.0, 10.0), (1300, 1.1, 11.0), (1200, 2.0, 10.5))]

@@ -1,4 +1,4 @@
-"""One SM clock per pipeline instruction, planned exactly: a measured stage profile in, the plan and the frontier out.
+"""One SM clock per pipeline instruction: a measured stage profile in, the plan and the frontier out.
 
 A stage profile (``load_stage_profile``) holds, for every pipeline stage and instruction kind (forward, backward),
 the time (s) and energy (J) of one instruction at each locked SM clock (MHz), as Perseus (Chung et al., SOSP'24)
@@ -13,19 +13,61 @@ constant P2P-blocking power for every GPU-second spent outside an instruction. W
 Dominated clocks. An option is dropped when another option of the same instruction is no slower and has no higher
 effective energy (it can never make the iteration slower nor dearer). With blocking power p > 0 this keeps slow
 clocks that the plain (time, energy) Pareto filter drops: running slower instead of waiting at p may cost less.
+The kept options of an instruction, fastest first, have falling effective energies: slower is cheaper.
 
-The exact planner: a mixed-integer linear program, solved by HiGHS through ``scipy.optimize.milp``. Variables: one
-binary x[i, k] per instruction i and kept option k (sum_k x[i, k] = 1), a start time s_i >= 0 per instruction, the
-iteration time T <= deadline. Constraints: s_j >= s_i + sum_k t[i, k] x[i, k] for every DAG edge i -> j, and
-T >= s_i + sum_k t[i, k] x[i, k] for every instruction without successor. Objective: sum_{i,k} e'[i, k] x[i, k]
-+ S p T. Every assignment of clocks with critical path <= deadline is feasible for it (start every instruction at
-its earliest start), and every feasible point is such an assignment, so the MILP's optimum is the problem's
-optimum; T is pushed down to the critical path by its positive cost (p > 0) and is set to it afterwards otherwise.
-HiGHS stops when its proven relative gap (incumbent - dual bound) / incumbent is at most ``mip_rel_gap`` (default
-1e-5): the plan returned is within that fraction of the optimum, and ``PipelinePlan.lower_bound_j`` holds the proven
-bound. The LP relaxation of this multiple-choice formulation is the lower convex hull of each instruction's options,
-which is tight on these profiles (dense clocks, convex-ish curves), so HiGHS closes the gap quickly (timings in
-experiments/perseus/report.md).
+The exact planner (method "exact"; "auto" up to EXACT_MAX_BINARIES option binaries): a mixed-integer linear
+program, solved by HiGHS through ``scipy.optimize.milp``. Variables: one binary x[i, k] per instruction i and kept
+option k (sum_k x[i, k] = 1), a start time s_i >= 0 per instruction, the iteration time T <= deadline.
+Constraints: s_j >= s_i + sum_k t[i, k] x[i, k] for every DAG edge i -> j, and T >= s_i + sum_k t[i, k] x[i, k]
+for every instruction without successor. Objective: sum_{i,k} e'[i, k] x[i, k] + S p T. Every assignment of
+clocks with critical path <= deadline is feasible for it (start every instruction at its earliest start), and
+every feasible point is such an assignment, so the MILP's optimum is the problem's optimum; T is pushed down to the
+critical path by its positive cost (p > 0) and is set to it afterwards otherwise. HiGHS stops when its proven
+relative gap (incumbent - dual bound) / incumbent is at most ``mip_rel_gap`` (default 1e-5): the plan returned is
+within that fraction of the optimum, and ``PipelinePlan.lower_bound_j`` holds the proven bound. Its plan then goes
+through the reclaim pass below, which can only lower its energy (where a time limit stopped HiGHS early).
+
+Large pipelines (method "hull"; "auto" above EXACT_MAX_BINARIES). There HiGHS does not close the whole MILP's gap
+in useful time (GPT-3 175B on the A40, Perseus's profile, 8 stages, 1 % above the fastest time: at M = 24, 384
+instructions x 25-27 options, its gap was 0.73 % after 30 s, the hull method's plan 0.58 % in 0.2 s; at M = 96,
+1.50 % after 30 s against 0.66 % in 2 s), so the planner works from its LP relaxation, in three steps:
+
+1. The hull LP: the MILP with x relaxed to [0, 1]. It is the multiple-choice relaxation whose optimum prices each
+   instruction at the lower convex hull of its options; HiGHS's simplex solves it in about a second at N = 1536.
+   Its optimum is a proven lower bound on the energy of every plan within the deadline (lower_bound_j).
+2. Plans from it, each made to meet the deadline and then improved by the reclaim pass below; the best is kept:
+   - Round down: every instruction takes its slowest kept option no slower than its LP time t_lp = sum_k x[i, k]
+     t[i, k] (the cheapest such, kept options being non-dominated). Every instruction is then no slower than in
+     the LP, so the LP's start times still certify the deadline: feasible by construction.
+   - Error diffusion: where the LP mixes a fast and a slow option lo < hi of an instruction, the slow one's share
+     of its time, (t_lp - t[lo]) / (t[hi] - t[lo]), is summed over the micro-batches of its (stage, kind) in order,
+     and the instruction takes hi whenever the sum reaches 1/2 (then less 1), else lo: the LP's count of slow
+     options, where a slow option is one large step that rounding down gives up everywhere (Perseus's GPT-3 175B
+     A40 profile, experiments/data/perseus: stage 0's backward pass from 1170 to 960 MHz adds 1.6 ms and saves
+     6.5 J of effective energy at 70.38 W). It may break the deadline; a
+     repair pass then speeds up, one option at a time, the instruction on a too-long path whose faster option
+     costs the least effective energy per second saved, until the critical path fits (it always ends: the fastest
+     plan meets every deadline).
+   - A warm start, when the caller gives a plan within the deadline (frontier() gives each point's plan to the
+     next deadline).
+   The reclaim pass: each instruction's total float under the deadline (latest minus earliest start, the critical
+   path method's forward and backward passes over the DAG) bounds how much slower it may run. The move (one
+   instruction to a slower kept option within its float) that saves the most effective energy per second it adds
+   is applied first, the floats updated, and so on to a fixed point; a move that lengthens the critical path
+   counts S p per second of it against its saving. It never breaks the deadline nor raises the energy.
+3. Only if the best plan's proven gap, (energy - bound) / energy, is still above ``mip_rel_gap``: the MILP over the
+   instructions the LP left fractional, the others fixed at their LP option, with ``time_limit_s`` (default
+   HULL_TIME_LIMIT_S); its incumbent goes through the reclaim pass and replaces the plan if cheaper. The method
+   never returns a plan worse than its heuristics.
+
+Proven vs heuristic: the LP bound is proven, and every plan is feasible (its critical path, recomputed from the
+chosen clocks, is checked against the deadline); how far a plan may be from the optimum is its ``gap``, nothing more. On
+Perseus's profiles the gaps and the comparison with Perseus are in experiments/perseus/report.md. Sources: the
+forward and backward passes and total float are the critical path method's (Kelley and Walker, 1959); Perseus
+itself solves this problem on an exponential fit of each instruction's effective energy with the Phillips-Dessouky
+min-cut crashing algorithm (Phillips and Dessouky, Management Science 24(4), 1977; lowtime/lowtime/solver.py,
+branch ``kronos`` of github.com/ml-energy/zeus), from the slowest plan down one time unit per cut; freqopt plans
+on the measured options and proves a bound at each deadline instead.
 
 Time quantum. ``time_quantum_s`` floors every instruction's time to a multiple of it before planning, as Perseus's
 planner does (``ExecutionOption.quant_time = real_time // unit_time``, lowtime/lowtime/operation.py, branch
@@ -36,6 +78,7 @@ default (None) plans on the measured times.
 from __future__ import annotations
 
 import csv
+import heapq
 import math
 import time as _time
 from collections.abc import Iterable, Mapping, Sequence
@@ -57,6 +100,8 @@ METHODS = ("auto", "exact", "hull")
 EXACT_MAX_BINARIES = 1500
 # The "hull" method's limit (s) on its MILP over the fractional instructions, unless time_limit_s says otherwise.
 HULL_TIME_LIMIT_S = 10.0
+# Relative slack (of the deadline) the heuristic's passes allow for floating-point sums of instruction times.
+_TOLERANCE = 1e-12
 
 
 @dataclass(frozen=True)
@@ -211,8 +256,9 @@ class PipelinePlan:
         time_s: the iteration time (s): the critical path with those clocks.
         energy_j: the iteration's energy (J), Perseus's accounting.
         deadline_s: the deadline it was planned for (s), or None for the fastest plan.
-        lower_bound_j: HiGHS's proven lower bound (J) on the energy of any plan within the deadline; energy_j
-            itself where the plan is optimal by construction (the fastest plan).
+        lower_bound_j: a proven lower bound (J) on the energy of any plan within the deadline (HiGHS's MILP bound,
+            or the hull LP's optimum for method "hull"); energy_j itself where the plan is optimal by construction
+            (the fastest plan).
         default_time_s, default_energy_j: the fastest plan's (every instruction at its fastest clock).
         solve_s: wall time (s) the solver took.
     """
@@ -272,7 +318,7 @@ class FrontierPoint:
 
 
 class PipelinePlanner:
-    """The exact clock planner of one pipeline (module docstring): a stage profile, a schedule, a blocking power.
+    """The clock planner of one pipeline (module docstring): a stage profile, a schedule, a blocking power.
 
     Args:
         profile: the measured stage profile (StageProfile or a path to its CSV).
@@ -283,11 +329,13 @@ class PipelinePlanner:
         schedule: the pipeline schedule; only "1f1b".
         time_quantum_s: floor every instruction's time to a multiple of this (s) before planning (module
             docstring), or None.
-        mip_rel_gap: HiGHS's relative optimality gap at which a solve stops (default 1e-5).
+        mip_rel_gap: the relative optimality gap at which a solve stops (default 1e-5): HiGHS's for "exact"; for
+            "hull", the proven gap below which the heuristic's plan is kept without the MILP step.
         time_limit_s: wall-clock limit (s) of one MILP solve, or None (no limit for "exact", HULL_TIME_LIMIT_S for
             "hull"); on timeout the best plan found is returned with its proven bound (PipelinePlan.gap).
-        method: "exact" (the whole MILP), "hull" (the hull LP's bound, then the MILP on its fractional
-            instructions; module docstring) or "auto" ("exact" up to EXACT_MAX_BINARIES option binaries).
+        method: "exact" (the whole MILP), "hull" (the hull LP's bound, its roundings improved by the reclaim pass,
+            then the MILP on its fractional instructions if still needed; module docstring) or "auto" ("exact" up
+            to EXACT_MAX_BINARIES option binaries).
 
     Raises:
         InvalidSettingError: a bad argument (its name first), or a profile whose stage count is not ``stages``.
@@ -333,6 +381,15 @@ class PipelinePlanner:
             kept = quantized.non_dominated(self.blocking_power_w)
             self._options[key] = (opts.sm_clock_mhz[kept], times[kept], opts.energy_j[kept])
         self._model = None
+        # The heuristic's view (one group per (stage, kind)): each instruction's group, the groups' kept clocks,
+        # times and effective energies, and the DAG as adjacency lists.
+        keys = sorted(self._options)
+        self._group = [keys.index((i.stage, i.kind)) for i in self.dag.instructions]
+        self._kept_clocks = [self._options[key][0] for key in keys]
+        self._kept_times = [self._options[key][1] for key in keys]
+        self._kept_effective = [self._options[key][2] - self.blocking_power_w * self._options[key][1] for key in keys]
+        self._graph = _Graph(self.dag)
+        self._by_micro_batch = sorted(range(self.dag.n), key=lambda i: (self._group[i], self.dag.instructions[i].micro_batch))
 
     def kept_clocks_mhz(self, stage: int, kind: str) -> list[int]:
         """The clocks (MHz) the planner may choose for (stage, kind), fastest first: the non-dominated ones."""
@@ -375,19 +432,26 @@ class PipelinePlanner:
         clocks = [self._options[(i.stage, i.kind)][0][-1] for i in self.dag.instructions]
         return self.evaluate(clocks)[0]
 
-    def plan(self, deadline_s: float | None = None, *, max_slowdown: float | str | None = None) -> PipelinePlan:
+    def plan(self, deadline_s: float | None = None, *, max_slowdown: float | str | None = None,
+             warm_start: PipelinePlan | None = None) -> PipelinePlan:  # fmt: skip
         """The least-energy plan whose iteration time is at most the deadline.
 
         Args:
             deadline_s: the deadline (s); or
             max_slowdown: the deadline as a slowdown of the fastest plan's time (0.01, "1%";
                 freqopt.budget.parse_slowdown). Give exactly one of the two; neither plans the fastest plan.
+            warm_start: a plan of this planner within the deadline (e.g. the plan of a shorter deadline); the "hull"
+                method also slows it into the deadline's float and keeps the better plan (frontier() passes each
+                point's plan to the next). Ignored by "exact".
 
         Returns:
-            A PipelinePlan, optimal within mip_rel_gap (its lower_bound_j is HiGHS's proven bound).
+            A PipelinePlan: "exact", optimal within mip_rel_gap; "hull", within its reported gap (PipelinePlan.gap,
+            against the hull LP's bound). lower_bound_j is the proven bound either way.
 
         Raises:
-            InvalidSettingError: both or a bad value; a deadline below the fastest plan's time (nothing meets it).
+            InvalidSettingError: both or a bad value; a deadline below the fastest plan's time (nothing meets it);
+                a warm_start of another pipeline, with a clock the planner does not keep, or slower than the
+                deadline.
             FreqoptError: HiGHS failed (the message says how).
         """
         fastest = self.fastest()
@@ -403,7 +467,28 @@ class PipelinePlanner:
         if deadline_s < fastest.time_s * (1 - 1e-12):
             raise InvalidSettingError(f"deadline_s {deadline_s:.6g} s is below the fastest plan's "
                                       f"{fastest.time_s:.6g} s; no plan meets it", argument="deadline_s")  # fmt: skip
-        return self._solve(max(deadline_s, fastest.time_s), fastest)
+        deadline_s = max(deadline_s, fastest.time_s)
+        start = None if warm_start is None else self._warm_choice(warm_start, deadline_s)
+        return self._solve(deadline_s, fastest, start)
+
+    def _warm_choice(self, warm_start: PipelinePlan, deadline_s: float) -> np.ndarray:
+        """A warm start's option index per instruction (plan's docstring for the checks)."""
+        if not isinstance(warm_start, PipelinePlan) or len(warm_start.sm_clock_mhz) != self.dag.n or \
+                warm_start.dag.stages != self.stages or warm_start.dag.micro_batches != self.micro_batches:
+            raise InvalidSettingError("warm_start is not a plan of this pipeline (its stages and micro-batches); "
+                                      "give a plan this planner made", argument="warm_start")  # fmt: skip
+        choice = np.empty(self.dag.n, dtype=int)
+        for i, (g, clock) in enumerate(zip(self._group, warm_start.sm_clock_mhz)):
+            hits = np.flatnonzero(self._kept_clocks[g] == clock)
+            if not len(hits):
+                inst = self.dag.instructions[i]
+                raise InvalidSettingError(f"warm_start's clock {int(clock)} MHz for {inst} is not one this planner "
+                                          "keeps; give a plan this planner made", argument="warm_start")  # fmt: skip
+            choice[i] = hits[0]
+        if self.dag.iteration_time_s(self._durations(choice)) > deadline_s * (1 + _TOLERANCE):
+            raise InvalidSettingError(f"warm_start's iteration time is above the deadline {deadline_s:.6g} s; give a "
+                                      "plan within it", argument="warm_start")  # fmt: skip
+        return choice
 
     def frontier(self, n_points: int = 20, *, deadlines_s: Sequence[float] | None = None) -> list[FrontierPoint]:
         """The iteration time-energy frontier: the least energy at each deadline, fastest first.
@@ -424,7 +509,7 @@ class PipelinePlanner:
         points: list[FrontierPoint] = []
         best: PipelinePlan | None = None
         for deadline in sorted(deadlines_s):
-            plan = self.plan(deadline)
+            plan = self.plan(deadline, warm_start=best)  # the previous point's plan is within this deadline too
             if best is None or plan.energy_j < best.energy_j:
                 best = plan
             points.append(FrontierPoint(best.time_s, best.energy_j, plan.lower_bound_j, float(deadline)))
@@ -471,12 +556,12 @@ class PipelinePlanner:
         integrality = np.concatenate([np.ones(n_x), np.zeros(n + 1)])
         self._model = (matrix, lower, upper, objective, integrality, offsets, n_var, t_var)
 
-    def _solve(self, deadline_s: float, fastest: PipelinePlan) -> PipelinePlan:
+    def _solve(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None) -> PipelinePlan:
         from scipy.optimize import Bounds, LinearConstraint, milp
 
         if self._model is None:
             self._build()
-        matrix, lower, upper, objective, integrality, offsets, n_var, t_var = self._model
+        matrix, lower, upper, objective, integrality, offsets, n_var, _ = self._model
         constraints = LinearConstraint(matrix, lower, upper)
         var_lower = np.zeros(n_var)
         var_upper = np.ones(n_var)
@@ -495,54 +580,287 @@ class PipelinePlanner:
             x = _solution(result, deadline_s)
             bound = getattr(result, "mip_dual_bound", None)
             lower_bound = float(bound) if bound is not None and np.isfinite(bound) else float(result.fun)
+            # The repair only acts on what HiGHS's feasibility tolerance (1e-7) let past the deadline; the reclaim
+            # never makes the plan dearer, and gains where a time limit stopped HiGHS early.
+            chosen = self._reclaim(self._repair(self._choices(x), deadline_s), deadline_s)
         else:
-            # The hull LP: its optimum bounds every plan's energy from below.
-            with quiet_native_stdout():
-                relaxed = milp(objective, constraints=constraints, integrality=np.zeros(n_var),
-                               bounds=Bounds(var_lower, var_upper), options={"disp": False})  # fmt: skip
-            x_lp = _solution(relaxed, deadline_s)
-            lower_bound = float(relaxed.fun)
-            # The MILP on the instructions the LP left fractional; the others keep the LP's option (freeing their DAG
-            # neighbours too was tried: on the Perseus profiles at M = 96 it found worse plans within the time limit).
-            share = np.array([np.max(x_lp[offsets[i]:offsets[i + 1]]) for i in range(self.dag.n)])
-            options = {"mip_rel_gap": self.mip_rel_gap, "disp": False,
-                       "time_limit": self.time_limit_s if self.time_limit_s is not None else HULL_TIME_LIMIT_S}
-            x = None
-            # Fixing an option the LP took at 1 - 1e-7 can leave no room within the deadline (the LP's tolerance):
-            # then free more (share below 1 - 1e-3 and their DAG neighbours), then everything (the whole MILP).
-            for attempt in range(3):
-                free = share < 1 - (1e-6 if attempt == 0 else 1e-3)
-                if attempt == 1:
-                    edges = self.dag.edges
-                    grown = free.copy()
-                    grown[edges[free[edges[:, 0]], 1]] = True
-                    grown[edges[free[edges[:, 1]], 0]] = True
-                    free = grown
-                elif attempt == 2:
-                    free[:] = True
-                fixed_lower, fixed_upper = var_lower.copy(), var_upper.copy()
-                for i in np.flatnonzero(~free):
-                    k = offsets[i] + int(np.argmax(x_lp[offsets[i]:offsets[i + 1]]))
-                    fixed_upper[offsets[i]:offsets[i + 1]] = 0.0
-                    fixed_lower[k] = fixed_upper[k] = 1.0
-                with quiet_native_stdout():
-                    result = milp(objective, constraints=constraints, integrality=integrality,
-                                  bounds=Bounds(fixed_lower, fixed_upper), options=options)  # fmt: skip
-                if result.x is not None:
-                    x = result.x
-                    break
-            if x is None:  # no MILP solution within the time limit: the fastest plan meets every deadline
-                return PipelinePlan(self.dag, fastest.sm_clock_mhz, fastest.time_s, fastest.energy_j,
-                                    float(deadline_s), min(lower_bound, fastest.energy_j), fastest.time_s,
-                                    fastest.energy_j, _time.perf_counter() - start, self)  # fmt: skip
+            x_lp, lower_bound = self._hull_lp(deadline_s)
+            # The LP's roundings and the warm start, each slowed into the float left (module docstring).
+            candidates = [self._reclaim(self._round_down(x_lp, deadline_s), deadline_s),
+                          self._reclaim(self._round_dither(x_lp, deadline_s), deadline_s)]
+            if warm_start is not None:
+                candidates.append(self._reclaim(warm_start, deadline_s))
+            chosen = min(candidates, key=self._cost)
+            if (self._cost(chosen) - lower_bound) > self.mip_rel_gap * abs(self._cost(chosen)):
+                x = self._fractional_milp(x_lp, deadline_s, constraints, var_lower, var_upper)
+                if x is not None:
+                    improved = self._reclaim(self._choices(x), deadline_s)
+                    if self._cost(improved) < self._cost(chosen):
+                        chosen = improved
         solve_s = _time.perf_counter() - start
-        clocks = np.empty(self.dag.n, dtype=int)
-        for i, inst in enumerate(self.dag.instructions):
-            k = int(np.argmax(x[offsets[i]:offsets[i + 1]]))
-            clocks[i] = self._options[(inst.stage, inst.kind)][0][k]
+        clocks = self._clocks(chosen)
         time_s, energy_j = self.evaluate(clocks)
+        if time_s > deadline_s * (1 + 1e-9):  # the passes above guarantee it; a guard against a bug in them
+            raise FreqoptError(f"the pipeline planner's plan lasts {time_s:.9g} s, past the deadline {deadline_s:.9g} "
+                               "s; please report this with the stage profile")  # fmt: skip
         return PipelinePlan(self.dag, clocks, time_s, energy_j, float(deadline_s), min(lower_bound, energy_j),
                             fastest.time_s, fastest.energy_j, solve_s, self)  # fmt: skip
+
+    def _hull_lp(self, deadline_s: float) -> tuple[np.ndarray, float]:
+        """The hull LP's solution (the MILP's variables: x, then start times, then T) and optimum (J): a proven
+        lower bound on the energy of every plan within deadline_s."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
+        if self._model is None:
+            self._build()
+        matrix, lower, upper, objective, _, offsets, n_var, _ = self._model
+        var_upper = np.ones(n_var)
+        var_upper[offsets[-1]:] = deadline_s
+        with quiet_native_stdout():
+            relaxed = milp(objective, constraints=LinearConstraint(matrix, lower, upper),
+                           integrality=np.zeros(n_var), bounds=Bounds(np.zeros(n_var), var_upper),
+                           options={"disp": False})  # fmt: skip
+        return _solution(relaxed, deadline_s), float(relaxed.fun)
+
+    def _fractional_milp(self, x_lp, deadline_s, constraints, var_lower, var_upper) -> np.ndarray | None:
+        """The MILP on the instructions the LP left fractional, the others fixed at the LP's option; None when HiGHS
+        finds no solution within the time limit."""
+        from scipy.optimize import Bounds, milp
+
+        _, _, _, objective, integrality, offsets, _, _ = self._model
+        share = np.maximum.reduceat(x_lp[:offsets[-1]], offsets[:-1])
+        options = {"mip_rel_gap": self.mip_rel_gap, "disp": False,
+                   "time_limit": self.time_limit_s if self.time_limit_s is not None else HULL_TIME_LIMIT_S}
+        # Fixing an option the LP took at 1 - 1e-7 can leave no room within the deadline (the LP's tolerance): then
+        # free more (share below 1 - 1e-3 and their DAG neighbours). Freeing the neighbours from the start was
+        # tried: on the Perseus profiles at M = 96 it found worse plans within the time limit.
+        for attempt in range(2):
+            free = share < 1 - (1e-6 if attempt == 0 else 1e-3)
+            if attempt == 1:
+                edges = self.dag.edges
+                grown = free.copy()
+                grown[edges[free[edges[:, 0]], 1]] = True
+                grown[edges[free[edges[:, 1]], 0]] = True
+                free = grown
+            fixed_lower, fixed_upper = var_lower.copy(), var_upper.copy()
+            for i in np.flatnonzero(~free):
+                k = offsets[i] + int(np.argmax(x_lp[offsets[i]:offsets[i + 1]]))
+                fixed_upper[offsets[i]:offsets[i + 1]] = 0.0
+                fixed_lower[k] = fixed_upper[k] = 1.0
+            with quiet_native_stdout():
+                result = milp(objective, constraints=constraints, integrality=integrality,
+                              bounds=Bounds(fixed_lower, fixed_upper), options=options)  # fmt: skip
+            if result.x is not None:
+                return result.x
+        return None
+
+    # The heuristic (module docstring). A plan is an int array of shape (N,): each instruction's index into its
+    # (stage, kind)'s kept options, fastest first (times increasing, effective energies decreasing).
+    def _choices(self, x: np.ndarray) -> np.ndarray:
+        """The option each instruction takes in a MILP solution x."""
+        offsets = self._model[5]
+        return np.asarray([int(np.argmax(x[offsets[i]:offsets[i + 1]])) for i in range(self.dag.n)], dtype=int)
+
+    def _clocks(self, choice: np.ndarray) -> np.ndarray:
+        return np.asarray([self._kept_clocks[g][k] for g, k in zip(self._group, choice)], dtype=int)
+
+    def _durations(self, choice) -> list[float]:
+        return [float(self._kept_times[g][k]) for g, k in zip(self._group, choice)]
+
+    def _cost(self, choice) -> float:
+        """The plan's energy (J) as the MILP counts it: effective energies plus S * p * its critical path."""
+        effective = sum(float(self._kept_effective[g][k]) for g, k in zip(self._group, choice))
+        return effective + self.stages * self.blocking_power_w * self._graph.length(self._durations(choice))
+
+    def _round_down(self, x_lp: np.ndarray, deadline_s: float) -> np.ndarray:
+        """Each instruction's slowest kept option no slower than the LP's time for it, sum_k x[i, k] t[i, k]: every
+        instruction is no slower than in the LP, whose start times then still meet the deadline; a repair pass
+        speeds up what the LP's tolerance (1e-7) pushed past it."""
+        offsets = self._model[5]
+        choice = np.empty(self.dag.n, dtype=int)
+        for i, g in enumerate(self._group):
+            times = self._kept_times[g]
+            t_lp = float(x_lp[offsets[i]:offsets[i + 1]] @ times)
+            choice[i] = max(0, int(np.searchsorted(times, t_lp * (1 + 1e-7), side="right")) - 1)
+        return self._repair(choice, deadline_s)
+
+    def _round_dither(self, x_lp: np.ndarray, deadline_s: float) -> np.ndarray:
+        """The LP rounded by error diffusion: where the LP mixes a fast and a slow option of an instruction (x[i, k]
+        > 0 on options lo < hi), the share of the slow one's time, a = (t_lp - t[lo]) / (t[hi] - t[lo]), accumulates
+        over the micro-batches of its (stage, kind) in order, and the instruction takes hi when the sum reaches 1/2
+        (then less 1), else lo: each stage's chain gets about the LP's count of slow options, at the same
+        micro-batches on every stage where the LP mixes alike. Not feasible by construction: _repair follows."""
+        offsets = self._model[5]
+        choice = np.empty(self.dag.n, dtype=int)
+        carry: dict[int, float] = {}
+        for i in self._by_micro_batch:
+            g = self._group[i]
+            share = x_lp[offsets[i]:offsets[i + 1]]
+            support = np.flatnonzero(share > 1e-7)
+            lo, hi = (int(support[0]), int(support[-1])) if len(support) else (0, 0)
+            if lo == hi:
+                choice[i] = lo
+                continue
+            times = self._kept_times[g]
+            carry[g] = carry.get(g, 0.0) + (float(share @ times) - times[lo]) / (times[hi] - times[lo])
+            choice[i] = hi if carry[g] >= 0.5 else lo
+            carry[g] -= choice[i] == hi
+        return self._repair(choice, deadline_s)
+
+    def _repair(self, choice: np.ndarray, deadline_s: float) -> np.ndarray:
+        """The plan made to meet the deadline: while some instruction lies on a path longer than it, speed up the
+        late instruction whose faster option costs the least effective energy per second saved (a heap; the
+        earliest starts and latest finishes updated after each move). Ends: every option at its fastest meets it."""
+        graph, group, tol = self._graph, self._group, _TOLERANCE * max(1.0, deadline_s)
+        times_of, effective_of = self._kept_times, self._kept_effective
+        choice = np.asarray(choice, dtype=int).copy()
+        d = self._durations(choice)
+        es, lf = graph.earliest(d), graph.latest(d, deadline_s)
+
+        def late(i):
+            return es[i] + d[i] > lf[i] + tol
+
+        def speed_up(i):  # (cost per second saved, option) of i's best faster option
+            g, k = group[i], choice[i]
+            rate = (effective_of[g][:k] - effective_of[g][k]) / (d[i] - times_of[g][:k])
+            j = int(np.argmin(rate))
+            return float(rate[j]), j
+
+        heap = [(speed_up(i)[0], i) for i in range(self.dag.n) if late(i) and choice[i] > 0]
+        heapq.heapify(heap)
+        while heap:
+            _, i = heapq.heappop(heap)
+            if not late(i) or choice[i] == 0:
+                continue
+            choice[i] = speed_up(i)[1]
+            d[i] = float(times_of[group[i]][choice[i]])
+            graph.shorten(i, d, es, lf, deadline_s)
+            if late(i) and choice[i] > 0:
+                heapq.heappush(heap, (speed_up(i)[0], i))
+        return choice
+
+    def _reclaim(self, choice: np.ndarray, deadline_s: float) -> np.ndarray:
+        """The plan slowed into its float (module docstring): repeatedly the move (one instruction to a slower kept
+        option that fits within its total float under the deadline) that saves the most energy per second it adds,
+        to a fixed point. Saving: its effective-energy drop minus S * p times what it adds to the critical path.
+        Never slower than the deadline (its critical path stays at most deadline_s), never dearer than ``choice``."""
+        graph, group, sp = self._graph, self._group, self.stages * self.blocking_power_w
+        times_of, effective_of = self._kept_times, self._kept_effective
+        choice = [int(k) for k in choice]
+        d = self._durations(choice)
+        horizon, tol = deadline_s, _TOLERANCE * max(1.0, deadline_s)
+
+        def best_move(i, es, lf, length):  # (saving per second added, option) of i's best slower option, or None
+            g, k = group[i], choice[i]
+            times = times_of[g]
+            end = int(np.searchsorted(times, lf[i] - es[i] + tol, side="right"))  # the options within i's float
+            if end <= k + 1:
+                return None
+            delta = times[k + 1:end] - d[i]
+            change = effective_of[g][k + 1:end] - effective_of[g][k]
+            if sp:  # what the move adds to the critical path: past the longest path through i, es + d + tail
+                change = change + sp * np.maximum(0.0, es[i] + d[i] + horizon - lf[i] + delta - length)
+            rate = -change / delta
+            j = int(np.argmax(rate))
+            return (float(rate[j]), k + 1 + j) if change[j] < -1e-12 else None
+
+        while True:
+            es, lf = graph.earliest(d), graph.latest(d, horizon)
+            length = max(e + t for e, t in zip(es, d))
+            heap = []
+            for i in range(len(choice)):
+                move = best_move(i, es, lf, length)
+                if move is not None:
+                    heap.append((-move[0], i))
+            heapq.heapify(heap)
+            applied = 0
+            while heap:
+                _, i = heapq.heappop(heap)
+                move = best_move(i, es, lf, length)
+                if move is None:
+                    continue
+                if heap and move[0] < -heap[0][0]:  # its rate fell since it was pushed: wait its turn
+                    heapq.heappush(heap, (-move[0], i))
+                    continue
+                choice[i], d[i] = move[1], float(times_of[group[i]][move[1]])
+                applied += 1
+                graph.lengthen(i, d, es, lf)
+                length = max(length, es[i] + d[i] + horizon - lf[i])
+                move = best_move(i, es, lf, length)
+                if move is not None:
+                    heapq.heappush(heap, (-move[0], i))
+            if not applied:
+                return np.asarray(choice, dtype=int)
+
+
+class _Graph:
+    """The instruction DAG as adjacency lists, with its forward and backward passes (plain Python: at N = 1536 one
+    pass takes about a millisecond, less than numpy's per-call overhead on the few predecessors of each node)."""
+
+    def __init__(self, dag: PipelineDAG) -> None:
+        self.succ: list[list[int]] = [[] for _ in range(dag.n)]
+        self.pred: list[list[int]] = [[] for _ in range(dag.n)]
+        for a, b in dag.edges.tolist():
+            self.succ[a].append(b)
+            self.pred[b].append(a)
+        self.order = dag.order.tolist()
+
+    def earliest(self, d: Sequence[float]) -> list[float]:
+        """Each instruction's earliest start (s) given the durations d (s)."""
+        es = [0.0] * len(d)
+        for j in self.order:
+            for p in self.pred[j]:
+                es[j] = max(es[j], es[p] + d[p])
+        return es
+
+    def length(self, d: Sequence[float]) -> float:
+        """The critical path (s) with durations d (s)."""
+        return max(e + t for e, t in zip(self.earliest(d), d))
+
+    def lengthen(self, i: int, d: Sequence[float], es: list[float], lf: list[float]) -> None:
+        """Update earliest starts es and latest finishes lf (in place) after instruction i got longer (d[i]): the
+        earliest starts after it can only grow, the latest finishes before it only shrink."""
+        stack = [i]
+        while stack:
+            u = stack.pop()
+            for v in self.succ[u]:
+                if es[u] + d[u] > es[v]:
+                    es[v] = es[u] + d[u]
+                    stack.append(v)
+        stack = [i]
+        while stack:
+            u = stack.pop()
+            for p in self.pred[u]:
+                if lf[u] - d[u] < lf[p]:
+                    lf[p] = lf[u] - d[u]
+                    stack.append(p)
+
+    def shorten(self, i: int, d: Sequence[float], es: list[float], lf: list[float], horizon_s: float) -> None:
+        """Update earliest starts es and latest finishes lf (in place) after instruction i got shorter (d[i])."""
+        stack = [i]
+        while stack:
+            u = stack.pop()
+            for v in self.succ[u]:
+                start = max((es[p] + d[p] for p in self.pred[v]), default=0.0)
+                if start < es[v]:
+                    es[v] = start
+                    stack.append(v)
+        stack = [i]
+        while stack:
+            u = stack.pop()
+            for p in self.pred[u]:
+                finish = min((lf[s] - d[s] for s in self.succ[p]), default=horizon_s)
+                if finish > lf[p]:
+                    lf[p] = finish
+                    stack.append(p)
+
+    def latest(self, d: Sequence[float], horizon_s: float) -> list[float]:
+        """Each instruction's latest finish (s) for the iteration to end by horizon_s."""
+        lf = [horizon_s] * len(d)
+        for i in reversed(self.order):
+            for s in self.succ[i]:
+                lf[i] = min(lf[i], lf[s] - d[s])
+        return lf
 
 
 def _solution(result, deadline_s: float) -> np.ndarray:
