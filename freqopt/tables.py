@@ -29,7 +29,12 @@ its ``"front"`` (every measured SM clock: time and energy of one instruction), f
                  "blocking_power_w": 71.6, "switch_s": 0.026,
                  "plan": [{"stage": 0, "forward": [1410, ...], "backward": [1980, ...]}, ...]}
 
-``plan[s]["forward"][m]`` is the SM clock (MHz) of micro-batch m's forward on stage s (M clocks per pass). The plan
+``plan[s]["forward"][m]`` is the SM clock (MHz) of micro-batch m's forward on stage s (M clocks per pass). An
+optional ``"requests"`` of the same form holds the clock the runtime asks for at each instruction's start, where that
+differs from the plan because a switch takes effect one latency later (freqopt.search.pipeline_search's realized
+schedule: a switch to a faster clock asked for one instruction early, so that no instruction runs slower than
+planned); it is what the search validated, any clock the GPU supports, and it is applied only at the plan's own
+micro-batch count. The plan
 is kept by micro-batch rather than in each stage's 1F1B order: this module sits below the search, whose
 freqopt.search.pipeline.stage_order gives that order (freqopt.apply.pipeline_runtime.stage_schedule puts the clocks
 in it), so that the file can be checked clock by clock here without a second copy of the schedule. Memory clocks and
@@ -102,6 +107,9 @@ _pipeline = {  # a pipeline table's pipeline and plan (module docstring, "Pipeli
         "plan": {"type": "array", "items": {"type": "object", "required": ["stage", *PASSES],
                                             "properties": {"stage": {"type": "integer", "minimum": 0},
                                                            "forward": _clock_list, "backward": _clock_list}}},
+        "requests": {"type": "array", "items": {"type": "object", "required": ["stage", *PASSES],
+                                                "properties": {"stage": {"type": "integer", "minimum": 0},
+                                                               "forward": _clock_list, "backward": _clock_list}}},
     },
 }  # fmt: skip
 CLOCK_TABLE_SCHEMA: dict[str, Any] = {
@@ -367,7 +375,7 @@ class ClockTable:
         if self.gpu != spec.name:
             raise ClockTableError(f"{source} was searched on {self.gpu}, not {spec.name}; search again on {spec.name}")
         if self.is_pipeline:
-            for stage in self.data["pipeline"]["plan"]:
+            for stage in [*self.data["pipeline"]["plan"], *self.data["pipeline"].get("requests", ())]:
                 for kind in PASSES:
                     for sm in stage[kind]:
                         if not spec.supports(*spec.resolve_clocks(sm, None)):
@@ -458,7 +466,8 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
                    defaults: Mapping[tuple[int, str], tuple[float, float, int]], validated,
                    predicted=None, front_samples: Mapping[tuple[int, str], Sequence[int]] | int = 1,
                    partition_method: str = "parameters", backend: str = "sim", seed: int = 0,
-                   provenance: Mapping[str, Any] | None = None) -> ClockTable:  # fmt: skip
+                   provenance: Mapping[str, Any] | None = None,
+                   requests: Sequence[int] | None = None) -> ClockTable:  # fmt: skip
     """The clock table of a pipeline plan (granularity "instruction"; module docstring, "Pipelines").
 
     Args:
@@ -480,6 +489,9 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
         partition_method: DeepSpeed's partition of the layers into stages the profile was measured with.
         backend, seed: where and with which seed the measurements were taken (provenance).
         provenance: more provenance (storage, studies, cost...), merged over freqopt's own.
+        requests: per instruction of the plan's DAG (plan.dag.instructions order), the SM clock (MHz) the runtime
+            asks for at its start, where the validated schedule requests clocks ahead of the plan (module
+            docstring, "Pipelines"); None: the runtime asks for each instruction's planned clock.
 
     Returns:
         A ClockTable (no source), for write_table and write_table_csv.
@@ -522,9 +534,15 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
                         "default": {"sm_clock_mhz": None, "mem_clock_mhz": None, "power_limit_w": None,
                                     "time_s": float(time_s), "energy_j": float(energy_j), "n_samples": int(n_samples)},
                         "front": front})  # fmt: skip
-    clocks = {(s, kind): [0] * micro_batches for s, kind in keys}
-    for inst, clock in zip(plan.dag.instructions, plan.sm_clock_mhz):
-        clocks[(inst.stage, inst.kind)][inst.micro_batch] = _clock_mhz(clock)
+    def by_micro_batch(per_instruction) -> list[dict[str, Any]]:
+        clocks = {(s, kind): [0] * micro_batches for s, kind in keys}
+        for inst, clock in zip(plan.dag.instructions, per_instruction):
+            clocks[(inst.stage, inst.kind)][inst.micro_batch] = _clock_mhz(clock)
+        return [{"stage": s, **{kind: clocks[(s, kind)] for kind in PASSES}} for s in range(stages)]
+
+    if requests is not None and len(requests) != plan.dag.n:
+        raise InvalidSettingError(f"requests has {len(requests)} clocks, not one per instruction ({plan.dag.n})",
+                                  argument="requests")  # fmt: skip
     # The default iteration: every instruction at its default, on the plan's schedule and accounting.
     default_times = [defaults[(i.stage, i.kind)][0] for i in plan.dag.instructions]
     default_energies = [defaults[(i.stage, i.kind)][1] for i in plan.dag.instructions]
@@ -551,7 +569,8 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
         "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": "1f1b",
                      "partition_method": partition_method, "blocking_power_w": float(blocking_power_w),
                      "switch_s": float(switch_s),
-                     "plan": [{"stage": s, **{kind: clocks[(s, kind)] for kind in PASSES}} for s in range(stages)]},
+                     "plan": by_micro_batch(plan.sm_clock_mhz),
+                     **({"requests": by_micro_batch(requests)} if requests is not None else {})},
         "baseline": {"time_s": base_time, "energy_j": base_energy},
         "predicted": {**rel(predicted_time, predicted_energy), "baseline_time_s": base_time,
                       "baseline_energy_j": base_energy, "fastest_time_s": float(plan.default_time_s),
@@ -714,14 +733,19 @@ def write_table(table: ClockTable, path: str | Path) -> Path:
 
 def write_table_csv(table: ClockTable, path: str | Path) -> Path:
     """Write the CSV view (one row per tuning unit; a pipeline table's: one row per instruction, columns stage,
-    pass, micro_batch, sm_clock_mhz), atomically. Returns the path."""
+    pass, micro_batch, sm_clock_mhz, and requested_sm_clock_mhz where the table has requests), atomically. Returns
+    the path."""
     buf = io.StringIO()
     if table.is_pipeline:
         writer = csv.writer(buf)
-        writer.writerow(["stage", "pass", "micro_batch", "sm_clock_mhz"])
-        for stage in table.data["pipeline"]["plan"]:
+        pipeline = table.data["pipeline"]
+        requests = {r["stage"]: r for r in pipeline.get("requests", ())}
+        writer.writerow(["stage", "pass", "micro_batch", "sm_clock_mhz"] + (["requested_sm_clock_mhz"] if requests else []))
+        for stage in pipeline["plan"]:
             for kind in PASSES:
-                writer.writerows([stage["stage"], kind, m, clock] for m, clock in enumerate(stage[kind]))
+                asked = requests[stage["stage"]][kind] if requests else None
+                writer.writerows([stage["stage"], kind, m, clock] + ([asked[m]] if asked else [])
+                                 for m, clock in enumerate(stage[kind]))  # fmt: skip
         atomic_write_text(path, buf.getvalue())
         return Path(path)
     columns = ["unit", "kind", "n_kernels", "arithmetic_intensity", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w"]
@@ -746,7 +770,7 @@ def _integer_clocks(data: dict[str, Any]) -> None:
                     item[key] = int(item[key])
     for key in ("sm_clocks_mhz", "mem_clocks_mhz"):
         data["gpu"][key] = [int(v) for v in data["gpu"][key]]
-    for stage in (data.get("pipeline") or {}).get("plan", ()):
+    for stage in [*(data.get("pipeline") or {}).get("plan", ()), *(data.get("pipeline") or {}).get("requests", ())]:
         for kind in PASSES:
             stage[kind] = [int(v) for v in stage[kind]]
 
@@ -810,6 +834,16 @@ def _check_pipeline(data: dict[str, Any], path) -> None:
     if missing:
         raise ClockTableError(f"{path}: no entry for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
                               f"(one per stage and pass); {redo}")  # fmt: skip
+    requests = pipeline.get("requests")
+    if requests is not None:
+        for stage in requests:
+            for kind in PASSES:
+                if len(stage[kind]) != micro_batches:
+                    raise ClockTableError(f"{path}: stage {stage['stage']}'s requests have {len(stage[kind])} {kind} "
+                                          f"clocks, not one per micro-batch ({micro_batches}); {redo}")  # fmt: skip
+        if sorted(stage["stage"] for stage in requests) != list(range(stages)):
+            raise ClockTableError(f"{path}: its requests cover stages {sorted(s['stage'] for s in requests)}, not "
+                                  f"each of 0..{stages - 1} once; {redo}")  # fmt: skip
     plan = pipeline["plan"]
     if sorted(stage["stage"] for stage in plan) != list(range(stages)):
         raise ClockTableError(f"{path}: its plan covers stages {sorted(s['stage'] for s in plan)}, not each of "

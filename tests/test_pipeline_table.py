@@ -173,3 +173,31 @@ def test_other_appliers_refuse_a_pipeline_table(planned):
     with pytest.raises(ClockTableError, match="is a pipeline's table .*; freqopt transfer does not take one"):
         table.refuse_pipeline("freqopt transfer")
     ClockTable({"granularity": "iteration"}).refuse_pipeline("anything")  # another table passes
+
+
+def test_validated_requests_are_what_each_stage_asks_for_at_its_own_micro_batch_count(tmp_path):
+    """A table with requests (the schedule a search validated, switches asked for ahead of the plan) gives the
+    runtime those clocks, in each stage's 1F1B order, and the CSV shows them beside the plan; another micro-batch
+    count re-plans from the fronts and asks for the planned clocks."""
+    _, plan, _ = make_table(stages=2, micro_batches=4)
+    spec_clocks = sorted({int(c) for c in plan.sm_clock_mhz})
+    requests = [spec_clocks[(i + 1) % len(spec_clocks)] for i in range(plan.dag.n)]  # differ from the plan
+    table, plan, _ = make_table(stages=2, micro_batches=4, requests=requests)
+    loaded = load_table(write_table(table, tmp_path / "r.json"))
+    asked = {(i.stage, i.kind, i.micro_batch): c for i, c in zip(plan.dag.instructions, requests)}
+    for s in range(2):
+        got = [c.sm_clock_mhz for c in stage_schedule(loaded, s)]
+        assert got == [asked[(i.stage, i.kind, i.micro_batch)] for i in stage_order(2, 4, s)]
+    write_table_csv(loaded, tmp_path / "r.csv")
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert {(int(r["stage"]), r["pass"], int(r["micro_batch"])): int(r["requested_sm_clock_mhz"]) for r in rows} == asked
+    replanned = stage_schedule(loaded, 0, 6)
+    assert len(replanned) == 12 and {c.sm_clock_mhz for c in replanned} <= set(table_stage_profile(loaded).options[
+        (0, "forward")].sm_clock_mhz) | set(table_stage_profile(loaded).options[(0, "backward")].sm_clock_mhz)
+    with pytest.raises(InvalidSettingError, match="requests has 3 clocks"):
+        make_table(stages=2, micro_batches=4, requests=requests[:3])
+    broken = json.loads((tmp_path / "r.json").read_text())
+    broken["pipeline"]["requests"][1]["backward"] = broken["pipeline"]["requests"][1]["backward"][:2]
+    (tmp_path / "b.json").write_text(json.dumps(broken))
+    with pytest.raises(ClockTableError, match="requests have 2 backward clocks"):
+        load_table(tmp_path / "b.json")

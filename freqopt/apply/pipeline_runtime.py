@@ -98,7 +98,9 @@ def table_stage_profile(table: ClockTable) -> StageProfile:
 
 def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> list[list[ClockSetting]]:
     """Every stage's settings, each stage's in the order it runs its instructions (stage_order): per stage
-    2 x micro_batches ClockSettings, the SM clock the plan picked (memory clock and power limit at the default).
+    2 x micro_batches ClockSettings, the SM clock the runtime asks for at each instruction's start: the table's
+    ``requests`` where it has them (the schedule its search validated, switches asked for ahead), else the SM clock
+    the plan picked (memory clock and power limit at the default).
 
     Args:
         table: a pipeline table (freqopt.tables.pipeline_table, load_table).
@@ -116,8 +118,8 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
     stages = pipeline["stages"]
     micro_batches = pipeline["micro_batches"] if micro_batches is None else micro_batches
     check_positive_int("micro_batches", micro_batches)
-    if micro_batches == pipeline["micro_batches"]:
-        plan = {(p["stage"], kind): p[kind] for p in pipeline["plan"] for kind in KINDS}
+    if micro_batches == pipeline["micro_batches"]:  # the validated requests where the table has them
+        plan = {(p["stage"], kind): p[kind] for p in pipeline.get("requests", pipeline["plan"]) for kind in KINDS}
         clock = {(s, kind, m): plan[(s, kind)][m] for (s, kind) in plan for m in range(micro_batches)}
     else:
         planner = PipelinePlanner(table_stage_profile(table), micro_batches,
