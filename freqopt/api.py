@@ -409,6 +409,9 @@ def search_pipeline(
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
 
     slowdown = parse_slowdown(max_slowdown)
+    if micro_batches is None:
+        raise InvalidSettingError("micro_batches is required for a pipeline: the micro-batches per iteration "
+                                  "(DeepSpeed's gradient_accumulation_steps), e.g. 8", argument="micro_batches")  # fmt: skip
     check_positive_int("micro_batches", micro_batches)
     workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
