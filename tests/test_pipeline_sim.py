@@ -82,6 +82,14 @@ def test_energy_is_the_instructions_plus_blocked_power_while_idle(stages):
     assert pipe.blocked_power_w() == pytest.approx(physics.baseline_power_w[0, -1])
     assert pipe.blocked_power_w(1050) < pipe.blocked_power_w(1230) < pipe.blocked_power_w()
     assert perseus_blocking_power_w(A100) == 83.64 and perseus_blocking_power_w(get_gpu("h100-sxm")) is None
+    # Perseus's constant in place of the physics': the same accounting with 83.64 W at every clock.
+    perseus = _pipe(stages, optimizer_step=False, blocked_power_w=83.64)
+    run = perseus.true_run(_mixed(perseus), switching=False)
+    assert perseus.blocked_power_w(870) == perseus.blocked_power_w() == 83.64
+    assert run.energy_j == pytest.approx(
+        perseus.dag.iteration_energy_j(run.instruction_time_s, run.instruction_energy_j, 83.64), rel=1e-12)
+    with pytest.raises(InvalidSettingError, match="blocked_power_w must be a finite number of watts"):
+        _pipe(stages, blocked_power_w=-1.0)
 
 
 def test_slowing_one_stage_changes_only_what_it_should(stages):

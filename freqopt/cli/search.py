@@ -192,7 +192,8 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
         progress.start()
 
     def on_unit(granularity: str, done: int, n: int) -> None:
-        progress.update(progress.task_ids[0], advance=1, description=f"{granularity}: study {done}/{n}")
+        ending = " (planning and validating: minutes)" if granularity == "instruction" and done == n else ""
+        progress.update(progress.task_ids[0], advance=1, description=f"{granularity}: study {done}/{n}{ending}")
 
     try:
         result = search_pipeline(model, max_slowdown=max_slowdown, micro_batches=micro_batches, gpu=gpu,
@@ -230,7 +231,7 @@ def _pipeline_table(result):
                         f"slowdown {100 * result.max_slowdown:g} % (validated on the simulated pipeline, clock "
                         f"switches taking {1e3 * result.switch_s:g} ms)")  # fmt: skip
     table.add_column("granularity", width=11, no_wrap=True)
-    for col, width in (("energy (J/iter)", 8), ("time (s/iter)", 7), ("saved (%)", 9), ("slow- down (%)", 9),
+    for col, width in (("energy (J/iter)", 8), ("time (s/iter)", 8), ("saved (%)", 9), ("slow- down (%)", 9),
                        ("free switching: saved / slowdown (%)", 13), ("switches per iter", 8),
                        ("measure- ments", 8), ("search cost (GPU-h)", 7)):  # fmt: skip
         table.add_column(col, justify="right", width=width)
@@ -281,7 +282,8 @@ def _pipeline_notes(result) -> list[str]:
             lines.append(f"  stage {stage['stage']}: " + _runs([i["sm_clock_mhz"] for i in stage["instructions"]]))
         if level.frontier:
             f0, f1 = level.frontier[0], level.frontier[-1]
-            lines.append(f"time-energy frontier (predicted, {len(level.frontier)} points): {f0.time_s:.4f} s "
+            lines.append(f"time-energy frontier (the planner's prediction: the instructions' critical path and energy, "
+                         f"without the optimizer step; {len(level.frontier)} points): {f0.time_s:.4f} s "
                          f"{f0.energy_j:.1f} J to {f1.time_s:.4f} s {f1.energy_j:.1f} J (--json lists them)")  # fmt: skip
     return lines
 

@@ -101,6 +101,8 @@ class PipelineSearchConfig:
             mip_rel_gap): 0.1 %, a fifth of one energy reading's noise (SimulatedGPU's ENERGY_NOISE_REL, 0.5 %), so
             a tighter proof would only sort plans the measurements cannot tell apart.
         plan_time_limit_s: the planner's time limit per solve (s); its best plan by then, with its proven gap.
+        blocked_power_w: a constant blocked power (W) in place of the physics' (SimulatedPipeline), for a
+            sensitivity check against Perseus's measured figure; None: the physics'.
         seed: seeds the samplers and the simulated GPUs' noise.
         storage: Optuna storage URL; None keeps studies in memory.
     """
@@ -114,6 +116,7 @@ class PipelineSearchConfig:
     frontier_points: int = 12
     plan_rel_gap: float = 1e-3
     plan_time_limit_s: float | None = 30.0
+    blocked_power_w: float | None = None
     seed: int = 0
     storage: str | None = None
 
@@ -380,7 +383,8 @@ class PipelineSearchResult:
         "micro_batches", "max_slowdown_pct", "switch_s", "blocking_power_w", "perseus_blocking_power_w",
         "baseline": {"time_s", "energy_j", "time_se_s", "energy_se_j"}, "results": {GRANULARITY:
         {"energy_saved_pct", "energy_saved_se_pct", "slowdown_pct", "slowdown_se_pct", "ideal_energy_saved_pct",
-        "ideal_slowdown_pct", "predicted_energy_saved_pct", "predicted_slowdown_pct", "n_switches",
+        "ideal_slowdown_pct", "predicted_energy_saved_pct", "predicted_slowdown_pct", "predicted_baseline":
+        {"time_s", "energy_j"}, "n_switches",
         "n_measurements", "search_cost_gpu_s", "search_wall_s", "plan_gap", "frontier": [{"time_s", "energy_j",
         "lower_bound_j", "deadline_s"}]}}, "n_new_measurements", "wall_s"}``; percentages of the validated
         baseline (predicted: of the search's own default prediction)."""
@@ -400,7 +404,10 @@ class PipelineSearchResult:
                 "ideal_energy_saved_pct": self.ideal_energy_saved_pct(g),
                 "ideal_slowdown_pct": self.ideal_slowdown_pct(g),
                 "predicted_energy_saved_pct": r.predicted_energy_saved_pct,
-                "predicted_slowdown_pct": r.predicted_slowdown_pct, "n_switches": r.validated.n_switches,
+                "predicted_slowdown_pct": r.predicted_slowdown_pct,
+                "predicted_baseline": {"time_s": r.predicted_baseline_time_s,
+                                       "energy_j": r.predicted_baseline_energy_j},
+                "n_switches": r.validated.n_switches,
                 "n_measurements": r.n_measurements, "search_cost_gpu_s": r.search_cost_gpu_s,
                 "search_wall_s": r.search_wall_s, "plan_gap": r.plan.gap if r.plan is not None else None,
                 "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j, "lower_bound_j": p.lower_bound_j,
@@ -599,10 +606,12 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
 
     started = _time.perf_counter()
     workload = stage_traces[0].workload
-    pipeline = SimulatedPipeline(stage_traces, spec, micro_batches, seed=config.seed)
+    pipeline = SimulatedPipeline(stage_traces, spec, micro_batches, seed=config.seed,
+                                 blocked_power_w=config.blocked_power_w)  # fmt: skip
     dag = pipeline.dag
     prefix = pipeline_study_prefix(workload, spec, partition_method, config.seed)
-    log = MeasurementLog(optuna.create_study(study_name=f"{prefix}-m{micro_batches}-validation", storage=storage,
+    whole = f"{prefix}-m{micro_batches}" + ("" if config.blocked_power_w is None else f"-p{config.blocked_power_w:g}")
+    log = MeasurementLog(optuna.create_study(study_name=f"{whole}-validation", storage=storage,
                                              load_if_exists=True))  # fmt: skip
     validator = PipelineValidator(pipeline, config.validation_repeats, log)
     b = config.max_slowdown
@@ -615,7 +624,7 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
         t0 = _time.perf_counter()
         before = (validator.n_measurements, validator.cost_gpu_s)
         search = search_unit(_WholePipeline(pipeline), stage_traces[0].kernels[:1], name="iteration",
-                             study_name=f"{prefix}-m{micro_batches}-iteration", storage=storage,
+                             study_name=f"{whole}-iteration", storage=storage,
                              n_trials=config.n_trials, finalist_repeats=config.finalist_repeats,
                              finalist_slowdown=1.5 * b + 0.005, seed=config.seed, constrained=True, whole_step=True,
                              mem_clock_mhz=spec.max_mem_clock_mhz)  # fmt: skip

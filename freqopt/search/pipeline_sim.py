@@ -227,6 +227,8 @@ class SimulatedPipeline:
         optimizer_step: run each stage's optimizer step after the last backward (module docstring); False ends the
             iteration at the instructions' critical path.
         protocol: warm-up and window of a measurement (its GPU-second cost).
+        blocked_power_w: a constant blocked power (W) at every clock in place of the physics' (e.g. Perseus's
+            measured PERSEUS_BLOCKING_POWER_W), to see how much a figure depends on it; None: the physics'.
 
     Raises:
         InvalidSettingError: no stage traces, traces of stages that do not make one pipeline, a non-positive
@@ -234,8 +236,8 @@ class SimulatedPipeline:
     """
 
     def __init__(self, stage_traces: Sequence, spec: GPUSpec, micro_batches: int, *, seed: int = 0,
-                 noise: bool = True, optimizer_step: bool = True,
-                 protocol: MeasurementProtocol | None = None):  # fmt: skip
+                 noise: bool = True, optimizer_step: bool = True, protocol: MeasurementProtocol | None = None,
+                 blocked_power_w: float | None = None):  # fmt: skip
         check_positive_int("micro_batches", micro_batches)
         traces = list(stage_traces)
         if not traces:
@@ -252,6 +254,10 @@ class SimulatedPipeline:
         self.noise = noise
         self.optimizer_step = optimizer_step
         self.protocol = protocol or MeasurementProtocol()
+        if blocked_power_w is not None and not (math.isfinite(blocked_power_w) and blocked_power_w >= 0):
+            raise InvalidSettingError(f"blocked_power_w must be a finite number of watts >= 0, not {blocked_power_w!r}",
+                                      argument="blocked_power_w")  # fmt: skip
+        self.constant_blocked_power_w = blocked_power_w
         self.dag: PipelineDAG = one_f_one_b(self.stages, micro_batches)
         self._gpu = SimulatedGPU(spec, noise=False)
         self._kernels: dict[tuple[int, str], tuple[Kernel, ...]] = {
@@ -289,8 +295,10 @@ class SimulatedPipeline:
     def blocked_power_w(self, setting: ClockSetting | int | None = None) -> float:
         """The power (W) a blocked GPU draws at ``setting``'s SM clock (default: the highest): a NCCL receive that
         has received nothing (no FLOPs, no bytes), i.e. the physics' baseline power at that clock (module
-        docstring)."""
+        docstring); the constant given as ``blocked_power_w``, if one was."""
         setting = _setting(setting)
+        if self.constant_blocked_power_w is not None:
+            return float(self.constant_blocked_power_w)
         self._check_physics()
         key = ("blocked", setting)
         if key not in self._arrays:
