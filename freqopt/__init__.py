@@ -31,6 +31,7 @@ __version__ = "0.1.0"
 # name -> the module that defines it
 _LAZY = {
     "search": "freqopt.api",
+    "search_pipeline": "freqopt.api",
     "SearchStart": "freqopt.api",
     "profile": "freqopt.measure.profile",
     "trace_step": "freqopt.workload.step_trace",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from freqopt.errors import InvalidSettingError, OutputError, check_positive_int
 
-__all__ = ["search", "SearchStart", "check_writable_dir", "check_writable_file", "open_output"]
+__all__ = ["search", "search_pipeline", "SearchStart", "check_writable_dir", "check_writable_file", "open_output"]
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,8 @@ def search(
     Raises:
         UnknownNameError: unknown model, GPU type, backend or granularity.
         InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials, n_jobs or
-            switch_latency_ms, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1), which the search does
-            not plan yet (Layout.refuse_pipeline).
+            switch_latency_ms, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1): search it with
+            freqopt.search_pipeline.
         OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
             micro-batch, sequence length or backend) under a name this search writes (refused before measuring).
         StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
@@ -258,7 +258,10 @@ def search(
                                       "pass the model's name instead")  # fmt: skip
     else:
         trace, workload = None, resolve_workload(model_or_trace, **sizes)
-    workload.layout.refuse_pipeline("the search")
+    if workload.layout.is_pipeline:
+        raise InvalidSettingError(f"layout {workload.layout}: freqopt.search searches one GPU's iteration; search a "
+                                  "pipeline (pp > 1) with freqopt.search_pipeline(..., micro_batches=M)",
+                                  argument="layout")  # fmt: skip
     requested = resolve_gpu(gpu)
     backend = resolve_backend(backend)
     granularities = _granularities(granularity)
@@ -332,3 +335,111 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
         if have_matplotlib():  # the plots extra
             result = replace(result, figure_paths=write_search_figures(result, out))
     return result
+
+
+def search_pipeline(
+    model,
+    *,
+    max_slowdown: float | str,
+    micro_batches: int,
+    gpu=None,
+    layout=None,
+    granularities: str | Sequence[str] = "all",
+    partition_method: str = "parameters",
+    backend="sim",
+    seed: int = 0,
+    storage: str | None = None,
+    out: str | Path | None = None,
+    n_trials: int | None = None,
+    validation_repeats: int | None = None,
+    micro_batch_size: int | None = None,
+    seq_len: int | None = None,
+    n_heads: int | None = None,
+    vocab_multiple: int | None = None,
+    switch_latency_ms: float | None = None,
+    on_unit: Callable[[str, int, int], None] | None = None,
+    on_start: Callable[[SearchStart], None] | None = None,
+    verbose: bool = False,
+):
+    """Search the clocks of a pipeline-parallel training iteration (a layout with pp > 1) on the simulated pipeline:
+    one SM clock for the whole iteration ("iteration") and one per instruction ("instruction": each stage's forward
+    and backward fronts by Bayesian search, then one exact plan over DeepSpeed's 1F1B schedule), each validated on
+    the noisy simulated pipeline with clock-switch latency (freqopt.search.pipeline_search).
+
+    Args:
+        model: a built-in model name (freqopt.workload.models.list_models) or a Workload whose layout has pp > 1.
+        max_slowdown: allowed slowdown of the iteration: a fraction (0.01) or a string ("1%").
+        micro_batches: M, micro-batches per iteration (DeepSpeed's gradient_accumulation_steps).
+        gpu: GPU type name or GPUSpec of every stage; default h100-sxm.
+        layout: "dp=1,tp=8,pp=8" or a Layout (model names only); pp must be above 1.
+        granularities: "all" (iteration and instruction), "iteration", "instruction" or a sequence of them.
+        partition_method: DeepSpeed's PipelineModule partition: "parameters" (its default), "uniform",
+            "type:REGEX".
+        backend: "sim" only: the pipeline is simulated (a real pipeline is planned from a measured stage profile,
+            freqopt.plan_pipeline).
+        seed: seeds the samplers and the simulated GPUs' noise.
+        storage: Optuna storage URL; default sqlite:///OUT/freqopt.db with ``out``, else in memory.
+        out: folder for the default storage; None writes no file.
+        n_trials: trials per study (each instruction's and the iteration level's); default 14.
+        validation_repeats: measurements of the whole iteration averaged per schedule; default 4.
+        micro_batch_size, seq_len, n_heads, vocab_multiple: get_workload overrides, model names only.
+        switch_latency_ms: the GPU's clock-switch latency (ms) in place of its file's.
+        on_unit: called as on_unit(granularity, done, total) after each study.
+        on_start: called once with a SearchStart (its ``trace`` the first stage's StageTrace) before measuring.
+        verbose: Optuna's own INFO log lines.
+
+    Returns:
+        PipelineSearchResult: ``.summary()`` (the JSON document), ``.pipeline_doc()`` (what a pipeline clock
+        table holds), ``.profile``, ``.plan``, ``.levels``.
+
+    Raises:
+        UnknownNameError: unknown model, GPU type or granularity (power-cap, pass, kernel and phase are not
+            searched on a pipeline).
+        InvalidSettingError: a bad slowdown, override, layout (pp must be above 1), micro_batches, n_trials,
+            validation_repeats, partition_method, seed or switch_latency_ms; a backend other than "sim".
+        OutputError, StorageError: as freqopt.search.
+    """
+    from freqopt.budget import parse_slowdown
+    from freqopt.gpu.specs import DEFAULT_GPU, check_switch_latency_ms, get_gpu
+    from freqopt.resolve import resolve_gpu, resolve_workload
+    from freqopt.search.pipeline_search import (PipelineSearchConfig, pipeline_granularities,
+                                                pipeline_study_prefix, run_pipeline_search)  # fmt: skip
+    from freqopt.search.storage import open_storage
+    from freqopt.search.study import optuna_logging
+    from freqopt.workload.pipeline_trace import trace_pipeline_stages
+
+    slowdown = parse_slowdown(max_slowdown)
+    if micro_batches is None:
+        raise InvalidSettingError("micro_batches is required for a pipeline: the micro-batches per iteration "
+                                  "(DeepSpeed's gradient_accumulation_steps), e.g. 8", argument="micro_batches")  # fmt: skip
+    check_positive_int("micro_batches", micro_batches)
+    workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    if not workload.layout.is_pipeline:
+        raise InvalidSettingError(f"layout {workload.layout} has no pipeline stages; give pp > 1 (e.g. pp=4), or "
+                                  "search one GPU's iteration with freqopt.search", argument="layout")  # fmt: skip
+    spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
+    levels = pipeline_granularities(granularities)
+    if backend != "sim":
+        raise InvalidSettingError(f"backend {backend!r}: a pipeline is searched on the simulated GPU (backend "
+                                  "'sim'); plan a measured pipeline with freqopt.plan_pipeline", argument="backend")  # fmt: skip
+    check_positive_int("n_trials", n_trials, optional=True)
+    check_positive_int("validation_repeats", validation_repeats, optional=True)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidSettingError(f"seed must be an integer, not {seed!r}", argument="seed")
+    switch_s = check_switch_latency_ms(switch_latency_ms)
+    if switch_s is not None:
+        spec = spec.with_switch_latency(switch_s)
+    stage_traces = trace_pipeline_stages(workload, partition_method=partition_method)  # checks the partition
+    out, storage = open_output(out, storage)
+    counts = {"n_trials": n_trials} if n_trials else {}
+    if validation_repeats:
+        counts["validation_repeats"] = validation_repeats
+    config = PipelineSearchConfig(max_slowdown=slowdown, granularities=levels, seed=seed, storage=storage, **counts)
+    if on_start is not None:
+        prefix = pipeline_study_prefix(workload, spec, partition_method, seed)
+        n_units = (1 if "iteration" in levels else 0) + (2 * workload.layout.pp if "instruction" in levels else 0)
+        on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, n_units))
+    with optuna_logging(verbose):
+        return run_pipeline_search(stage_traces, spec, micro_batches, config, storage=open_storage(storage),
+                                   on_unit=on_unit, partition_method=partition_method)  # fmt: skip

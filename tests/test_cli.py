@@ -40,7 +40,7 @@ BAD = [
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "tp=5"], "does not divide the 12 attention heads"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "dp=two"], "positive integer"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "pp=2"],
-     "layout dp=1,tp=1,pp=2: the search does not handle pipelines (pp > 1) yet"),
+     "--micro-batches is required for a pipeline"),
     (["--model", "gpt3-small"], "Missing option"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--bogus"], "No such option"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--switch-latency-ms", "-5"], "'--switch-latency-ms'"),

@@ -235,7 +235,8 @@ def test_search_profile_and_training_refuse_a_pipeline(tmp_path):
     import freqopt
     from freqopt.apply.train import plan_training
 
-    with pytest.raises(InvalidSettingError, match="layout dp=1,tp=1,pp=2: the search does not handle pipelines.*plan"):
+    with pytest.raises(InvalidSettingError, match="layout dp=1,tp=1,pp=2: freqopt.search searches one GPU's "
+                                                  "iteration; search a pipeline.*search_pipeline"):  # fmt: skip
         freqopt.search("gpt3-small", max_slowdown="1%", layout="pp=2", out=tmp_path / "out")
     assert not (tmp_path / "out").exists()
     with pytest.raises(InvalidSettingError, match="the profile does not handle pipelines"):

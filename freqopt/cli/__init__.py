@@ -29,7 +29,7 @@ FLAGS = {
     "switch_latency_ms": "--switch-latency-ms", "sm_clock_mhz": "--sm-clock", "mem_clock_mhz": "--mem-clock",
     "power_limit_w": "--power-limit", "stage_profile": "--stage-profile", "stages": "--stages",
     "micro_batches": "--micro-batches", "schedule": "--schedule", "blocking_power_w": "--blocking-power-w",
-    "n_points": "--frontier-points",
+    "n_points": "--frontier-points", "partition_method": "--partition-method", "backend": "--backend",
 }  # fmt: skip
 
 

@@ -34,12 +34,21 @@ def switch_latency_option(f):
 @click.option("--jobs", default=1, show_default=True, type=int,
               help="Processes that run tuning units in parallel (simulated GPU; for real GPUs start a "
                    "`freqopt worker` per GPU).")
+@click.option("--micro-batches", type=int, default=None,
+              help="Micro-batches per iteration of a pipeline layout (pp > 1; DeepSpeed's gradient_accumulation_steps).")
+@click.option("--partition-method", default=None,
+              help="How a pipeline layout's layers split into stages: parameters (DeepSpeed's default), uniform or "
+                   "type:REGEX.")
 @switch_latency_option
 @model_options
 @verbose_option
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
-           switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
+           micro_batches, partition_method, switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple,
+           layout, verbose) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities.
+
+    With a pipeline layout (--layout ...,pp=S and --micro-batches M) it searches the simulated pipeline's iteration
+    (granularities iteration and instruction: one clock per stage's forward or backward of one micro-batch).
 
     A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
     (NAME is printed at the start) joins it from another process or machine."""
@@ -48,9 +57,23 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                                TimeRemainingColumn)  # fmt: skip
 
     from freqopt.api import search as run_search
+    from freqopt.errors import InvalidSettingError
+    from freqopt.workload.layout import parse_layout
 
     check_json_path(json_path)
     levels = [g.strip() for g in granularity.split(",")]
+    if parse_layout(layout).is_pipeline:
+        if jobs != 1:
+            raise InvalidSettingError("n_jobs applies to the one-GPU search; a pipeline's studies run in one process",
+                                      argument="n_jobs")  # fmt: skip
+        _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir, json_path, seed, trials,
+                         micro_batches, partition_method or "parameters", switch_latency_ms, micro_batch_size,
+                         seq_len, n_heads, vocab_multiple, layout, verbose)  # fmt: skip
+        return
+    for name, value in (("micro_batches", micro_batches), ("partition_method", partition_method)):
+        if value is not None:
+            raise InvalidSettingError(f"{name} applies to a pipeline layout (pp > 1, e.g. --layout pp=4)",
+                                      argument=name)  # fmt: skip
     console = Console(stderr=True)
     started = time.monotonic()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -142,6 +165,127 @@ def _search_table(result):
                       f"{doc['slowdown_pct']:.2f}", ideal, str(r.n_settings), str(r.n_measurements),
                       f"{r.search_cost_gpu_s / 3600:.3f}")  # fmt: skip
     return table
+
+
+def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir, json_path, seed, trials,
+                     micro_batches, partition_method, switch_latency_ms, micro_batch_size, seq_len, n_heads,
+                     vocab_multiple, layout, verbose) -> None:  # fmt: skip
+    """``freqopt search`` on a pipeline layout: freqopt.search_pipeline, rendered."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from freqopt.api import search_pipeline
+
+    console = Console(stderr=True)
+    started = time.monotonic()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=False)  # fmt: skip
+    begun = []
+
+    def on_start(start) -> None:
+        begun.append(start)
+        w = start.trace.workload
+        console.print(f"traced {w.model} ({w.layout}): {w.layout.pp} stages, {micro_batches} micro-batches per "
+                      f"iteration (1f1b); GPU {start.spec.name} (simulated)")  # fmt: skip
+        console.print(f"search {start.study_name}; studies in {absolute_storage(start.storage)}", soft_wrap=True)
+        progress.add_task("searching", total=start.n_units)
+        progress.start()
+
+    def on_unit(granularity: str, done: int, n: int) -> None:
+        ending = " (planning and validating: minutes)" if granularity == "instruction" and done == n else ""
+        progress.update(progress.task_ids[0], advance=1, description=f"{granularity}: study {done}/{n}{ending}")
+
+    try:
+        result = search_pipeline(model, max_slowdown=max_slowdown, micro_batches=micro_batches, gpu=gpu,
+                                 layout=layout, granularities=levels[0] if len(levels) == 1 else levels,
+                                 partition_method=partition_method, backend=backend, seed=seed, storage=storage,
+                                 out=out_dir, n_trials=trials, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                 n_heads=n_heads, vocab_multiple=vocab_multiple, switch_latency_ms=switch_latency_ms,
+                                 on_unit=on_unit, on_start=on_start, verbose=verbose)  # fmt: skip
+    except KeyboardInterrupt:
+        if begun:
+            raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in "
+                                    f"{absolute_storage(begun[0].storage)}")  # fmt: skip
+        raise
+    finally:
+        if progress.task_ids:
+            progress.stop()
+    out = stdout_console()
+    out.print(_pipeline_table(result))
+    for line in _pipeline_notes(result):
+        out.print(line, soft_wrap=True)
+    if result.n_stored_measurements:
+        console.print(f"resumed: {result.n_stored_measurements} measurements read back from "
+                      f"{absolute_storage(result.storage)}, {result.n_new_measurements} new", soft_wrap=True)  # fmt: skip
+    console.print(f"done in {time.monotonic() - started:.0f} s; studies in {absolute_storage(result.storage)}",
+                  soft_wrap=True)  # fmt: skip
+    write_json(json_path, result.summary())
+
+
+def _pipeline_table(result):
+    """The rich table of a PipelineSearchResult: the default iteration, then one row per granularity."""
+    from rich.table import Table
+
+    w, doc = result.workload, result.summary()
+    table = Table(title=f"{w.model} ({w.layout}) on {result.gpu}, {result.micro_batches} micro-batches (1f1b), max "
+                        f"slowdown {100 * result.max_slowdown:g} % (validated on the simulated pipeline, clock "
+                        f"switches taking {1e3 * result.switch_s:g} ms)")  # fmt: skip
+    table.add_column("granularity", width=11, no_wrap=True)
+    for col, width in (("energy (J/iter)", 8), ("time (s/iter)", 8), ("saved (%)", 9), ("slow- down (%)", 9),
+                       ("free switching: saved / slowdown (%)", 13), ("switches per iter", 8),
+                       ("measure- ments", 8), ("search cost (GPU-h)", 7)):  # fmt: skip
+        table.add_column(col, justify="right", width=width)
+    base = result.baseline
+    table.add_row("default", f"{base.energy_j:.1f}", f"{base.time_s:.4f}", "0.00", "0.00", "-", "0", "-", "-")
+    table.caption = "saved and slowdown: mean ± standard error of the validation's measurements"
+    for g, level in result.levels.items():
+        r = doc["results"][g]
+        ideal = ("-" if r["ideal_energy_saved_pct"] is None
+                 else f"{r['ideal_energy_saved_pct']:.2f} / {r['ideal_slowdown_pct']:.2f}")  # fmt: skip
+        table.add_row(g, f"{level.validated.energy_j:.1f}", f"{level.validated.time_s:.4f}",
+                      f"{r['energy_saved_pct']:.2f}±{r['energy_saved_se_pct']:.2f}",
+                      f"{r['slowdown_pct']:.2f}±{r['slowdown_se_pct']:.2f}", ideal, str(r["n_switches"]),
+                      str(r["n_measurements"]), f"{r['search_cost_gpu_s'] / 3600:.3f}")  # fmt: skip
+    return table
+
+
+def _runs(clocks) -> str:
+    """Clocks as runs: "1110 x13, 1410, 1110 x2"."""
+    out, prev, count = [], None, 0
+    for c in list(clocks) + [object()]:
+        if c == prev:
+            count += 1
+            continue
+        if prev is not None:
+            out.append(f"{prev}" + (f" x{count}" if count > 1 else ""))
+        prev, count = c, 1
+    return ", ".join(out)
+
+
+def _pipeline_notes(result) -> list[str]:
+    """What follows the table: the blocked power, the plan's optimality and the clocks asked for per stage."""
+    spec = result.spec
+    perseus = result.perseus_blocking_power_w
+    lines = [f"blocked power: {result.blocking_power_w:.1f} W at {spec.max_sm_clock_mhz} MHz, less at lower clocks "
+             "(the physics: a NCCL receive spinning at the clock in force)"
+             + (f"; Perseus measured {perseus:g} W on this GPU type" if perseus is not None else "")]  # fmt: skip
+    level = result.levels.get("instruction")
+    if level is not None:
+        if level.plan is not None:
+            lines.append(f"instruction plan: within {100 * level.plan.gap:.3g} % of the least energy the measured "
+                         "fronts allow (proven by the planner)")  # fmt: skip
+        else:
+            lines.append("instruction level: the iteration level's clock (or the defaults) validated better than any plan")
+        lines.append(f"clocks asked for at each instruction's start (MHz), in each stage's 1f1b order, one switch "
+                     f"latency ahead:")  # fmt: skip
+        for stage in result.stage_requests():
+            lines.append(f"  stage {stage['stage']}: " + _runs([i["sm_clock_mhz"] for i in stage["instructions"]]))
+        if level.frontier:
+            f0, f1 = level.frontier[0], level.frontier[-1]
+            lines.append(f"time-energy frontier (the planner's prediction: the instructions' critical path and energy, "
+                         f"without the optimizer step; {len(level.frontier)} points): {f0.time_s:.4f} s "
+                         f"{f0.energy_j:.1f} J to {f1.time_s:.4f} s {f1.energy_j:.1f} J (--json lists them)")  # fmt: skip
+    return lines
 
 
 @cli.command(short_help="Join a running search from another process or machine.")

@@ -1,0 +1,176 @@
+"""The pipeline search (freqopt.search_pipeline, ``freqopt search --layout ...,pp=S``): one clock for the iteration
+against one clock per instruction, on the simulated pipeline (issue 24, item 3)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import freqopt
+from freqopt.cli import main
+from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.search.pipeline import KINDS, one_f_one_b
+from freqopt.search.pipeline_plan import PipelinePlanner, stage_profile_from_rows
+
+# A tiny pipeline: gpt3-small in 2 stages, 2 sequences of 256 tokens per micro-batch, 4 micro-batches.
+TINY = dict(micro_batch_size=2, seq_len=256, layout="pp=2", micro_batches=4, gpu="a100-sxm4-80gb", n_trials=5,
+            validation_repeats=3)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny pipeline searched at 5 % with a 0.2 ms switch latency (its instructions last 0.3-1.5 ms), in an
+    SQLite storage, and the storage's URL."""
+    storage = f"sqlite:///{tmp_path_factory.mktemp('pipeline') / 'f.db'}"
+    result = freqopt.search_pipeline("gpt3-small", max_slowdown="5%", switch_latency_ms=0.2, storage=storage, **TINY)
+    return result, storage
+
+
+def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
+    result, _ = tiny
+    assert set(result.levels) == {"iteration", "instruction"}
+    for g in result.levels:
+        assert result.slowdown_pct(g) <= 5.0
+        assert result.levels[g].validated.n == 3 and result.levels[g].validated.energy_se_j > 0
+    # One clock per instruction saves more than one clock for the iteration, and its plan is the planner's.
+    assert result.energy_saved_pct("instruction") > result.energy_saved_pct("iteration") > 0
+    level = result.levels["instruction"]
+    assert level.plan is not None and level.plan.gap <= 1e-3 + 1e-9
+    assert len(set(level.requests)) > 1 and level.validated.n_switches > 0
+    assert result.ideal_energy_saved_pct("instruction") is not None and result.ideal_slowdown_pct("instruction") <= 5.0
+    # The frontier: fastest first, energy never rising.
+    energies = [p.energy_j for p in level.frontier]
+    assert len(energies) == 12 and all(b <= a + 1e-9 for a, b in zip(energies, energies[1:]))
+    # Counting: every study and every validation.
+    assert level.n_measurements >= sum(s.n_measurements for s in level.unit_searches) > 4 * 5
+    assert result.n_new_measurements > 0 and result.n_stored_measurements == 0
+
+
+def test_the_result_carries_what_a_pipeline_table_needs(tiny):
+    result, _ = tiny
+    doc = json.loads(json.dumps(result.pipeline_doc()))  # JSON as it stands
+    assert [u["unit"] for u in doc["units"]] == ["stage0.forward", "stage0.backward", "stage1.forward",
+                                                 "stage1.backward"]  # fmt: skip
+    pipeline = doc["pipeline"]
+    assert pipeline["stages"] == 2 and pipeline["micro_batches"] == 4 and pipeline["schedule"] == "1f1b"
+    assert pipeline["switch_s"] == pytest.approx(2e-4) and pipeline["blocking_power_w"] == result.blocking_power_w
+    assert [len(s["instructions"]) for s in pipeline["plan"]] == [8, 8]
+    # The fronts rebuild the StageProfile, and the planner re-plans from it (another micro-batch count too).
+    rows = [{"stage": u["stage"], "instruction": u["pass"], "frequency": o["sm_clock_mhz"], "time": o["time_s"],
+             "energy": o["energy_j"]} for u in doc["units"] for o in u["front"]]  # fmt: skip
+    profile = stage_profile_from_rows(rows)
+    for key in result.profile.options:
+        ours, rebuilt = result.profile.options[key], profile.options[key]
+        order = np.argsort(ours.sm_clock_mhz)  # the rebuilt profile lists clocks ascending
+        assert list(rebuilt.sm_clock_mhz) == list(ours.sm_clock_mhz[order])
+        assert list(rebuilt.time_s) == list(ours.time_s[order]) and list(rebuilt.energy_j) == list(ours.energy_j[order])
+        default = result.defaults[key]
+        unit = next(u for u in doc["units"] if (u["stage"], u["pass"]) == key)
+        assert unit["default"] == {"time_s": default.time_s, "energy_j": default.energy_j,
+                                   "n_samples": default.n_samples}  # fmt: skip
+    planner = PipelinePlanner(profile, 4, blocking_power_w=pipeline["blocking_power_w"])
+    planned = [i["sm_clock_mhz"] for s in pipeline["plan"] for i in s["instructions"]]
+    time_s, _ = planner.evaluate(planned)
+    assert time_s == pytest.approx(result.plan.time_s, rel=1e-12)
+    assert PipelinePlanner(profile, 6).plan(max_slowdown=0.05).dag.micro_batches == 6
+    # The requests are the plan, asked for ahead where the switch latency needs it, never below its clocks.
+    requests = [i["sm_clock_mhz"] for s in pipeline["requests"] for i in s["instructions"]]
+    assert len(requests) == len(planned) and min(requests) >= min(planned)
+
+
+def test_a_second_run_reads_every_measurement_back(tiny):
+    result, storage = tiny
+    again = freqopt.search_pipeline("gpt3-small", max_slowdown="5%", switch_latency_ms=0.2, storage=storage, **TINY)
+    assert again.n_new_measurements == 0 and again.n_stored_measurements > 0
+    for g in result.levels:
+        assert again.levels[g].validated == result.levels[g].validated
+        assert again.levels[g].requests == result.levels[g].requests
+
+
+def test_the_instruction_level_never_ends_worse_than_the_iteration_level():
+    # A switch latency far beyond the tiny iteration (170 ms, the A100's file): every plan runs late; the level
+    # keeps what validated best, the iteration level's clock or the defaults.
+    result = freqopt.search_pipeline("gpt3-small", max_slowdown="2%", granularities="all", **TINY)
+    assert result.switch_s == pytest.approx(0.17)
+    assert result.energy_saved_pct("instruction") >= result.energy_saved_pct("iteration") - 1e-9
+    assert result.slowdown_pct("instruction") <= 2.0
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"layout": "tp=2"}, InvalidSettingError, "layout dp=1,tp=2 has no pipeline stages"),
+    ({"micro_batches": None}, InvalidSettingError, "micro_batches is required for a pipeline"),
+    ({"micro_batches": 0}, InvalidSettingError, "micro_batches must be a positive integer"),
+    ({"granularities": "kernel"}, UnknownNameError, "granularity 'kernel' is not searched on a pipeline"),
+    ({"granularities": []}, InvalidSettingError, "granularity must be"),
+    ({"backend": "nvml"}, InvalidSettingError, "backend 'nvml': a pipeline is searched on the simulated GPU"),
+    ({"partition_method": "bogus"}, InvalidSettingError, "partition_method"),
+])  # fmt: skip
+def test_bad_arguments_are_refused_before_any_file(kwargs, error, message, tmp_path):
+    args = {**TINY, **kwargs}
+    with pytest.raises(error, match=message):
+        freqopt.search_pipeline("gpt3-small", max_slowdown="1%", out=tmp_path / "out", **args)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_one_gpu_search_points_a_pipeline_to_search_pipeline(tmp_path):
+    with pytest.raises(InvalidSettingError, match="layout dp=1,tp=1,pp=2: freqopt.search searches one GPU's "
+                                                  "iteration; search a pipeline.*search_pipeline") as info:  # fmt: skip
+        freqopt.search("gpt3-small", max_slowdown="1%", layout="pp=2", out=tmp_path / "out")
+    assert info.value.argument == "layout" and not (tmp_path / "out").exists()
+
+
+CLI = ["search", "--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "256", "--gpu", "a100-sxm4-80gb",
+       "--layout", "pp=2", "--micro-batches", "4", "--max-slowdown", "5%", "--trials", "4",
+       "--switch-latency-ms", "0.2"]  # fmt: skip
+
+
+def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*CLI, "--out", str(out), "--json", str(tmp_path / "r.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "gpt3-small (dp=1,tp=1,pp=2) on a100-sxm4-80gb, 4 micro-batches (1f1b)" in printed
+    rows = {line.split("│")[1].strip() for line in printed.splitlines() if line.startswith("│")} - {""}
+    assert rows == {"default", "iteration", "instruction"}
+    assert "Perseus measured 83.64 W" in printed and "stage 1:" in printed
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert set(doc["results"]) == {"iteration", "instruction"} and doc["micro_batches"] == 4
+    assert doc["results"]["instruction"]["slowdown_pct"] <= 5.0 and doc["results"]["instruction"]["frontier"]
+    assert (out / "freqopt.db").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--granularity", "kernel"], "--granularity 'kernel' is not searched on a pipeline (pp > 1): choose all, iteration, instruction"),
+    (["--granularity", "iteration,pass"], "--granularity 'pass' is not searched on a pipeline"),
+    (["--backend", "nvml"], "--backend 'nvml': a pipeline is searched on the simulated GPU"),
+    (["--jobs", "2"], "--jobs applies to the one-GPU search"),
+    (["--partition-method", "type:Nothing"], "--partition-method"),
+])  # fmt: skip
+def test_the_cli_refuses_what_a_pipeline_search_does_not_do(args, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*CLI, "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("freqopt: error:") and message in err, err
+    assert not out.exists()
+
+
+def test_the_cli_refuses_pipeline_flags_without_a_pipeline(tmp_path, capsys):
+    assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--micro-batches", "8",
+                 "--out", str(tmp_path / "out")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert err == "freqopt: error: --micro-batches applies to a pipeline layout (pp > 1, e.g. --layout pp=4)"
+    assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "pp=2",
+                 "--out", str(tmp_path / "out")]) == 2  # fmt: skip
+    assert "--micro-batches is required for a pipeline" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_instruction_has_a_planned_clock(tiny):
+    result, _ = tiny
+    dag = one_f_one_b(2, 4)
+    level = result.levels["instruction"]
+    assert len(level.planned) == len(level.requests) == dag.n
+    for inst, clock in zip(dag.instructions, level.planned):
+        assert clock in result.profile.options[(inst.stage, inst.kind)].sm_clock_mhz
+    assert {k for k in result.fronts} == {(s, kind) for s in range(2) for kind in KINDS}
