@@ -379,7 +379,9 @@ def search_pipeline(
             freqopt.plan_pipeline).
         seed: seeds the samplers and the simulated GPUs' noise.
         storage: Optuna storage URL; default sqlite:///OUT/freqopt.db with ``out``, else in memory.
-        out: folder for the default storage; None writes no file.
+        out: folder for the default storage and the instruction level's pipeline clock table,
+            ``STEM-instruction.json`` and ``.csv`` (freqopt.tables.table_stem; written where a plan won its
+            validation); None writes no file.
         n_trials: trials per study (each instruction's and the iteration level's); default 14.
         validation_repeats: measurements of the whole iteration averaged per schedule; default 4.
         micro_batch_size, seq_len, n_heads, vocab_multiple: get_workload overrides, model names only.
@@ -403,7 +405,8 @@ def search_pipeline(
     from freqopt.gpu.specs import DEFAULT_GPU, check_switch_latency_ms, get_gpu
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.search.pipeline_search import (PipelineSearchConfig, pipeline_granularities,
-                                                pipeline_study_prefix, run_pipeline_search)  # fmt: skip
+                                                pipeline_study_prefix, result_pipeline_table,
+                                                run_pipeline_search)  # fmt: skip
     from freqopt.search.storage import open_storage
     from freqopt.search.study import optuna_logging
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
@@ -440,6 +443,22 @@ def search_pipeline(
         prefix = pipeline_study_prefix(workload, spec, partition_method, seed)
         n_units = (1 if "iteration" in levels else 0) + (2 * workload.layout.pp if "instruction" in levels else 0)
         on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, n_units))
+    table_path = None
+    if out is not None:  # refuse to replace another search's table before measuring anything
+        from freqopt.tables import INSTRUCTION, check_table_target, table_stem, workload_doc
+
+        table_path = out / f"{table_stem(workload, spec.name, slowdown, seed)}-{INSTRUCTION}.json"
+        check_table_target(table_path, {"gpu": spec.name, "workload": workload_doc(workload),
+                                        "granularity": INSTRUCTION, "max_slowdown": slowdown, "backend": "sim",
+                                        "seed": seed, "transferred_from": None})  # fmt: skip
     with optuna_logging(verbose):
-        return run_pipeline_search(stage_traces, spec, micro_batches, config, storage=open_storage(storage),
-                                   on_unit=on_unit, partition_method=partition_method)  # fmt: skip
+        result = run_pipeline_search(stage_traces, spec, micro_batches, config, storage=open_storage(storage),
+                                     on_unit=on_unit, partition_method=partition_method)  # fmt: skip
+    table = result_pipeline_table(result) if table_path is not None else None
+    if table is not None:
+        from freqopt.tables import write_table, write_table_csv
+
+        write_table(table, table_path)
+        write_table_csv(table, table_path.with_suffix(".csv"))
+        result = replace(result, table_path=table_path)
+    return result

@@ -467,7 +467,7 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
                    predicted=None, front_samples: Mapping[tuple[int, str], Sequence[int]] | int = 1,
                    partition_method: str = "parameters", backend: str = "sim", seed: int = 0,
                    provenance: Mapping[str, Any] | None = None,
-                   requests: Sequence[int] | None = None) -> ClockTable:  # fmt: skip
+                   requests: Sequence[int] | None = None, baseline=None) -> ClockTable:  # fmt: skip
     """The clock table of a pipeline plan (granularity "instruction"; module docstring, "Pipelines").
 
     Args:
@@ -492,6 +492,10 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
         requests: per instruction of the plan's DAG (plan.dag.instructions order), the SM clock (MHz) the runtime
             asks for at its start, where the validated schedule requests clocks ahead of the plan (module
             docstring, "Pipelines"); None: the runtime asks for each instruction's planned clock.
+        baseline: the default iteration as measured the way ``validated`` was (time_s, energy_j), against which
+            the validated saving and slowdown are reported; None: the default iteration the plan's accounting
+            gives from ``defaults`` (the predicted one, which a validation on real or simulated GPUs includes more
+            than: the optimizer step, switch latency).
 
     Returns:
         A ClockTable (no source), for write_table and write_table_csv.
@@ -549,9 +553,11 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
     base_time = plan.dag.iteration_time_s(default_times)
     base_energy = plan.dag.iteration_energy_j(default_times, default_energies, blocking_power_w)
 
-    def rel(time_s: float, energy_j: float) -> dict[str, float]:
+    def rel(time_s: float, energy_j: float, base=(base_time, base_energy)) -> dict[str, float]:
         return {"time_s": float(time_s), "energy_j": float(energy_j),
-                "energy_saved_pct": 100 * (1 - energy_j / base_energy), "slowdown_pct": 100 * (time_s / base_time - 1)}
+                "energy_saved_pct": 100 * (1 - energy_j / base[1]), "slowdown_pct": 100 * (time_s / base[0] - 1)}
+
+    measured_base = (base_time, base_energy) if baseline is None else (float(baseline.time_s), float(baseline.energy_j))
 
     predicted_time, predicted_energy = ((plan.time_s, plan.energy_j) if predicted is None
                                         else (predicted.time_s, predicted.energy_j))  # fmt: skip
@@ -571,11 +577,11 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
                      "switch_s": float(switch_s),
                      "plan": by_micro_batch(plan.sm_clock_mhz),
                      **({"requests": by_micro_batch(requests)} if requests is not None else {})},
-        "baseline": {"time_s": base_time, "energy_j": base_energy},
+        "baseline": {"time_s": measured_base[0], "energy_j": measured_base[1]},
         "predicted": {**rel(predicted_time, predicted_energy), "baseline_time_s": base_time,
                       "baseline_energy_j": base_energy, "fastest_time_s": float(plan.default_time_s),
                       "fastest_energy_j": float(plan.default_energy_j), "lower_bound_j": float(plan.lower_bound_j)},
-        "validated": rel(validated.time_s, validated.energy_j),
+        "validated": rel(validated.time_s, validated.energy_j, measured_base),
         "provenance": {"freqopt_version": __version__,
                        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "backend": backend, "seed": seed, **(provenance or {})},

@@ -138,6 +138,21 @@ def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
     assert set(doc["results"]) == {"iteration", "instruction"} and doc["micro_batches"] == 4
     assert doc["results"]["instruction"]["slowdown_pct"] <= 5.0 and doc["results"]["instruction"]["frontier"]
     assert (out / "freqopt.db").exists()
+    # The instruction level's pipeline clock table: written, loadable, and what the runtime applies is what was
+    # validated (the requests, in each stage's 1F1B order).
+    from freqopt.apply.pipeline_runtime import stage_schedule
+    from freqopt.search.pipeline import stage_order
+    from freqopt.tables import load_table
+
+    assert doc["table"] and doc["table"].endswith("-instruction.json") and "instruction table:" in printed
+    table = load_table(doc["table"])
+    assert table.is_pipeline and table.pipeline["micro_batches"] == 4 and table.workload["layout"]["pp"] == 2
+    assert abs(table.data["validated"]["energy_saved_pct"] - doc["results"]["instruction"]["energy_saved_pct"]) < 1e-9
+    requests = {(r["stage"], kind, m): c for r in table.pipeline["requests"] for kind in KINDS
+                for m, c in enumerate(r[kind])}  # fmt: skip
+    assert [c.sm_clock_mhz for c in stage_schedule(table, 1)] == [
+        requests[(i.stage, i.kind, i.micro_batch)] for i in stage_order(2, 4, 1)]
+    assert (out / doc["table"].rsplit("/", 1)[1]).with_suffix(".csv").exists()
 
 
 @pytest.mark.parametrize("args,message", [

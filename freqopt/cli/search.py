@@ -214,6 +214,11 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
     out.print(_pipeline_table(result))
     for line in _pipeline_notes(result):
         out.print(line, soft_wrap=True)
+    if result.table_path is not None:
+        out.print(f"instruction table: {result.table_path} (and .csv)", soft_wrap=True)
+        w = result.workload
+        console.print(f"apply it to training with: freqopt train --model {w.model} --layout {w.layout} --micro-batches "
+                      f"{result.micro_batches} --table {absolute_path(result.table_path)}", soft_wrap=True)  # fmt: skip
     if result.n_stored_measurements:
         console.print(f"resumed: {result.n_stored_measurements} measurements read back from "
                       f"{absolute_storage(result.storage)}, {result.n_new_measurements} new", soft_wrap=True)  # fmt: skip

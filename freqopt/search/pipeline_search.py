@@ -272,6 +272,7 @@ class PipelineSearchResult:
         storage: the Optuna storage URL (None: in memory); seed: the samplers' and noise's seed.
         n_new_measurements, n_stored_measurements: measurements this call took, and those read back from storage.
         wall_s: the whole search's wall time (s).
+        table_path: the pipeline clock table written (freqopt.api.search_pipeline with ``out``), else None.
     """
 
     workload: object
@@ -294,6 +295,7 @@ class PipelineSearchResult:
     n_stored_measurements: int = 0
     wall_s: float = 0.0
     schedule: str = "1f1b"
+    table_path: object = None
 
     @property
     def stages(self) -> int:
@@ -386,7 +388,8 @@ class PipelineSearchResult:
         "ideal_slowdown_pct", "predicted_energy_saved_pct", "predicted_slowdown_pct", "predicted_baseline":
         {"time_s", "energy_j"}, "n_switches",
         "n_measurements", "search_cost_gpu_s", "search_wall_s", "plan_gap", "frontier": [{"time_s", "energy_j",
-        "lower_bound_j", "deadline_s"}]}}, "n_new_measurements", "wall_s"}``; percentages of the validated
+        "lower_bound_j", "deadline_s"}]}}, "n_new_measurements", "wall_s", "table"}`` ("table": the pipeline clock
+        table's path, or null); percentages of the validated
         baseline (predicted: of the search's own default prediction)."""
         w = self.workload
         doc = {"workload": {"model": w.model, "micro_batch_size": w.micro_batch_size, "seq_len": w.config.seq_len,
@@ -396,7 +399,8 @@ class PipelineSearchResult:
                "perseus_blocking_power_w": self.perseus_blocking_power_w,
                "baseline": {"time_s": self.baseline.time_s, "energy_j": self.baseline.energy_j,
                             "time_se_s": self.baseline.time_se_s, "energy_se_j": self.baseline.energy_se_j},
-               "results": {}, "n_new_measurements": self.n_new_measurements, "wall_s": self.wall_s}  # fmt: skip
+               "results": {}, "n_new_measurements": self.n_new_measurements, "wall_s": self.wall_s,
+               "table": None if self.table_path is None else str(self.table_path)}  # fmt: skip
         for g, r in self.levels.items():
             doc["results"][g] = {
                 "energy_saved_pct": self.energy_saved_pct(g), "energy_saved_se_pct": self.energy_saved_se_pct(g),
@@ -704,3 +708,30 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
                                 defaults, fronts, blocking, perseus_blocking_power_w(spec), spec.clock_switch_s,
                                 levels, config.storage, config.seed, n_new, n_stored,
                                 _time.perf_counter() - started)  # fmt: skip
+
+
+def result_pipeline_table(result: PipelineSearchResult):
+    """The pipeline clock table (freqopt.tables.pipeline_table) of a search's instruction level: its fronts, its
+    plan, the requests that were validated (switches asked for ahead) and the validated figures against the
+    validated default iteration.
+
+    Returns:
+        A ClockTable, or None where the instruction level was not searched or no plan won its validation (a
+        candidate, the iteration level's clock or the defaults, validated better: nothing per instruction to apply).
+    """
+    from freqopt.tables import pipeline_table
+
+    level = result.levels.get("instruction")
+    if level is None or level.plan is None or result.profile is None:
+        return None
+    top = result.spec.max_sm_clock_mhz
+    return pipeline_table(
+        result.workload, result.spec, result.profile, level.plan, max_slowdown=result.max_slowdown,
+        blocking_power_w=result.blocking_power_w, switch_s=result.switch_s,
+        defaults={key: (o.time_s, o.energy_j, o.n_samples) for key, o in result.defaults.items()},
+        validated=level.validated, baseline=result.baseline,
+        front_samples={key: [o.n_samples for o in opts] for key, opts in result.fronts.items()},
+        partition_method=result.partition_method, backend="sim", seed=result.seed,
+        provenance={"storage": result.storage, "n_measurements": level.n_measurements,
+                    "search_cost_gpu_s": level.search_cost_gpu_s},
+        requests=[top if c is None else int(c) for c in level.requests])  # fmt: skip
