@@ -218,10 +218,13 @@ def test_a_set_call_that_fails_stops_training_at_the_next_pass(table):
             engine.train_batch()
 
 
-def test_the_simulated_step_is_the_critical_path_of_the_stages_kernels_at_the_requested_clocks(table):
-    """step_measurement: every instruction is its stage's forward or backward kernels on the simulated H100 at the
-    clock asked for, joined by the 1F1B graph, the table's blocking power while a GPU waits; computed here from the
-    same pieces independently, and the table's clocks save energy against the default ones."""
+def test_the_simulated_step_is_the_simulated_pipeline_at_the_requested_clocks(table):
+    """step_measurement: the iteration the search validates on (SimulatedPipeline, noiseless, switches landing one
+    latency late) with this rank's requested clocks and the table's on the others, stage by stage in 1F1B order;
+    the latency counts (the same clocks landing at once give another iteration), and the table's clocks save
+    energy against the default ones."""
+    from freqopt.search.pipeline_sim import SimulatedPipeline
+
     workload = get_workload("gpt3-small", micro_batch_size=1, seq_len=16, layout=Layout(pp=3))
     traces = trace_pipeline_stages(workload)
     sim = SimulatedGPU(H100, noise=False)
@@ -232,18 +235,16 @@ def test_the_simulated_step_is_the_critical_path_of_the_stages_kernels_at_the_re
         runtime.use_table = False
         engine.train_batch()
         default = runtime.step_measurement()
-    dag = one_f_one_b(3, 5)
+    pipeline = SimulatedPipeline(traces, H100, 5, noise=False)
     schedules = pipeline_schedules(table)
-    position, times, energies = [0, 0, 0], [], []
-    for inst in dag.instructions:
-        setting = schedules[inst.stage][position[inst.stage]]
+    position, per_instruction = [0, 0, 0], []
+    for inst in pipeline.dag.instructions:
+        per_instruction.append(schedules[inst.stage][position[inst.stage]])
         position[inst.stage] += 1
-        m = sim.true_measure(traces[inst.stage].pass_kernels(inst.kind), setting)
-        times.append(m.time_s)
-        energies.append(m.energy_j)
-    power = table.pipeline["blocking_power_w"]
-    assert with_table.time_s == pytest.approx(dag.iteration_time_s(times), rel=1e-12)
-    assert with_table.energy_j == pytest.approx(dag.iteration_energy_j(times, energies, power), rel=1e-12)
+    expected = pipeline.true_run(per_instruction)
+    assert (with_table.time_s, with_table.energy_j) == pytest.approx((expected.time_s, expected.energy_j), rel=1e-12)
+    at_once = pipeline.true_run(per_instruction, switching=False)
+    assert (at_once.time_s, at_once.energy_j) != pytest.approx((expected.time_s, expected.energy_j), rel=1e-9)
     assert default.energy_j > with_table.energy_j
     assert runtime.requested[1] == (DEFAULT_SETTING,) * 10
     with pytest.raises(TypeError, match="for the simulated backend with stage_traces"):

@@ -35,11 +35,12 @@ reduction and the optimizer step run at the clock of the pass before them.
 freqopt.gpu.nvml.GPUStateGuard), the queue is drained, the worker stopped and the backend restores what it found.
 
 **The simulated backend.** There is no GPU to switch: the worker records each setting on the simulated GPU, and
-``step_measurement()`` gives the iteration the stages' requested clocks make: each instruction is its stage's
-forward or backward kernels (freqopt.workload.pipeline_trace.trace_pipeline_stages) timed by the simulated GPU at
-that clock (SimulatedGPU.true_measure: noiseless, no switching cost), the iteration is the critical path of the 1F1B
-instruction graph, and every GPU draws the table's blocking power while it waits (freqopt.search.pipeline, Perseus's
-accounting). This rank's stage uses the clocks it requested; the other stages the same table's plan.
+``step_measurement()`` gives the iteration the stages' requested clocks make on the simulated pipeline the search
+validates on (freqopt.search.pipeline_sim.SimulatedPipeline, noiseless): each instruction is its stage's forward or
+backward kernels (freqopt.workload.pipeline_trace.trace_pipeline_stages), each request lands one switch latency
+after the instruction that asked for it begins, the iteration is the critical path of the 1F1B instruction graph
+and each stage's optimizer step, and every GPU draws the physics' blocked power at the clock in force while it
+waits. This rank's stage uses the clocks it requested; the other stages the same table's plan.
 """
 
 from __future__ import annotations
@@ -164,8 +165,6 @@ class PipelineRuntime:
         backend: this rank's GPU (NVMLBackend), or a SimulatedGPU; closed (the GPU restored) on exit.
         stage_traces: every stage's StageTrace (trace_pipeline_stages of the workload trained), for
             step_measurement on the simulated backend; None: no step_measurement.
-        blocking_power_w: the power a waiting GPU draws in step_measurement, W; default the table's, else the GPU
-            type's idle power (``GPUSpec.idle_power_w``: a stage blocked on a P2P transfer runs no kernel).
 
     Attributes:
         stage, stages, micro_batches: the engine's.
@@ -181,7 +180,7 @@ class PipelineRuntime:
     """
 
     def __init__(self, engine, *, table: ClockTable | None, backend: Backend,
-                 stage_traces: Sequence | None = None, blocking_power_w: float | None = None):  # fmt: skip
+                 stage_traces: Sequence | None = None):  # fmt: skip
         needed = ("_INSTRUCTION_MAP", "train_batch", "stage_id", "num_stages", "micro_batches")
         if not all(hasattr(engine, name) for name in needed):
             raise InvalidSettingError(f"engine must be a DeepSpeed PipelineEngine (deepspeed.initialize of a "
@@ -192,9 +191,7 @@ class PipelineRuntime:
         self.stage, self.stages = int(engine.stage_id), int(engine.num_stages)
         self.simulated = backend.simulated
         self.stage_traces = stage_traces
-        if blocking_power_w is None:
-            blocking_power_w = table.pipeline["blocking_power_w"] if table is not None else backend.spec.idle_power_w
-        self.blocking_power_w = float(blocking_power_w)
+        self._pipelines: dict = {}  # micro-batches -> the SimulatedPipeline step_measurement runs
         self.use_table = table is not None
         self._plan_for(int(engine.micro_batches))
         self._position: int | None = None  # the instruction of the current training iteration; None outside one
@@ -204,7 +201,6 @@ class PipelineRuntime:
         self.switches = 0
         self._worker = _Worker(backend)
         self._thread = threading.Thread(target=self._worker.run, name="freqopt-dvfs-pipeline", daemon=True)
-        self._measured: dict[tuple[int, str, ClockSetting], Measurement] = {}
         self._hooked: dict[str, object] = {}
 
     def _plan_for(self, micro_batches: int) -> None:
@@ -302,13 +298,6 @@ class PipelineRuntime:
                 engine.__dict__.pop(name, None)
 
     # -- the simulated iteration ---------------------------------------------------------------------------------
-    def _instruction(self, stage: int, kind: str, setting: ClockSetting) -> Measurement:
-        key = (stage, kind, setting)
-        if key not in self._measured:
-            kernels = self.stage_traces[stage].pass_kernels(kind)
-            self._measured[key] = self.backend.true_measure(kernels, setting)
-        return self._measured[key]
-
     def step_measurement(self) -> Measurement:
         """The last training iteration on the simulated GPU (module docstring): its time (s, the critical path) and
         the energy of all its stages' GPUs (J), this stage at the settings it requested, the others at the same
@@ -323,19 +312,22 @@ class PipelineRuntime:
                             "the step and read the GPU's energy counter")  # fmt: skip
         if not self.requested:
             raise InvalidSettingError("no training iteration has run yet: call engine.train_batch() first")
+        from freqopt.search.pipeline_sim import SimulatedPipeline
+
         last = self.requested[-1]
         settings = [list(last) if s == self.stage else (self._schedules if self.use_table else self._defaults)[s]
                     for s in range(self.stages)]  # fmt: skip
         micro_batches = len(last) // 2
-        dag = one_f_one_b(self.stages, micro_batches)
+        pipeline = self._pipelines.get(micro_batches)
+        if pipeline is None:
+            pipeline = SimulatedPipeline(self.stage_traces, self.backend.spec, micro_batches, noise=False)
+            self._pipelines[micro_batches] = pipeline
         position = {s: 0 for s in range(self.stages)}
-        times, energies = [], []
-        for inst in dag.instructions:  # stage by stage, each in its own order
-            m = self._instruction(inst.stage, inst.kind, settings[inst.stage][position[inst.stage]])
+        per_instruction = []
+        for inst in pipeline.dag.instructions:  # stage by stage, each in its own order
+            per_instruction.append(settings[inst.stage][position[inst.stage]])
             position[inst.stage] += 1
-            times.append(m.time_s)
-            energies.append(m.energy_j)
-        return Measurement(dag.iteration_time_s(times), dag.iteration_energy_j(times, energies, self.blocking_power_w))
+        return pipeline.true_run(per_instruction).as_measurement()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def __enter__(self) -> PipelineRuntime:
