@@ -236,7 +236,7 @@ def _pipeline_table(result):
                         f"slowdown {100 * result.max_slowdown:g} % (validated on the simulated pipeline, clock "
                         f"switches taking {1e3 * result.switch_s:g} ms)")  # fmt: skip
     table.add_column("granularity", width=11, no_wrap=True)
-    for col, width in (("energy (J/iter)", 8), ("time (s/iter)", 8), ("saved (%)", 9), ("slow- down (%)", 9),
+    for col, width in (("energy (J/iter)", 8), ("time (s/iter)", 8), ("saved (%)", 10), ("slow- down (%)", 10),
                        ("free switching: saved / slowdown (%)", 13), ("switches per iter", 8),
                        ("measure- ments", 8), ("search cost (GPU-h)", 7)):  # fmt: skip
         table.add_column(col, justify="right", width=width)
