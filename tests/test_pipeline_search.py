@@ -189,3 +189,9 @@ def test_every_instruction_has_a_planned_clock(tiny):
     for inst, clock in zip(dag.instructions, level.planned):
         assert clock in result.profile.options[(inst.stage, inst.kind)].sm_clock_mhz
     assert {k for k in result.fronts} == {(s, kind) for s in range(2) for kind in KINDS}
+
+
+def test_search_pipeline_is_exported_lazily():
+    from freqopt.api import search_pipeline
+
+    assert freqopt.search_pipeline is search_pipeline and "search_pipeline" in freqopt.__all__

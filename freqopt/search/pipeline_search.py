@@ -24,7 +24,10 @@ force from its landing, start_i + switch_s, until the next request lands, and th
 gives any instruction that runs, by the plan's own predicted timeline, during that window (the stage's last clock
 for its optimizer step; its lowest where the window holds only waiting). No instruction then runs slower than
 planned, so the plan's time holds; a switch costs energy only (a faster clock held over part of a slower
-neighbour). With a latency below the gaps between instruction starts this is the plan itself. The planner's deadline
+neighbour). With a latency below the gaps between instruction starts this is the plan itself; a latency longer
+than the iteration lands at the same point of a later one (iterations repeat), which the realization relies on. The
+planner counts blocked time at the constant blocked power of the default clock, the pipeline at the clock in force
+(lower where a stage is slowed): one more difference between prediction and validation, which validation settles. The planner's deadline
 is then calibrated by validating the realized plan on the noisy pipeline with switch latency (a secant step on the
 validated slowdown inside the bracket of deadlines known to meet and to break the budget, as
 freqopt.search.allocation does for the other levels), keeping the least validated energy within the budget; the
