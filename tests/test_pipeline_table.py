@@ -14,6 +14,7 @@ from freqopt.errors import ClockTableError, InvalidSettingError, TableWorkloadEr
 from freqopt.gpu.backends.base import ClockSetting
 from freqopt.search.pipeline import stage_order
 from freqopt.search.pipeline_plan import PipelinePlanner
+from freqopt.search.pipeline_search import realize_requests
 from freqopt.tables import ClockTable, load_table, table_stem, workload_doc, write_table, write_table_csv
 from freqopt.workload.layout import Layout
 from freqopt.workload.models import get_workload
@@ -59,7 +60,8 @@ def test_each_stage_gets_its_plan_in_its_1f1b_order(planned):
 
 def test_another_micro_batch_count_is_planned_again_from_the_fronts(planned):
     """6 micro-batches instead of 5: PipelinePlanner on the table's fronts at its budget and blocking power, the
-    same plan a planner on the original profile makes; nothing is measured (the profile is the table's)."""
+    same plan a planner on the original profile makes, asked for ahead by the table's switch latency
+    (realize_requests); nothing is measured (the profile is the table's)."""
     table, _, profile = planned
     rebuilt = table_stage_profile(table)
     assert rebuilt.stages == 3
@@ -67,7 +69,13 @@ def test_another_micro_batch_count_is_planned_again_from_the_fronts(planned):
         assert list(rebuilt.options[key].sm_clock_mhz) == list(options.sm_clock_mhz)
         assert list(rebuilt.options[key].energy_j) == pytest.approx(list(options.energy_j), rel=1e-15)
     direct = PipelinePlanner(profile, 6, blocking_power_w=BLOCKING_POWER_W).plan(max_slowdown=0.03)
-    clock = {(i.stage, i.kind, i.micro_batch): int(c) for i, c in zip(direct.dag.instructions, direct.sm_clock_mhz)}
+    # asked for one switch latency ahead of the plan, as the search's validated requests are
+    times = [float(profile.options[(i.stage, i.kind)].time_s[list(profile.options[(i.stage, i.kind)].sm_clock_mhz)
+                                                              .index(c)]) for i, c in zip(direct.dag.instructions,
+                                                                                          direct.sm_clock_mhz)]  # fmt: skip
+    asked = realize_requests(direct.dag, direct.sm_clock_mhz, times, table.pipeline["switch_s"])
+    assert list(asked) != list(direct.sm_clock_mhz)  # the latency matters here: the check below means something
+    clock = {(i.stage, i.kind, i.micro_batch): int(c) for i, c in zip(direct.dag.instructions, asked)}
     schedules = pipeline_schedules(table, 6)
     assert [len(s) for s in schedules] == [12, 12, 12]
     for stage in range(3):

@@ -55,6 +55,7 @@ from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError, c
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, one_f_one_b, stage_order
 from freqopt.search.pipeline_plan import InstructionOptions, PipelinePlanner, StageProfile
+from freqopt.search.pipeline_search import realize_requests
 from freqopt.tables import INSTRUCTION, ClockTable
 from freqopt.apply.runtime import _STOP, _Worker
 
@@ -107,7 +108,9 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
         table: a pipeline table (freqopt.tables.pipeline_table, load_table).
         micro_batches: micro-batches per iteration (DeepSpeed's gradient_accumulation_steps); None or the table's
             own: the table's plan. Another count re-plans the whole pipeline from the table's fronts with
-            PipelinePlanner at the table's max_slowdown and blocking power (module docstring), without measuring.
+            PipelinePlanner at the table's max_slowdown and blocking power (module docstring), without measuring,
+            and asks for each clock one switch latency ahead (freqopt.search.pipeline_search.realize_requests, with
+            the table's switch_s), as the search's validated requests do.
 
     Raises:
         ClockTableError: not a pipeline table.
@@ -123,11 +126,18 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
         plan = {(p["stage"], kind): p[kind] for p in pipeline.get("requests", pipeline["plan"]) for kind in KINDS}
         clock = {(s, kind, m): plan[(s, kind)][m] for (s, kind) in plan for m in range(micro_batches)}
     else:
-        planner = PipelinePlanner(table_stage_profile(table), micro_batches,
+        profile = table_stage_profile(table)
+        planner = PipelinePlanner(profile, micro_batches,
                                   blocking_power_w=pipeline["blocking_power_w"])  # fmt: skip
         replanned = planner.plan(max_slowdown=table.data["max_slowdown"])
-        clock = {(i.stage, i.kind, i.micro_batch): int(c)
-                 for i, c in zip(replanned.dag.instructions, replanned.sm_clock_mhz)}  # fmt: skip
+        # Asked for ahead of the plan, as the search's validated requests are (realize_requests), so that the
+        # switches landing one latency late do not slow the instructions that were planned fast.
+        times = []
+        for inst, c in zip(replanned.dag.instructions, replanned.sm_clock_mhz):
+            options = profile.options[(inst.stage, inst.kind)]
+            times.append(float(options.time_s[np.flatnonzero(options.sm_clock_mhz == c)[0]]))
+        asked = realize_requests(replanned.dag, replanned.sm_clock_mhz, times, pipeline["switch_s"])
+        clock = {(i.stage, i.kind, i.micro_batch): int(c) for i, c in zip(replanned.dag.instructions, asked)}
     return [[ClockSetting(clock[(i.stage, i.kind, i.micro_batch)]) for i in stage_order(stages, micro_batches, s)]
             for s in range(stages)]  # fmt: skip
 
