@@ -435,10 +435,7 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     data = {
         "schema": SCHEMA_NAME,
         "schema_version": SCHEMA_VERSION,
-        "gpu": {"name": spec.name, "marketing_name": spec.marketing_name,
-                "sm_clocks_mhz": [_clock_mhz(f) for f in spec.sm_clocks_mhz],
-                "mem_clocks_mhz": [_clock_mhz(m) for m in spec.mem_clocks_mhz],
-                "power_limit_default_w": spec.power_limit_default_w},
+        "gpu": _gpu_doc(spec),
         "workload": workload_doc(w),
         "granularity": granularity,
         "max_slowdown": result.max_slowdown,
@@ -564,10 +561,7 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
     data = {
         "schema": SCHEMA_NAME,
         "schema_version": SCHEMA_VERSION,
-        "gpu": {"name": spec.name, "marketing_name": spec.marketing_name,
-                "sm_clocks_mhz": [_clock_mhz(f) for f in spec.sm_clocks_mhz],
-                "mem_clocks_mhz": [_clock_mhz(m) for m in spec.mem_clocks_mhz],
-                "power_limit_default_w": spec.power_limit_default_w},
+        "gpu": _gpu_doc(spec),
         "workload": workload_doc(workload),
         "granularity": INSTRUCTION,
         "max_slowdown": slowdown,
@@ -593,6 +587,15 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
     table = ClockTable(data)
     table.check_gpu(spec, source="the pipeline table")
     return table
+
+
+def _gpu_doc(spec: GPUSpec) -> dict[str, Any]:
+    """A table's "gpu" object: the GPU type's name and marketing name, its clock lists (MHz) and default power
+    limit (W)."""
+    return {"name": spec.name, "marketing_name": spec.marketing_name,
+            "sm_clocks_mhz": [_clock_mhz(f) for f in spec.sm_clocks_mhz],
+            "mem_clocks_mhz": [_clock_mhz(m) for m in spec.mem_clocks_mhz],
+            "power_limit_default_w": spec.power_limit_default_w}
 
 
 def _clock_mhz(value) -> int | None:
