@@ -55,7 +55,7 @@ from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError, c
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, one_f_one_b, stage_order
 from freqopt.search.pipeline_plan import InstructionOptions, PipelinePlanner, StageProfile
-from freqopt.search.pipeline_search import realize_requests
+from freqopt.search.pipeline_search import realize_plan
 from freqopt.tables import INSTRUCTION, ClockTable
 from freqopt.apply.runtime import _STOP, _Worker
 
@@ -109,7 +109,7 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
         micro_batches: micro-batches per iteration (DeepSpeed's gradient_accumulation_steps); None or the table's
             own: the table's plan. Another count re-plans the whole pipeline from the table's fronts with
             PipelinePlanner at the table's max_slowdown and blocking power (module docstring), without measuring,
-            and asks for each clock one switch latency ahead (freqopt.search.pipeline_search.realize_requests, with
+            and asks for each clock one switch latency ahead (freqopt.search.pipeline_search.realize_plan, with
             the table's switch_s), as the search's validated requests do.
 
     Raises:
@@ -130,13 +130,9 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
         planner = PipelinePlanner(profile, micro_batches,
                                   blocking_power_w=pipeline["blocking_power_w"])  # fmt: skip
         replanned = planner.plan(max_slowdown=table.data["max_slowdown"])
-        # Asked for ahead of the plan, as the search's validated requests are (realize_requests), so that the
-        # switches landing one latency late do not slow the instructions that were planned fast.
-        times = []
-        for inst, c in zip(replanned.dag.instructions, replanned.sm_clock_mhz):
-            options = profile.options[(inst.stage, inst.kind)]
-            times.append(float(options.time_s[np.flatnonzero(options.sm_clock_mhz == c)[0]]))
-        asked = realize_requests(replanned.dag, replanned.sm_clock_mhz, times, pipeline["switch_s"])
+        # Asked for ahead of the plan, as the search's validated requests are, so that the switches landing one
+        # latency late do not slow the instructions that were planned fast.
+        asked = realize_plan(profile, replanned, pipeline["switch_s"])
         clock = {(i.stage, i.kind, i.micro_batch): int(c) for i, c in zip(replanned.dag.instructions, asked)}
     return [[ClockSetting(clock[(i.stage, i.kind, i.micro_batch)]) for i in stage_order(stages, micro_batches, s)]
             for s in range(stages)]  # fmt: skip
@@ -332,12 +328,9 @@ class PipelineRuntime:
         if pipeline is None:
             pipeline = SimulatedPipeline(self.stage_traces, self.backend.spec, micro_batches, noise=False)
             self._pipelines[micro_batches] = pipeline
-        position = {s: 0 for s in range(self.stages)}
-        per_instruction = []
-        for inst in pipeline.dag.instructions:  # stage by stage, each in its own order
-            per_instruction.append(settings[inst.stage][position[inst.stage]])
-            position[inst.stage] += 1
-        return pipeline.true_run(per_instruction).as_measurement()
+        # The DAG lists its instructions stage by stage, each stage in its own order (PipelineDAG.instructions):
+        # the stages' settings one after the other.
+        return pipeline.true_run([setting for stage in settings for setting in stage]).as_measurement()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def __enter__(self) -> PipelineRuntime:

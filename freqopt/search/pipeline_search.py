@@ -62,7 +62,7 @@ from freqopt.search.pipeline_sim import SimulatedPipeline, perseus_blocking_powe
 from freqopt.search.study import Option, UnitSearch, search_unit
 
 __all__ = ["PIPELINE_GRANULARITIES", "PipelineSearchConfig", "Validated", "PipelineLevelResult",
-           "PipelineSearchResult", "run_pipeline_search", "realize_requests", "pipeline_granularities",
+           "PipelineSearchResult", "run_pipeline_search", "realize_requests", "realize_plan", "pipeline_granularities",
            "pipeline_study_prefix"]  # fmt: skip
 
 PIPELINE_GRANULARITIES = ("iteration", "instruction")
@@ -540,6 +540,15 @@ def _planned_times(profile: StageProfile, dag: PipelineDAG, clocks: Sequence[int
     return out
 
 
+def realize_plan(profile: StageProfile, plan: PipelinePlan, switch_s: float, *, tail_s: float = 0.0) -> list[int]:
+    """The requests (realize_requests) that make ``plan`` land despite a switch latency of ``switch_s`` (s), its
+    timeline predicted from ``profile`` (each instruction's time at its planned clock): per instruction
+    (plan.dag.instructions order), the SM clock (MHz) to ask for at its start. Used by the search on the plans it
+    validates and by freqopt.apply.pipeline_runtime on a plan made again for another micro-batch count."""
+    times = _planned_times(profile, plan.dag, plan.sm_clock_mhz)
+    return realize_requests(plan.dag, plan.sm_clock_mhz, times, switch_s, tail_s=tail_s)
+
+
 def _calibrated(planner: PipelinePlanner, realize: Callable, validator: PipelineValidator, baseline: Validated,
                 max_slowdown: float, rounds: int, candidates: Sequence, *, key: str, switching: bool = True):
     """The planner's plan whose realized schedule has the least validated energy within ``max_slowdown``, its
@@ -681,8 +690,7 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
         tail_s = max(0.0, baseline.time_s - fastest.time_s)
 
         def realize(plan: PipelinePlan) -> tuple[int, ...]:
-            times = _planned_times(profile, dag, plan.sm_clock_mhz)
-            return tuple(realize_requests(dag, plan.sm_clock_mhz, times, spec.clock_switch_s, tail_s=tail_s))
+            return tuple(realize_plan(profile, plan, spec.clock_switch_s, tail_s=tail_s))
 
         candidates = []
         if "iteration" in levels:  # its one clock, as validated: the instruction level never ends worse
