@@ -843,27 +843,22 @@ def _check_pipeline(data: dict[str, Any], path) -> None:
     if missing:
         raise ClockTableError(f"{path}: no entry for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
                               f"(one per stage and pass); {redo}")  # fmt: skip
-    requests = pipeline.get("requests")
-    if requests is not None:
-        for stage in requests:
+    plan = pipeline["plan"]
+    for what, lists, has, covers in (("plan", plan, "has", "covers"),
+                                     ("requests", pipeline.get("requests"), "have", "cover")):
+        if lists is None:
+            continue
+        if sorted(stage["stage"] for stage in lists) != list(range(stages)):
+            raise ClockTableError(f"{path}: its {what} {covers} stages {sorted(s['stage'] for s in lists)}, not each "
+                                  f"of 0..{stages - 1} once; {redo}")  # fmt: skip
+        for stage in lists:
             for kind in PASSES:
                 if len(stage[kind]) != micro_batches:
-                    raise ClockTableError(f"{path}: stage {stage['stage']}'s requests have {len(stage[kind])} {kind} "
+                    raise ClockTableError(f"{path}: stage {stage['stage']}'s {what} {has} {len(stage[kind])} {kind} "
                                           f"clocks, not one per micro-batch ({micro_batches}); {redo}")  # fmt: skip
-        if sorted(stage["stage"] for stage in requests) != list(range(stages)):
-            raise ClockTableError(f"{path}: its requests cover stages {sorted(s['stage'] for s in requests)}, not "
-                                  f"each of 0..{stages - 1} once; {redo}")  # fmt: skip
-    plan = pipeline["plan"]
-    if sorted(stage["stage"] for stage in plan) != list(range(stages)):
-        raise ClockTableError(f"{path}: its plan covers stages {sorted(s['stage'] for s in plan)}, not each of "
-                              f"0..{stages - 1} once; {redo}")  # fmt: skip
     for stage in plan:
         for kind in PASSES:
-            clocks = stage[kind]
-            if len(clocks) != micro_batches:
-                raise ClockTableError(f"{path}: stage {stage['stage']}'s plan has {len(clocks)} {kind} clocks, not one "
-                                      f"per micro-batch ({micro_batches}); {redo}")  # fmt: skip
-            unmeasured = sorted(set(clocks) - fronts[(stage["stage"], kind)])
+            unmeasured = sorted(set(stage[kind]) - fronts[(stage["stage"], kind)])
             if unmeasured:
                 raise ClockTableError(f"{path}: stage {stage['stage']}'s plan runs its {kind} pass at SM "
                                       f"{unmeasured[0]} MHz, which its front does not list (the plan picks measured "
