@@ -295,17 +295,20 @@ def _n_units(trace, granularity: str, backend, config) -> int:
     return len(search_blocks(trace, backend, max_blocks=config.max_phase_blocks))
 
 
-def _check_table_targets(trace, measuring, slowdown: float, granularities, seed: int, out: Path) -> None:
+def _check_table_targets(workload, gpu: str, backend: str, slowdown: float, granularities, seed: int,
+                         out: Path) -> dict[str, Path]:  # fmt: skip
     """Refuse, before any measurement, a search whose tables would replace another search's in ``out``
     (freqopt.tables.check_table_target): the tables' names carry the model, GPU, layout, budget and seed, but not
-    the micro-batch, sequence length or backend."""
+    the micro-batch, sequence length or backend. Returns granularity -> the table's path."""
     from freqopt.tables import check_table_target, table_identity, table_stem, workload_doc
 
-    stem = table_stem(trace.workload, measuring.spec.name, slowdown, seed)
-    for g in granularities:
-        check_table_target(out / f"{stem}-{g}.json", table_identity({
-            "gpu": {"name": measuring.spec.name}, "workload": workload_doc(trace.workload), "granularity": g,
-            "max_slowdown": slowdown, "provenance": {"backend": measuring.name, "seed": seed}}))  # fmt: skip
+    stem = table_stem(workload, gpu, slowdown, seed)
+    paths = {g: out / f"{stem}-{g}.json" for g in granularities}
+    for g, path in paths.items():
+        check_table_target(path, table_identity({
+            "gpu": {"name": gpu}, "workload": workload_doc(workload), "granularity": g,
+            "max_slowdown": slowdown, "provenance": {"backend": backend, "seed": seed}}))  # fmt: skip
+    return paths
 
 
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
@@ -322,7 +325,7 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
     if trace is None:
         trace = trace_training_iteration(workload)
     if out is not None:  # another search's tables under the names this one writes: refused before any measurement
-        _check_table_targets(trace, measuring, slowdown, granularities, seed, out)
+        _check_table_targets(trace.workload, measuring.spec.name, measuring.name, slowdown, granularities, seed, out)
     if on_start is not None:
         on_start(SearchStart(trace, measuring.spec, measuring.name, study_prefix(trace, measuring.spec, seed), storage,
                              sum(_n_units(trace, g, measuring, config)
@@ -439,18 +442,14 @@ def search_pipeline(
     if validation_repeats:
         counts["validation_repeats"] = validation_repeats
     config = PipelineSearchConfig(max_slowdown=slowdown, granularities=levels, seed=seed, storage=storage, **counts)
+    table_path = None
+    if out is not None and "instruction" in levels:  # another search's table there: refused before anything runs
+        table_path = _check_table_targets(workload, spec.name, "sim", slowdown, ("instruction",), seed,
+                                          out)["instruction"]  # fmt: skip
     if on_start is not None:
         prefix = pipeline_study_prefix(workload, spec, partition_method, seed)
         n_units = (1 if "iteration" in levels else 0) + (2 * workload.layout.pp if "instruction" in levels else 0)
         on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, n_units))
-    table_path = None
-    if out is not None:  # refuse to replace another search's table before measuring anything
-        from freqopt.tables import INSTRUCTION, check_table_target, table_stem, workload_doc
-
-        table_path = out / f"{table_stem(workload, spec.name, slowdown, seed)}-{INSTRUCTION}.json"
-        check_table_target(table_path, {"gpu": spec.name, "workload": workload_doc(workload),
-                                        "granularity": INSTRUCTION, "max_slowdown": slowdown, "backend": "sim",
-                                        "seed": seed, "transferred_from": None})  # fmt: skip
     with optuna_logging(verbose):
         result = run_pipeline_search(stage_traces, spec, micro_batches, config, storage=open_storage(storage),
                                      on_unit=on_unit, partition_method=partition_method)  # fmt: skip

@@ -195,3 +195,14 @@ def test_search_pipeline_is_exported_lazily():
     from freqopt.api import search_pipeline
 
     assert freqopt.search_pipeline is search_pipeline and "search_pipeline" in freqopt.__all__
+
+
+def test_the_cli_refuses_to_write_its_table_over_another_file_before_measuring(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "gpt3-small-a100-sxm4-80gb-dp1tp1pp2-5pct-instruction.json"
+    target.write_text("not a table\n")
+    assert main([*CLI, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exists and is not a freqopt clock table" in err, err
+    assert target.read_text() == "not a table\n"  # untouched, and refused before the trace was even announced
