@@ -403,6 +403,11 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     # The units' measured fronts, where the options are the unit's own (not at phase level, whose options are
     # changes of the whole iteration).
     fronts = r.unit_searches if not r.requests and len(r.unit_searches) == len(r.units) else None
+    if not r.requests and r.searched_units and len(r.searched_units) == len(r.unit_searches):
+        # Classes that shared their family's study carry the family's front: a transfer uses only its ratios
+        # to the default (freqopt.apply.transfer), which the family's classes share.
+        owner = {k: s for u, s in zip(r.searched_units, r.unit_searches) for k in u.kernel_indices}
+        fronts = [owner[unit.kernel_indices[0]] for unit, _ in r.units]
     for i, (unit, setting) in enumerate(r.units):
         kernels = unit.kernels(trace)
         first = kernels[0]

@@ -118,6 +118,13 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
             progress.stop()
     out = stdout_console()
     out.print(_search_table(result))
+    notes: dict[str, list[str]] = {}
+    for g, r in result.results.items():
+        if r.note:
+            notes.setdefault(r.note, []).append(g)
+    for note, levels in notes.items():
+        console.print(f"{', '.join(levels)}: {note}; {'they keep' if len(levels) > 1 else 'it keeps'} the iteration "
+                      "level's clock", soft_wrap=True)  # fmt: skip
     for g, path in result.table_paths.items():
         out.print(f"{g} table: {path} (and .csv)", soft_wrap=True)
     for name, path in result.figure_paths.items():

@@ -29,6 +29,10 @@ class GranularityResult:
         n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
         unit_searches: each unit's study outcome.
         study_names: the Optuna studies behind the result.
+        searched_units: the units the studies ran on, where they differ from ``units`` (kernel level with
+            families of classes sharing a study: one per family, in ``unit_searches`` order); () otherwise.
+        note: why the level was not searched itself, where it was not (it then holds a coarser level's
+            schedule, with no measurements of its own); "" otherwise.
         requests: a phase schedule only (the phase level's, or a finer level's that ended on it): per unit, the
             label of the phase at whose start the runtime requests its setting (freqopt.search.schedule); () for
             schedules of per-unit settings.
@@ -44,6 +48,8 @@ class GranularityResult:
     unit_searches: tuple[UnitSearch, ...] = field(repr=False, default=())
     ideal: Measurement | None = None
     requests: tuple[str, ...] = ()
+    searched_units: tuple[TuningUnit, ...] = field(repr=False, default=())
+    note: str = ""
 
     @property
     def n_settings(self) -> int:

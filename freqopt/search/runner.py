@@ -23,11 +23,11 @@ from freqopt.search.allocation import (Allocation, _prediction, allocate_applied
                                        candidate_schedules, coarser_settings)
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
-from freqopt.search.schedule import search_phase_schedule
+from freqopt.search.schedule import phase_blocks, search_phase_schedule
 from freqopt.search.storage import _storage_here, open_storage, study_prefix, validation_log
 from freqopt.search.study import UnitSearch
-from freqopt.search.units import GRANULARITIES, TuningUnit, kernel_families, partition
-from freqopt.search.validate import Validator
+from freqopt.search.units import GRANULARITIES, TuningUnit, partition, search_units
+from freqopt.search.validate import Validator, _per_kernel_settings
 from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
 
 # The names below live in the modules of their jobs (config, result, storage, validate, allocation); they are
@@ -90,15 +90,6 @@ def _run_units(trace: Trace, backend: Backend, config: SearchConfig, work: UnitW
     return results
 
 
-def _shared_settings(search: UnitSearch, slack: float, n: int = 5) -> list[ClockSetting]:
-    """Up to ``n`` of a representative's options within ``slack`` of its default time, spread over that range."""
-    useful = [o for o in search.options[1:] if o.time_s <= search.default.time_s * (1 + slack)]
-    useful.sort(key=lambda o: o.time_s)
-    if len(useful) > n:
-        useful = [useful[round(j * (len(useful) - 1) / (n - 1))] for j in range(n)]
-    return [o.setting for o in useful]
-
-
 def job_mem_clock_mhz(spec, n_units: int) -> int | None:
     """The memory clock the units of a granularity with ``n_units`` units are searched at: None (searched, a
     dimension) where the GPU can change its memory clock while a job runs (GPUSpec.mem_clock_runtime) or the unit
@@ -126,32 +117,32 @@ def run_unit_studies(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
     warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
 ) -> tuple[list[TuningUnit], list[UnitSearch]]:  # fmt: skip
-    """Partition the trace and run (or resume) each tuning unit's study.
+    """Partition the trace (search_units) and run (or resume) each tuning unit's study.
 
-    Kernel level, with ``config.share_classes``: the units are grouped by kernel_families; each family's
-    representative runs a full study first, and the other members run short ones warm-started with the
-    representative's useful settings (what one kernel class teaches about kernels of the same kind and
-    arithmetic intensity).
+    Kernel level, with ``config.share_classes``: each family of kernel classes (kernel_families: kind, group
+    size and arithmetic intensity) is one unit, with one study and one setting (issue 25: 11 studies in place of
+    gpt3-small's 54 classes).
 
     With a storage other processes can see, the units are a queue that ``freqopt worker`` processes join
     (freqopt.search.workers); units they ran are read back from the storage, units whose worker died are resumed
     here. ``config.n_jobs`` > 1 runs this process's share in that many joblib processes.
 
     Args:
-        warm_start: per unit, a setting, or a list of settings, to enqueue first and always offer (the coarser
-            granularities' choices).
+        warm_start: per unit (of search_units), a setting, or a list of settings, to enqueue first and always
+            offer (the coarser granularities' choices).
 
     Returns:
         The units and, per unit, its study's outcome (in unit order, whoever ran it).
     """
-    units = partition(trace, granularity)
+    share = config.share_classes and granularity == "kernel"
+    units = search_units(trace, granularity, share)
     space = "power" if granularity == "power-cap" else "clocks"
     mem = job_mem_clock_mhz(backend.spec, len(units)) if space == "clocks" else None
     work = UnitWork(
         prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
         n_trials=_n_trials(config, backend, space, mem is None), finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
-        whole_step=len(units) == 1, mem_clock_mhz=mem,
+        whole_step=len(units) == 1, mem_clock_mhz=mem, share_families=share,
     )  # fmt: skip
     inherited = []  # per unit: its warm settings, without the default (every study measures it), repeats, or
     for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed
@@ -166,23 +157,7 @@ def run_unit_studies(
         if on_unit:
             on_unit(granularity, done, len(units))
 
-    if granularity != "kernel" or not config.share_classes or len(units) == 1:
-        results = _run_units(trace, backend, config, work, units, list(range(len(units))), inherited, storage,
-                             progress)  # fmt: skip
-        return units, [results[i] for i in range(len(units))]
-    families = kernel_families(trace, units)
-    leaders = [f[0] for f in families]
-    results = _run_units(trace, backend, config, work, units, leaders, [inherited[i] for i in leaders], storage,
-                         progress)  # fmt: skip
-    members, warm = [], []
-    for family in families:
-        shared = _shared_settings(results[family[0]], work.finalist_slowdown)
-        for i in family[1:]:
-            members.append(i)
-            warm.append(inherited[i] + [s for s in shared if s not in inherited[i]])
-    if members:
-        member_work = dataclasses.replace(work, n_trials=max(4, work.n_trials // 3), spread=False)
-        results.update(_run_units(trace, backend, config, member_work, units, members, warm, storage, progress))
+    results = _run_units(trace, backend, config, work, units, list(range(len(units))), inherited, storage, progress)
     return units, [results[i] for i in range(len(units))]
 
 
@@ -240,7 +215,7 @@ def _search_granularity(
     granularity never ends worse than a coarser one (any coarser schedule laid onto finer units is also a finer
     one). ``ideal_validator``: also allocate the budget as if switching were free, and report that schedule's
     validated figure as the ideal."""
-    units = partition(trace, granularity)
+    units = search_units(trace, granularity, config.share_classes and granularity == "kernel")
     kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
     mem = job_mem_clock_mhz(backend.spec, len(units)) if granularity != "power-cap" else None
     candidates = [c for c in candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
@@ -262,9 +237,14 @@ def _search_granularity(
                                    rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
                                    candidates=candidates).validated  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
+    classes = partition(trace, granularity)  # the table's units: each class, at its family's setting
+    if [u.kernel_indices for u in classes] != [u.kernel_indices for u in units]:
+        per_kernel = _per_kernel_settings(trace, zip(units, settings))
+        settings = [per_kernel[u.kernel_indices[0]] for u in classes]
     return GranularityResult(
         granularity=granularity,
-        units=tuple(zip(units, settings)),
+        units=tuple(zip(classes, settings)),
+        searched_units=tuple(units) if classes != units else (),
         ideal=ideal,
         predicted=predicted,
         predicted_baseline=predicted_baseline,
@@ -306,6 +286,42 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
     )  # fmt: skip
 
 
+def one_clock_reason(trace: Trace, backend: Backend, config: SearchConfig, kernel_time_s) -> str:
+    """Why no schedule finer than one clock per iteration can be realized, or "" where one can.
+
+    A runtime switching clocks pays the GPU's clock-switch latency for each change; phase_blocks makes a single
+    block of an iteration shorter than two latencies (freqopt.search.schedule), and then the pass, kernel and
+    phase levels could only ever realize the iteration level's one clock: their studies could not move the
+    result, so they are not measured (issue 25).
+
+    Args:
+        kernel_time_s: every kernel's time at the default setting, shape (K,), s (Validator.kernel_time_s).
+    """
+    switch_s = backend.spec.clock_switch_s
+    if not config.switching or len(phase_blocks(trace, kernel_time_s, switch_s, max_blocks=config.max_phase_blocks)) > 1:
+        return ""
+    return (f"the iteration's {1e3 * float(kernel_time_s.sum()):.1f} ms of kernels are shorter than two "
+            f"{1e3 * switch_s:g} ms clock switches, so no schedule finer than one clock per iteration can be realized")
+
+
+def _one_clock(trace: Trace, iteration: GranularityResult, granularity: str, kernel_time_s, switch_s: float,
+               max_blocks: int, reason: str) -> GranularityResult:  # fmt: skip
+    """The iteration level's schedule as ``granularity``'s result, unmeasured (one_clock_reason): each of the
+    level's units (the phase level's one block, asked for at its phase) at the iteration's setting."""
+    setting = iteration.units[0][1]
+    requests: tuple[str, ...] = ()
+    if granularity == "phase":
+        block = phase_blocks(trace, kernel_time_s, switch_s, max_blocks=max_blocks)[0]
+        units = [block.unit]
+        requests = (phase_spans(trace.meta.get("marks", ()), len(trace))[block.request][0],)
+    else:
+        units = partition(trace, granularity)
+    return GranularityResult(granularity=granularity, units=tuple((u, setting) for u in units),
+                             predicted=iteration.predicted, predicted_baseline=iteration.predicted_baseline,
+                             validated=iteration.validated, n_measurements=0, search_cost_gpu_s=0.0,
+                             requests=requests, note=f"not searched: {reason}")  # fmt: skip
+
+
 def run_search(
     trace: Trace,
     backend: Backend,
@@ -341,8 +357,12 @@ def run_search(
         publish_job(storage, prefix, trace, backend, config.seed)
     baseline = validator.baseline()
     ran: dict[str, GranularityResult] = {}
+    one_clock = one_clock_reason(trace, backend, config, validator.kernel_time_s) if validator.switching else ""
     for g in levels_to_run(config.granularities, validator.switching):
-        if g == "phase":
+        if one_clock and g in ("pass", "kernel", "phase") and "iteration" in ran:
+            ran[g] = _one_clock(trace, ran["iteration"], g, validator.kernel_time_s, backend.spec.clock_switch_s,
+                                config.max_phase_blocks, one_clock)  # fmt: skip
+        elif g == "phase":
             ran[g] = _search_phase(trace, backend, config, validator, baseline, on_unit, ran.get("iteration"), storage)
         elif g == "power-cap":
             ran[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit, [], storage)

@@ -18,11 +18,12 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
     Returns:
         ``{"baseline": {"time_s", "energy_j"}, "results": {GRANULARITY: {"energy_saved_pct", "slowdown_pct",
         "ideal_energy_saved_pct", "ideal_slowdown_pct", "predicted_energy_saved_pct", "n_settings",
-        "n_measurements", "search_cost_gpu_s", "table"}}, "n_new_measurements"}``, granularities coarse to fine.
+        "n_measurements", "search_cost_gpu_s", "table", "note"}}, "n_new_measurements"}``, granularities coarse to fine.
         Percentages are of the baseline (validated: the whole iteration measured with the schedule as a runtime
         realizes it; ideal: with free, instant switching, kernel level only, else None; predicted: the sum of the
         units' own measurements). time_s in s, energy_j in J per iteration, search_cost_gpu_s in GPU-seconds;
-        "table" is the path as a string, or None where no table was written.
+        "table" is the path as a string, or None where no table was written; "note" says why a level was not
+        searched itself (GranularityResult.note), else None.
     """
     paths = dict(table_paths or {})
     base = result.baseline
@@ -37,5 +38,6 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
             "n_settings": r.n_settings, "n_measurements": r.n_measurements,
             "search_cost_gpu_s": r.search_cost_gpu_s,
             "table": str(paths[g]) if g in paths else None,
+            "note": r.note or None,
         }  # fmt: skip
     return doc

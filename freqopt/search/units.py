@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from freqopt.errors import UnknownNameError
 from freqopt.workload.kernels import Kernel, Trace
 
-__all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity", "kernel_families"]
+__all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity", "kernel_families", "family_units",
+           "search_units"]
 
 # Coarse to fine. power-cap tunes the whole-GPU power limit; the others lock (SM, memory) clock pairs. phase is
 # the realizable phase schedule (freqopt.search.schedule): runs of phases a runtime can switch between.
@@ -85,3 +86,24 @@ def kernel_families(trace: Trace, units: list[TuningUnit]) -> list[list[int]]:
         groups.setdefault((kernels[0].kind, kernels[0].group_size, bin_), []).append(i)
         weight.append(flops / 256 + nbytes)
     return [sorted(members, key=lambda i: (-weight[i], i)) for members in groups.values()]
+
+
+def family_units(trace: Trace, units: list[TuningUnit]) -> list[TuningUnit]:
+    """Kernel-class units merged by kernel_families: one unit per family, holding its classes' kernels, named
+    after its representative ("CLASS +N classes" for a family of N + 1). The classes of a family sit at one place
+    on the roofline, so their best clocks coincide (issue 25): one study and one setting serve them all."""
+    out = []
+    for family in kernel_families(trace, units):
+        lead = units[family[0]]
+        name = lead.name if len(family) == 1 else f"{lead.name} +{len(family) - 1} classes"
+        out.append(TuningUnit(name, tuple(sorted(i for j in family for i in units[j].kernel_indices))))
+    return out
+
+
+def search_units(trace: Trace, granularity: str, share_families: bool = False) -> list[TuningUnit]:
+    """The units a granularity's studies run on: ``partition``'s, except at kernel level with
+    ``share_families``, where each family of kernel classes is one unit (family_units)."""
+    units = partition(trace, granularity)
+    if granularity == "kernel" and share_families and len(units) > 1:
+        return family_units(trace, units)
+    return units

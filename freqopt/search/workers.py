@@ -66,6 +66,7 @@ class UnitWork:
     spread: bool = True
     whole_step: bool = False  # the unit is the whole iteration: measured as the training step (search_unit)
     mem_clock_mhz: int | None = None  # the memory clock, fixed for the job (search_unit); None: searched
+    share_families: bool = False  # kernel level: a family of kernel classes is one unit (units.search_units)
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
@@ -279,7 +280,7 @@ def serve(storage, prefix: str, trace: Trace, backend: Backend, *, idle_s: float
         trace, backend: the search's trace (trace_from_job) and this worker's GPU.
         on_unit: called as on_unit(granularity, unit name) after each unit this worker ran.
     """
-    from freqopt.search.units import partition
+    from freqopt.search.units import search_units
 
     report = WorkerReport()
     units: dict[str, list[TuningUnit]] = {}
@@ -292,7 +293,7 @@ def serve(storage, prefix: str, trace: Trace, backend: Backend, *, idle_s: float
             if claimed is not None:
                 i, trial_id, warm = claimed
                 work = queue.work
-                unit = units.setdefault(work.granularity, partition(trace, work.granularity))[i]
+                unit = units.setdefault(work.granularity, search_units(trace, work.granularity, work.share_families))[i]
                 with queue.owning(trial_id):
                     result = run_unit(trace, backend, work, unit, storage, warm)
                 report.units += 1
