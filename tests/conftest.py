@@ -20,9 +20,10 @@ from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-# A small kernel-level search (kernel level warm-starts from its coarser levels): many units, seconds each.
+# A small kernel-level search (kernel level warm-starts from its coarser levels): many units, seconds each. Its
+# switches take 1 ms: at the H100's 26 ms its short step could realize one clock only, and no finer level would run.
 KERNEL_SEARCH = ["--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len", "256", "--max-slowdown", "2%",
-                 "--trials", "6", "--granularity", "kernel", "--seed", "1"]  # fmt: skip
+                 "--trials", "6", "--granularity", "kernel", "--seed", "1", "--switch-latency-ms", "1"]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

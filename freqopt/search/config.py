@@ -35,6 +35,8 @@ class SearchConfig:
         n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
             process per real GPU: start ``freqopt worker`` on each).
         max_phase_blocks: phase level: at most about this many blocks of phases (freqopt.search.schedule).
+        patience: a unit's study stops before its trials are spent once this many trials in a row added nothing
+            to its Pareto front near the default's time (search_unit); None: every study runs all its trials.
         phase_finalist_repeats: phase level: extra measurements of each finalist. Its measurements are whole
             iterations, whose noise is large against one block's share, so it repeats more than the other levels.
     """
@@ -54,6 +56,7 @@ class SearchConfig:
     share_classes: bool = True
     max_phase_blocks: int = 8
     phase_finalist_repeats: int = 4
+    patience: int | None = 4
 
     def __post_init__(self):
         if self.n_jobs < 1:

@@ -142,7 +142,7 @@ def run_unit_studies(
         prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
         n_trials=_n_trials(config, backend, space, mem is None), finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
-        whole_step=len(units) == 1, mem_clock_mhz=mem, share_families=share,
+        whole_step=len(units) == 1, mem_clock_mhz=mem, share_families=share, patience=config.patience,
     )  # fmt: skip
     inherited = []  # per unit: its warm settings, without the default (every study measures it), repeats, or
     for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed
@@ -274,7 +274,7 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
         n_trials=_n_trials(config, backend, "clocks", mem is None), finalist_repeats=config.phase_finalist_repeats,
         seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
         switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
-        mem_clock_mhz=mem,
+        mem_clock_mhz=mem, patience=config.patience,
     )  # fmt: skip
     labels = [label for label, _, _ in phase_spans(trace.meta.get("marks", ()), len(trace))]
     return GranularityResult(

@@ -304,6 +304,7 @@ def search_phase_schedule(
     trace: Trace, backend: Backend, *, measure: Callable[[tuple, str], Measurement], baseline: Measurement,
     max_slowdown: float, reference: ClockSetting = DEFAULT_SETTING, study_prefix: str, storage=None,
     n_trials: int = 18, finalist_repeats: int = 4, seed: int = 0, max_blocks: int = 8, rounds: int = 8,
+    patience: int | None = None,
     switching: bool = True, on_block: Callable[[int, int], None] | None = None, mem_clock_mhz: int | None = None,
 ) -> PhaseScheduleResult:  # fmt: skip
     """Search a realizable phase schedule (module docstring).
@@ -318,7 +319,7 @@ def search_phase_schedule(
         study_prefix: the search's study-name prefix; each block's study is named from it, the block and the
             reference, so a resumed search reads its studies back.
         storage: Optuna storage (None: in memory).
-        n_trials, finalist_repeats, seed: as search_unit's.
+        n_trials, finalist_repeats, seed, patience: as search_unit's.
         max_blocks: see phase_blocks.
         rounds: allocations validated at most.
         switching: measure with each change of setting landing one switch latency late (as ``measure`` does);
@@ -347,7 +348,7 @@ def search_phase_schedule(
             _InSitu(backend, trace, blocks, i, reference, switching), (), name=f"phase {block.name} ref {ref_tag}",
             study_name=f"{study_prefix}-phase-{digest}", storage=storage, n_trials=n_trials,
             finalist_repeats=finalist_repeats, finalist_slowdown=1.5 * max_slowdown + 0.005, seed=seed,
-            warm_start=warm, mem_clock_mhz=mem_clock_mhz,
+            warm_start=warm, mem_clock_mhz=mem_clock_mhz, patience=patience,
         ))  # fmt: skip
         if on_block:
             on_block(i + 1, len(blocks))

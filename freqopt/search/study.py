@@ -120,6 +120,22 @@ def _pareto_front(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.F
     ]  # fmt: skip
 
 
+def _stalled(trials: list[optuna.trial.FrozenTrial], n_first: int, limit_s: float, patience: int) -> bool:
+    """Whether the last ``patience`` complete trials after the first ``n_first`` (the enqueued warm starts) all
+    failed to improve the Pareto front within ``limit_s``: none of them was within the limit and undominated by
+    every earlier trial within it. Computed from the study's history alone, so a resumed study stops where an
+    uninterrupted one would."""
+    complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.number)
+    if len(complete) < n_first + patience:
+        return False
+    for j in range(len(complete) - patience, len(complete)):
+        t, e = complete[j].values
+        if t <= limit_s and not any(o.values[0] <= t and o.values[1] <= e
+                                    for o in complete[:j] if o.values[0] <= limit_s):  # fmt: skip
+            return False
+    return True
+
+
 def _is_progression(values: Sequence[int]) -> bool:
     steps = {b - a for a, b in zip(values, values[1:])}
     return len(steps) <= 1
@@ -242,6 +258,7 @@ def search_unit(
     spread: bool = True,
     whole_step: bool = False,
     mem_clock_mhz: int | None = None,
+    patience: int | None = None,
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -270,6 +287,10 @@ def search_unit(
         mem_clock_mhz: search the SM clock alone at this memory clock (a GPU whose memory clock is set per job,
             not while it runs: GPUSpec.mem_clock_runtime); None: the memory clock is a dimension where the GPU
             has several. Warm-start settings are taken as given.
+        patience: stop before ``n_trials`` once this many trials in a row, after the warm starts, added nothing to
+            the Pareto front within ``finalist_slowdown`` of the default (_stalled): the region the allocator
+            chooses from has stopped moving, and further trials would not change its choice (issue 25). None:
+            always ``n_trials``.
 
     Returns:
         UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
@@ -297,9 +318,10 @@ def search_unit(
         limit_s = objective.option(DEFAULT_SETTING).time_s * (1.0 + finalist_slowdown)
 
         while True:
-            states = [t.state for t in study.get_trials(deepcopy=False)]  # one read of the storage per trial
+            trials = study.get_trials(deepcopy=False)  # one read of the storage per trial
+            states = [t.state for t in trials]
             done = states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED)
-            if done >= n_trials:
+            if done >= n_trials or (patience and _stalled(trials, len(warm), limit_s, patience)):
                 break
             # A fresh sampler per trial, seeded by the trial's index: the n-th suggestion depends only on the
             # study's history, not on how many processes the search took to get there.

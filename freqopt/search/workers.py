@@ -67,6 +67,7 @@ class UnitWork:
     whole_step: bool = False  # the unit is the whole iteration: measured as the training step (search_unit)
     mem_clock_mhz: int | None = None  # the memory clock, fixed for the job (search_unit); None: searched
     share_families: bool = False  # kernel level: a family of kernel classes is one unit (units.search_units)
+    patience: int | None = None  # stop a study once this many trials in a row left its front as it was
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
@@ -80,6 +81,7 @@ def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, s
         space=work.space, n_trials=work.n_trials, finalist_repeats=work.finalist_repeats,
         finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=list(warm_start),
         constrained=work.constrained, spread=work.spread, whole_step=work.whole_step, mem_clock_mhz=work.mem_clock_mhz,
+        patience=work.patience,
     )  # fmt: skip
 
 

@@ -1,0 +1,128 @@
+"""What a search measures (issue 25): the levels a runtime cannot realize are not measured, kernel classes of one
+family share a study, a study stops when its front stops moving, and the benchmark compares noiseless savings."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.specs import get_gpu
+from freqopt.search.config import SearchConfig
+from freqopt.search.runner import one_clock_reason, run_search
+from freqopt.search.study import _stalled
+from freqopt.search.units import family_units, kernel_families, partition, search_units
+from freqopt.search.validate import Validator
+
+H100 = get_gpu("h100-sxm")
+FAST = dataclasses.replace(H100, clock_switch_s=0.001)  # an H100 whose clock switches land within 1 ms
+
+
+def test_families_merge_classes_and_cover_every_kernel_once(small_trace):
+    classes = partition(small_trace, "kernel")
+    families = family_units(small_trace, classes)
+    assert len(families) == len(kernel_families(small_trace, classes)) < len(classes)
+    kernels = sorted(k for u in families for k in u.kernel_indices)
+    assert kernels == list(range(len(small_trace)))
+    assert any(u.name.endswith(" classes") for u in families)
+    assert search_units(small_trace, "kernel", True) == families
+    assert search_units(small_trace, "kernel", False) == classes
+    assert search_units(small_trace, "pass", True) == partition(small_trace, "pass")
+
+
+def test_one_clock_reason_only_where_the_iteration_is_shorter_than_two_switches(small_trace):
+    config = SearchConfig(max_slowdown=0.01)
+    h100, fast = SimulatedGPU(H100), SimulatedGPU(FAST)
+    times = h100.kernel_times_s(small_trace.kernels, DEFAULT_SETTING)
+    assert times.sum() < 2 * H100.clock_switch_s  # the premise: a short step
+    reason = one_clock_reason(small_trace, h100, config, times)
+    assert "26 ms clock switches" in reason and "one clock per iteration" in reason
+    assert one_clock_reason(small_trace, fast, config, times) == ""
+    assert one_clock_reason(small_trace, h100, dataclasses.replace(config, switching=False), times) == ""
+
+
+def test_unrealizable_levels_are_not_measured_and_keep_the_iteration_schedule(small_trace):
+    config = SearchConfig(max_slowdown=0.02, n_trials_1d=5, n_trials_per_mem_clock=1,
+                          granularities=("iteration", "pass", "kernel"))  # fmt: skip
+    result = run_search(small_trace, SimulatedGPU(H100, seed=3), config)
+    iteration = result.results["iteration"]
+    assert iteration.n_measurements > 0 and not iteration.note
+    for g in ("pass", "kernel"):
+        r = result.results[g]
+        assert r.n_measurements == 0 and r.unit_searches == () and "not searched" in r.note
+        assert r.validated == iteration.validated and r.ideal is None
+        assert {s for _, s in r.units} == {iteration.units[0][1]}
+        assert len(r.units) == len(partition(small_trace, g))
+    assert result.summary()["results"]["kernel"]["note"].startswith("not searched")
+    # Where switches are fast, the same levels are searched, the kernel level on families of classes.
+    fast = run_search(small_trace, SimulatedGPU(FAST, seed=3), config)
+    kernel = fast.results["kernel"]
+    assert kernel.n_measurements > 0 and not kernel.note
+    assert len(kernel.unit_searches) == len(kernel.searched_units) == len(kernel_families(
+        small_trace, partition(small_trace, "kernel")))  # fmt: skip
+    assert [u for u, _ in kernel.units] == partition(small_trace, "kernel")
+    # Every class holds its family's setting.
+    setting = {k: s for u, s in kernel.units for k in u.kernel_indices}
+    for family in kernel.searched_units:
+        assert len({setting[k] for k in family.kernel_indices}) == 1
+    # The table lists every class, each with its family's measured front.
+    table = fast.table("kernel")
+    assert len(table.entries) == len(kernel.units)
+    assert all("front" in e and "default" in e for e in table.entries)
+
+
+def _trials(points):
+    """Complete trials with (time_s, energy_j) ``points``, numbered in order (what _stalled reads of a trial)."""
+    return [SimpleNamespace(number=i, state=TrialState.COMPLETE, values=list(p)) for i, p in enumerate(points)]
+
+
+def test_a_study_stalls_when_its_last_trials_leave_the_front_near_the_default_as_it_was():
+    warm = [(1.00, 10.0), (1.02, 9.0)]
+    assert not _stalled(_trials(warm), 2, 1.05, 2)  # no trial after the warm starts yet
+    # Two trials that are dominated, then two beyond the limit: the front within 1.05 did not move.
+    dominated = warm + [(1.03, 9.5), (1.01, 10.5), (1.2, 5.0), (1.3, 4.0)]
+    assert _stalled(_trials(dominated), 2, 1.05, 4)
+    assert not _stalled(_trials(dominated), 2, 1.05, 5)  # only 4 trials after the warm starts
+    # One new front point within the limit among the last four: not stalled.
+    improved = warm + [(1.03, 9.5), (1.04, 8.5), (1.2, 5.0), (1.3, 4.0)]
+    assert not _stalled(_trials(improved), 2, 1.05, 4)
+    # A point that dominates only points beyond the limit does not count, and neither does a failed trial.
+    failed = SimpleNamespace(number=6, state=TrialState.FAIL, values=None)
+    assert _stalled(_trials(dominated) + [failed], 2, 1.05, 4)
+
+
+def test_a_study_with_patience_stops_early_and_resumes_to_the_same_front(tmp_path, small_trace):
+    from freqopt.search.study import search_unit
+
+    backend = SimulatedGPU(H100, seed=5)
+    kernels = partition(small_trace, "kernel")[0].kernels(small_trace)
+    args = dict(name="u", study_name="u", space="clocks", n_trials=40, finalist_slowdown=0.05, patience=3,
+                mem_clock_mhz=max(H100.mem_clocks_mhz))  # fmt: skip
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    once = search_unit(backend, kernels, storage=storage, **args)
+    trials = optuna.load_study(study_name="u", storage=storage).get_trials()
+    assert 5 + 3 <= len(trials) < 40  # the warm starts, at least `patience` more, and far fewer than n_trials
+    again = search_unit(backend, kernels, storage=storage, **args)  # a resume of a finished study measures nothing
+    assert again.options == once.options and again.n_new_measurements == 0
+    full = search_unit(SimulatedGPU(H100, seed=5), kernels, storage=None, **{**args, "patience": None})
+    assert full.n_measurements > once.n_measurements
+
+
+def test_noiseless_saving_is_the_schedules_own_step_and_none_for_a_foreign_measurement(small_trace):
+    from freqopt.search.oracle import noiseless_saved_pct
+
+    backend = SimulatedGPU(FAST, seed=2)
+    validator = Validator(small_trace, backend, 3, switching=True)
+    validator.baseline()
+    setting = ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=max(FAST.mem_clocks_mhz))
+    measured = validator(tuple([setting] * len(small_trace)), key="x")
+    saved = noiseless_saved_pct(validator, measured)
+    step = backend.step(small_trace.kernels, [setting] * len(small_trace), switching=True)
+    assert saved == pytest.approx(100 * (1 - step.energy_j / backend.step(small_trace.kernels).energy_j))
+    assert saved != pytest.approx(100 * (1 - measured.energy_j / validator.baseline().energy_j), abs=1e-9)
+    assert noiseless_saved_pct(validator, dataclasses.replace(measured)) is None
