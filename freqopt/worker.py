@@ -58,6 +58,8 @@ def join_search(storage: str, name: str, *, backend: str | None = None, wait_s: 
     measuring = get_backend(backend_name, get_gpu(job["gpu"]) if backend_name == "sim" else None, seed=job["seed"])
     try:
         trace = trace_from_job(job)
+        if job.get("clock_switch_s") is not None:  # the search's switch latency, where it overrode its GPU file's
+            measuring.spec = measuring.spec.with_switch_latency(job["clock_switch_s"])
         if study_prefix(trace, measuring.spec, job["seed"]) != name:
             raise StorageError(f"this worker's trace or GPU differs from search {name!r}'s (another freqopt version, "
                                f"or a GPU of type {measuring.spec.name} against the search's {job['gpu']}); run the "

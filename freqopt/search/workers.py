@@ -91,12 +91,14 @@ def _job_study(storage, prefix: str) -> optuna.Study:
 
 
 def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int) -> None:
-    """Record the search's workload, GPU type, backend kind and seed, and mark it running."""
+    """Record the search's workload, GPU type (and the clock-switch latency it searches with), backend kind and seed,
+    and mark it running."""
     w = trace.workload
     job = {
         "model": w.model, "config": dataclasses.asdict(w.config), "micro_batch_size": w.micro_batch_size,
         "layout": w.layout.to_kwargs(), "mode": trace.meta.get("mode", "train"), "gpu": backend.spec.name,
         "backend": backend.name, "seed": seed,
+        "clock_switch_s": backend.spec.clock_switch_s,  # a search may override its GPU file's (switch_latency)
     }  # fmt: skip
     study = _job_study(storage, prefix)
     study.set_user_attr(_JOB, job)
