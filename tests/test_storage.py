@@ -146,3 +146,14 @@ def test_the_default_storage_is_a_journal_unless_an_earlier_sqlite_search_is_the
     assert open_output(old, None)[1] == f"sqlite:///{old.resolve() / 'freqopt.db'}"
     assert default_storage_url(tmp_path / "new") == url  # once a journal is there, it stays
     assert open_output(tmp_path / "x", "sqlite:///" + str(tmp_path / "given.db"))[1].startswith("sqlite:")
+
+
+def test_a_journal_storage_can_be_pickled(tmp_path):
+    """As Optuna's JournalStorage can (joblib sends storages to its processes): the copy appends to the same file."""
+    import pickle
+
+    storage = open_storage(f"journal:{tmp_path / 'j.journal'}")
+    optuna.create_study(study_name="s", storage=storage).set_user_attr("a", 1)
+    copy = pickle.loads(pickle.dumps(storage))
+    optuna.load_study(study_name="s", storage=copy).set_user_attr("b", 2)
+    assert optuna.load_study(study_name="s", storage=storage).user_attrs == {"a": 1, "b": 2}

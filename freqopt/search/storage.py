@@ -111,6 +111,12 @@ class JournalFileFlock(BaseJournalFileLock):
         self._fd: int | None = None
         self._thread_lock = threading.Lock()  # guards _fd between threads sharing this object
 
+    def __getstate__(self) -> dict:  # JournalStorage pickles its backend (to joblib processes): not held there
+        return {"path": self.path, "timeout_s": self.timeout_s, "on_acquire": self.on_acquire}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
     def acquire(self) -> bool:
         self._thread_lock.acquire()
         fd = None
