@@ -2,15 +2,18 @@
 
     python experiments/search_speed.py            # writes experiments/search_speed/report.md and results.json
 
-Runs the README's main job (gpt3-small on the simulated H100, 1 % slowdown, every granularity, its SQLite
-storage in a fresh folder) through the Python API, each variant in a fresh process, the variants interleaved
-and repeated, so that the machine's drift hits them alike:
+Runs the README's main job (gpt3-small on the simulated H100, 1 % slowdown, every granularity, its storage in a
+fresh folder) through the Python API, each variant in a fresh process, the variants interleaved and repeated, so
+that the machine's drift hits them alike:
 
 - "before": Optuna's own acquisition optimizer (GridGPSampler.max_grid_points = 0 hands every space back to
-  it) and SQLite's default rollback journal (the WAL pragma switched off); it differs from the code before
-  issue 13's speed-ups only in reading the study's trials once per trial instead of twice;
+  it) and an SQLite storage in SQLite's default rollback journal (the WAL pragma switched off); it differs from
+  the code before issue 13's speed-ups only in reading the study's trials once per trial instead of twice;
 - "grid acquisition": the acquisition scored on the whole grid, SQLite's default journal;
-- "now": the grid acquisition and SQLite in write-ahead-log mode (what freqopt does);
+- "SQLite, write-ahead log": the grid acquisition and SQLite in write-ahead-log mode (the default storage from
+  issue 13 to issue 25, still what a sqlite:/// URL gets);
+- "now": the grid acquisition and the default storage, an Optuna journal file under a flock
+  (freqopt.search.storage.JournalFile; issue 25) (what freqopt does);
 - "now, in memory": the same with no storage at all (the floor that storage costs come on top of; it also
   writes no tables or figures, about 2 s).
 
@@ -29,11 +32,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "search_speed"
 REPEATS = 2
-VARIANTS = {
-    "before": "GridGPSampler.max_grid_points = 0; storage._sqlite_write_ahead_log = lambda *a: None",
-    "grid acquisition": "storage._sqlite_write_ahead_log = lambda *a: None",
-    "now": "",
-    "now, in memory": "",
+SQLITE = "sqlite:///{tmp}/freqopt.db"  # beside the output folder: a given storage is opened before it is made
+VARIANTS = {  # variant: (code run first, storage URL: None for the default)
+    "before": ("GridGPSampler.max_grid_points = 0; storage._sqlite_write_ahead_log = lambda *a: None", SQLITE),
+    "grid acquisition": ("storage._sqlite_write_ahead_log = lambda *a: None", SQLITE),
+    "SQLite, write-ahead log": ("", SQLITE),
+    "now": ("", None),
+    "now, in memory": ("", None),
 }
 RUN = """
 import json, sys, time
@@ -42,7 +47,7 @@ from freqopt.search import storage
 from freqopt.search.study import GridGPSampler
 {patch}
 start = time.perf_counter()
-result = freqopt.search("gpt3-small", max_slowdown="1%", out={out!r})
+result = freqopt.search("gpt3-small", max_slowdown="1%", out={out!r}, storage={storage!r})
 summary = result.summary()
 print(json.dumps({{"time_s": time.perf_counter() - start, "results": {{g: {{k: v for k, v in r.items() if k != "table"}}
                    for g, r in summary["results"].items()}}}}))
@@ -52,7 +57,8 @@ print(json.dumps({{"time_s": time.perf_counter() - start, "results": {{g: {{k: v
 def run(variant: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = None if variant.endswith("in memory") else str(Path(tmp) / "out")
-        code = RUN.format(patch=VARIANTS[variant], out=out)
+        patch, storage = VARIANTS[variant]
+        code = RUN.format(patch=patch, out=out, storage=storage and storage.format(tmp=tmp))
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

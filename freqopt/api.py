@@ -96,7 +96,8 @@ def _check_dir_can_be_made(path: str | Path, argument: str) -> Path:
 def open_output(out: str | Path | None, storage: str | None, *, argument: str = "out") -> tuple[Path | None, str | None]:
     """Open a run's Optuna storage and make its output folder, in the order that leaves nothing behind when
     either is bad: ``out`` is checked without being made, a given ``storage`` is opened, and only then is ``out``
-    made and, when no storage was given, the default one opened in it (sqlite:///OUT/freqopt.db, absolute).
+    made and, when no storage was given, the default one opened in it (journal:OUT/freqopt.journal, absolute:
+    freqopt.search.storage.default_storage_url).
 
     Returns:
         (the folder as a Path, or None without ``out``; the storage URL, None for in memory).
@@ -105,7 +106,7 @@ def open_output(out: str | Path | None, storage: str | None, *, argument: str = 
         OutputError: ``out`` is a file, or cannot be made or written (the message names ``argument``).
         StorageError: the storage cannot be opened (freqopt.search.storage.open_storage).
     """
-    from freqopt.search.storage import open_storage
+    from freqopt.search.storage import default_storage_url, open_storage
 
     if out is not None:
         _check_dir_can_be_made(out, argument)
@@ -114,7 +115,7 @@ def open_output(out: str | Path | None, storage: str | None, *, argument: str = 
     if out is not None:
         out = check_writable_dir(out, argument=argument)
         if storage is None:
-            storage = f"sqlite:///{(out / 'freqopt.db').resolve()}"
+            storage = default_storage_url(out)
             open_storage(storage)
     return out, storage
 
@@ -205,8 +206,8 @@ def search(
             coarse to fine, whatever their order).
         backend: "sim" (the simulated GPU), "nvml" (the first visible real GPU; needs root to set clocks) or a
             Backend object (then used as given and not closed here).
-        storage: Optuna storage URL (freqopt.search.storage.open_storage); default sqlite:///OUT/freqopt.db with
-            ``out``, else in memory.
+        storage: Optuna storage URL (freqopt.search.storage.open_storage); default journal:OUT/freqopt.journal
+            with ``out`` (freqopt.search.storage.default_storage_url), else in memory.
         out: folder for the clock tables (STEM-GRANULARITY.json and .csv, STEM naming the model, GPU, layout,
             budget and seed: freqopt.tables.table_stem) and the default storage; None writes no file.
         seed: seeds the samplers and the simulated GPU's noise.
@@ -381,7 +382,7 @@ def search_pipeline(
         backend: "sim" only: the pipeline is simulated (a real pipeline is planned from a measured stage profile,
             freqopt.plan_pipeline).
         seed: seeds the samplers and the simulated GPUs' noise.
-        storage: Optuna storage URL; default sqlite:///OUT/freqopt.db with ``out``, else in memory.
+        storage: Optuna storage URL; default journal:OUT/freqopt.journal with ``out``, else in memory.
         out: folder for the default storage and the instruction level's pipeline clock table,
             ``STEM-instruction.json`` and ``.csv`` (freqopt.tables.table_stem; written where a plan won its
             validation); None writes no file.

@@ -77,7 +77,7 @@ def test_search_a_model_name_writes_tables_and_its_summary_matches_the_cli(tmp_p
     path = summary["results"]["iteration"]["table"]
     assert path == str(tmp_path / "a" / "gpt3-small-h100-sxm-2pct-iteration.json")
     assert freqopt.load_table(path).data["entries"] == result.table("iteration").data["entries"]
-    assert (tmp_path / "a" / "gpt3-small-h100-sxm-2pct-iteration.csv").exists() and (tmp_path / "a" / "freqopt.db").exists()
+    assert (tmp_path / "a" / "gpt3-small-h100-sxm-2pct-iteration.csv").exists() and (tmp_path / "a" / "freqopt.journal").exists()
     assert json.loads(json.dumps(summary)) == summary  # JSON as it is
 
     doc = tmp_path / "cli.json"

@@ -157,7 +157,7 @@ def test_search_writes_tables_and_json(tmp_path):
     assert r["ideal_energy_saved_pct"] is None  # measured for kernel level only
     assert r["slowdown_pct"] <= 2.0
     table = load_table(r["table"])
-    assert table.granularity == "pass" and (tmp_path / "freqopt.db").exists()
+    assert table.granularity == "pass" and (tmp_path / "freqopt.journal").exists()
 
 
 def test_verbose_lets_optunas_lines_through(tmp_path, capsys, optuna_messages):
@@ -324,7 +324,7 @@ def test_a_resumed_search_says_so_and_its_hint_works_from_another_folder(tmp_pat
 
     assert main([*args, "--json", "second.json"]) == 0
     err = capsys.readouterr().err
-    storage = f"sqlite:///{here / 'out' / 'freqopt.db'}"
+    storage = f"journal:{here / 'out' / 'freqopt.journal'}"
     assert f"resumed: {first['n_new_measurements']} measurements read back from {storage}, 0 new" in err
     assert json.loads((here / "second.json").read_text())["n_new_measurements"] == 0
 

@@ -137,7 +137,7 @@ def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert set(doc["results"]) == {"iteration", "instruction"} and doc["micro_batches"] == 4
     assert doc["results"]["instruction"]["slowdown_pct"] <= 5.0 and doc["results"]["instruction"]["frontier"]
-    assert (out / "freqopt.db").exists()
+    assert (out / "freqopt.journal").exists()
     # The instruction level's pipeline clock table: written, loadable, and what the runtime applies is what was
     # validated (the requests, in each stage's 1F1B order).
     from freqopt.apply.pipeline_runtime import stage_schedule

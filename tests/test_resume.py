@@ -59,12 +59,16 @@ def uninterrupted(small_trace, tmp_path_factory):
     return result, gpu.finished
 
 
+STORAGES = {"sqlite": "sqlite:///{tmp}/s.db", "journal": "journal:{tmp}/s.journal"}  # SQLite, and the default
+
+
+@pytest.mark.parametrize("storage", list(STORAGES))
 @pytest.mark.parametrize("die_at", [[1], [7, 30], [12, 13, 40, 30]])
-def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_path, uninterrupted, die_at):
+def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_path, uninterrupted, die_at, storage):
     """Die at the given measurement numbers of successive runs (a unit's trial, a finalist's repeat, a
     validation), then finish: the measurements taken add up to the uninterrupted run's and the result is equal."""
     expected, n_expected = uninterrupted
-    config = SearchConfig(storage=f"sqlite:///{tmp_path / 's.db'}", **CONFIG)
+    config = SearchConfig(storage=STORAGES[storage].format(tmp=tmp_path), **CONFIG)
     finished = 0
     for n in die_at:
         gpu = CountingGPU(die_at=n)
@@ -81,32 +85,50 @@ def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_
     assert result.baseline == expected.baseline
 
 
+def test_a_record_torn_by_a_kill_mid_append_is_measured_again(small_trace, tmp_path, uninterrupted):
+    """A journal whose last record was cut in the middle (a writer killed inside its append) resumes to the same
+    result: the torn operation reads as never written (freqopt.search.storage.JournalFile)."""
+    expected, n_expected = uninterrupted
+    path = tmp_path / "s.journal"
+    config = SearchConfig(storage=f"journal:{path}", **CONFIG)
+    gpu = CountingGPU(die_at=20)
+    with pytest.raises(Crash):
+        run_search(small_trace, gpu, config)
+    # The file as a kill in the middle of appending the last measurement's record leaves it: that record's first
+    # half, and nothing after it.
+    data = path.read_bytes()
+    start = data.rindex(b'"user_attr":{"m:')
+    start, end = data.rindex(b"\n", 0, start) + 1, data.index(b"\n", start) + 1
+    path.write_bytes(data[:(start + end) // 2])
+    again = CountingGPU()
+    result = run_search(small_trace, again, config)
+    assert gpu.finished + again.finished == n_expected + 1  # the torn measurement, taken again
+    assert result.n_stored_measurements == gpu.finished - 1
+    assert _summary(result) == _summary(expected) and result.baseline == expected.baseline
+
+
 def _search_command(args, json_path):
     return [sys.executable, "-m", "freqopt.cli", "search", *args, "--out", "out", "--json", str(json_path)]
 
 
-def _logged_measurements(db) -> int:
-    """Measurements logged in a search's SQLite storage so far (study user attributes, freqopt/search/journal.py)."""
-    import sqlite3
-
-    if not db.exists():
+def _logged_measurements(journal) -> int:
+    """Measurements logged in a search's journal file so far (study user attributes, freqopt/search/journal.py,
+    one line each in Optuna's journal)."""
+    if not journal.exists():
         return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            return conn.execute("SELECT COUNT(*) FROM study_user_attributes").fetchone()[0]
-    except sqlite3.Error:  # tables not created yet, or locked for a moment
-        return 0
+    return journal.read_bytes().count(b'"user_attr":{"m:')
 
 
 def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path, kernel_search_cli):
     """The same command killed (SIGKILL) at several points and run again ends with the uninterrupted run's JSON
-    (conftest.kernel_search_cli, in a folder of its own with the same relative --out)."""
+    (conftest.kernel_search_cli, in a folder of its own with the same relative --out), in its default storage, the
+    journal file, which a kill may leave locked or in the middle of a record."""
     env = {**os.environ, "COLUMNS": "200"}
     killed = tmp_path / "killed"
     killed.mkdir()
     command = _search_command(kernel_search_cli["args"], killed / "r.json")
     kills = 0
-    db = killed / "out" / "freqopt.db"
+    db = killed / "out" / "freqopt.journal"
     for extra_s in (0.0, 1.5, 0.5, 2.5):  # SIGKILL mid-run, at a different point each time
         proc = subprocess.Popen(command, cwd=killed, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -129,7 +151,7 @@ def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path, kernel_search
     # it says how many it read back.
     n_new = resumed.pop("n_new_measurements")
     assert n_new < uninterrupted.pop("n_new_measurements")
-    assert f"measurements read back from sqlite:///{db}, {n_new} new" in last.stderr
+    assert f"measurements read back from journal:{db}, {n_new} new" in last.stderr
     assert "resumed:" not in kernel_search_cli["stderr"]
     assert resumed == uninterrupted
 

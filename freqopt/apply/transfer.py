@@ -483,8 +483,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         gpu: GPU type name or GPUSpec; must be the table's (default: the table's).
         max_slowdown: budget of the native search, a fraction or "1%" (default: the table's).
         backend: "sim" or "nvml" (freqopt.gpu.backends.get_backend); closed when done.
-        storage: Optuna storage URL of the native search; default sqlite:///OUT/freqopt.db with ``out``, else in
-            memory.
+        storage: Optuna storage URL of the native search; default journal:OUT/freqopt.journal with ``out``, else
+            in memory.
         out: folder of the default storage and of the re-allocated table (created); None: no folder.
         seed: seeds the samplers and the simulated GPU's noise.
         n_trials: trials per tuning unit of the native search (default SearchConfig's).

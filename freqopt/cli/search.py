@@ -26,7 +26,7 @@ def switch_latency_option(f):
               help="all, or one or a comma list of power-cap, iteration, pass, kernel, phase (e.g. iteration,kernel).")
 @click.option("--backend", default="sim", show_default=True,
               help="Measurement backend: sim (simulated GPU) or nvml (the first visible GPU; needs root).")
-@click.option("--storage", default=None, help="Optuna storage URL; default sqlite:///OUT/freqopt.db.")
+@click.option("--storage", default=None, help="Optuna storage URL; default journal:OUT/freqopt.journal.")
 @click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for tables and storage.")
 @click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")

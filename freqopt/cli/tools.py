@@ -79,7 +79,7 @@ def gpus() -> None:
 @click.option("--gpu", default=None, help="GPU type; must be the table's (default: the table's).")
 @click.option("--max-slowdown", default=None, help="Budget on the target (default: the table's).")
 @click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
-@click.option("--storage", default=None, help="Optuna storage URL of the target's studies; default sqlite:///OUT/freqopt.db.")
+@click.option("--storage", default=None, help="Optuna storage URL of the target's studies; default journal:OUT/freqopt.journal.")
 @click.option("--out", "out_dir", default="freqopt-out", show_default=True,
               help="Directory for the storage and the re-allocated table.")  # fmt: skip
 @click.option("--native/--no-native", default=True, show_default=True,
