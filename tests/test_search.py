@@ -27,7 +27,9 @@ def test_config_refuses_bad_slowdown(bad):
 @pytest.fixture(scope="module")
 def result(small_trace):
     config = SearchConfig(max_slowdown=0.02, n_trials_1d=8)
-    return run_search(small_trace, SimulatedGPU(get_gpu("h100-sxm"), seed=3), config)
+    # 1 ms switches: at the H100's 26 ms this short step realizes one clock, and no finer level is searched.
+    h100 = get_gpu("h100-sxm").with_switch_latency(0.001)
+    return run_search(small_trace, SimulatedGPU(h100, seed=3), config)
 
 
 def test_every_granularity_is_validated_within_budget(result):
@@ -114,10 +116,10 @@ def test_figures_compare_to_a_relative_1e_9_so_other_cpus_pass_and_real_changes_
 @pytest.mark.slow
 def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(tmp_path):
     """The README's main command prints experiments/main_job.json's figures exactly (the same seed gives the same
-    result, in another process, through joblib's processes; README "The same figures on any machine"), and they
-    meet issue 2's criterion with issue 5's switching costs: per-kernel clocks save more than per-pass clocks when
-    switching is free (kernel > pass >= iteration), and with the H100's 6 ms switch included no finer granularity
-    ends worse than a coarser one; each within 1 % validated."""
+    result, in another process, through joblib's processes; README "The same figures on any machine"), each within
+    1 % validated. With the H100's 26 ms switches this 27 ms step realizes one clock only, so the pass, kernel and
+    phase levels keep the iteration level's clock unmeasured and say why (issue 25); issue 2's criterion (kernel >
+    pass >= iteration with free switching) is checked on a step with 1 ms switches (the ``result`` fixture)."""
     import json
     from pathlib import Path
 
@@ -136,11 +138,12 @@ def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(t
     assert not mismatches, ("the main job's figures moved: with the versions in constraints.txt, re-record "
                             f"experiments/main_job.json and the README's table: {mismatches[:5]}")  # fmt: skip
     res = got["results"]
-    assert res["kernel"]["ideal_energy_saved_pct"] > res["pass"]["energy_saved_pct"] >= res["iteration"]["energy_saved_pct"]
-    assert res["kernel"]["energy_saved_pct"] >= res["pass"]["energy_saved_pct"]
+    assert res["iteration"]["energy_saved_pct"] > 0 and res["iteration"]["n_measurements"] > 0
+    for g in ("pass", "kernel", "phase"):
+        assert res[g]["energy_saved_pct"] == res["iteration"]["energy_saved_pct"] and res[g]["n_measurements"] == 0
+        assert "shorter than two 26 ms clock switches" in res[g]["note"] and res[g]["ideal_energy_saved_pct"] is None
     for g in res.values():
         assert g["slowdown_pct"] <= 1.0
-    assert res["kernel"]["ideal_slowdown_pct"] <= 1.0
 
 
 def test_a_pair_the_memory_clock_does_not_allow_is_snapped_to_its_highest_sm_clock():
@@ -177,21 +180,30 @@ def test_kernel_families_group_each_class_once_led_by_the_largest(gpt3_small_tra
 
 @pytest.mark.slow
 def test_a_level_searched_alone_measures_its_coarser_candidates_and_never_ends_worse_than_one_clock():
-    """Issue 22, item 1. On the RTX 3080 Ti a clock switch takes 100 ms and this step 69 ms, so no per-kernel
-    schedule is realizable: the kernel level searched alone used to realize nothing (0.00 %) while one clock for the
+    """Issue 22, item 1. On the RTX 3080 Ti a clock switch takes 100 ms, so no per-kernel schedule of these steps
+    is realizable: the kernel level searched alone used to realize nothing (0.00 %) while one clock for the
     iteration saved 11 %. It now searches the iteration, pass and phase levels itself, is never worse than their
-    schedules, and pays for their measurements."""
+    schedules, and pays for their measurements. A 69 ms step (shorter than two switches) realizes the iteration's
+    clock alone, so its kernel level measures nothing more (issue 25); a 0.49 s step's is searched."""
     import freqopt
+    from freqopt.search.units import search_units
 
-    kw = dict(gpu="rtx3080ti", max_slowdown="10%", micro_batch_size=4, seq_len=1024, n_trials=6)
-    kernel = freqopt.search("gpt3-small", granularity="kernel", **kw)
-    iteration = freqopt.search("gpt3-small", granularity="iteration", **kw)
-    assert list(kernel.results) == ["kernel"] and list(iteration.results) == ["iteration"]
-    assert iteration.energy_saved_pct("iteration") > 5.0
-    assert kernel.energy_saved_pct("kernel") >= iteration.energy_saved_pct("iteration") - 1e-9
-    assert kernel.slowdown_pct("kernel") <= 10.0
-    assert kernel.results["kernel"].n_measurements > (iteration.results["iteration"].n_measurements
-                                                      + len(partition(kernel.trace, "kernel")) * 6)  # fmt: skip
+    for micro_batch_size in (4, 32):
+        kw = dict(gpu="rtx3080ti", max_slowdown="10%", micro_batch_size=micro_batch_size, seq_len=1024, n_trials=6)
+        kernel = freqopt.search("gpt3-small", granularity="kernel", **kw)
+        iteration = freqopt.search("gpt3-small", granularity="iteration", **kw)
+        assert list(kernel.results) == ["kernel"] and list(iteration.results) == ["iteration"]
+        assert iteration.energy_saved_pct("iteration") > 5.0
+        assert kernel.energy_saved_pct("kernel") >= iteration.energy_saved_pct("iteration") - 1e-9
+        assert kernel.slowdown_pct("kernel") <= 10.0
+        families = search_units(kernel.trace, "kernel", share_families=True)
+        if micro_batch_size == 4:
+            assert kernel.results["kernel"].n_measurements == iteration.results["iteration"].n_measurements
+            assert "shorter than two 100 ms clock switches" in kernel.results["kernel"].note
+        else:  # the iteration's trials, and at least two measurements per family (its default, a trial)
+            assert kernel.results["kernel"].n_measurements > (iteration.results["iteration"].n_measurements
+                                                              + 2 * len(families))  # fmt: skip
+            assert not kernel.results["kernel"].note
 
 
 def test_levels_to_run_adds_each_levels_candidates_in_search_order():
@@ -212,7 +224,7 @@ def test_a_gpu_whose_memory_clock_is_set_per_job_searches_it_only_for_the_whole_
 
     from freqopt.search.runner import job_mem_clock_mhz
 
-    h100 = get_gpu("h100-sxm")
+    h100 = get_gpu("h100-sxm").with_switch_latency(0.001)  # at 26 ms this short step's pass level is not searched
     assert not h100.mem_clock_runtime and get_gpu("rtx3080ti").mem_clock_runtime
     storage = f"sqlite:///{tmp_path / 's.db'}"
     config = SearchConfig(max_slowdown=0.05, granularities=("iteration", "pass"), n_trials_1d=6, n_trials_2d=10,

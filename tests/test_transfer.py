@@ -174,7 +174,7 @@ def test_a_table_without_fronts_is_transferred_as_is_but_not_reallocated(kernel_
     with pytest.raises(ClockTableError, match="carries no fronts"):
         report.table()
     schedule = transfer_table(table, small_trace)
-    with pytest.raises(ClockTableError, match="search the source again"):
+    with pytest.raises(ClockTableError, match="its level was not searched.*search a longer source step"):
         reallocate(schedule, table, SimulatedGPU(H100), config, None, None)
 
 
@@ -238,13 +238,14 @@ def test_cli_transfer_refuses_a_corrupt_table(tmp_path, capsys):
 def test_a_transferred_kernel_table_is_never_worse_than_the_targets_one_clock():
     """Issue 22, item 1, for transfers: on the RTX 3080 Ti (100 ms switches) no per-kernel schedule of these steps
     is realizable; the re-allocation on the target chooses among the target's iteration, pass and phase schedules
-    too, so it realizes at least the target's one clock."""
+    too, so it realizes at least the target's one clock. (Steps of 0.49 s and 0.37 s: longer than two switches, so
+    their finer levels are searched at all; issue 25.)"""
     rtx = get_gpu("rtx3080ti")
-    source = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=4, seq_len=1024))
+    source = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=32, seq_len=1024))
     config = SearchConfig(max_slowdown=0.10, granularities=("kernel",), n_trials_1d=3, n_trials_2d=3, finalist_repeats=1)
     table = table_from_result(run_search(source, SimulatedGPU(rtx, seed=1), config), "kernel", rtx, backend="sim",
                               seed=1)  # fmt: skip
-    target = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=2, seq_len=1024))
+    target = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=24, seq_len=1024))
     report = evaluate_transfer(table, target, SimulatedGPU(rtx, seed=2), config)
     assert set(report.native.results) == {"iteration", "pass", "phase", "kernel"}
     one_clock = report.native.energy_saved_pct("iteration")

@@ -43,13 +43,14 @@ from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Me
 from freqopt.errors import ClockTableError
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Trace
-from freqopt.search.allocation import _prediction, allocate_applied, candidate_schedules, coarser_settings
+from freqopt.search.allocation import (_prediction, allocate_applied, candidate_schedules, coarser_settings,
+                                       settings_on)
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.runner import _at_least_the_phase_schedule, _n_trials, _slack, levels_to_run, run_search
 from freqopt.search.storage import open_storage, study_prefix, validation_log
 from freqopt.search.study import Option, UnitSearch
-from freqopt.search.units import TuningUnit, partition
+from freqopt.search.units import TuningUnit, family_units, kernel_families, partition
 from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitWork, run_unit
 from freqopt.tables import ClockTable
@@ -188,7 +189,9 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
     Each target unit is measured alone at its default (1 + ``config.finalist_repeats`` samples) and at the
     ``coarser`` schedules' settings; a unit matched to a table entry is offered, beside these, that entry's front
     scaled to its default (_with_front); an unmatched unit gets a study of its own (``config``'s trials, as a
-    native search runs it). The allocator's budget is then calibrated by validating the whole target iteration
+    native search runs it). At kernel level with ``config.share_classes`` the units are the target's families of
+    kernel classes (kernel_families), as a native search's are; a family takes its first matched class's front,
+    and a study only when none of its classes matched. The allocator's budget is then calibrated by validating the whole target iteration
     (allocate_validated; switching costs included when the validator switches), starting from each ``coarser``
     schedule that saved energy, so the result is never worse than any of them, as at a native search's finer
     levels; the schedule is then expressed as a runtime applies it.
@@ -209,13 +212,22 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
         options, and its counts every target-side measurement (coarser levels included).
 
     Raises:
-        ClockTableError: ``table`` carries no fronts (written by an older freqopt: search the source again).
+        ClockTableError: ``table`` carries no fronts (its level was not searched, or an older freqopt wrote it).
     """
     if not has_fronts(table):
-        raise ClockTableError("this clock table carries no measured fronts (an older freqopt wrote it), so the budget "
-                              "cannot be re-allocated on the target; search the source again with this freqopt")  # fmt: skip
+        raise ClockTableError("this clock table carries no measured fronts (its level was not searched, as on a step "
+                              "shorter than two clock switches, or an older freqopt wrote it), so the budget cannot "
+                              "be re-allocated on the target; search a longer source step with this freqopt")  # fmt: skip
     trace, granularity = schedule.trace, schedule.granularity
-    units = [m.unit for m in schedule.matches]
+    classes = [m.unit for m in schedule.matches]
+    # As a native search does (config.share_classes): one unit per family of kernel classes, measured as one and
+    # offered its first matched class's front (a family's classes carry one front in a search's table).
+    families = [[i] for i in range(len(classes))]
+    if granularity == "kernel" and config.share_classes and len(classes) > 1:
+        families = kernel_families(trace, classes)
+    units = family_units(trace, classes) if len(families) < len(classes) else classes
+    matches = [next((schedule.matches[i] for i in f if schedule.matches[i].how != UNMATCHED), schedule.matches[f[0]])
+               for f in families]  # fmt: skip
     kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
     candidates = candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
     nearest = coarser_settings(trace, coarser[-1], units, kernel_time_s) if coarser else [None] * len(units)
@@ -230,12 +242,12 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
     entries = {e["unit"]: e for e in table.entries}
     before = (validator.n_measurements, validator.cost_gpu_s)
     searches = []
-    for done, (match, warm) in enumerate(zip(schedule.matches, inherited), 1):
+    for done, (unit, match, warm) in enumerate(zip(units, matches, inherited), 1):
         warm_start = [w for w in dict.fromkeys(warm) if w not in (None, DEFAULT_SETTING)]
         if match.how == UNMATCHED:
-            searches.append(run_unit(trace, backend, study_work, match.unit, storage, warm_start))
+            searches.append(run_unit(trace, backend, study_work, unit, storage, warm_start))
         else:
-            measured = run_unit(trace, backend, work, match.unit, storage, warm_start)
+            measured = run_unit(trace, backend, work, unit, storage, warm_start)
             searches.append(_with_front(measured, entries[match.source_unit]))
         if on_unit is not None:
             on_unit("transfer", done, len(units))
@@ -245,7 +257,8 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
     spent = (sum(r.n_measurements for r in coarser), sum(r.search_cost_gpu_s for r in coarser))
     result = GranularityResult(
-        granularity=granularity, units=tuple(zip(units, settings)), predicted=predicted,
+        granularity=granularity, units=tuple(zip(classes, settings_on(trace, units, settings, classes))),
+        searched_units=tuple(units) if units is not classes else (), predicted=predicted,
         predicted_baseline=predicted_baseline, validated=validated,
         n_measurements=spent[0] + sum(s.n_measurements for s in searches) + validator.n_measurements - before[0],
         search_cost_gpu_s=spent[1] + sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - before[1],

@@ -22,7 +22,8 @@ from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 from freqopt.search.validate import Validator, _per_kernel_settings
 
-__all__ = ["Allocation", "allocate_validated", "allocate_applied", "candidate_schedules", "coarser_settings"]
+__all__ = ["Allocation", "allocate_validated", "allocate_applied", "candidate_schedules", "coarser_settings",
+           "settings_on"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,16 @@ def allocate_applied(
     settings, validated = _as_applied(trace, units, [o.setting for o in result.chosen], result.validated, validator,
                                       baseline, max_slowdown, key=f"{key}-applied")  # fmt: skip
     return result, settings, validated
+
+
+def settings_on(trace: Trace, units: list[TuningUnit], settings: Sequence[ClockSetting],
+                classes: list[TuningUnit]) -> list[ClockSetting]:  # fmt: skip
+    """``settings`` (one per unit of ``units``) laid onto ``classes``, units each inside one of ``units`` (kernel
+    classes inside their families): each class takes its unit's setting."""
+    if [u.kernel_indices for u in classes] == [u.kernel_indices for u in units]:
+        return list(settings)
+    per_kernel = _per_kernel_settings(trace, zip(units, settings))
+    return [per_kernel[u.kernel_indices[0]] for u in classes]
 
 
 def dominant_settings(per_kernel: Sequence[ClockSetting], units: list[TuningUnit],

@@ -20,7 +20,7 @@ from freqopt.gpu.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Me
 from freqopt.workload.kernels import Trace
 from freqopt.workload.phases import phase_spans
 from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated,
-                                       candidate_schedules, coarser_settings)
+                                       candidate_schedules, coarser_settings, settings_on)
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.schedule import phase_blocks, search_phase_schedule
@@ -238,9 +238,7 @@ def _search_granularity(
                                    candidates=candidates).validated  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
     classes = partition(trace, granularity)  # the table's units: each class, at its family's setting
-    if [u.kernel_indices for u in classes] != [u.kernel_indices for u in units]:
-        per_kernel = _per_kernel_settings(trace, zip(units, settings))
-        settings = [per_kernel[u.kernel_indices[0]] for u in classes]
+    settings = settings_on(trace, units, settings, classes)
     return GranularityResult(
         granularity=granularity,
         units=tuple(zip(classes, settings)),
