@@ -34,7 +34,8 @@ from freqopt.gpu.specs import get_gpu
 from freqopt.workload.layout import Layout
 from freqopt.workload.models import get_workload
 from freqopt.search.runner import SearchConfig, Validator, run_search
-XX, table_from_result, write_table
+from freqopt.files import atomic_write_text
+from freqopt.tables import load_table, table_from_result, write_table
 from freqopt.workload.trace import trace_training_iteration
 from freqopt.apply.transfer import evaluate_transfer, reallocate
 
@@ -87,6 +88,7 @@ def evaluate(family: str, layout: Layout, micro_batch: int, table_path: Path) ->
             "reallocated_ideal_energy_saved_pct": 100 * (1 - reallocated_ideal.energy_j / ideal.baseline().energy_j),
             "reallocated_ideal_slowdown_pct": 100 * (reallocated_ideal.time_s / ideal.baseline().time_s - 1),
             "native_search_cost_gpu_s": native.search_cost_gpu_s,
+            "one_clock_note": native.note or None,  # the step realizes one clock: finer levels not measured
             # Whether the re-allocation (and the native kernel level) kept the target's own pass-level schedule.
             "reallocated_is_pass_schedule": report.reallocated.validated == report.native.results["pass"].validated,
             "native_is_pass_schedule": native.validated == report.native.results["pass"].validated,
@@ -106,6 +108,13 @@ def gemm_clock_at_default(layout: Layout, micro_batch: int) -> float:
                                                                     loop=False)  # one training step  # fmt: skip
     gemm = np.array([k.kind == "gemm" for k in trace.kernels])
     return float(np.average(clocks[gemm], weights=time_s[gemm]))
+
+
+def _ideal(row: dict, which: str) -> str:
+    """A free-switching figure of ``row``, "saved % (slowdown %)", or "-" where it was not measured (a native
+    search whose step realizes one clock does not measure its kernel level, issue 25)."""
+    saved, slowdown = row[f"{which}_ideal_energy_saved_pct"], row[f"{which}_ideal_slowdown_pct"]
+    return "-" if saved is None else f"{saved:.2f} % ({slowdown:+.2f} %)"
 
 
 def report_markdown(rows: list[dict], source: dict) -> str:
@@ -138,9 +147,7 @@ def report_markdown(rows: list[dict], source: dict) -> str:
             f"{a['energy_saved_pct']:.2f} %, {a['slowdown_pct']:+.2f} % ({a['n_measurements']}) | "
             f"{n['energy_saved_pct']:.2f} %, {n['slowdown_pct']:+.2f} % ({n['n_measurements']}) | "
             f"{n['energy_saved_pct'] - a['energy_saved_pct']:+.2f} | "
-            f"{r['transferred_ideal_energy_saved_pct']:.2f} % ({r['transferred_ideal_slowdown_pct']:+.2f} %) / "
-            f"{r['reallocated_ideal_energy_saved_pct']:.2f} % ({r['reallocated_ideal_slowdown_pct']:+.2f} %) / "
-            f"{r['native_ideal_energy_saved_pct']:.2f} % ({r['native_ideal_slowdown_pct']:+.2f} %) |"
+            f"{_ideal(r, 'transferred')} / {_ideal(r, 'reallocated')} / {_ideal(r, 'native')} |"
         )
 
     def name(r):
@@ -160,18 +167,25 @@ def report_markdown(rows: list[dict], source: dict) -> str:
 
     cost = [r["reallocated"]["n_measurements"] / r["native"]["n_measurements"] for r in rows]
     coarse = [r["coarse_levels_n_measurements"] for r in rows]
-    ideal_gaps = [r["native_ideal_energy_saved_pct"] - r["reallocated_ideal_energy_saved_pct"] for r in rows]
+    ideal_rows = [r for r in rows if r["native_ideal_energy_saved_pct"] is not None]
+    ideal_gaps = [r["native_ideal_energy_saved_pct"] - r["reallocated_ideal_energy_saved_pct"] for r in ideal_rows]
+    one_clock = [r for r in rows if r.get("one_clock_note")]
     lines += ["", verdict("Tables as transferred", "transferred"), "",
               verdict("Re-allocated tables", "reallocated") + f" They cost {100 * min(cost):.0f}-{100 * max(cost):.0f} % "
               f"of the native search's measurements, its iteration, pass and phase levels ({min(coarse)}-{max(coarse)} "
               f"measurements) included in both. With the {SWITCH_MS:g} ms switch, the re-allocated schedule is the target's own "
               f"pass-level schedule on {sum(r['reallocated_is_pass_schedule'] for r in rows)} of {len(rows)} layouts, "
               f"and so is the native kernel level's on {sum(r['native_is_pass_schedule'] for r in rows)}.", "",
+              *([f"On {' and '.join(name(r) for r in one_clock)} the step realizes one clock only (on the first, "
+                 + one_clock[0]["one_clock_note"].removeprefix("not searched: ")
+                 + "), so neither the native kernel level nor the re-allocation measures anything beyond the target's "
+                 "iteration, pass and phase levels: both keep its iteration level's clock, and no free-switching "
+                 "figure is measured natively (issue 25).", ""] if one_clock else []),
               "What the kernel-level fronts carry shows with free switching (last column): there the re-allocation "
               f"is at most 2 points behind the native kernel level, or ahead of it, on {sum(g <= 2 for g in ideal_gaps)} "
-              f"of {len(rows)} layouts (gaps {min(ideal_gaps):+.2f} to {max(ideal_gaps):+.2f} points; positive: native "
-              "saves more); more than half a point behind on: "
-              + (", ".join(f"{name(r)} {g:+.2f}" for r, g in zip(rows, ideal_gaps) if g > 0.5) or "none") + "."]  # fmt: skip
+              f"of {len(ideal_rows)} layouts with a native figure (gaps {min(ideal_gaps):+.2f} to {max(ideal_gaps):+.2f} "
+              "points; positive: native saves more); more than half a point behind on: "
+              + (", ".join(f"{name(r)} {g:+.2f}" for r, g in zip(ideal_rows, ideal_gaps) if g > 0.5) or "none") + "."]  # fmt: skip
     table = json.loads((OUT / "source-kernel-table.json").read_text())
     clocks = sorted({e["sm_clock_mhz"] for e in table["entries"] if e["sm_clock_mhz"]})
     if len(clocks) == 1:

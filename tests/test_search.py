@@ -243,6 +243,33 @@ def test_a_gpu_whose_memory_clock_is_set_per_job_searches_it_only_for_the_whole_
     assert job_mem_clock_mhz(get_gpu("rtx3080ti"), 3) is None
 
 
+def test_the_kernel_level_ends_on_the_pass_schedule_as_it_stands_where_that_validated_less(small_trace):
+    """Issue 25: kernel >= pass with families of classes. A family may span passes, so the allocation over families
+    saw the pass schedule only as projected onto them; where the pass schedule itself validated less energy, the
+    kernel level ends on it, each class at its pass's setting, with the pass level's measurement."""
+    from freqopt.gpu.backends.base import ClockSetting, Measurement
+    from freqopt.search.result import GranularityResult
+    from freqopt.search.runner import _at_least_the_coarser_schedules
+
+    passes = partition(small_trace, "pass")
+    per_pass = dict(zip(("forward", "backward", "optimizer"), (ClockSetting(1500, 2619), ClockSetting(1200, 2619),
+                                                               ClockSetting(1980, 2619))))  # fmt: skip
+    pass_ = GranularityResult("pass", tuple((u, per_pass[u.name]) for u in passes), Measurement(1.0, 8.0),
+                              Measurement(1.0, 10.0), Measurement(1.01, 8.5), 30, 30.0)  # fmt: skip
+    classes = partition(small_trace, "kernel")
+    kernel = GranularityResult("kernel", tuple((c, ClockSetting(1800, 2619)) for c in classes), Measurement(1.0, 9.0),
+                               Measurement(1.0, 10.0), Measurement(1.005, 9.2), 500, 500.0,
+                               ideal=Measurement(1.0, 7.0))  # fmt: skip
+    ended = _at_least_the_coarser_schedules(small_trace, kernel, [pass_])
+    assert ended.validated == pass_.validated and ended.predicted == pass_.predicted
+    assert [u for u, _ in ended.units] == classes  # still one entry per class
+    for unit, setting in ended.units:
+        assert setting == per_pass[small_trace.kernels[unit.kernel_indices[0]].pass_name]
+    assert (ended.granularity, ended.n_measurements, ended.ideal) == ("kernel", 500, kernel.ideal)  # its own
+    worse = dataclasses.replace(pass_, validated=Measurement(1.0, 9.3))
+    assert _at_least_the_coarser_schedules(small_trace, kernel, [worse]) is kernel
+
+
 def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_energy(small_trace):
     """Issue 22, item 1: realizable kernel >= phase. A phase schedule (one setting per block, requested at its
     phase) is not always a per-kernel-class schedule, so where it validated less energy the kernel level ends on

@@ -46,6 +46,22 @@ def test_one_clock_reason_only_where_the_iteration_is_shorter_than_two_switches(
     assert one_clock_reason(small_trace, h100, dataclasses.replace(config, switching=False), times) == ""
 
 
+def test_one_clock_reason_for_a_longer_step_whose_passes_are_each_shorter_than_two_switches():
+    """gpt3-xl at tp=4 on the H100: 81.9 ms of kernels, but a 24 ms forward and a 48 ms backward, each cut only into
+    runs of a 26 ms switch, make one block (phase_blocks), so one clock is all a runtime realizes; the reason
+    says so rather than calling the step shorter than two switches."""
+    from freqopt.workload.layout import Layout
+    from freqopt.workload.models import get_workload
+    from freqopt.workload.trace import trace_training_iteration
+
+    trace = trace_training_iteration(get_workload("gpt3-xl", micro_batch_size=4, layout=Layout(tp=4)))
+    h100 = SimulatedGPU(H100)
+    times = h100.kernel_times_s(trace.kernels, DEFAULT_SETTING)
+    assert times.sum() > 2 * H100.clock_switch_s  # the premise: longer than two switches
+    reason = one_clock_reason(trace, h100, SearchConfig(max_slowdown=0.01), times)
+    assert "hold no two runs of phases each as long as a 26 ms clock switch" in reason and "shorter" not in reason
+
+
 def test_unrealizable_levels_are_not_measured_and_keep_the_iteration_schedule(small_trace):
     config = SearchConfig(max_slowdown=0.02, n_trials_1d=5, n_trials_per_mem_clock=1,
                           granularities=("iteration", "pass", "kernel"))  # fmt: skip

@@ -106,6 +106,18 @@ def test_evaluate_transfer_shares_one_baseline_with_the_native_search(kernel_tab
     assert 0 < reallocated["n_measurements"] < summary["native"]["n_measurements"]
 
 
+def test_a_target_that_realizes_one_clock_is_not_reallocated_by_measuring(kernel_table, small_trace):
+    """Issue 25, for transfers: with the H100's 26 ms switches this short step realizes one clock only, so the
+    re-allocation, like the native kernel level, keeps the target's iteration clock and measures nothing more."""
+    config = SearchConfig(max_slowdown=0.01, n_trials_1d=3, finalist_repeats=1)
+    report = evaluate_transfer(kernel_table, small_trace, SimulatedGPU(H100, seed=2), config)
+    native, reallocated = report.native.results, report.reallocated
+    assert "shorter than two 26 ms clock switches" in reallocated.note and reallocated.note == native["kernel"].note
+    assert reallocated.validated == native["iteration"].validated == native["kernel"].validated
+    assert reallocated.n_measurements == sum(native[g].n_measurements for g in ("iteration", "pass", "phase"))
+    assert {s for _, s in reallocated.units} == {native["iteration"].units[0][1]}
+
+
 def test_search_tables_carry_each_units_measured_front(kernel_table, small_trace, tmp_path):
     table = load_table(write_table(kernel_table, tmp_path / "t.json"), spec=H100)  # the schema takes the fronts
     assert has_fronts(table) and len(table.entries) == len(small_trace.kernel_classes())

@@ -47,7 +47,8 @@ from freqopt.search.allocation import (_prediction, allocate_applied, candidate_
                                        settings_on)
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
-from freqopt.search.runner import _at_least_the_phase_schedule, _n_trials, _slack, levels_to_run, run_search
+from freqopt.search.runner import (_at_least_the_coarser_schedules, _at_least_the_phase_schedule, _n_trials,
+                                   _one_clock, _slack, levels_to_run, one_clock_reason, run_search)
 from freqopt.search.storage import open_storage, study_prefix, validation_log
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import TuningUnit, family_units, kernel_families, partition
@@ -189,7 +190,9 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
     Each target unit is measured alone at its default (1 + ``config.finalist_repeats`` samples) and at the
     ``coarser`` schedules' settings; a unit matched to a table entry is offered, beside these, that entry's front
     scaled to its default (_with_front); an unmatched unit gets a study of its own (``config``'s trials, as a
-    native search runs it). At kernel level with ``config.share_classes`` the units are the target's families of
+    native search runs it). Where the target's iteration is shorter than two clock switches (one_clock_reason) and
+    ``coarser`` holds its iteration level, nothing is measured: the result is that level's clock, with a note. At
+    kernel level with ``config.share_classes`` the units are the target's families of
     kernel classes (kernel_families), as a native search's are; a family takes its first matched class's front,
     and a study only when none of its classes matched. The allocator's budget is then calibrated by validating the whole target iteration
     (allocate_validated; switching costs included when the validator switches), starting from each ``coarser``
@@ -219,6 +222,14 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
                               "shorter than two clock switches, or an older freqopt wrote it), so the budget cannot "
                               "be re-allocated on the target; search a longer source step with this freqopt")  # fmt: skip
     trace, granularity = schedule.trace, schedule.granularity
+    iteration = next((r for r in coarser if r.granularity == "iteration"), None)
+    reason = one_clock_reason(trace, backend, config, validator.kernel_time_s) if validator.switching else ""
+    if reason and iteration is not None and granularity in ("pass", "kernel", "phase"):
+        # As a native search does (issue 25): the target realizes one clock only, its iteration level's.
+        result = _one_clock(trace, iteration, granularity, validator.kernel_time_s, backend.spec.clock_switch_s,
+                            config.max_phase_blocks, reason)  # fmt: skip
+        return dataclasses.replace(result, n_measurements=sum(r.n_measurements for r in coarser),
+                                   search_cost_gpu_s=sum(r.search_cost_gpu_s for r in coarser))  # fmt: skip
     classes = [m.unit for m in schedule.matches]
     # As a native search does (config.share_classes): one unit per family of kernel classes, measured as one and
     # offered its first matched class's front (a family's classes carry one front in a search's table).
@@ -264,6 +275,7 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
         search_cost_gpu_s=spent[1] + sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - before[1],
         unit_searches=tuple(searches),
     )  # fmt: skip
+    result = _at_least_the_coarser_schedules(trace, result, list(coarser))  # exact where families span passes
     phase = [r for r in coarser if r.granularity == "phase"]  # never worse than the target's phase schedule either
     return _at_least_the_phase_schedule(result, phase[0]) if phase else result
 

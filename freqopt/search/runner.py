@@ -27,7 +27,7 @@ from freqopt.search.schedule import phase_blocks, search_phase_schedule
 from freqopt.search.storage import _storage_here, open_storage, study_prefix, validation_log
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import GRANULARITIES, TuningUnit, partition, search_units
-from freqopt.search.validate import Validator, _per_kernel_settings
+from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
 
 # The names below live in the modules of their jobs (config, result, storage, validate, allocation); they are
@@ -192,6 +192,26 @@ def _charge_candidates(ran: dict[str, GranularityResult], asked) -> dict[str, Gr
     return results
 
 
+def _at_least_the_coarser_schedules(trace: Trace, result: GranularityResult,
+                                    coarser: list[GranularityResult]) -> GranularityResult:  # fmt: skip
+    """``result`` (the kernel level's), or the iteration or pass level's schedule where that validated less energy.
+
+    Those schedules are exact on kernel classes (a class lies in one pass), but the kernel level allocates over
+    families of classes (issue 25), which may span passes, so its candidates were their projections onto the
+    families (candidate_schedules), not always the schedules themselves. The level then ends on the coarser
+    schedule as it stands, each class at its pass's setting, with that level's validated measurement and
+    prediction (the same per-kernel schedule, so the same measurement); it keeps its own measurements, studies and
+    free-switching ideal."""
+    classes = [u for u, _ in result.units]
+    for r in coarser:
+        if r.granularity in ("iteration", "pass") and r.validated.energy_j < result.validated.energy_j:
+            settings = [s or DEFAULT_SETTING for s in coarser_settings(trace, r, classes)]
+            result = dataclasses.replace(result, units=tuple(zip(classes, settings)), predicted=r.predicted,
+                                         predicted_baseline=r.predicted_baseline, validated=r.validated,
+                                         requests=())  # fmt: skip
+    return result
+
+
 def _at_least_the_phase_schedule(result: GranularityResult, phase: GranularityResult) -> GranularityResult:
     """``result`` (a finer level's), or the phase level's schedule where that validated less energy: one setting
     per phase block, requested at its phase, is a schedule a per-kernel-class table cannot always express (a class
@@ -288,9 +308,10 @@ def one_clock_reason(trace: Trace, backend: Backend, config: SearchConfig, kerne
     """Why no schedule finer than one clock per iteration can be realized, or "" where one can.
 
     A runtime switching clocks pays the GPU's clock-switch latency for each change; phase_blocks makes a single
-    block of an iteration shorter than two latencies (freqopt.search.schedule), and then the pass, kernel and
-    phase levels could only ever realize the iteration level's one clock: their studies could not move the
-    result, so they are not measured (issue 25).
+    block of an iteration shorter than two latencies, or of one whose passes hold no two runs of phases at least
+    one latency long each (freqopt.search.schedule), and then the pass, kernel and phase levels could only ever
+    realize the iteration level's one clock: their studies could not move the result, so they are not measured
+    (issue 25).
 
     Args:
         kernel_time_s: every kernel's time at the default setting, shape (K,), s (Validator.kernel_time_s).
@@ -298,8 +319,11 @@ def one_clock_reason(trace: Trace, backend: Backend, config: SearchConfig, kerne
     switch_s = backend.spec.clock_switch_s
     if not config.switching or len(phase_blocks(trace, kernel_time_s, switch_s, max_blocks=config.max_phase_blocks)) > 1:
         return ""
-    return (f"the iteration's {1e3 * float(kernel_time_s.sum()):.1f} ms of kernels are shorter than two "
-            f"{1e3 * switch_s:g} ms clock switches, so no schedule finer than one clock per iteration can be realized")
+    total_s, finer = float(kernel_time_s.sum()), "so no schedule finer than one clock per iteration can be realized"
+    if total_s < 2 * switch_s:
+        return f"the iteration's {1e3 * total_s:.1f} ms of kernels are shorter than two {1e3 * switch_s:g} ms clock switches, {finer}"
+    return (f"the iteration's {1e3 * total_s:.1f} ms of kernels hold no two runs of phases each as long as a "
+            f"{1e3 * switch_s:g} ms clock switch (its passes are cut only into runs that long: phase_blocks), {finer}")
 
 
 def _one_clock(trace: Trace, iteration: GranularityResult, granularity: str, kernel_time_s, switch_s: float,
@@ -368,6 +392,7 @@ def run_search(
             coarser = [ran[c] for c in CANDIDATES[g] if c in ran and (c != "phase" or validator.switching)]
             ran[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit, coarser, storage,
                                          ideal_validator if g == "kernel" else None)  # fmt: skip
+            ran[g] = _at_least_the_coarser_schedules(trace, ran[g], coarser)
             if "phase" in (r.granularity for r in coarser):
                 ran[g] = _at_least_the_phase_schedule(ran[g], ran["phase"])
     results = _charge_candidates(ran, config.granularities)
