@@ -129,6 +129,26 @@ def test_a_study_with_patience_stops_early_and_resumes_to_the_same_front(tmp_pat
     assert full.n_measurements > once.n_measurements
 
 
+def test_the_phase_level_stops_its_block_studies_with_phase_patience_and_rejects_a_bad_one(small_trace):
+    """Issue 25: the phase level's block studies (each measurement a whole iteration) stop once phase_patience
+    trials in a row leave a block's front near the default unchanged; None runs every trial."""
+    from freqopt.errors import InvalidSettingError
+
+    def phase(patience):
+        config = SearchConfig(max_slowdown=0.02, granularities=("phase",), n_trials_1d=12, phase_patience=patience)
+        return run_search(small_trace, SimulatedGPU(FAST, seed=4), config)
+
+    patient, full = phase(2), phase(None)
+    assert len(full.results["phase"].units) > 1  # the premise: blocks to search
+    assert patient.results["phase"].n_measurements < full.results["phase"].n_measurements
+    assert patient.slowdown_pct("phase") <= 2.0 + 1e-9
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(InvalidSettingError, match="^phase_patience must be a positive integer or None"):
+            SearchConfig(max_slowdown=0.01, phase_patience=bad)
+    with pytest.raises(InvalidSettingError, match="^patience must be a positive integer or None"):
+        SearchConfig(max_slowdown=0.01, patience=0)
+
+
 def test_noiseless_saving_is_the_schedules_own_step_and_none_for_a_foreign_measurement(small_trace):
     from freqopt.search.oracle import noiseless_saved_pct
 

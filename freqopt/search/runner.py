@@ -292,7 +292,7 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
         n_trials=_n_trials(config, backend, "clocks", mem is None), finalist_repeats=config.phase_finalist_repeats,
         seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
         switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
-        mem_clock_mhz=mem, patience=config.patience,
+        mem_clock_mhz=mem, patience=config.phase_patience,
     )  # fmt: skip
     labels = [label for label, _, _ in phase_spans(trace.meta.get("marks", ()), len(trace))]
     return GranularityResult(
