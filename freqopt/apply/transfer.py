@@ -190,11 +190,12 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
     Each target unit is measured alone at its default (1 + ``config.finalist_repeats`` samples) and at the
     ``coarser`` schedules' settings; a unit matched to a table entry is offered, beside these, that entry's front
     scaled to its default (_with_front); an unmatched unit gets a study of its own (``config``'s trials, as a
-    native search runs it). Where the target's iteration is shorter than two clock switches (one_clock_reason) and
-    ``coarser`` holds its iteration level, nothing is measured: the result is that level's clock, with a note. At
-    kernel level with ``config.share_classes`` the units are the target's families of
-    kernel classes (kernel_families), as a native search's are; a family takes its first matched class's front,
-    and a study only when none of its classes matched. The allocator's budget is then calibrated by validating the whole target iteration
+    native search runs it). Where the target realizes one clock per iteration only (one_clock_reason: its phases
+    make a single block of at least one clock switch) and ``coarser`` holds its iteration level, nothing is
+    measured: the result is that level's clock, with a note. At kernel level with ``config.share_classes`` the
+    units are the target's families of kernel classes (kernel_families), as a native search's are; a family takes
+    its first matched class's front, and a study only when none of its classes matched. The allocator's budget is
+    then calibrated by validating the whole target iteration
     (allocate_validated; switching costs included when the validator switches), starting from each ``coarser``
     schedule that saved energy, so the result is never worse than any of them, as at a native search's finer
     levels; the schedule is then expressed as a runtime applies it.
@@ -236,7 +237,7 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
     families = [[i] for i in range(len(classes))]
     if granularity == "kernel" and config.share_classes and len(classes) > 1:
         families = kernel_families(trace, classes)
-    units = family_units(trace, classes) if len(families) < len(classes) else classes
+    units = family_units(trace, classes, families) if len(families) < len(classes) else classes
     matches = [next((schedule.matches[i] for i in f if schedule.matches[i].how != UNMATCHED), schedule.matches[f[0]])
                for f in families]  # fmt: skip
     kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None

@@ -194,7 +194,7 @@ def _charge_candidates(ran: dict[str, GranularityResult], asked) -> dict[str, Gr
 
 def _at_least_the_coarser_schedules(trace: Trace, result: GranularityResult,
                                     coarser: list[GranularityResult]) -> GranularityResult:  # fmt: skip
-    """``result`` (the kernel level's), or the iteration or pass level's schedule where that validated less energy.
+    """``result`` (a finer level's), or the iteration or pass level's schedule where that validated less energy.
 
     Those schedules are exact on kernel classes (a class lies in one pass), but the kernel level allocates over
     families of classes (issue 25), which may span passes, so its candidates were their projections onto the
