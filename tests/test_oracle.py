@@ -4,11 +4,13 @@ import json
 
 import pytest
 
+from freqopt.gpu.backends.base import ClockSetting
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.cli import main
 from freqopt.gpu.specs import get_gpu
 from freqopt.search import SearchConfig
-from freqopt.search.oracle import benchmark, oracle_search
+from freqopt.search.oracle import benchmark, noiseless_figures, oracle_search
+from freqopt.search.validate import Validator
 
 H100 = get_gpu("h100-sxm")
 
@@ -33,12 +35,23 @@ def test_benchmark_summary_has_the_issue_keys_and_ratios(small_trace):
                        SearchConfig(max_slowdown=0.02, n_trials_1d=6, switching=False), granularity="pass")
     s = result.summary()
     assert set(s) == {"oracle", "search", "savings_ratio", "true_savings_ratio", "cost_ratio"}
-    assert set(s["oracle"]) == {"energy_saved_pct", "n_measurements", "search_cost_gpu_s", "true_energy_saved_pct"}
+    assert set(s["oracle"]) == {"energy_saved_pct", "n_measurements", "search_cost_gpu_s", "true_energy_saved_pct",
+                                "true_slowdown_pct"}  # fmt: skip
     assert set(s["search"]) == {"energy_saved_pct", "predicted_energy_saved_pct", "n_measurements", "search_cost_gpu_s",
-                                "true_energy_saved_pct"}  # fmt: skip
-    # The noiseless savings are the chosen schedules' own steps: near the validated ones (0.5 % energy noise).
+                                "true_energy_saved_pct", "true_slowdown_pct"}  # fmt: skip
+    # The noiseless figures are the chosen schedules' own steps: near the validated ones (0.5 % energy noise, 0.2 %
+    # time noise), so within a budget validated to hold, give or take that noise.
     for side in ("oracle", "search"):
         assert s[side]["true_energy_saved_pct"] == pytest.approx(s[side]["energy_saved_pct"], abs=1.5)
+        assert s[side]["true_slowdown_pct"] <= 2.0 + 0.5
+    trace, validator = small_trace, Validator.for_search(small_trace, SimulatedGPU(H100, seed=2),
+                                                         SearchConfig(max_slowdown=0.02))  # fmt: skip
+    setting = ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=max(H100.mem_clocks_mhz))
+    measured = validator(tuple([setting] * len(trace)), key="x")
+    step, default = (validator.backend.step(trace.kernels, [setting] * len(trace)),
+                     validator.backend.step(trace.kernels))  # fmt: skip
+    assert noiseless_figures(validator, measured) == pytest.approx(
+        (100 * (1 - step.energy_j / default.energy_j), 100 * (step.time_s / default.time_s - 1)))
     assert s["true_savings_ratio"] == pytest.approx(s["search"]["true_energy_saved_pct"]
                                                     / s["oracle"]["true_energy_saved_pct"])  # fmt: skip
     assert s["cost_ratio"] == pytest.approx(s["search"]["search_cost_gpu_s"] / s["oracle"]["search_cost_gpu_s"])

@@ -451,7 +451,7 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     schedule = transfer_table(table, trace)
     storage = open_storage(config.storage)
     log = validation_log(storage, study_prefix(trace, backend.spec, config.seed))
-    validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
+    validator = Validator.for_search(trace, backend, config, log=log)
     baseline = validator.baseline()
     # A phase-level table is realizable as it stands (its requests are look-ahead already), others as a runtime
     # realizes them.

@@ -48,10 +48,11 @@ def allocate_validated(
     """
     options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
     best = Allocation(tuple(s.default for s in searches), baseline)  # the defaults meet any budget
+    limit_s = (1.0 + max_slowdown) * baseline.time_s
 
     def evaluate(chosen: tuple) -> float:
         nonlocal best
-        measured = validator.units(units, [o.setting for o in chosen], key)
+        measured = validator.units(units, [o.setting for o in chosen], key, limit_s=limit_s)
         slowdown = measured.time_s / baseline.time_s - 1.0
         if slowdown <= max_slowdown and measured.energy_j < best.validated.energy_j:
             best = Allocation(chosen, measured)
@@ -169,7 +170,7 @@ def _as_applied(
     applied = dominant_settings(realized, units, validator.realize.kernel_time_s)
     if applied == list(settings):
         return settings, validated
-    measured = validator.units(units, applied, key)
+    measured = validator.units(units, applied, key, limit_s=(1.0 + max_slowdown) * baseline.time_s)
     if measured.time_s / baseline.time_s - 1.0 <= max_slowdown and measured.energy_j < baseline.energy_j:
         return applied, measured
     return settings, validated

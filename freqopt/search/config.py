@@ -23,7 +23,13 @@ class SearchConfig:
             5 clocks: 30).
         n_trials_per_mem_clock: see n_trials_2d.
         finalist_repeats: extra measurements of each finalist (noise-aware selection).
-        validation_repeats: measurements of the whole iteration, averaged, for the baseline and each schedule.
+        validation_repeats: measurements of the whole iteration, averaged, for each schedule validated.
+        baseline_repeats: measurements of the whole iteration at the defaults, averaged: the baseline every
+            schedule of every level is judged against, so its error is common to all of those judgments
+            (freqopt.search.validate.Validator).
+        validation_max_repeats: measurements at most of a schedule whose mean time is too near the budget's limit
+            to call after ``validation_repeats`` (within DECISION_Z standard errors: Validator.requests); it is
+            read again, one measurement at a time, until it is not or it has this many.
         max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
         seed: seeds the samplers.
         storage: Optuna storage URL; None keeps studies in memory.
@@ -56,6 +62,8 @@ class SearchConfig:
     n_trials_per_mem_clock: int = 4
     finalist_repeats: int = 2
     validation_repeats: int = 3
+    baseline_repeats: int = 9
+    validation_max_repeats: int = 9
     max_validation_rounds: int = 8
     seed: int = 0
     storage: str | None = None
@@ -74,6 +82,10 @@ class SearchConfig:
             raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
         for g in self.granularities:
             check_granularity(g)
+        for name in ("validation_repeats", "baseline_repeats", "validation_max_repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
         for name in ("patience", "phase_patience"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

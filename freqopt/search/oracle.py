@@ -23,7 +23,7 @@ from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, partition
 from freqopt.search.validate import Validator
 
-__all__ = ["OracleResult", "oracle_search", "BenchmarkResult", "benchmark"]
+__all__ = ["OracleResult", "oracle_search", "BenchmarkResult", "benchmark", "noiseless_figures", "noiseless_saved_pct"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class OracleResult:
         n_measurements: unit measurements a real sweep makes (every unit at every supported setting and at the
             default) plus the validations.
         search_cost_gpu_s: their GPU-seconds.
-        true_energy_saved_pct: the same schedule's noiseless saving (noiseless_saved_pct).
+        true_energy_saved_pct, true_slowdown_pct: the same schedule's noiseless saving and slowdown
+            (noiseless_figures).
     """
 
     energy_saved_pct: float
@@ -44,20 +45,30 @@ class OracleResult:
     n_measurements: int
     search_cost_gpu_s: float
     true_energy_saved_pct: float | None = None
+    true_slowdown_pct: float | None = None
 
 
-def noiseless_saved_pct(validator: Validator, validated: Measurement) -> float | None:
-    """The noiseless saving (%) of the schedule behind ``validated``, one of ``validator``'s own measurements:
-    the simulated GPU's step (SimulatedGPU.step, switching as the validator measured) with that schedule against
-    its step at the defaults. A validated saving carries the noise of a few energy readings (0.5 % each), which
-    is of the order of a 1 % budget's whole saving; two schedules compare like with like only without it.
-    None when ``validated`` is not one of ``validator``'s measurements."""
-    schedule = next((s for s, m in validator.cache.items() if m is validated), None)
+def noiseless_figures(validator: Validator, validated: Measurement) -> tuple[float, float] | None:
+    """The noiseless saving and slowdown (%) of the schedule behind ``validated``, one of ``validator``'s own
+    measurements: the simulated GPU's step (SimulatedGPU.step, switching as the validator measured) with that
+    schedule against its step at the defaults. A validated saving carries the noise of a few energy readings
+    (0.5 % each), which is of the order of a 1 % budget's whole saving, and a validated slowdown that of a few time
+    readings (0.2 % each): two schedules compare like with like only without it, and only without it does a
+    slowdown say whether the budget was truly met. None when ``validated`` is not one of ``validator``'s
+    measurements."""
+    schedule = validator.schedule_of(validated)
     if schedule is None:
         return None
     backend, kernels = validator.backend, validator.trace.kernels
     measured = backend.step(kernels, list(schedule), switching=validator.switching)
-    return 100.0 * (1.0 - measured.energy_j / backend.step(kernels).energy_j)
+    default = backend.step(kernels)
+    return 100.0 * (1.0 - measured.energy_j / default.energy_j), 100.0 * (measured.time_s / default.time_s - 1.0)
+
+
+def noiseless_saved_pct(validator: Validator, validated: Measurement) -> float | None:
+    """The noiseless saving (%) of the schedule behind ``validated`` (noiseless_figures), or None."""
+    figures = noiseless_figures(validator, validated)
+    return None if figures is None else figures[0]
 
 
 def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, granularity: str = "kernel",
@@ -65,9 +76,9 @@ def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, gra
     """Sweep every unit of ``granularity`` at every supported clock pair, allocate ``config.max_slowdown`` exactly
     and validate (``validator``: share the search's, so both see one baseline measurement)."""
     spec = backend.spec
-    validator = validator or Validator(trace, backend, config.validation_repeats, switching=config.switching)
+    validator = validator or Validator.for_search(trace, backend, config)
+    before = (validator.n_measurements, validator.cost_gpu_s)  # the baseline's readings included, as a search's
     baseline = validator.baseline()
-    before = (validator.n_measurements, validator.cost_gpu_s)
     units = partition(trace, granularity)
     per_measurement_s = backend.protocol.cost_gpu_s(spec.energy_counter_period_s)
     pairs = spec.clock_pairs()
@@ -97,12 +108,13 @@ def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, gra
     result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
                                 rounds=config.max_validation_rounds, key=f"oracle-{granularity}",
                                 candidates=[first] if first else ())  # fmt: skip
+    true = noiseless_figures(validator, result.validated) or (None, None)
     return OracleResult(
         energy_saved_pct=100.0 * (1.0 - result.validated.energy_j / baseline.energy_j),
         slowdown_pct=100.0 * (result.validated.time_s / baseline.time_s - 1.0),
         n_measurements=sum(s.n_measurements for s in searches) + sweep_cost[0] + validator.n_measurements - before[0],
         search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + sweep_cost[1] + validator.cost_gpu_s - before[1],
-        true_energy_saved_pct=noiseless_saved_pct(validator, result.validated),
+        true_energy_saved_pct=true[0], true_slowdown_pct=true[1],
     )
 
 
@@ -113,14 +125,18 @@ class BenchmarkResult:
     oracle: OracleResult
     searches: tuple[SearchResult, ...]
     granularity: str
-    true_energy_saved_pct: tuple[float | None, ...] = ()  # per search: noiseless_saved_pct of its schedule
+    true_energy_saved_pct: tuple[float | None, ...] = ()  # per search: its schedule's noiseless saving,
+    true_slowdown_pct: tuple[float | None, ...] = ()  # and slowdown (noiseless_figures)
 
     def _mean(self, fn) -> float:
         return sum(fn(r) for r in self.searches) / len(self.searches)
 
     def summary(self) -> dict:
-        """{"oracle": {...}, "search": {...}, "savings_ratio", "cost_ratio"}: the search's validated saving over
-        the oracle's, and its GPU-seconds over the oracle's (the whole coarse-to-fine chain is counted)."""
+        """{"oracle": {...}, "search": {...}, "savings_ratio", "true_savings_ratio", "cost_ratio"}: the search's
+        validated saving over the oracle's, the same without noise, and its GPU-seconds over the oracle's (the
+        whole coarse-to-fine chain is counted, the baseline's readings included). "search" and "oracle" each hold
+        the validated energy_saved_pct, true_energy_saved_pct and true_slowdown_pct (noiseless_figures; means
+        over the searches), n_measurements and search_cost_gpu_s."""
         g = self.granularity
         search = {
             "energy_saved_pct": self._mean(lambda r: r.energy_saved_pct(g)),
@@ -131,9 +147,10 @@ class BenchmarkResult:
         oracle = {"energy_saved_pct": self.oracle.energy_saved_pct, "n_measurements": self.oracle.n_measurements,
                   "search_cost_gpu_s": self.oracle.search_cost_gpu_s}  # fmt: skip
         saved = oracle["energy_saved_pct"]
-        true = [t for t in self.true_energy_saved_pct if t is not None]
-        search["true_energy_saved_pct"] = sum(true) / len(true) if true and len(true) == len(self.searches) else None
-        oracle["true_energy_saved_pct"] = self.oracle.true_energy_saved_pct
+        for name in ("true_energy_saved_pct", "true_slowdown_pct"):
+            true = [t for t in getattr(self, name) if t is not None]
+            search[name] = sum(true) / len(true) if true and len(true) == len(self.searches) else None
+            oracle[name] = getattr(self.oracle, name)
         true_saved = oracle["true_energy_saved_pct"]
         return {
             "oracle": oracle,
@@ -165,12 +182,12 @@ def benchmark(trace: Trace, backend: SimulatedGPU, config: SearchConfig, *, gran
     clocks = [g for g in GRANULARITIES if g != "power-cap"]
     chain = tuple(clocks[: clocks.index(granularity) + 1])
     # Each run validates with its own Validator, so every validation it needs is measured and paid for.
-    searches, true = [], []
+    searches, true = [], []  # true: per search, its schedule's noiseless (saving, slowdown)
     for i in range(repeats):
-        validator = Validator(trace, backend, config.validation_repeats, switching=config.switching)
+        validator = Validator.for_search(trace, backend, config)
         searches.append(run_search(trace, backend, dataclasses.replace(config, granularities=chain,
                                                                       seed=config.seed + i),
                                    on_unit=on_unit, validator=validator))  # fmt: skip
-        true.append(noiseless_saved_pct(validator, searches[-1].results[granularity].validated))
+        true.append(noiseless_figures(validator, searches[-1].results[granularity].validated) or (None, None))
     oracle = oracle_search(trace, backend, config, granularity)
-    return BenchmarkResult(oracle, tuple(searches), granularity, tuple(true))
+    return BenchmarkResult(oracle, tuple(searches), granularity, tuple(t[0] for t in true), tuple(t[1] for t in true))

@@ -22,6 +22,7 @@ from freqopt.workload.phases import phase_spans
 from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated,
                                        candidate_schedules, coarser_settings, settings_on)
 from freqopt.search.config import SearchConfig
+from freqopt.search.realize import phase_leaders
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.schedule import phase_blocks, search_phase_schedule
 from freqopt.search.storage import _storage_here, open_storage, study_prefix, validation_log
@@ -113,9 +114,19 @@ def _n_trials(config: SearchConfig, backend: Backend, space: str, mem_searched: 
     return config.n_trials_1d
 
 
+def _unsearched(trace: Trace, units: list[TuningUnit], kernel_time_s) -> tuple[str, ...]:
+    """The names of the units a phase-switching runtime never gives their own setting (realize.phase_leaders;
+    none without ``kernel_time_s``, or for a single unit)."""
+    if kernel_time_s is None or len(units) < 2:
+        return ()
+    leaders = phase_leaders(trace.meta.get("marks", ()), units, kernel_time_s)
+    return tuple(u.name for j, u in enumerate(units) if j not in leaders)
+
+
 def run_unit_studies(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
     warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
+    kernel_time_s=None,
 ) -> tuple[list[TuningUnit], list[UnitSearch]]:  # fmt: skip
     """Partition the trace (search_units) and run (or resume) each tuning unit's study.
 
@@ -130,6 +141,10 @@ def run_unit_studies(
     Args:
         warm_start: per unit (of search_units), a setting, or a list of settings, to enqueue first and always
             offer (the coarser granularities' choices).
+        kernel_time_s: every kernel's time at the default setting, shape (K,), s, where a phase-switching runtime
+            realizes the schedule (Validator.kernel_time_s, with switching costs): units that lead no phase
+            (realize.phase_leaders) are then not searched, only measured at their warm starts (issue 25). None:
+            every unit is searched.
 
     Returns:
         The units and, per unit, its study's outcome (in unit order, whoever ran it).
@@ -143,6 +158,8 @@ def run_unit_studies(
         n_trials=_n_trials(config, backend, space, mem is None), finalist_repeats=config.finalist_repeats,
         finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
         whole_step=len(units) == 1, mem_clock_mhz=mem, share_families=share, patience=config.patience,
+        edge_slowdown=config.max_slowdown if len(units) == 1 else None,
+        unsearched=_unsearched(trace, units, kernel_time_s),
     )  # fmt: skip
     inherited = []  # per unit: its warm settings, without the default (every study measures it), repeats, or
     for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed
@@ -246,7 +263,8 @@ def _search_granularity(
     measured_before = (validator.n_measurements, validator.cost_gpu_s)
     ideal_before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s) if ideal_validator else (0, 0.0)
     units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=warm,
-                                       on_unit=on_unit)  # fmt: skip
+                                       on_unit=on_unit, kernel_time_s=validator.kernel_time_s
+                                       if validator.switching and backend.spec.clock_switch_s > 0 else None)  # fmt: skip
     result, settings, validated = allocate_applied(trace, units, searches, validator, baseline, config.max_slowdown,
                                                    rounds=config.max_validation_rounds, key=granularity,
                                                    candidates=candidates)  # fmt: skip
@@ -360,10 +378,12 @@ def run_search(
         config: budget, granularities, trial counts, storage.
         on_unit: called as on_unit(granularity, units_done, units_total) after each unit's study (progress).
         validator: measures whole iterations (its cache and baseline shared with the caller); default a new one
-            with ``config.validation_repeats``.
+            for ``config`` (Validator.for_search).
 
     Returns:
-        SearchResult with the measured baseline (all defaults) and one validated result per granularity.
+        SearchResult with the measured baseline (all defaults) and one validated result per granularity. Each
+        result counts the measurements its level took; the first also counts the baseline's (when this call
+        measured it), which every level shares.
 
     Raises:
         StorageError: the storage URL cannot be opened.
@@ -372,12 +392,15 @@ def run_search(
     prefix = study_prefix(trace, backend.spec, config.seed)
     if validator is None:
         log = validation_log(storage, prefix)
-        validator = Validator(trace, backend, config.validation_repeats, switching=config.switching, log=log)
+        validator = Validator.for_search(trace, backend, config, log=log)
     # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
-    ideal_validator = Validator(trace, backend, config.validation_repeats, log=validator.log) if validator.switching else None
+    ideal_validator = (Validator.for_search(trace, backend, config, log=validator.log, switching=False)
+                       if validator.switching else None)  # fmt: skip
     if is_persistent(storage):
         publish_job(storage, prefix, trace, backend, config.seed)
+    before = (validator.n_measurements, validator.cost_gpu_s)
     baseline = validator.baseline()
+    baseline_cost = (validator.n_measurements - before[0], validator.cost_gpu_s - before[1])
     ran: dict[str, GranularityResult] = {}
     one_clock = one_clock_reason(trace, backend, config, validator.kernel_time_s) if validator.switching else ""
     for g in levels_to_run(config.granularities, validator.switching):
@@ -396,6 +419,11 @@ def run_search(
             if "phase" in (r.granularity for r in coarser):
                 ran[g] = _at_least_the_phase_schedule(ran[g], ran["phase"])
     results = _charge_candidates(ran, config.granularities)
+    if results:  # the baseline's readings, which every level is judged against, are paid by the first level shown
+        first = next(iter(results))
+        results[first] = dataclasses.replace(results[first],
+                                             n_measurements=results[first].n_measurements + baseline_cost[0],
+                                             search_cost_gpu_s=results[first].search_cost_gpu_s + baseline_cost[1])
     if is_persistent(storage):
         finish_job(storage, prefix)
     n_new = validator.log.n_new + sum(u.n_new_measurements for r in ran.values() for u in r.unit_searches)

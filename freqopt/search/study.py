@@ -241,6 +241,49 @@ def _warm_start_points(backend: Backend, space: str, mem_fixed: bool = False) ->
     return points
 
 
+def _tracks(objective: _Objective, space: str) -> list[list[ClockSetting]]:
+    """The unit's settings as tracks along which a step's time falls monotonically, slowest first: per memory clock
+    (the highest first), its supported SM clocks in ascending order; or the power limits in whole watts."""
+    spec = objective.backend.spec
+    if space == "power":
+        lo, hi = int(np.ceil(spec.power_limit_min_w)), int(np.floor(spec.power_limit_max_w))
+        return [[ClockSetting(power_limit_w=float(w)) for w in range(lo, hi + 1)]]
+    mems = [objective.mem_clock_mhz] if objective.mem_clock_mhz is not None else spec.mem_clocks_mhz
+    return [[ClockSetting(int(c), mem) for c in objective.sm_clocks if spec.supports(int(c), mem)]
+            for mem in sorted(mems, reverse=True)]  # fmt: skip
+
+
+def _budget_edges(objective: _Objective, space: str, limit_s: float) -> list[ClockSetting]:
+    """On each track (_tracks) whose fastest setting meets ``limit_s``: the slowest setting that meets it and the
+    next slower one, found by bisection between the unit's measured settings on that track (first readings).
+
+    A step's time falls monotonically as a clock or the power limit rises, so on each track the settings within a
+    time budget are an interval up to its fastest, and the least energy within it (for a budget of a few percent,
+    above the energy-optimal clock) lies at its slow end. Tracks are walked from the fastest memory clock down,
+    and the walk stops at the first whose fastest setting breaks the budget (slower memory is slower still). The
+    memory clock's own saving at the edge (a few tenths of a percent on GDDR6X) is of the order of one reading's
+    noise, so a GP left to itself may never measure the edge at the memory clock that saves most (issue 25:
+    gpt3-xl on the RTX 3080 Ti, SM 2085 MHz at memory 9251 against 9501), nor the power limit at the edge (the
+    main job's, 640 W). A time reading's noise (0.2 %) is small against one SM clock step's effect (0.7 % there),
+    so first readings locate the edge.
+    """
+    edges = []
+    for track in _tracks(objective, space):
+        if not track or objective.first(track[-1])[0] > limit_s:
+            break
+        measured = {i: objective.samples[s][0][0] for i, s in enumerate(track) if objective.samples[s]}
+        lo = max((i for i, t in measured.items() if t > limit_s), default=-1)  # fastest known to break the budget
+        hi = min(i for i, t in measured.items() if t <= limit_s and i > lo)  # slowest above it known to meet it
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if objective.first(track[mid])[0] <= limit_s:
+                hi = mid
+            else:
+                lo = mid
+        edges += [track[i] for i in (hi, lo) if i >= 0]
+    return edges
+
+
 def search_unit(
     backend: Backend,
     kernels: Sequence[Kernel],
@@ -259,6 +302,7 @@ def search_unit(
     whole_step: bool = False,
     mem_clock_mhz: int | None = None,
     patience: int | None = None,
+    edge_slowdown: float | None = None,
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -291,6 +335,10 @@ def search_unit(
             the Pareto front within ``finalist_slowdown`` of the default (_stalled): the region the allocator
             chooses from has stopped moving, and further trials would not change its choice (issue 25). None:
             always ``n_trials``.
+        edge_slowdown: the budget (a fraction of the default's time) a unit that is the whole iteration is held
+            to: after the study, the budget's edge at each memory clock (or in power limit) is measured and
+            offered to the allocator (_budget_edges). None: not searched for (units that trade slowdown among
+            themselves).
 
     Returns:
         UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
@@ -342,7 +390,10 @@ def search_unit(
             study.tell(trial, values)
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         pareto = {ClockSetting(*t.user_attrs["setting"]) for t in _pareto_front(complete)}
-        for setting in warm_start:
+        extra = list(warm_start)
+        if edge_slowdown is not None:
+            extra += _budget_edges(objective, space, objective.option(DEFAULT_SETTING).time_s * (1.0 + edge_slowdown))
+        for setting in extra:
             objective.first(setting)
             pareto.add(setting)
 

@@ -68,6 +68,8 @@ class UnitWork:
     mem_clock_mhz: int | None = None  # the memory clock, fixed for the job (search_unit); None: searched
     share_families: bool = False  # kernel level: a family of kernel classes is one unit (units.search_units)
     patience: int | None = None  # stop a study once this many trials in a row left its front as it was
+    edge_slowdown: float | None = None  # the whole iteration's budget: measure its edge (search_unit)
+    unsearched: tuple[str, ...] = ()  # units measured only at the default and their warm starts (no GP trials)
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
@@ -75,13 +77,15 @@ class UnitWork:
 
 def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, storage,
              warm_start: Sequence[ClockSetting] = ()) -> UnitSearch:  # fmt: skip
-    """Run (or resume, or read back) one unit's study."""
+    """Run (or resume, or read back) one unit's study (one of ``work.unsearched``: its default and warm starts
+    only, measured and offered as the allocator's options)."""
     return search_unit(
         backend, unit.kernels(trace), name=unit.name, study_name=work.study_name(unit), storage=storage,
-        space=work.space, n_trials=work.n_trials, finalist_repeats=work.finalist_repeats,
-        finalist_slowdown=work.finalist_slowdown, seed=work.seed, warm_start=list(warm_start),
-        constrained=work.constrained, spread=work.spread, whole_step=work.whole_step, mem_clock_mhz=work.mem_clock_mhz,
-        patience=work.patience,
+        space=work.space, n_trials=0 if unit.name in work.unsearched else work.n_trials,
+        finalist_repeats=work.finalist_repeats, finalist_slowdown=work.finalist_slowdown, seed=work.seed,
+        warm_start=list(warm_start), constrained=work.constrained,
+        spread=work.spread and unit.name not in work.unsearched, whole_step=work.whole_step, mem_clock_mhz=work.mem_clock_mhz,
+        patience=work.patience, edge_slowdown=work.edge_slowdown,
     )  # fmt: skip
 
 
@@ -179,7 +183,8 @@ class UnitQueue:
 
     @property
     def work(self) -> UnitWork:
-        return UnitWork(**self.study.user_attrs[_WORK])
+        stored = dict(self.study.user_attrs[_WORK])  # JSON in the storage: a tuple comes back as a list
+        return UnitWork(**{**stored, "unsearched": tuple(stored.get("unsearched", ()))})
 
     def _items(self, states=None) -> list[optuna.trial.FrozenTrial]:
         return self.study.get_trials(deepcopy=False, states=states)

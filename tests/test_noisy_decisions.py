@@ -1,0 +1,140 @@
+"""Decisions on noisy readings (issue 25): the baseline is read more than one schedule, a schedule too near the
+budget's limit to call is read again, the whole iteration's study measures the budget's edge at every memory clock,
+a unit a phase-switching runtime never gives its own setting is not searched, and the baseline's readings are paid
+for."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import optuna
+import pytest
+
+from freqopt.errors import InvalidSettingError
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.specs import get_gpu
+from freqopt.search.config import SearchConfig
+from freqopt.search.journal import MeasurementLog
+from freqopt.search.realize import phase_leaders
+from freqopt.search.runner import run_search, run_unit_studies
+from freqopt.search.study import search_unit
+from freqopt.search.units import search_units
+from freqopt.search.validate import Validator
+from freqopt.workload.phases import phase_spans
+
+H100 = get_gpu("h100-sxm")
+RTX = get_gpu("rtx3080ti")
+FAST = dataclasses.replace(H100, clock_switch_s=0.001)
+
+
+def test_the_baseline_is_read_more_and_a_schedule_near_the_limit_is_read_until_it_is_not(small_trace):
+    log = MeasurementLog(optuna.create_study())
+    validator = Validator(small_trace, SimulatedGPU(H100, seed=1), 3, baseline_repeats=9, max_repeats=8, log=log)
+    defaults = tuple([DEFAULT_SETTING] * len(small_trace))
+    validator.baseline()
+    assert len(validator.samples[defaults]) == 9 and validator.n_measurements == 9
+    slow = tuple([ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=max(H100.mem_clocks_mhz))] * len(small_trace))
+    first = validator(slow, key="x")  # no limit: the first readings only
+    assert len(validator.samples[slow]) == 3
+    # Far from the limit: decided on those readings.
+    assert validator(slow, key="x", limit_s=2 * first.time_s) is first and len(validator.samples[slow]) == 3
+    # A limit exactly at the mean of three readings cannot be called on them: the schedule is read again.
+    near = validator(slow, key="x", limit_s=first.time_s)
+    n = len(validator.samples[slow])
+    assert 3 < n <= 8 and validator.n_measurements == 9 + n
+    assert near.time_s == pytest.approx(np.mean([m.time_s for m in validator.samples[slow]]))
+    assert validator.schedule_of(near) == validator.schedule_of(first) == slow  # a mean handed out before, too
+    assert validator.schedule_of(dataclasses.replace(near)) is None  # not one of the validator's
+    se = validator.time_sd_rel() * first.time_s * np.sqrt(1 / n + 1 / 9)
+    assert n == 8 or abs(near.time_s - first.time_s) >= se  # stopped at the cap, or once the mean left the band
+    # Every reading is in the log: a resumed validator reads the same ones back and measures nothing.
+    again = Validator(small_trace, SimulatedGPU(H100, seed=1), 3, baseline_repeats=9, max_repeats=8, log=log)
+    again.baseline()
+    assert again(slow, key="x", limit_s=first.time_s) == near and log.n_new == 9 + n
+
+
+def test_the_validation_counts_are_checked():
+    for name in ("validation_repeats", "baseline_repeats", "validation_max_repeats"):
+        for bad in (0, -2, 1.5, True, None):
+            with pytest.raises(InvalidSettingError, match=f"^{name} must be a positive integer"):
+                SearchConfig(max_slowdown=0.01, **{name: bad})
+
+
+def test_the_whole_iteration_study_measures_the_budget_edge_at_each_memory_clock(small_trace):
+    """Without noise the edge is exact: at every memory clock whose highest SM clock meets the budget, the lowest
+    SM clock that meets it and the next below are among the options; the walk stops at the first memory clock
+    that cannot meet it at any SM clock."""
+    backend = SimulatedGPU(RTX, noise=False)
+    kernels = small_trace.kernels
+    budget = 0.03  # this step's memory-bound share makes memory 9251 MHz alone cost 1.7 %
+    search = search_unit(backend, kernels, name="iteration", study_name="it", storage=None, n_trials=6,
+                         finalist_slowdown=0.05, constrained=True, whole_step=True, edge_slowdown=budget)  # fmt: skip
+    offered = {o.setting for o in search.options}
+    limit_s = backend.step(kernels).time_s * (1 + budget)
+    feasible_mems = 0
+    for mem in sorted(RTX.mem_clocks_mhz, reverse=True):
+        clocks = [c for c in RTX.sm_clocks_mhz if RTX.supports(c, mem)]
+        times = [backend.step(kernels, [ClockSetting(c, mem)] * len(kernels)).time_s for c in clocks]
+        if times[-1] > limit_s:
+            break
+        feasible_mems += 1
+        lowest = min(i for i, t in enumerate(times) if t <= limit_s)
+        assert all(t <= limit_s for t in times[lowest:])  # the premise: time falls as the SM clock rises
+        assert ClockSetting(clocks[lowest], mem) in offered
+        if lowest > 0:
+            assert ClockSetting(clocks[lowest - 1], mem) in offered
+    assert feasible_mems >= 2  # the premise: more than one memory clock to choose between
+    # Without a budget the study offers only its Pareto front and warm starts.
+    plain = search_unit(backend, kernels, name="iteration", study_name="it2", storage=None, n_trials=6,
+                        finalist_slowdown=0.05, constrained=True, whole_step=True)  # fmt: skip
+    assert plain.n_measurements < search.n_measurements
+
+
+def test_phase_leaders_are_the_units_taking_the_most_time_in_some_phase(small_trace):
+    units = search_units(small_trace, "kernel", True)
+    times = SimulatedGPU(FAST).kernel_times_s(small_trace.kernels, DEFAULT_SETTING)
+    owner = {k: j for j, u in enumerate(units) for k in u.kernel_indices}
+    expected = set()
+    for _, first, end in phase_spans(small_trace.meta["marks"], len(small_trace)):
+        share = collections.Counter()
+        for k in range(first, end):
+            share[owner[k]] += times[k]
+        expected.add(max(share, key=share.get))
+    leaders = phase_leaders(small_trace.meta["marks"], units, times)
+    assert leaders == expected
+    assert 0 < len(leaders) < len(units)  # the premise: some families lead no phase
+
+
+def test_units_that_lead_no_phase_are_measured_only_at_their_warm_starts(small_trace):
+    backend = SimulatedGPU(FAST, seed=2)
+    config = SearchConfig(max_slowdown=0.02, n_trials_1d=6, n_trials_per_mem_clock=1)
+    units = search_units(small_trace, "kernel", True)
+    times = backend.kernel_times_s(small_trace.kernels, DEFAULT_SETTING)
+    leaders = phase_leaders(small_trace.meta["marks"], units, times)
+    warm = ClockSetting(sm_clock_mhz=1965, mem_clock_mhz=max(H100.mem_clocks_mhz))
+    _, searches = run_unit_studies(small_trace, backend, config, "kernel", warm_start=[warm] * len(units),
+                                   kernel_time_s=times)  # fmt: skip
+    for j, search in enumerate(searches):
+        settings = {o.setting for o in search.options}
+        if j in leaders:
+            assert len(settings) > 2  # searched: its study's front
+        else:
+            assert settings == {DEFAULT_SETTING, warm}
+            assert search.n_measurements == 2 * (1 + config.finalist_repeats)
+    # Without the runtime's kernel times (free switching) every unit is searched.
+    _, free = run_unit_studies(small_trace, backend, config, "kernel", warm_start=[warm] * len(units))
+    assert all(len(s.options) > 2 for s in free)
+
+
+def test_the_baseline_readings_are_paid_by_the_first_level(small_trace):
+    backend = SimulatedGPU(H100, seed=3)
+    config = SearchConfig(max_slowdown=0.02, n_trials_1d=5, n_trials_per_mem_clock=1, granularities=("iteration",))
+    validator = Validator.for_search(small_trace, backend, config)
+    result = run_search(small_trace, backend, config, validator=validator)
+    iteration = result.results["iteration"]
+    studies = sum(u.n_measurements for u in iteration.unit_searches)
+    assert iteration.n_measurements == studies + validator.n_measurements
+    assert len(validator.samples[tuple([DEFAULT_SETTING] * len(small_trace))]) == config.baseline_repeats
