@@ -286,13 +286,17 @@ def search(
             measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
 
 
-def _n_units(trace, granularity: str, backend, config) -> int:
-    """Tuning units of one granularity: the phase level's blocks come from the backend's kernel times."""
-    from freqopt.search import partition
+def _n_units(trace, granularity: str, backend, config, one_clock: bool = False) -> int:
+    """Tuning units of one granularity as the search runs them (runner.run_unit_studies): the kernel level's
+    families of classes (search_units), the phase level's blocks from the backend's kernel times, none for a level
+    that is not searched because one clock is all a runtime can realize (``one_clock``: runner.one_clock_reason)."""
     from freqopt.search.schedule import search_blocks
+    from freqopt.search.units import search_units
 
+    if one_clock and granularity in ("pass", "kernel", "phase"):
+        return 0
     if granularity != "phase":
-        return len(partition(trace, granularity))
+        return len(search_units(trace, granularity, config.share_classes and granularity == "kernel"))
     return len(search_blocks(trace, backend, max_blocks=config.max_phase_blocks))
 
 
@@ -315,7 +319,8 @@ def _check_table_targets(workload, gpu: str, backend: str, slowdown: float, gran
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
             on_start):  # fmt: skip
     from freqopt.search import SearchConfig, run_search
-    from freqopt.search.runner import levels_to_run
+    from freqopt.gpu.backends.base import DEFAULT_SETTING
+    from freqopt.search.runner import levels_to_run, one_clock_reason
     from freqopt.search.storage import study_prefix
     from freqopt.workload.trace import trace_training_iteration
 
@@ -328,9 +333,11 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
     if out is not None:  # another search's tables under the names this one writes: refused before any measurement
         _check_table_targets(trace.workload, measuring.spec.name, measuring.name, slowdown, granularities, seed, out)
     if on_start is not None:
+        levels = levels_to_run(granularities, config.switching)
+        one_clock = config.switching and "iteration" in levels and bool(one_clock_reason(
+            trace, measuring, config, measuring.kernel_times_s(trace.kernels, DEFAULT_SETTING)))  # fmt: skip
         on_start(SearchStart(trace, measuring.spec, measuring.name, study_prefix(trace, measuring.spec, seed), storage,
-                             sum(_n_units(trace, g, measuring, config)
-                                 for g in levels_to_run(granularities, config.switching))))  # fmt: skip
+                             sum(_n_units(trace, g, measuring, config, one_clock) for g in levels)))  # fmt: skip
     result = run_search(trace, measuring, config, on_unit=on_unit)  # its backend_name is measuring.name
     if out is not None:
         from freqopt.search.plots import have_matplotlib, write_search_figures
