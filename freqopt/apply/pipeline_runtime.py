@@ -53,7 +53,7 @@ import torch
 
 from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError, check_positive_int
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, one_f_one_b, stage_order
+from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, stage_order
 from freqopt.search.pipeline_plan import InstructionOptions, PipelinePlanner, StageProfile
 from freqopt.search.pipeline_search import realize_plan
 from freqopt.tables import INSTRUCTION, ClockTable

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from freqopt.errors import FreqoptError, InvalidSettingError, UnknownNameError
-from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
+from freqopt.gpu.backends.base import ClockSetting, Measurement
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.search.journal import MeasurementLog, digest

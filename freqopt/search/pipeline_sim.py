@@ -68,7 +68,7 @@ from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.gpu.backends.physics import KernelPhysics
 from freqopt.gpu.backends.simulated import ENERGY_NOISE_REL, TIME_NOISE_REL, SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
-from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, Instruction, PipelineDAG, one_f_one_b
+from freqopt.search.pipeline import KINDS, Instruction, PipelineDAG, one_f_one_b
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["SimulatedPipeline", "PipelineRun", "StageRun", "PERSEUS_BLOCKING_POWER_W", "perseus_blocking_power_w",
