@@ -17,8 +17,9 @@ that the machine's drift hits them alike:
 - "now, in memory": the same with no storage at all (the floor that storage costs come on top of; it also
   writes no tables or figures, about 2 s);
 - "every level searched, a study per class": "now" without issue 25's measurement savings: the pass, kernel and
-  phase levels searched although the step realizes one clock (runner.one_clock_reason answers ""), and one
-  study per kernel class instead of per family (runner.search_units without share_families).
+  phase levels searched although the step realizes one clock (runner.one_clock_reason answers ""), one
+  study per kernel class instead of per family (runner.search_units without share_families), and every class
+  searched, those that lead no phase too (runner._unsearched answers ()).
 
 Every variant must print the same search result; the script checks it (the last variant, which measures more,
 must validate the same energy and time at every level).
@@ -45,7 +46,7 @@ VARIANTS = {  # variant: (code run first, storage URL: None for the default)
     "now, in memory": ("", None),
     "every level searched, a study per class": (
         "runner = sys.modules['freqopt.search.runner']; units = sys.modules['freqopt.search.units']; "
-        "runner.one_clock_reason = lambda *a: ''; "
+        "runner.one_clock_reason = lambda *a: ''; runner._unsearched = lambda *a: (); "
         "runner.search_units = lambda trace, granularity, share=False: units.search_units(trace, granularity)", None),
 }
 SAME_FIGURES_ONLY = {"every level searched, a study per class"}  # measures more by design: compare the figures
