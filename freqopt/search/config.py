@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.search.units import GRANULARITIES, check_granularity
 
 __all__ = ["SearchConfig"]
@@ -83,9 +83,7 @@ class SearchConfig:
         for g in self.granularities:
             check_granularity(g)
         for name in ("validation_repeats", "baseline_repeats", "validation_max_repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}")
+            check_positive_int(name, getattr(self, name))
         for name in ("patience", "phase_patience"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -146,6 +146,11 @@ def _tag(setting: ClockSetting) -> str:
     return f"{setting.sm_clock_mhz}/{setting.mem_clock_mhz}/{setting.power_limit_w}"
 
 
+def _whole_watts(spec) -> tuple[int, int]:
+    """The lowest and highest power limits, in whole watts, within the GPU's range (the power space's grid)."""
+    return int(np.ceil(spec.power_limit_min_w)), int(np.floor(spec.power_limit_max_w))
+
+
 class _Objective:
     """Maps a trial to a supported setting and measures settings through the unit's measurement log."""
 
@@ -162,7 +167,7 @@ class _Objective:
     def suggest(self, trial: optuna.Trial) -> ClockSetting | None:
         spec = self.backend.spec
         if self.space == "power":
-            lo, hi = int(np.ceil(spec.power_limit_min_w)), int(np.floor(spec.power_limit_max_w))
+            lo, hi = _whole_watts(spec)
             return ClockSetting(power_limit_w=float(trial.suggest_int("power_limit_w", lo, hi)))
         clocks = spec.sm_clocks_mhz
         if _is_progression(clocks):
@@ -246,7 +251,7 @@ def _tracks(objective: _Objective, space: str) -> list[list[ClockSetting]]:
     (the highest first), its supported SM clocks in ascending order; or the power limits in whole watts."""
     spec = objective.backend.spec
     if space == "power":
-        lo, hi = int(np.ceil(spec.power_limit_min_w)), int(np.floor(spec.power_limit_max_w))
+        lo, hi = _whole_watts(spec)
         return [[ClockSetting(power_limit_w=float(w)) for w in range(lo, hi + 1)]]
     mems = [objective.mem_clock_mhz] if objective.mem_clock_mhz is not None else spec.mem_clocks_mhz
     return [[ClockSetting(int(c), mem) for c in objective.sm_clocks if spec.supports(int(c), mem)]
@@ -271,7 +276,7 @@ def _budget_edges(objective: _Objective, space: str, limit_s: float) -> list[Clo
     for track in _tracks(objective, space):
         if not track or objective.first(track[-1])[0] > limit_s:
             break
-        measured = {i: objective.samples[s][0][0] for i, s in enumerate(track) if objective.samples[s]}
+        measured = {i: objective.samples[s][0][0] for i, s in enumerate(track) if objective.samples.get(s)}
         lo = max((i for i, t in measured.items() if t > limit_s), default=-1)  # fastest known to break the budget
         hi = min(i for i, t in measured.items() if t <= limit_s and i > lo)  # slowest above it known to meet it
         while hi - lo > 1:
