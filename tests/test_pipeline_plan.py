@@ -17,9 +17,8 @@ from freqopt.search.pipeline import BACKWARD, FORWARD, Instruction, one_f_one_b,
 from freqopt.search.pipeline_plan import (PipelinePlanner, load_stage_profile, plan_pipeline,
                                           stage_profile_from_rows)  # fmt: skip
 
-PERSEUS = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "perseus"
-if not PERSEUS.is_dir():
-    PERSEUS = Path(__file__).resolve().parents[3] / "shared" / "calibration" / "perseus"
+# Perseus's stage profiles, copied into the repository with their source (experiments/data/perseus/README.md).
+PERSEUS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "perseus"
 
 
 def deepspeed_order(stages: int, micro_batches: int, stage: int) -> list[Instruction]:
@@ -151,7 +150,7 @@ def test_roundings_of_the_hull_lp_meet_the_deadline(seed):
     fractional = 0
     for deadline in deadlines(planner, 5):
         x_lp, _ = planner._hull_lp(deadline)
-        offsets = planner._model[5]
+        offsets = planner._offsets
         lp_times = [float(x_lp[offsets[i]:offsets[i + 1]] @ planner._kept_times[g])
                     for i, g in enumerate(planner._group)]  # fmt: skip
         fractional += sum(np.max(x_lp[offsets[i]:offsets[i + 1]]) < 1 - 1e-6 for i in range(planner.dag.n))
@@ -246,7 +245,7 @@ def test_dominated_clocks_dropped_with_blocking_power():
     profile = stage_profile_from_rows(rows)
     # 1300 MHz is slower and dearer than 1400 MHz: dropped. 1200 MHz is slower and dearer too, but at 2 W of
     # blocking power its effective energy (10.5 - 2 * 2.0 = 6.5) is below 1400 MHz's (10 - 2 = 8): kept.
-    assert PipelinePlanner(profile, 1).kept_clocks_mhz(0, FORWARD) == [1400]
+    assert PipelinePlanner(profile, 1, blocking_power_w=0.0).kept_clocks_mhz(0, FORWARD) == [1400]
     assert PipelinePlanner(profile, 1, blocking_power_w=2.0).kept_clocks_mhz(0, FORWARD) == [1400, 1200]
 
 
@@ -263,21 +262,37 @@ def test_frontier_is_monotone_and_within_deadlines():
 
 def test_plan_pipeline_max_slowdown_and_errors():
     profile = random_profile(2, 3, 6)
-    fastest = plan_pipeline(profile, 2)
+    fastest = plan_pipeline(profile, 2, blocking_power_w=0.0)
     plan = plan_pipeline(profile, 2, max_slowdown="10%", blocking_power_w=1.0)
     assert plan.deadline_s == pytest.approx(1.1 * plan.default_time_s) and plan.time_s <= plan.deadline_s + 1e-9
     assert plan.energy_j < plan.default_energy_j and fastest.deadline_s is None
     assert [len(s["instructions"]) for s in plan.stage_clocks()] == [4, 4]
     with pytest.raises(InvalidSettingError, match="^deadline_s .* below the fastest"):
-        plan_pipeline(profile, 2, deadline_s=0.5 * fastest.time_s)
+        plan_pipeline(profile, 2, deadline_s=0.5 * fastest.time_s, blocking_power_w=0.0)
     with pytest.raises(InvalidSettingError, match="^stages 3 is not the stage profile's 2"):
-        plan_pipeline(profile, 2, stages=3)
+        plan_pipeline(profile, 2, stages=3, blocking_power_w=0.0)
     with pytest.raises(InvalidSettingError, match="^micro_batches"):
-        plan_pipeline(profile, 0)
+        plan_pipeline(profile, 0, blocking_power_w=0.0)
     with pytest.raises(InvalidSettingError, match="^schedule 'gpipe' is unknown"):
-        plan_pipeline(profile, 2, schedule="gpipe")
+        plan_pipeline(profile, 2, schedule="gpipe", blocking_power_w=0.0)
     with pytest.raises(InvalidSettingError, match="^blocking_power_w"):
         plan_pipeline(profile, 2, blocking_power_w=-1)
+
+
+def test_blocking_power_is_measured_or_given():
+    # Waiting is not free (Perseus measured 83.64 W on a blocked A100): the planner takes a GPU's measured figure,
+    # or the caller's, and never guesses.
+    profile = random_profile(2, 3, 6)
+    assert PipelinePlanner(profile, 2, gpu="a100-sxm4-80gb").blocking_power_w == 83.64
+    assert PipelinePlanner(profile, 2, gpu="a40").blocking_power_w == 70.38
+    assert PipelinePlanner(profile, 2, gpu="a40", blocking_power_w=12.5).blocking_power_w == 12.5
+    with pytest.raises(InvalidSettingError, match="^blocking_power_w is required \\(no gpu named\\)") as e:
+        PipelinePlanner(profile, 2)
+    assert e.value.argument == "blocking_power_w"
+    with pytest.raises(InvalidSettingError, match="^blocking_power_w is required \\(no measured figure for h100-sxm"):
+        PipelinePlanner(profile, 2, gpu="h100-sxm")
+    with pytest.raises(InvalidSettingError, match="^gpu 'b300' is unknown"):
+        PipelinePlanner(profile, 2, gpu="b300")
 
 
 GOOD = "stage,instruction,frequency,time,energy\n0,forward,1000,0.2,10\n0,backward,1000,0.4,20\n"
@@ -352,11 +367,17 @@ def test_cli_plan_bad_input(tmp_path, capsys):
     write_profile(path, random_profile(2, 3, 8))
     assert main(["plan", "--stage-profile", str(path), "--stages", "4", "--micro-batches", "4"]) == 2
     assert "--stages 4 is not the stage profile's 2 stages" in capsys.readouterr().err
-    assert main(["plan", "--stage-profile", str(path), "--micro-batches", "4", "--max-slowdown", "200%"]) == 2
+    assert main(["plan", "--stage-profile", str(path), "--micro-batches", "4", "--max-slowdown", "200%",
+                 "--blocking-power-w", "1"]) == 2  # fmt: skip
     assert "--max-slowdown" in capsys.readouterr().err
+    assert main(["plan", "--stage-profile", str(path), "--micro-batches", "4", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("freqopt: error: --blocking-power-w is required") and err.count("\n") == 1
+    assert main(["plan", "--stage-profile", str(path), "--micro-batches", "4", "--gpu", "b300"]) == 2
+    assert capsys.readouterr().err.startswith("freqopt: error: --gpu 'b300' is unknown")
+    assert not out.exists()
 
 
-@pytest.mark.skipif(not (PERSEUS / "bloom+a100_sxm_bf16.csv").is_file(), reason="no shared Perseus data")
 def test_fastest_plan_on_perseus_time_axis():
     """With Perseus's 1 ms time unit, the fastest BLOOM/A100 plan at M = 12 lasts what Perseus's frontier's fastest
     point does (2.797 s, frontiers/a100_sxm_bloom_mb12.csv): same schedule, same DAG, same time accounting."""
@@ -386,3 +407,143 @@ def test_native_stdout_quiet_only_for_its_duration(capfd):
         os.write(1, b"from C inside\n")
     os.write(1, b"after\n")
     assert capfd.readouterr().out == "after\n"
+
+
+def smooth_profile(stages: int = 4, clocks: int = 22):
+    """A smooth made-up profile (issue 34's small case): 22 clocks from 1410 to 855 MHz, time ~ 0.3 + 0.7 f_max / f,
+    power 100 + 300 (f / f_max)^2.5 W, backward twice the forward, stages a little unequal."""
+    rows = []
+    grid = [1410 - round(i * (1410 - 855) / (clocks - 1)) for i in range(clocks)]
+    for stage, scale in zip(range(stages), itertools.cycle([1.0, 1.05, 0.95, 1.1])):
+        for kind, base in ((FORWARD, 0.05), (BACKWARD, 0.1)):
+            for clock in grid:
+                time_s = base * scale * (0.3 + 0.7 * 1410 / clock)
+                rows.append({"stage": stage, "instruction": kind, "frequency": clock, "time": time_s,
+                             "energy": (100 + 300 * (clock / 1410) ** 2.5) * time_s})
+    return stage_profile_from_rows(rows)
+
+
+@pytest.mark.parametrize("profile,micro_batches,blocking_power_w", [
+    (lambda: lumpy_profile(3, 7, 3), 5, 1.0), (lambda: random_profile(3, 5, 9), 4, 0.0), (smooth_profile, 3, 80.0)])
+def test_whole_frontier_is_a_dense_staircase_of_real_plans(profile, micro_batches, blocking_power_w):
+    planner = PipelinePlanner(profile(), micro_batches, blocking_power_w=blocking_power_w)
+    frontier = planner.frontier(energy_step=2e-3)
+    points = list(frontier)
+    fastest = planner.fastest()
+    assert len(points) > 3 and frontier.solves >= len(points)
+    assert points[0].time_s == pytest.approx(fastest.time_s)  # from the fastest time ...
+    least = planner.plan(planner.slowest_time_s())
+    assert points[-1].energy_j <= least.energy_j * (1 + 1e-9)  # ... to the least-energy plan, and no further
+    for a, b in zip(points, points[1:]):
+        assert b.time_s > a.time_s and b.energy_j < a.energy_j  # every point a distinct frontier plan
+    for p in points:
+        # Each point is the plan it claims (re-evaluated from its clocks), within its deadline, above its bound.
+        time_s, energy_j = planner.evaluate(p.sm_clock_mhz)
+        assert (time_s, energy_j) == (pytest.approx(p.time_s), pytest.approx(p.energy_j))
+        assert p.time_s <= p.deadline_s * (1 + 1e-9) and p.lower_bound_j <= p.energy_j * (1 + 1e-9)
+    assert 0.0 <= frontier.proven_gap < 0.2
+    # Dense: between consecutive plans the staircase drops at most the step, unless their times are within the
+    # planner's time resolution.
+    steps = [a.energy_j / b.energy_j - 1 for a, b in zip(points, points[1:]) if b.time_s - a.time_s > 1e-5 * fastest.time_s]
+    assert max(steps) <= 0.05  # plans at adjacent deadlines, not at a few far-apart ones
+    # Near the optimum: at deadlines between the points the exact MILP does no better than the staircase by more
+    # than its step and the heuristic's gap (the staircase is built without MILP solves).
+    exact = PipelinePlanner(profile(), micro_batches, blocking_power_w=blocking_power_w, method="exact",
+                            mip_rel_gap=0.0, time_limit_s=30)  # fmt: skip
+    for deadline in np.linspace(points[0].time_s, points[-1].time_s, 7)[1:-1]:
+        stair = min(p.energy_j for p in points if p.time_s <= deadline)
+        assert stair <= exact.plan(float(deadline)).energy_j * 1.01
+
+
+def test_frontier_arguments_are_checked():
+    planner = PipelinePlanner(random_profile(2, 3, 6), 2, blocking_power_w=1.0)
+    with pytest.raises(InvalidSettingError, match="^energy_step must be a finite number > 0"):
+        planner.frontier(energy_step=0)
+    with pytest.raises(InvalidSettingError, match="^n_points and deadlines_s are both given"):
+        planner.frontier(4, deadlines_s=[10.0])
+    with pytest.raises(InvalidSettingError, match="^deadlines_s has .* below the fastest"):
+        planner.frontier(deadlines_s=[0.5 * planner.fastest().time_s])
+
+
+def test_frontier_deadlines_stop_at_the_least_energy_plan():
+    # Evenly spaced deadlines end at the least-energy plan's time: none lies past it to return that plan again.
+    planner = PipelinePlanner(smooth_profile(), 4, blocking_power_w=80.0)
+    points = planner.frontier(8)
+    least = planner.plan(planner.slowest_time_s())
+    assert points[-1].deadline_s == pytest.approx(points[-1].time_s) and points[-1].deadline_s < planner.slowest_time_s()
+    assert points[-1].energy_j == pytest.approx(least.energy_j, rel=1e-3)
+    assert len({round(p.energy_j, 9) for p in points}) == len(points)
+
+
+def test_a_milp_answer_past_the_deadline_is_repaired(monkeypatch):
+    # HiGHS's incumbent may overstep the deadline by its feasibility tolerance (issue 34's crash: 1.8e-7 s over on
+    # BLOOM/A100 at M = 12). The planner repairs whatever the MILP returns before it is kept; here the MILP answers
+    # every instruction at its slowest option, far past the deadline.
+    from freqopt.search.pipeline_solver import MilpResult
+
+    planner = PipelinePlanner(smooth_profile(), 4, blocking_power_w=80.0, method="exact")
+    deadline = 1.02 * planner.fastest().time_s
+    planner._build()
+
+    def slowest(deadline_s, **_):
+        choice = np.asarray([len(planner._kept_times[g]) - 1 for g in planner._group])
+        return MilpResult(planner._point(choice), -np.inf, "Time limit reached")
+
+    monkeypatch.setattr(planner._model, "milp", slowest)
+    plan = planner.plan(deadline)
+    assert plan.time_s <= deadline * (1 + 1e-9)
+    assert critical_path(planner, planner._warm_choice(plan, deadline)) <= deadline * (1 + 1e-12)
+
+
+def test_perseus_bloom_a100_frontier_of_40_deadlines():
+    # Issue 34's crash: 40 deadlines on BLOOM/A100 at M = 12 failed with a plan 1.8e-7 s past its deadline.
+    planner = PipelinePlanner(PERSEUS / "bloom+a100_sxm_bf16.csv", 12, gpu="a100-sxm4-80gb")
+    points = planner.frontier(40)
+    assert len(points) == 40
+    assert all(p.time_s <= p.deadline_s * (1 + 1e-9) for p in points)
+    assert points[0].energy_j > points[-1].energy_j
+
+
+def test_ctrl_c_stops_a_long_milp_within_a_second():
+    # The exact MILP of the small smooth case at 8 micro-batches ran for over 13 minutes and ignored SIGINT for
+    # 25 s (issue 34). Now every HiGHS solve runs in HiGHS's thread and Ctrl-C cancels it.
+    import signal
+    import threading
+    import time
+
+    planner = PipelinePlanner(smooth_profile(), 8, blocking_power_w=80.0, method="exact", mip_rel_gap=0.0,
+                              time_limit_s=600)  # fmt: skip
+    planner._hull_lp(planner.fastest().time_s)  # built and warm: the signal lands in the MILP below
+    sent = []
+
+    def interrupt():
+        time.sleep(1.5)
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        planner.plan(max_slowdown="2%")
+    assert sent, "the plan ended before the signal: the case is no longer a long solve"
+    assert time.perf_counter() - sent[0] < 1.0
+
+
+def test_cli_plan_ctrl_c_writes_nothing(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path, out = tmp_path / "profile.csv", tmp_path / "plan.json"
+    write_profile(path, smooth_profile())
+    cmd = [sys.executable, "-m", "freqopt.cli", "plan", "--stage-profile", str(path), "--micro-batches", "8",
+           "--max-slowdown", "2%", "--blocking-power-w", "80", "--time-limit-s", "600", "--json", str(out)]
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    time.sleep(6)  # imports, the profile, the LP: the MILP runs by now
+    assert process.poll() is None
+    sent = time.perf_counter()
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=30)[1]
+    assert process.returncode == 130 and time.perf_counter() - sent < 1.0
+    assert err.strip().endswith("freqopt: interrupted; nothing written") and not out.exists()

@@ -74,7 +74,7 @@ def test_the_result_carries_what_a_pipeline_table_needs(tiny):
     planned = [i["sm_clock_mhz"] for s in pipeline["plan"] for i in s["instructions"]]
     time_s, _ = planner.evaluate(planned)
     assert time_s == pytest.approx(result.plan.time_s, rel=1e-12)
-    assert PipelinePlanner(profile, 6).plan(max_slowdown=0.05).dag.micro_batches == 6
+    assert PipelinePlanner(profile, 6, blocking_power_w=0.0).plan(max_slowdown=0.05).dag.micro_batches == 6
     # The requests are the plan, asked for ahead where the switch latency needs it, never below its clocks.
     requests = [i["sm_clock_mhz"] for s in pipeline["requests"] for i in s["instructions"]]
     assert len(requests) == len(planned) and min(requests) >= min(planned)

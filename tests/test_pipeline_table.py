@@ -170,7 +170,7 @@ def test_pipeline_table_refuses_what_does_not_match():
         from freqopt.tables import pipeline_table
 
         profile = synthetic_profile(2)
-        plan = PipelinePlanner(profile, 2).plan()
+        plan = PipelinePlanner(profile, 2, blocking_power_w=0.0).plan()
         workload = get_workload("gpt3-small", layout=Layout(pp=2))
         pipeline_table(workload, get_gpu("h100-sxm"), profile, plan, max_slowdown=0.01, blocking_power_w=0.0,
                        switch_s=0.026, defaults={(0, "forward"): (1.0, 1.0, 1)}, validated=Measurement(1.0, 1.0))  # fmt: skip

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 
 from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, write_json
@@ -15,39 +18,74 @@ from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, wr
 @click.option("--schedule", default="1f1b", show_default=True, help="Pipeline schedule: 1f1b (DeepSpeed's).")
 @click.option("--max-slowdown", default="1%", show_default=True,
               help="Allowed slowdown of the iteration against every instruction at its fastest clock: 1% or 0.01.")
-@click.option("--blocking-power-w", type=float, default=0.0, show_default=True,
-              help="Power (W) a GPU draws while it waits on its pipeline neighbours (Perseus: 83.64 A100, 70.38 A40).")
-@click.option("--frontier-points", type=int, default=10, show_default=True,
-              help="Deadlines of the time-energy frontier (with --json).")
-@click.option("--json", "json_path", default=None, help="Also write the frontier and the plan as JSON to this file.")
-def plan(stage_profile, stages, micro_batches, schedule, max_slowdown, blocking_power_w, frontier_points,
-         json_path) -> None:  # fmt: skip
+@click.option("--gpu", default=None,
+              help="The profiled GPU (freqopt gpus), for its measured blocking power: a100-sxm4-80gb 83.64 W, "
+                   "a40 70.38 W (Perseus's measurements).")
+@click.option("--blocking-power-w", type=float, default=None,
+              help="Power (W) a GPU draws while it waits on its pipeline neighbours; required unless --gpu has a "
+                   "measured figure.")
+@click.option("--frontier-points", type=int, default=None,
+              help="With --json: this many evenly spaced deadlines instead of the whole time-energy frontier (every "
+                   "distinct plan from the fastest to the least-energy one).")
+@click.option("--time-limit-s", type=float, default=None,
+              help="Wall-clock limit (s) of the plan's MILP solve (default 10); the frontier's points run no MILP.")
+@click.option("--json", "json_path", default=None,
+              help="Also write the plan and the frontier (each point with its clocks) as JSON to this file.")
+def plan(stage_profile, stages, micro_batches, schedule, max_slowdown, gpu, blocking_power_w, frontier_points,
+         time_limit_s, json_path) -> None:  # fmt: skip
     """The least-energy SM clock for every forward and backward of every micro-batch on every stage, with the
-    iteration (the critical path of the schedule) at most --max-slowdown slower than at the fastest clocks."""
+    iteration (the critical path of the schedule) at most --max-slowdown slower than at the fastest clocks.
+
+    With --json, also the whole time-energy frontier: every distinct plan from the fastest to the least-energy one,
+    each with its clocks and a proven lower bound. Ctrl-C stops the planner within a second and writes nothing."""
     from rich.table import Table
 
     from freqopt.search.pipeline_plan import PipelinePlanner
 
     check_json_path(json_path)
-    planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w,
-                              schedule=schedule)  # fmt: skip
-    result = planner.plan(max_slowdown=max_slowdown)
+    planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w, gpu=gpu,
+                              schedule=schedule, time_limit_s=time_limit_s)  # fmt: skip
+    try:
+        result = planner.plan(max_slowdown=max_slowdown)
+        frontier = planner.frontier(frontier_points) if json_path else None
+    except KeyboardInterrupt:
+        # HiGHS's threads may still be stopping (a MIP notices its cancellation within about a second), and the
+        # process would wait for them at exit; nothing is held or half-written here, so leave at once.
+        click.echo("freqopt: interrupted; nothing written", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     if json_path:
-        frontier = planner.frontier(n_points=frontier_points)
         write_json(json_path, {
             "stages": planner.stages, "micro_batches": micro_batches, "schedule": schedule,
-            "blocking_power_w": blocking_power_w, "max_slowdown": parse_slowdown(max_slowdown),
+            "blocking_power_w": planner.blocking_power_w, "max_slowdown": parse_slowdown(max_slowdown),
             "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j, "lower_bound_j": p.lower_bound_j,
-                          "deadline_s": p.deadline_s} for p in frontier],
+                          "deadline_s": p.deadline_s, "sm_clock_mhz": _by_stage(planner.dag, p.sm_clock_mhz)}
+                         for p in frontier],
+            "frontier_proven_gap": frontier.proven_gap, "frontier_solves": frontier.solves,
+            "frontier_solve_s": frontier.solve_s,
             "plan": {"time_s": result.time_s, "energy_j": result.energy_j, "lower_bound_j": result.lower_bound_j,
                      "default_time_s": result.default_time_s, "default_energy_j": result.default_energy_j,
                      "stages": result.stage_clocks()},
         })  # fmt: skip
     table = Table("", "iteration time (s)", "energy (J)", "saved (%)",
                   title=f"{planner.stages} stages x {micro_batches} micro-batches ({schedule}), "
-                        f"deadline {result.deadline_s:.4f} s")  # fmt: skip
+                        f"deadline {result.deadline_s:.4f} s, waiting GPUs at {planner.blocking_power_w:g} W")  # fmt: skip
     table.add_row("fastest clocks", f"{result.default_time_s:.4f}", f"{result.default_energy_j:,.1f}", "0.00")
     table.add_row("plan", f"{result.time_s:.4f}", f"{result.energy_j:,.1f}", f"{100 * result.saved:.2f}")
     console = stdout_console()
     console.print(table)
     console.print(f"optimal within {100 * result.gap:.3f} % (proven lower bound {result.lower_bound_j:,.1f} J)")
+    if frontier is not None:
+        console.print(f"frontier: {len(frontier)} plans from {frontier[0].time_s:.4f} s to {frontier[-1].time_s:.4f} s "
+                      f"({frontier[0].energy_j:,.1f} to {frontier[-1].energy_j:,.1f} J), each within "
+                      f"{100 * frontier.proven_gap:.2f} % of the least energy at its time (proven); "
+                      f"{frontier.solves} deadlines solved in {frontier.solve_s:.1f} s")  # fmt: skip
+
+
+def _by_stage(dag, clocks) -> list[list[int]]:
+    """Clocks (DAG order) as one list per stage, each in the order the stage runs its instructions."""
+    out: list[list[int]] = [[] for _ in range(dag.stages)]
+    for inst, clock in zip(dag.instructions, clocks):
+        out[inst.stage].append(int(clock))
+    return out

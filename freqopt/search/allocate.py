@@ -23,7 +23,8 @@ __all__ = ["allocate", "quiet_native_stdout"]
 def quiet_native_stdout():
     """Silence HiGHS, which prints debugging lines from C++ straight to file descriptor 1 even with disp=False
     ("HighsMipSolverData::transformNewIntegerFeasibleSolution ..."), by pointing fd 1 at /dev/null meanwhile.
-    Every scipy.optimize.milp call of freqopt runs inside it (this allocation, the pipeline planner)."""
+    Every scipy.optimize.milp call of freqopt runs inside it (this allocation), and every HiGHS solve of the
+    pipeline planner (freqopt.search.pipeline_solver)."""
     try:
         sys.stdout.flush()
         saved = os.dup(1)

@@ -15,59 +15,73 @@ effective energy (it can never make the iteration slower nor dearer). With block
 clocks that the plain (time, energy) Pareto filter drops: running slower instead of waiting at p may cost less.
 The kept options of an instruction, fastest first, have falling effective energies: slower is cheaper.
 
-The exact planner (method "exact"; "auto" up to EXACT_MAX_BINARIES option binaries): a mixed-integer linear
-program, solved by HiGHS through ``scipy.optimize.milp``. Variables: one binary x[i, k] per instruction i and kept
-option k (sum_k x[i, k] = 1), a start time s_i >= 0 per instruction, the iteration time T <= deadline.
-Constraints: s_j >= s_i + sum_k t[i, k] x[i, k] for every DAG edge i -> j, and T >= s_i + sum_k t[i, k] x[i, k]
-for every instruction without successor. Objective: sum_{i,k} e'[i, k] x[i, k] + S p T. Every assignment of
-clocks with critical path <= deadline is feasible for it (start every instruction at its earliest start), and
-every feasible point is such an assignment, so the MILP's optimum is the problem's optimum; T is pushed down to the
-critical path by its positive cost (p > 0) and is set to it afterwards otherwise. HiGHS stops when its proven
-relative gap (incumbent - dual bound) / incumbent is at most ``mip_rel_gap`` (default 1e-5): the plan returned is
-within that fraction of the optimum, and ``PipelinePlan.lower_bound_j`` holds the proven bound. Its plan then goes
-through the reclaim pass below, which can only lower its energy (where a time limit stopped HiGHS early).
+Every plan starts from the hull LP and heuristics (steps 1 and 2 below); the MILP (step 3) only polishes it. All
+solves go through HiGHS's own Python interface (freqopt.search.pipeline_solver): the LP is kept between deadlines
+and hot-started from its last basis, every MILP has a time limit (``time_limit_s``, default DEFAULT_TIME_LIMIT_S)
+and a proven bound, and Ctrl-C stops any solve within a fraction of a second.
 
-Large pipelines (method "hull"; "auto" above EXACT_MAX_BINARIES). There HiGHS does not close the whole MILP's gap
-in useful time (GPT-3 175B on the A40, Perseus's profile, 8 stages, 1 % above the fastest time: at M = 24, 384
-instructions x 25-27 options, its gap was 0.73 % after 30 s, the hull method's plan 0.58 % in 0.2 s; at M = 96,
-1.50 % after 30 s against 0.66 % in 2 s), so the planner works from its LP relaxation, in three steps:
+The model. Variables: one binary x[i, k] per instruction i and kept option k (sum_k x[i, k] = 1), a start time
+s_i >= 0 per instruction, the iteration time T <= deadline. Constraints: s_j >= s_i + sum_k t[i, k] x[i, k] for
+every DAG edge i -> j, and T >= s_i + sum_k t[i, k] x[i, k] for every instruction without successor. Objective:
+sum_{i,k} e'[i, k] x[i, k] + S p T. Every assignment of clocks with critical path <= deadline is feasible for it
+(start every instruction at its earliest start), and every feasible point is such an assignment, so the MILP's
+optimum is the problem's optimum; T is pushed down to the critical path by its positive cost (p > 0) and is set to
+it afterwards otherwise.
 
 1. The hull LP: the MILP with x relaxed to [0, 1]. It is the multiple-choice relaxation whose optimum prices each
-   instruction at the lower convex hull of its options; HiGHS's simplex solves it in about a second at N = 1536.
-   Its optimum is a proven lower bound on the energy of every plan within the deadline (lower_bound_j).
+   instruction at the lower convex hull of its options. Its optimum is a proven lower bound on the energy of every
+   plan within the deadline (lower_bound_j).
 2. Plans from it, each made to meet the deadline and then improved by the reclaim pass below; the best is kept:
    - Round down: every instruction takes its slowest kept option no slower than its LP time t_lp = sum_k x[i, k]
      t[i, k] (the cheapest such, kept options being non-dominated). Every instruction is then no slower than in
      the LP, so the LP's start times still certify the deadline: feasible by construction.
-   - Error diffusion: where the LP mixes a fast and a slow option lo < hi of an instruction, the slow one's share
-     of its time, (t_lp - t[lo]) / (t[hi] - t[lo]), is summed over the micro-batches of its (stage, kind) in order,
-     and the instruction takes hi whenever the sum reaches 1/2 (then less 1), else lo: the LP's count of slow
-     options, where a slow option is one large step that rounding down gives up everywhere (Perseus's GPT-3 175B
-     A40 profile, experiments/data/perseus: stage 0's backward pass from 1170 to 960 MHz adds 1.6 ms and saves
-     6.5 J of effective energy at 70.38 W). It may break the deadline; a
-     repair pass then speeds up, one option at a time, the instruction on a too-long path whose faster option
-     costs the least effective energy per second saved, until the critical path fits (it always ends: the fastest
-     plan meets every deadline).
-   - A warm start, when the caller gives a plan within the deadline (frontier() gives each point's plan to the
-     next deadline).
+   - Error diffusion (``plan`` only): where the LP mixes a fast and a slow option lo < hi of an instruction, the
+     slow one's share of its time, (t_lp - t[lo]) / (t[hi] - t[lo]), is summed over the micro-batches of its
+     (stage, kind) in order, and the instruction takes hi whenever the sum reaches 1/2 (then less 1), else lo: the
+     LP's count of slow options, where a slow option is one large step that rounding down gives up everywhere
+     (Perseus's GPT-3 175B A40 profile, experiments/data/perseus: stage 0's backward pass from 1170 to 960 MHz adds
+     1.6 ms and saves 6.5 J of effective energy at 70.38 W). It may break the deadline; a repair pass then speeds
+     up, one option at a time, the instruction on a too-long path whose faster option costs the least effective
+     energy per second saved, until the critical path fits (it always ends: the fastest plan meets every deadline).
+   - A warm start, when the caller gives a plan within the deadline; in a frontier, also the next slower plan
+     found, repaired down to the deadline.
    The reclaim pass: each instruction's total float under the deadline (latest minus earliest start, the critical
    path method's forward and backward passes over the DAG) bounds how much slower it may run. The move (one
    instruction to a slower kept option within its float) that saves the most effective energy per second it adds
    is applied first, the floats updated, and so on to a fixed point; a move that lengthens the critical path
    counts S p per second of it against its saving. It never breaks the deadline nor raises the energy.
-3. Only if the best plan's proven gap, (energy - bound) / energy, is still above ``mip_rel_gap``: the MILP over the
-   instructions the LP left fractional, the others fixed at their LP option, with ``time_limit_s`` (default
-   HULL_TIME_LIMIT_S); its incumbent goes through the reclaim pass and replaces the plan if cheaper. The method
-   never returns a plan worse than its heuristics.
+3. ``plan`` only, and only if the best plan's proven gap, (energy - bound) / energy, is still above
+   ``mip_rel_gap``: the MILP, with ``time_limit_s``. Method "exact" ("auto" up to EXACT_MAX_BINARIES option
+   binaries): the whole MILP, started from the heuristic's plan; its dual bound raises lower_bound_j. Method
+   "hull" ("auto" above): the MILP over the instructions the LP left fractional, the others fixed at their LP
+   option (there HiGHS does not close the whole MILP's gap in useful time: GPT-3 175B on the A40, Perseus's
+   profile, 8 stages, 1 % above the fastest time, M = 24: 0.73 % after 30 s, against the heuristic's 0.58 % in
+   0.2 s). HiGHS's incumbent may overstep the deadline by its feasibility tolerance (1e-7 of a row: BLOOM on the
+   A100 at M = 12 once ended 1.8e-7 s past it), so it is repaired to the deadline, then reclaimed, and replaces
+   the plan only if cheaper: never a plan worse than the heuristic's, never one past the deadline.
+
+The whole frontier (``frontier()``). Every distinct plan from the fastest to the least-energy one: the deadline at
+the fastest time, then the slowest plan's time (its plan is the least-energy plan; no deadline past its time is
+solved), then, between any two solved deadlines whose best plans' energies differ by more than ``energy_step``
+(default FRONTIER_ENERGY_STEP, 0.1 %), their midpoint, to a time resolution of _FRONTIER_TIME_RESOLUTION of the
+fastest time. Each deadline is one hot-started LP, its round-down, the best plan already found within it and the
+next slower plan repaired down to it (steps 1-2, no MILP): the LP moves little between neighbouring deadlines, and
+a neighbour's plan is often the best start (on BLOOM/A100 at M = 12 the round-down was best at half the deadlines,
+a neighbour's plan at the other half; the error diffusion at 6 %, for most of the time). The points are the
+staircase of the plans found: each strictly cheaper than every faster one. Its proven gap bounds how far the
+staircase lies above the optimum at every time (PipelineFrontier.proven_gap). Measured beside Perseus itself on
+its own profiles, both scored on the measured data: experiments/perseus/report.md.
 
 Proven vs heuristic: the LP bound is proven, and every plan is feasible (its critical path, recomputed from the
-chosen clocks, is checked against the deadline); how far a plan may be from the optimum is its ``gap``, nothing more. On
-Perseus's profiles the gaps and the comparison with Perseus are in experiments/perseus/report.md. Sources: the
+chosen clocks, is checked against the deadline); how far a plan may be from the optimum is its ``gap``, nothing
+more. Sources: the
 forward and backward passes and total float are the critical path method's (Kelley and Walker, 1959); Perseus
 itself solves this problem on an exponential fit of each instruction's effective energy with the Phillips-Dessouky
 min-cut crashing algorithm (Phillips and Dessouky, Management Science 24(4), 1977; lowtime/lowtime/solver.py,
 branch ``kronos`` of github.com/ml-energy/zeus), from the slowest plan down one time unit per cut; freqopt plans
-on the measured options and proves a bound at each deadline instead.
+on the measured options and proves a bound at each deadline instead. The hot-started LP is what makes a dense
+frontier cheap: a cold solve at M = 96 (1,536 instructions x 29 options) takes 19,120 simplex iterations, a
+neighbouring deadline from the last basis a few to a few hundred.
 
 Time quantum. ``time_quantum_s`` floors every instruction's time to a multiple of it before planning, as Perseus's
 planner does (``ExecutionOption.quant_time = real_time // unit_time``, lowtime/lowtime/operation.py, branch
@@ -88,18 +102,29 @@ from pathlib import Path
 import numpy as np
 
 from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
-from freqopt.search.allocate import quiet_native_stdout
 from freqopt.search.pipeline import KINDS, SCHEDULES, PipelineDAG, one_f_one_b
+from freqopt.search.pipeline_solver import MilpResult, PipelineModel
 
 __all__ = ["InstructionOptions", "StageProfile", "load_stage_profile", "stage_profile_from_rows", "PipelinePlan",
-           "PipelinePlanner", "FrontierPoint", "plan_pipeline", "PROFILE_COLUMNS"]  # fmt: skip
+           "PipelinePlanner", "FrontierPoint", "PipelineFrontier", "plan_pipeline", "blocking_power_w_for",
+           "MEASURED_BLOCKING_POWER_W", "PROFILE_COLUMNS"]  # fmt: skip
 
 PROFILE_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 METHODS = ("auto", "exact", "hull")
 # "auto" solves the whole MILP ("exact") up to this many option binaries (a few dozen instructions), else "hull".
 EXACT_MAX_BINARIES = 1500
-# The "hull" method's limit (s) on its MILP over the fractional instructions, unless time_limit_s says otherwise.
-HULL_TIME_LIMIT_S = 10.0
+# The limit (s) on one MILP solve (the whole MILP for "exact", the fractional instructions' for "hull"), unless
+# time_limit_s says otherwise.
+DEFAULT_TIME_LIMIT_S = 2.0
+# The whole frontier's resolution: deadlines between two plans are searched while their energies differ by more
+# than this fraction (module docstring, "The whole frontier").
+FRONTIER_ENERGY_STEP = 1e-3
+# The power (W) a GPU draws while blocked on a pipeline P2P transfer, measured by Perseus (Chung et al., SOSP'24;
+# lowtime/scripts/perseus.py, branch kronos of github.com/ml-energy/zeus: "Raw P2P blocking power consumption"),
+# by freqopt GPU name (search_spaces/). The default blocking_power_w where the caller names one of these GPUs.
+MEASURED_BLOCKING_POWER_W = {"a100-sxm4-80gb": 83.64, "a40": 70.38}
+# The whole frontier's time resolution, a fraction of the fastest plan's time: no two deadlines closer than this.
+_FRONTIER_TIME_RESOLUTION = 1e-5
 # Relative slack (of the deadline) the heuristic's passes allow for floating-point sums of instruction times.
 _TOLERANCE = 1e-12
 
@@ -293,11 +318,11 @@ class PipelinePlan:
                 {"kind": inst.kind, "micro_batch": inst.micro_batch, "sm_clock_mhz": int(clock)})
         return out
 
-    def frontier(self, n_points: int = 20) -> list[FrontierPoint]:
+    def frontier(self, n_points: int | None = None) -> PipelineFrontier:
         """The iteration time-energy frontier of the same pipeline (PipelinePlanner.frontier)."""
         if self.planner is None:
             raise InvalidSettingError("this plan carries no planner; call PipelinePlanner.frontier")
-        return self.planner.frontier(n_points=n_points)
+        return self.planner.frontier(n_points)
 
 
 @dataclass(frozen=True)
@@ -307,14 +332,51 @@ class FrontierPoint:
     Attributes:
         time_s: the plan's iteration time (s), at most deadline_s.
         energy_j: its energy (J).
-        lower_bound_j: the proven lower bound (J) on any plan's energy within deadline_s.
+        lower_bound_j: the proven lower bound (J) on any plan's energy within deadline_s (the hull LP's optimum).
         deadline_s: the deadline (s).
+        sm_clock_mhz: the plan's SM clock per instruction (MHz), int array of shape (N,) in the DAG's order, or None.
     """
 
     time_s: float
     energy_j: float
     lower_bound_j: float
     deadline_s: float
+    sm_clock_mhz: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def gap(self) -> float:
+        """The proven relative gap of this point, (energy_j - lower_bound_j) / energy_j."""
+        return max(0.0, (self.energy_j - self.lower_bound_j) / self.energy_j) if self.energy_j else 0.0
+
+
+@dataclass(frozen=True)
+class PipelineFrontier:
+    """The iteration time-energy frontier of one pipeline (PipelinePlanner.frontier); iterates over its points.
+
+    Attributes:
+        points: FrontierPoint tuple in increasing time.
+        proven_gap: an upper bound on how far the staircase through the points (at time t, the least energy of a
+            point no slower than t) lies above the least energy of any plan no slower than t, for every t from the
+            first point's time to the last's, as a fraction: max over consecutive solved deadlines D_j < D_j+1 of
+            staircase(D_j) / LP(D_j+1) - 1 (the hull LP's optimum falls with the deadline, so it bounds every plan
+            in between).
+        solves: the deadlines solved (each one hot-started hull LP and its roundings).
+        solve_s: wall time (s) of the whole frontier.
+    """
+
+    points: tuple[FrontierPoint, ...]
+    proven_gap: float
+    solves: int
+    solve_s: float
+
+    def __iter__(self):
+        return iter(self.points)
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, index):
+        return self.points[index]
 
 
 class PipelinePlanner:
@@ -324,15 +386,17 @@ class PipelinePlanner:
         profile: the measured stage profile (StageProfile or a path to its CSV).
         stages: S, the pipeline's stages; default the profile's; must be the profile's.
         micro_batches: M, micro-batches per iteration (a positive integer).
-        blocking_power_w: the power (W) each GPU draws while it waits (Perseus: 83.64 W on an A100 SXM, 70.38 W on
-            an A40, measured on P2P-blocked GPUs, lowtime/scripts/perseus.py); 0 counts waiting as free.
+        blocking_power_w: the power (W) each GPU draws while it waits (0 counts waiting as free); default: the
+            measured figure of ``gpu`` (MEASURED_BLOCKING_POWER_W: Perseus's 83.64 W on an A100 SXM, 70.38 W on an
+            A40, measured on P2P-blocked GPUs, lowtime/scripts/perseus.py).
+        gpu: the GPU's freqopt name (search_spaces/), for its measured blocking power; one of the two is required.
         schedule: the pipeline schedule; only "1f1b".
         time_quantum_s: floor every instruction's time to a multiple of this (s) before planning (module
             docstring), or None.
         mip_rel_gap: the relative optimality gap at which a solve stops (default 1e-5): HiGHS's for "exact"; for
             "hull", the proven gap below which the heuristic's plan is kept without the MILP step.
-        time_limit_s: wall-clock limit (s) of one MILP solve, or None (no limit for "exact", HULL_TIME_LIMIT_S for
-            "hull"); on timeout the best plan found is returned with its proven bound (PipelinePlan.gap).
+        time_limit_s: wall-clock limit (s) of one MILP solve, or None for DEFAULT_TIME_LIMIT_S; at the limit the best
+            plan found is returned with its proven bound (PipelinePlan.gap).
         method: "exact" (the whole MILP), "hull" (the hull LP's bound, its roundings improved by the reclaim pass,
             then the MILP on its fractional instructions if still needed; module docstring) or "auto" ("exact" up
             to EXACT_MAX_BINARIES option binaries).
@@ -342,8 +406,9 @@ class PipelinePlanner:
     """
 
     def __init__(self, profile: StageProfile | str | Path, micro_batches: int, *, stages: int | None = None,
-                 blocking_power_w: float = 0.0, schedule: str = "1f1b", time_quantum_s: float | None = None,
-                 mip_rel_gap: float = 1e-5, time_limit_s: float | None = None, method: str = "auto") -> None:  # fmt: skip
+                 blocking_power_w: float | None = None, gpu: str | None = None, schedule: str = "1f1b",
+                 time_quantum_s: float | None = None, mip_rel_gap: float = 1e-5, time_limit_s: float | None = None,
+                 method: str = "auto") -> None:  # fmt: skip
         if method not in METHODS:
             raise InvalidSettingError(f"method {method!r} is unknown; known: {', '.join(METHODS)}", argument="method")
         self.method = method
@@ -357,7 +422,7 @@ class PipelinePlanner:
         if schedule not in SCHEDULES:
             raise InvalidSettingError(f"schedule {schedule!r} is unknown; known: {', '.join(SCHEDULES)}",
                                       argument="schedule")  # fmt: skip
-        _check_number("blocking_power_w", blocking_power_w, minimum=0.0)
+        blocking_power_w = blocking_power_w_for(blocking_power_w, gpu)
         if time_quantum_s is not None:
             _check_number("time_quantum_s", time_quantum_s, minimum=0.0, strict=True)
         _check_number("mip_rel_gap", mip_rel_gap, minimum=0.0)
@@ -369,7 +434,7 @@ class PipelinePlanner:
         self.blocking_power_w = float(blocking_power_w)
         self.time_quantum_s = time_quantum_s
         self.mip_rel_gap = float(mip_rel_gap)
-        self.time_limit_s = time_limit_s
+        self.time_limit_s = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
         self.dag = one_f_one_b(self.stages, micro_batches)
         # Each (stage, kind)'s kept options, fastest first: clocks, times (quantized if asked), energies.
         self._options: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -380,7 +445,8 @@ class PipelinePlanner:
             quantized = InstructionOptions(opts.sm_clock_mhz, times, opts.energy_j)
             kept = quantized.non_dominated(self.blocking_power_w)
             self._options[key] = (opts.sm_clock_mhz[kept], times[kept], opts.energy_j[kept])
-        self._model = None
+        self._model: PipelineModel | None = None
+        self._offsets = np.zeros(1, dtype=int)
         # The heuristic's view (one group per (stage, kind)): each instruction's group, the groups' kept clocks,
         # times and effective energies, and the DAG as adjacency lists.
         keys = sorted(self._options)
@@ -469,7 +535,7 @@ class PipelinePlanner:
                                       f"{fastest.time_s:.6g} s; no plan meets it", argument="deadline_s")  # fmt: skip
         deadline_s = max(deadline_s, fastest.time_s)
         start = None if warm_start is None else self._warm_choice(warm_start, deadline_s)
-        return self._solve(deadline_s, fastest, start)
+        return self._solve(deadline_s, fastest, start)[0]
 
     def _warm_choice(self, warm_start: PipelinePlan, deadline_s: float) -> np.ndarray:
         """A warm start's option index per instruction (plan's docstring for the checks)."""
@@ -490,44 +556,67 @@ class PipelinePlanner:
                                       "plan within it", argument="warm_start")  # fmt: skip
         return choice
 
-    def frontier(self, n_points: int = 20, *, deadlines_s: Sequence[float] | None = None) -> list[FrontierPoint]:
-        """The iteration time-energy frontier: the least energy at each deadline, fastest first.
+    def frontier(self, n_points: int | None = None, *, deadlines_s: Sequence[float] | None = None,
+                 energy_step: float = FRONTIER_ENERGY_STEP) -> PipelineFrontier:  # fmt: skip
+        """The iteration time-energy frontier, fastest first: by default every distinct plan from the fastest to
+        the least-energy plan (module docstring, "The whole frontier").
 
         Args:
-            n_points: deadlines evenly spaced from the fastest plan's time to slowest_time_s() (ends included).
-            deadlines_s: these deadlines (s) instead (each at least the fastest plan's time).
+            n_points: instead, this many deadlines evenly spaced from the fastest plan's time to the least-energy
+                plan's (ends included), one point each.
+            deadlines_s: instead, these deadlines (s), each at least the fastest plan's time, one point each.
+            energy_step: for the whole frontier, the largest relative energy step left between consecutive plans
+                (a fraction, default FRONTIER_ENERGY_STEP) before the deadlines between them are searched.
 
         Returns:
-            One FrontierPoint per deadline, in increasing deadline; energies are non-increasing (a plan within a
-            deadline is within every later one, so a later point never keeps a dearer plan).
-        """
-        fastest = self.fastest()
-        if deadlines_s is None:
-            check_positive_int("n_points", n_points)
-            slowest = self.slowest_time_s()
-            deadlines_s = [fastest.time_s] if n_points == 1 else list(np.linspace(fastest.time_s, slowest, n_points))
-        points: list[FrontierPoint] = []
-        best: PipelinePlan | None = None
-        for deadline in sorted(deadlines_s):
-            plan = self.plan(deadline, warm_start=best)  # the previous point's plan is within this deadline too
-            if best is None or plan.energy_j < best.energy_j:
-                best = plan
-            points.append(FrontierPoint(best.time_s, best.energy_j, plan.lower_bound_j, float(deadline)))
-        return points
+            A PipelineFrontier: points in increasing time with strictly falling energy for the whole frontier;
+            one point per deadline otherwise (energies non-increasing: a plan within a deadline is within every
+            later one). Every point carries its plan's clocks and the proven bound at its deadline.
 
-    # The MILP (module docstring). Variables: x (one per instruction and kept option), s (N), T.
-    def _build(self):
+        Raises:
+            InvalidSettingError: n_points or energy_step out of range, both n_points and deadlines_s, a deadline
+                below the fastest plan's time.
+            KeyboardInterrupt: Ctrl-C (HiGHS is stopped first; nothing is kept).
+        """
+        if n_points is not None and deadlines_s is not None:
+            raise InvalidSettingError("n_points and deadlines_s are both given; give one", argument="n_points")
+        _check_number("energy_step", energy_step, minimum=0.0, strict=True)
+        started = _time.perf_counter()
+        fastest = self.fastest()
+        sweep = _Sweep(self, fastest)
+        if deadlines_s is not None or n_points is not None:
+            if deadlines_s is None:
+                check_positive_int("n_points", n_points)
+                end = sweep.solve(self.slowest_time_s())
+                deadlines_s = [fastest.time_s] if n_points == 1 else \
+                    list(np.linspace(fastest.time_s, end.time_s, n_points))  # fmt: skip
+            points = []
+            for deadline in sorted(float(d) for d in deadlines_s):
+                if deadline < fastest.time_s * (1 - 1e-12):
+                    raise InvalidSettingError(f"deadlines_s has {deadline:.6g} s, below the fastest plan's "
+                                              f"{fastest.time_s:.6g} s; no plan meets it", argument="deadlines_s")  # fmt: skip
+                sweep.solve(max(deadline, fastest.time_s))
+                best = sweep.best_within(deadline)
+                points.append(FrontierPoint(best.time_s, best.energy_j, sweep.bound_at(deadline), deadline,
+                                            best.sm_clock_mhz))  # fmt: skip
+        else:
+            sweep.whole(energy_step)
+            points = sweep.staircase()
+        return PipelineFrontier(tuple(points), sweep.proven_gap(), len(sweep.solved),
+                                _time.perf_counter() - started)  # fmt: skip
+
+    # The LP/MILP model (module docstring): variables x (one per instruction and kept option), s (N), T.
+    def _build(self) -> None:
         from scipy.sparse import coo_matrix
 
         n = self.dag.n
         offsets = np.zeros(n + 1, dtype=int)
         times: list[np.ndarray] = []
         costs: list[np.ndarray] = []
-        for i, inst in enumerate(self.dag.instructions):
-            _, t, e = self._options[(inst.stage, inst.kind)]
-            times.append(t)
-            costs.append(e - self.blocking_power_w * t)
-            offsets[i + 1] = offsets[i] + len(t)
+        for i, g in enumerate(self._group):
+            times.append(self._kept_times[g])
+            costs.append(self._kept_effective[g])
+            offsets[i + 1] = offsets[i] + len(times[-1])
         n_x = int(offsets[-1])
         s0, t_var = n_x, n_x + n
         n_var = t_var + 1
@@ -553,87 +642,65 @@ class PipelinePlanner:
         lower = np.concatenate([np.ones(n), np.zeros(r - n)])
         upper = np.concatenate([np.ones(n), np.full(r - n, np.inf)])
         objective = np.concatenate([np.concatenate(costs), np.zeros(n), [self.stages * self.blocking_power_w]])
-        integrality = np.concatenate([np.ones(n_x), np.zeros(n + 1)])
-        self._model = (matrix, lower, upper, objective, integrality, offsets, n_var, t_var)
+        self._offsets = offsets
+        self._model = PipelineModel(matrix, lower, upper, objective, n_x)
 
-    def _solve(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None) -> PipelinePlan:
-        from scipy.optimize import Bounds, LinearConstraint, milp
-
-        if self._model is None:
-            self._build()
-        matrix, lower, upper, objective, integrality, offsets, n_var, _ = self._model
-        constraints = LinearConstraint(matrix, lower, upper)
-        var_lower = np.zeros(n_var)
-        var_upper = np.ones(n_var)
-        var_upper[offsets[-1]:] = deadline_s  # start times and T
-        method = self.method
-        if method == "auto":
-            method = "exact" if offsets[-1] <= EXACT_MAX_BINARIES else "hull"
+    def _solve(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None, *,
+               polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]:  # fmt: skip
+        """The best plan found within the deadline and its option indices (module docstring, steps 1-3; step 3, the
+        MILP, only with ``polish``); ``warm_start`` and ``extra`` are further plans (option indices) to start from,
+        ``extra`` possibly past the deadline (repaired first)."""
         start = _time.perf_counter()
-        if method == "exact":
-            options = {"mip_rel_gap": self.mip_rel_gap, "disp": False}
-            if self.time_limit_s is not None:
-                options["time_limit"] = self.time_limit_s
-            with quiet_native_stdout():
-                result = milp(objective, constraints=constraints, integrality=integrality,
-                              bounds=Bounds(var_lower, var_upper), options=options)  # fmt: skip
-            x = _solution(result, deadline_s)
-            bound = getattr(result, "mip_dual_bound", None)
-            lower_bound = float(bound) if bound is not None and np.isfinite(bound) else float(result.fun)
-            # The repair only acts on what HiGHS's feasibility tolerance (1e-7) let past the deadline; the reclaim
-            # never makes the plan dearer, and gains where a time limit stopped HiGHS early.
-            chosen = self._reclaim(self._repair(self._choices(x), deadline_s), deadline_s)
-        else:
-            x_lp, lower_bound = self._hull_lp(deadline_s)
-            # The LP's roundings and the warm start, each slowed into the float left (module docstring).
-            candidates = [self._reclaim(self._round_down(x_lp, deadline_s), deadline_s),
-                          self._reclaim(self._round_dither(x_lp, deadline_s), deadline_s)]
-            if warm_start is not None:
-                candidates.append(self._reclaim(warm_start, deadline_s))
-            chosen = min(candidates, key=self._cost)
-            if (self._cost(chosen) - lower_bound) > self.mip_rel_gap * abs(self._cost(chosen)):
-                x = self._fractional_milp(x_lp, deadline_s, constraints, var_lower, var_upper)
-                if x is not None:
-                    improved = self._reclaim(self._choices(x), deadline_s)
-                    if self._cost(improved) < self._cost(chosen):
-                        chosen = improved
+        x_lp, lower_bound = self._hull_lp(deadline_s)
+        candidates = [self._round_down(x_lp, deadline_s)]
+        if polish:  # the error diffusion costs the most and rarely wins among a sweep's neighbours (module docstring)
+            candidates.append(self._round_dither(x_lp, deadline_s))
+        candidates += [self._repair(choice, deadline_s) for choice in extra]
+        if warm_start is not None:
+            candidates.append(warm_start)
+        chosen = min((self._reclaim(c, deadline_s) for c in candidates), key=self._cost)
+        if polish and self._cost(chosen) - lower_bound > self.mip_rel_gap * abs(self._cost(chosen)):
+            method = self.method
+            if method == "auto":
+                method = "exact" if self._offsets[-1] <= EXACT_MAX_BINARIES else "hull"
+            if method == "exact":
+                result = self._model.milp(deadline_s, start=self._point(chosen), time_limit_s=self.time_limit_s,
+                                          mip_rel_gap=self.mip_rel_gap)  # fmt: skip
+                lower_bound = max(lower_bound, result.dual_bound)
+            else:
+                result = self._fractional_milp(x_lp, deadline_s)
+            if result.x is not None:
+                # HiGHS's plan may overstep the deadline by its feasibility tolerance (1e-7 of a row): repaired
+                # first, then slowed into what float it left.
+                improved = self._reclaim(self._repair(self._choices(result.x), deadline_s), deadline_s)
+                if self._cost(improved) < self._cost(chosen):
+                    chosen = improved
         solve_s = _time.perf_counter() - start
         clocks = self._clocks(chosen)
         time_s, energy_j = self.evaluate(clocks)
         if time_s > deadline_s * (1 + 1e-9):  # the passes above guarantee it; a guard against a bug in them
             raise FreqoptError(f"the pipeline planner's plan lasts {time_s:.9g} s, past the deadline {deadline_s:.9g} "
                                "s; please report this with the stage profile")  # fmt: skip
-        return PipelinePlan(self.dag, clocks, time_s, energy_j, float(deadline_s), min(lower_bound, energy_j),
+        plan = PipelinePlan(self.dag, clocks, time_s, energy_j, float(deadline_s), min(lower_bound, energy_j),
                             fastest.time_s, fastest.energy_j, solve_s, self)  # fmt: skip
+        return plan, chosen
 
     def _hull_lp(self, deadline_s: float) -> tuple[np.ndarray, float]:
-        """The hull LP's solution (the MILP's variables: x, then start times, then T) and optimum (J): a proven
-        lower bound on the energy of every plan within deadline_s."""
-        from scipy.optimize import Bounds, LinearConstraint, milp
-
+        """The hull LP's solution (the model's columns: x, then start times, then T) and optimum (J): a proven lower
+        bound on the energy of every plan within deadline_s."""
         if self._model is None:
             self._build()
-        matrix, lower, upper, objective, _, offsets, n_var, _ = self._model
-        var_upper = np.ones(n_var)
-        var_upper[offsets[-1]:] = deadline_s
-        with quiet_native_stdout():
-            relaxed = milp(objective, constraints=LinearConstraint(matrix, lower, upper),
-                           integrality=np.zeros(n_var), bounds=Bounds(np.zeros(n_var), var_upper),
-                           options={"disp": False})  # fmt: skip
-        return _solution(relaxed, deadline_s), float(relaxed.fun)
+        return self._model.lp(deadline_s)
 
-    def _fractional_milp(self, x_lp, deadline_s, constraints, var_lower, var_upper) -> np.ndarray | None:
-        """The MILP on the instructions the LP left fractional, the others fixed at the LP's option; None when HiGHS
-        finds no solution within the time limit."""
-        from scipy.optimize import Bounds, milp
-
-        _, _, _, objective, integrality, offsets, _, _ = self._model
+    def _fractional_milp(self, x_lp: np.ndarray, deadline_s: float) -> MilpResult:
+        """The MILP on the instructions the LP left fractional, the others fixed at the LP's option; its dual bound
+        holds for that restriction only, so the caller keeps the LP's."""
+        offsets = self._offsets
         share = np.maximum.reduceat(x_lp[:offsets[-1]], offsets[:-1])
-        options = {"mip_rel_gap": self.mip_rel_gap, "disp": False,
-                   "time_limit": self.time_limit_s if self.time_limit_s is not None else HULL_TIME_LIMIT_S}
         # Fixing an option the LP took at 1 - 1e-7 can leave no room within the deadline (the LP's tolerance): then
         # free more (share below 1 - 1e-3 and their DAG neighbours). Freeing the neighbours from the start was
         # tried: on the Perseus profiles at M = 96 it found worse plans within the time limit.
+        result = MilpResult(None, -np.inf, "not run")
         for attempt in range(2):
             free = share < 1 - (1e-6 if attempt == 0 else 1e-3)
             if attempt == 1:
@@ -642,23 +709,32 @@ class PipelinePlanner:
                 grown[edges[free[edges[:, 0]], 1]] = True
                 grown[edges[free[edges[:, 1]], 0]] = True
                 free = grown
-            fixed_lower, fixed_upper = var_lower.copy(), var_upper.copy()
+            lower, upper = np.zeros(offsets[-1]), np.ones(offsets[-1])
             for i in np.flatnonzero(~free):
                 k = offsets[i] + int(np.argmax(x_lp[offsets[i]:offsets[i + 1]]))
-                fixed_upper[offsets[i]:offsets[i + 1]] = 0.0
-                fixed_lower[k] = fixed_upper[k] = 1.0
-            with quiet_native_stdout():
-                result = milp(objective, constraints=constraints, integrality=integrality,
-                              bounds=Bounds(fixed_lower, fixed_upper), options=options)  # fmt: skip
+                upper[offsets[i]:offsets[i + 1]] = 0.0
+                lower[k] = upper[k] = 1.0
+            result = self._model.milp(deadline_s, x_lower=lower, x_upper=upper, time_limit_s=self.time_limit_s,
+                                      mip_rel_gap=self.mip_rel_gap)  # fmt: skip
             if result.x is not None:
-                return result.x
-        return None
+                return result
+        return result
+
+    def _point(self, choice: np.ndarray) -> np.ndarray:
+        """A plan as a point of the MILP: one-hot options, earliest starts, T its critical path."""
+        x = np.zeros(self._model.n_var)
+        x[self._offsets[:-1] + choice] = 1.0
+        d = self._durations(choice)
+        es = self._graph.earliest(d)
+        x[self._offsets[-1]:-1] = es
+        x[-1] = max(e + t for e, t in zip(es, d))
+        return x
 
     # The heuristic (module docstring). A plan is an int array of shape (N,): each instruction's index into its
     # (stage, kind)'s kept options, fastest first (times increasing, effective energies decreasing).
     def _choices(self, x: np.ndarray) -> np.ndarray:
         """The option each instruction takes in a MILP solution x."""
-        offsets = self._model[5]
+        offsets = self._offsets
         return np.asarray([int(np.argmax(x[offsets[i]:offsets[i + 1]])) for i in range(self.dag.n)], dtype=int)
 
     def _clocks(self, choice: np.ndarray) -> np.ndarray:
@@ -676,7 +752,7 @@ class PipelinePlanner:
         """Each instruction's slowest kept option no slower than the LP's time for it, sum_k x[i, k] t[i, k]: every
         instruction is no slower than in the LP, whose start times then still meet the deadline; a repair pass
         speeds up what the LP's tolerance (1e-7) pushed past it."""
-        offsets = self._model[5]
+        offsets = self._offsets
         choice = np.empty(self.dag.n, dtype=int)
         for i, g in enumerate(self._group):
             times = self._kept_times[g]
@@ -690,7 +766,7 @@ class PipelinePlanner:
         over the micro-batches of its (stage, kind) in order, and the instruction takes hi when the sum reaches 1/2
         (then less 1), else lo: each stage's chain gets about the LP's count of slow options, at the same
         micro-batches on every stage where the LP mixes alike. Not feasible by construction: _repair follows."""
-        offsets = self._model[5]
+        offsets = self._offsets
         choice = np.empty(self.dag.n, dtype=int)
         carry: dict[int, float] = {}
         for i in self._by_micro_batch:
@@ -793,6 +869,83 @@ class PipelinePlanner:
                 return np.asarray(choice, dtype=int)
 
 
+class _Sweep:
+    """The frontier's deadlines and the plans found at them (PipelinePlanner.frontier; module docstring)."""
+
+    def __init__(self, planner: PipelinePlanner, fastest: PipelinePlan) -> None:
+        self.planner, self.fastest = planner, fastest
+        self.plans: list[tuple[PipelinePlan, np.ndarray]] = []  # every plan found, with its option indices
+        self.solved: dict[float, float] = {}  # deadline (s) -> the hull LP's optimum there (J)
+
+    def best_within(self, deadline_s: float, *, with_choice: bool = False):
+        """The least-energy plan found whose time is at most deadline_s (None if none)."""
+        best = None
+        for plan, choice in self.plans:
+            if plan.time_s <= deadline_s * (1 + 1e-12) and (best is None or plan.energy_j < best[0].energy_j):
+                best = (plan, choice)
+        return best if with_choice else (best[0] if best else None)
+
+    def bound_at(self, deadline_s: float) -> float:
+        """The best proven lower bound at deadline_s: the LP's optimum at the smallest solved deadline >= it."""
+        later = [d for d in self.solved if d >= deadline_s * (1 - 1e-12)]
+        return self.solved[min(later)] if later else -math.inf
+
+    def solve(self, deadline_s: float) -> PipelinePlan:
+        """Plan at deadline_s from the LP, the best plan already within it, and the next slower plan repaired."""
+        found = self.best_within(deadline_s, with_choice=True)
+        slower = [(p.time_s, c) for p, c in self.plans if p.time_s > deadline_s]
+        extra = [min(slower, key=lambda pc: pc[0])[1]] if slower else []
+        plan, choice = self.planner._solve(deadline_s, self.fastest, None if found is None else found[1],
+                                           polish=False, extra=extra)  # fmt: skip
+        self.plans.append((plan, choice))
+        self.solved[deadline_s] = plan.lower_bound_j
+        return plan
+
+    def whole(self, energy_step: float) -> None:
+        """Every distinct plan from the fastest to the least-energy one: bisect each pair of solved deadlines whose
+        best plans' energies differ by more than energy_step (relative), down to a time resolution of
+        _FRONTIER_TIME_RESOLUTION of the fastest time."""
+        t0 = self.fastest.time_s
+        self.solve(t0)
+        end = self.solve(self.planner.slowest_time_s())
+        resolution = _FRONTIER_TIME_RESOLUTION * t0
+        stack = [(t0, end.time_s)] if end.time_s > t0 + resolution else []
+        if stack and end.time_s not in self.solved:
+            self.solve(end.time_s)
+        while stack:
+            lo, hi = stack.pop()
+            high = self.best_within(lo).energy_j
+            low = self.best_within(hi).energy_j
+            if high - low <= energy_step * low or hi - lo <= resolution:
+                continue
+            mid = 0.5 * (lo + hi)
+            self.solve(mid)
+            stack += [(mid, hi), (lo, mid)]  # the faster half first: its plans warm-start the slower half
+
+    def staircase(self) -> list[FrontierPoint]:
+        """The distinct plans of the staircase, fastest first, each strictly cheaper than every faster one."""
+        points: list[FrontierPoint] = []
+        for plan, _ in sorted(self.plans, key=lambda pc: (pc[0].time_s, pc[0].energy_j)):
+            if points and plan.energy_j >= points[-1].energy_j * (1 - 1e-12):
+                continue
+            if points and plan.time_s <= points[-1].time_s:
+                points.pop()
+            points.append(FrontierPoint(plan.time_s, plan.energy_j, self.bound_at(plan.time_s),
+                                        float(plan.deadline_s), plan.sm_clock_mhz))  # fmt: skip
+        return points
+
+    def proven_gap(self) -> float:
+        """PipelineFrontier.proven_gap over the solved deadlines."""
+        deadlines = sorted(self.solved)
+        gap = 0.0
+        for lo, hi in zip(deadlines, deadlines[1:] + [None]):
+            best = self.best_within(lo)
+            bound = self.solved[hi if hi is not None else lo]
+            if best is not None and best.energy_j > 0:
+                gap = max(gap, (best.energy_j - bound) / best.energy_j)
+        return gap
+
+
 class _Graph:
     """The instruction DAG as adjacency lists, with its forward and backward passes (plain Python: at N = 1536 one
     pass takes about a millisecond, less than numpy's per-call overhead on the few predecessors of each node)."""
@@ -804,6 +957,9 @@ class _Graph:
             self.succ[a].append(b)
             self.pred[b].append(a)
         self.order = dag.order.tolist()
+        self.rank = [0] * dag.n  # each node's position in the topological order
+        for position, node in enumerate(self.order):
+            self.rank[node] = position
 
     def earliest(self, d: Sequence[float]) -> list[float]:
         """Each instruction's earliest start (s) given the durations d (s)."""
@@ -817,42 +973,44 @@ class _Graph:
         """The critical path (s) with durations d (s)."""
         return max(e + t for e, t in zip(self.earliest(d), d))
 
+    def _propagate(self, i: int, d: Sequence[float], es: list[float], lf: list[float]) -> None:
+        """Update earliest starts es and latest finishes lf (in place) after instruction i's duration d[i] changed:
+        each node after i is recomputed from all its predecessors, at most once and in topological order (its
+        predecessors first), and only where a neighbour's value changed; likewise each node before i from its
+        successors, in reverse order."""
+        rank, pred, succ = self.rank, self.pred, self.succ
+        heap = [(rank[v], v) for v in succ[i]]
+        queued = set(succ[i])
+        heapq.heapify(heap)
+        while heap:
+            _, v = heapq.heappop(heap)
+            start = max(es[p] + d[p] for p in pred[v])
+            if start != es[v]:
+                es[v] = start
+                for w in succ[v]:
+                    if w not in queued:
+                        queued.add(w)
+                        heapq.heappush(heap, (rank[w], w))
+        heap = [(-rank[p], p) for p in pred[i]]
+        queued = set(pred[i])
+        heapq.heapify(heap)
+        while heap:
+            _, p = heapq.heappop(heap)
+            finish = min(lf[s] - d[s] for s in succ[p])
+            if finish != lf[p]:
+                lf[p] = finish
+                for q in pred[p]:
+                    if q not in queued:
+                        queued.add(q)
+                        heapq.heappush(heap, (-rank[q], q))
+
     def lengthen(self, i: int, d: Sequence[float], es: list[float], lf: list[float]) -> None:
-        """Update earliest starts es and latest finishes lf (in place) after instruction i got longer (d[i]): the
-        earliest starts after it can only grow, the latest finishes before it only shrink."""
-        stack = [i]
-        while stack:
-            u = stack.pop()
-            for v in self.succ[u]:
-                if es[u] + d[u] > es[v]:
-                    es[v] = es[u] + d[u]
-                    stack.append(v)
-        stack = [i]
-        while stack:
-            u = stack.pop()
-            for p in self.pred[u]:
-                if lf[u] - d[u] < lf[p]:
-                    lf[p] = lf[u] - d[u]
-                    stack.append(p)
+        """Update earliest starts es and latest finishes lf (in place) after instruction i got longer (d[i])."""
+        self._propagate(i, d, es, lf)
 
     def shorten(self, i: int, d: Sequence[float], es: list[float], lf: list[float], horizon_s: float) -> None:
         """Update earliest starts es and latest finishes lf (in place) after instruction i got shorter (d[i])."""
-        stack = [i]
-        while stack:
-            u = stack.pop()
-            for v in self.succ[u]:
-                start = max((es[p] + d[p] for p in self.pred[v]), default=0.0)
-                if start < es[v]:
-                    es[v] = start
-                    stack.append(v)
-        stack = [i]
-        while stack:
-            u = stack.pop()
-            for p in self.pred[u]:
-                finish = min((lf[s] - d[s] for s in self.succ[p]), default=horizon_s)
-                if finish > lf[p]:
-                    lf[p] = finish
-                    stack.append(p)
+        self._propagate(i, d, es, lf)
 
     def latest(self, d: Sequence[float], horizon_s: float) -> list[float]:
         """Each instruction's latest finish (s) for the iteration to end by horizon_s."""
@@ -863,15 +1021,10 @@ class _Graph:
         return lf
 
 
-def _solution(result, deadline_s: float) -> np.ndarray:
-    if result.x is None:
-        raise FreqoptError(f"the pipeline planner (HiGHS) found no plan within {deadline_s:.6g} s: {result.message}")
-    return result.x
-
-
 def plan_pipeline(profile: StageProfile | str | Path, micro_batches: int, *, stages: int | None = None,
                   max_slowdown: float | str | None = None, deadline_s: float | None = None,
-                  blocking_power_w: float = 0.0, schedule: str = "1f1b", time_quantum_s: float | None = None,
+                  blocking_power_w: float | None = None, gpu: str | None = None, schedule: str = "1f1b",
+                  time_quantum_s: float | None = None,
                   mip_rel_gap: float = 1e-5, time_limit_s: float | None = None,
                   method: str = "auto") -> PipelinePlan:  # fmt: skip
     """The least-energy clock per instruction of a pipeline iteration within a deadline (module docstring).
@@ -883,10 +1036,35 @@ def plan_pipeline(profile: StageProfile | str | Path, micro_batches: int, *, sta
         InvalidSettingError: a bad argument or stage profile (the argument's name first).
         FreqoptError: the solver failed.
     """
-    planner = PipelinePlanner(profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w,
+    planner = PipelinePlanner(profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w, gpu=gpu,
                               schedule=schedule, time_quantum_s=time_quantum_s, mip_rel_gap=mip_rel_gap,
                               time_limit_s=time_limit_s, method=method)  # fmt: skip
     return planner.plan(deadline_s, max_slowdown=max_slowdown)
+
+
+def blocking_power_w_for(blocking_power_w: float | None, gpu: str | None) -> float:
+    """The blocking power (W) to plan with: ``blocking_power_w`` if given, else the measured figure of ``gpu``
+    (MEASURED_BLOCKING_POWER_W).
+
+    Raises:
+        InvalidSettingError: gpu is not a known GPU (argument ``gpu``); neither is given, or the GPU has no measured
+            figure (argument ``blocking_power_w``): waiting is not free, so the planner does not guess it.
+    """
+    if blocking_power_w is not None:
+        _check_number("blocking_power_w", blocking_power_w, minimum=0.0)
+        return float(blocking_power_w)
+    if gpu is not None:
+        from freqopt.gpu.specs import list_gpus
+
+        if gpu not in list_gpus():
+            raise InvalidSettingError(f"gpu {gpu!r} is unknown; known: {', '.join(list_gpus())}", argument="gpu")
+        if gpu in MEASURED_BLOCKING_POWER_W:
+            return MEASURED_BLOCKING_POWER_W[gpu]
+    known = ", ".join(f"{name} {watts} W" for name, watts in MEASURED_BLOCKING_POWER_W.items())
+    where = f"no measured figure for {gpu}" if gpu else "no gpu named"
+    raise InvalidSettingError(f"blocking_power_w is required ({where}): give the power (W) a GPU draws while it waits "
+                              f"on its pipeline neighbours, or a gpu with a measured one ({known})",
+                              argument="blocking_power_w")  # fmt: skip
 
 
 def _check_number(name: str, value, *, minimum: float, strict: bool = False) -> None:

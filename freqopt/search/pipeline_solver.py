@@ -1,0 +1,169 @@
+"""The pipeline planner's linear programs, solved by HiGHS through its own Python interface (highspy).
+
+One model, built once per planner (freqopt.search.pipeline_plan): variables x[i, k] (instruction i takes its kept
+option k), a start time s_i per instruction and the iteration time T; rows sum_k x[i, k] = 1, one precedence row per
+DAG edge and one per sink. A deadline D is the upper bound of every start time and of T, so moving along the
+time-energy frontier changes only column bounds:
+
+- ``lp(deadline_s)``: the hull LP (x relaxed to [0, 1]). The model stays in one ``highspy.Highs`` whose simplex basis
+  is kept between calls, so a nearby deadline is re-solved from the last optimal basis (a hot start: on Perseus's
+  BLOOM A100 profile at M = 96, 1,536 instructions x 29 options, a few to a few hundred dual simplex iterations and
+  10-170 ms, where a cold solve takes 19,120 iterations and 1.2 s; measured 2026-11-26 on the 2-core machine).
+- ``milp(deadline_s, fixed=..., start=...)``: the MILP, optionally with some instructions fixed to one option, a
+  feasible start (HiGHS's ``setSolution``), a time limit and a relative gap; its incumbent and its proven dual
+  bound come back.
+
+Every solve runs in HiGHS's solver thread (``Highs.startSolve``) while this thread waits in short slices, so Ctrl-C
+(KeyboardInterrupt) reaches Python within 0.1 s: the solve is cancelled through HiGHS's user-interrupt callback
+(``Highs.cancelSolve``), and the KeyboardInterrupt is raised again once HiGHS has stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from freqopt.errors import FreqoptError
+from freqopt.search.allocate import quiet_native_stdout
+
+__all__ = ["PipelineModel", "MilpResult"]
+
+# How long (s) one wait for the solver thread lasts before Python looks at signals again.
+_POLL_S = 0.05
+# How long (s) a Ctrl-C waits for HiGHS to stop before it reaches the caller anyway.
+_CANCEL_WAIT_S = 0.3
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    """A MILP solve's outcome: ``x`` the incumbent (None when HiGHS found none), ``dual_bound`` its proven lower
+    bound on the objective (J; -inf when none), ``status`` HiGHS's model status in words."""
+
+    x: np.ndarray | None
+    dual_bound: float
+    status: str
+
+
+def _highs():
+    import highspy
+
+    with quiet_native_stdout():  # the first Highs() of a process prints HiGHS's banner to fd 1
+        h = highspy.Highs()
+    h.silent()
+    h.setOptionValue("output_flag", False)
+    h.HandleUserInterrupt = True  # enables the interrupt callbacks that cancelSolve uses
+    return h
+
+
+def _run(h) -> None:
+    """Solve in HiGHS's thread, waking every _POLL_S for signals. On KeyboardInterrupt: cancel (HiGHS's MIP can take
+    over a second to notice), wait at most _CANCEL_WAIT_S, and re-raise; a solve still stopping then ends in its
+    daemon thread, and the next solve on the same model waits for it. Stray lines HiGHS's MIP solver prints to fd 1
+    despite output_flag are silenced (quiet_native_stdout)."""
+    while h.is_solver_running():  # a solve cancelled by an earlier Ctrl-C, still stopping
+        h.wait(_POLL_S)
+    with quiet_native_stdout():
+        h.startSolve()
+        try:
+            while not h.wait(_POLL_S)[0]:
+                pass
+        except KeyboardInterrupt:
+            h.cancelSolve()
+            h.wait(_CANCEL_WAIT_S)
+            raise
+
+
+class PipelineModel:
+    """The planner's LP/MILP (module docstring) over ``n_x`` option columns, ``n`` start times and T.
+
+    Args:
+        matrix: the constraint matrix (scipy sparse, rows x (n_x + n + 1)).
+        row_lower, row_upper: its row bounds (np.inf for none).
+        cost: the objective per column (J per unit): effective energies, zeros for start times, S * p for T.
+        n_x: the number of option columns (they come first and are the integer ones in the MILP).
+    """
+
+    def __init__(self, matrix, row_lower: np.ndarray, row_upper: np.ndarray, cost: np.ndarray, n_x: int) -> None:
+        import highspy
+
+        self._inf = highspy.kHighsInf
+        lp = highspy.HighsLp()
+        n_var = matrix.shape[1]
+        lp.num_col_, lp.num_row_ = n_var, matrix.shape[0]
+        lp.col_cost_ = np.asarray(cost, dtype=float)
+        lp.col_lower_ = np.zeros(n_var)
+        lp.col_upper_ = np.ones(n_var)
+        lp.row_lower_ = np.where(np.isinf(row_lower), -self._inf, row_lower)
+        lp.row_upper_ = np.where(np.isinf(row_upper), self._inf, row_upper)
+        csc = matrix.tocsc()
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = csc.indptr
+        lp.a_matrix_.index_ = csc.indices
+        lp.a_matrix_.value_ = csc.data
+        self._lp_model = lp
+        self.n_x, self.n_var = n_x, n_var
+        self._times = np.arange(n_x, n_var, dtype=np.int32)  # the start-time columns and T
+        self._lp = _highs()
+        self._lp.passModel(lp)
+        self._lp_deadline: float | None = None
+
+    def _set_deadline(self, h, deadline_s: float) -> None:
+        k = len(self._times)
+        h.changeColsBounds(k, self._times, np.zeros(k), np.full(k, float(deadline_s)))
+
+    def lp(self, deadline_s: float) -> tuple[np.ndarray, float]:
+        """The hull LP at this deadline, hot-started from the last call's basis: (x over all columns, optimum J).
+
+        Raises:
+            FreqoptError: HiGHS did not reach an optimum (the message gives its status).
+            KeyboardInterrupt: Ctrl-C during the solve (HiGHS stopped first).
+        """
+        if self._lp_deadline != deadline_s:
+            self._set_deadline(self._lp, deadline_s)
+            self._lp_deadline = deadline_s
+        _run(self._lp)
+        status = self._lp.modelStatusToString(self._lp.getModelStatus())
+        if status != "Optimal":
+            raise FreqoptError(f"the pipeline planner's LP (HiGHS) found no optimum within {deadline_s:.6g} s: "
+                               f"{status}")  # fmt: skip
+        return np.asarray(self._lp.getSolution().col_value), float(self._lp.getInfo().objective_function_value)
+
+    def milp(self, deadline_s: float, *, x_lower: np.ndarray | None = None, x_upper: np.ndarray | None = None,
+             start: np.ndarray | None = None, time_limit_s: float, mip_rel_gap: float) -> MilpResult:  # fmt: skip
+        """The MILP at this deadline.
+
+        Args:
+            deadline_s: the deadline (s).
+            x_lower, x_upper: bounds of the option columns (shape (n_x,)), to fix some instructions' options; None:
+                [0, 1].
+            start: a feasible point (all columns, shape (n_var,)) HiGHS starts from, or None.
+            time_limit_s: HiGHS's wall-clock limit (s); the incumbent at the limit comes back.
+            mip_rel_gap: HiGHS's relative gap at which it stops.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C during the solve (HiGHS stopped first).
+        """
+        import highspy
+
+        h = _highs()
+        h.passModel(self._lp_model)
+        columns = np.arange(self.n_x, dtype=np.int32)
+        h.changeColsIntegrality(self.n_x, columns, np.full(self.n_x, highspy.HighsVarType.kInteger))
+        self._set_deadline(h, deadline_s)
+        if x_lower is not None or x_upper is not None:
+            lower = np.zeros(self.n_x) if x_lower is None else np.asarray(x_lower, dtype=float)
+            upper = np.ones(self.n_x) if x_upper is None else np.asarray(x_upper, dtype=float)
+            h.changeColsBounds(self.n_x, columns, lower, upper)
+        h.setOptionValue("time_limit", float(time_limit_s))
+        h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+        if start is not None:
+            solution = highspy.HighsSolution()
+            solution.col_value = list(np.asarray(start, dtype=float))
+            solution.value_valid = True
+            h.setSolution(solution)
+        _run(h)
+        info = h.getInfo()
+        x = np.asarray(h.getSolution().col_value) if info.primal_solution_status == 2 else None  # 2: feasible
+        bound = float(info.mip_dual_bound)
+        return MilpResult(x, bound if np.isfinite(bound) else -np.inf, h.modelStatusToString(h.getModelStatus()))
