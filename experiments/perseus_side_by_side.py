@@ -58,6 +58,8 @@ from freqopt.search.pipeline_plan import MEASURED_BLOCKING_POWER_W, PipelinePlan
 DATA = ROOT / "experiments" / "data" / "perseus"
 OUT = ROOT / "experiments" / "perseus"
 PEER = ROOT.parent / "shared" / "peers" / "perseus" / "perseus.py"
+# freqopt's commands run from this checkout (not whichever freqopt is installed).
+FREQOPT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 SETTINGS = [  # (gpu tag of Perseus's files, model, profile, freqopt GPU, Perseus's --gpu-type)
     ("a100_sxm", "bloom", "bloom+a100_sxm_bf16.csv", "a100-sxm4-80gb", "A100"),
     ("a40", "bloom", "bloom+a40_bf16.csv", "a40", "A40"),
@@ -94,7 +96,7 @@ def run_freqopt(profile: Path, gpu: str, m: int, out: Path, extra: list[str] = (
     cmd = [sys.executable, "-m", "freqopt.cli", "plan", "--stage-profile", str(profile), "--micro-batches", str(m),
            "--gpu", gpu, "--json", str(out), *extra]
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=FREQOPT_ENV)
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"freqopt plan failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -217,14 +219,14 @@ def small_case(scratch: Path) -> dict:
         start = time.perf_counter()
         cmd = [sys.executable, "-m", "freqopt.cli", "plan", "--stage-profile", str(profile), "--micro-batches", str(m),
                "--max-slowdown", "2%", "--blocking-power-w", "80", "--json", str(scratch / f"smooth{m}.json")]
-        subprocess.run(cmd, check=True, capture_output=True)
+        subprocess.run(cmd, check=True, capture_output=True, env=FREQOPT_ENV)
         out["plan_s"][str(m)] = time.perf_counter() - start
     latencies = []
     for delay in (3.0, 6.0, 9.0):  # into the LP, the MILP (600 s limit) and later
         target = scratch / "interrupted.json"
         cmd = [sys.executable, "-m", "freqopt.cli", "plan", "--stage-profile", str(profile), "--micro-batches", "8",
                "--max-slowdown", "2%", "--blocking-power-w", "80", "--time-limit-s", "600", "--json", str(target)]
-        process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+        process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=FREQOPT_ENV,
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         time.sleep(delay)
         sent = time.perf_counter()
