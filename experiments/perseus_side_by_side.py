@@ -359,7 +359,9 @@ def main() -> None:
         wanted = [tuple(s.split(":")[:2]) + (int(s.split(":")[2]),) for s in args.settings]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
-    doc = json.loads(path.read_text()) if path.is_file() else {"settings": []}
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    if doc.get("format") != "perseus-side-by-side":  # another script's results (perseus_frontiers.py's): start anew
+        doc = {"format": "perseus-side-by-side", "settings": []}
     doc.update(command="python experiments/perseus_side_by_side.py " + " ".join(sys.argv[1:]),
                date=str(date.today()), machine=f"{os.cpu_count()} cores, {platform.machine()}, no GPU")
     with tempfile.TemporaryDirectory(prefix="perseus-side-by-side-") as tmp:

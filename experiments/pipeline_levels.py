@@ -34,7 +34,7 @@ from pathlib import Path
 from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import get_gpu
 from freqopt.search.pipeline_search import PipelineSearchConfig, run_pipeline_search
-from freqopt.search.pipeline_sim import PERSEUS_BLOCKING_POWER_W
+from freqopt.search.pipeline_sim import PERSEUS_BLOCKING_POWER_W, SimulatedPipeline
 from freqopt.search.storage import open_storage
 from freqopt.search.study import optuna_logging
 from freqopt.workload.layout import parse_layout
@@ -43,6 +43,7 @@ from freqopt.workload.pipeline_trace import trace_pipeline_stages
 
 OUT = Path(__file__).resolve().parent / "pipeline"
 BUDGET = 0.01
+STALLS_S = (0.0, 1e-4, 1e-3)  # a GPU stall per clock switch landing mid-instruction (issue 34's sensitivity)
 # (label, model, get_workload overrides, layout, micro-batches, GPU type, constant blocked power or None)
 CONFIGS = (
     ("gpt3-xl pp=4, A100", "gpt3-xl", {}, "pp=4", 8, "a100-sxm4-80gb", None),
@@ -66,14 +67,26 @@ def run(config, storage, *, quick: bool) -> dict:
     search_config = PipelineSearchConfig(max_slowdown=BUDGET, seed=0, storage=None, blocked_power_w=blocked,
                                          **({"n_trials": 5, "validation_repeats": 2, "frontier_points": 4}
                                             if quick else {}))  # fmt: skip
-    result = run_pipeline_search(stages, get_gpu(gpu), micro_batches, search_config, storage=storage)
+    spec = get_gpu(gpu)
+    result = run_pipeline_search(stages, spec, micro_batches, search_config, storage=storage)
     doc = result.summary()
+    # The instruction level's validated schedule again, noiseless, with a switch that also stalls the GPU while it
+    # lands mid-instruction (SimulatedPipeline's switch_stall_s), against the noiseless default iteration.
+    requests = list(result.levels["instruction"].requests)
+    stall = []
+    for stall_s in STALLS_S:
+        pipe = SimulatedPipeline(stages, spec, micro_batches, noise=False, blocked_power_w=blocked,
+                                 switch_stall_s=stall_s)  # fmt: skip
+        base, run_ = pipe.true_run(None), pipe.true_run(requests)
+        stall.append({"stall_s": stall_s, "energy_saved_pct": 100 * (1 - run_.energy_j / base.energy_j),
+                      "slowdown_pct": 100 * (run_.time_s / base.time_s - 1)})
+    busy = [r.busy_s for r in SimulatedPipeline(stages, spec, micro_batches, noise=False).true_run(None).stages]
     doc.update(label=label, layout=layout, constant_blocked_power_w=blocked, wall_s=time.perf_counter() - started,
+               switch_stall=stall, stage_busy_s=busy,
                stage_layers=[[s.stage.layers[0].name, s.stage.layers[-1].name] for s in stages],
                requests=result.stage_requests() if "instruction" in result.levels else None)  # fmt: skip
-    inst, it = doc["results"]["instruction"], doc["results"]["iteration"]
-    print(f"{label}: iteration {it['energy_saved_pct']:.2f} % at {it['slowdown_pct']:+.2f} %, instruction "
-          f"{inst['energy_saved_pct']:.2f} % at {inst['slowdown_pct']:+.2f} % ({doc['wall_s']:.0f} s)", flush=True)
+    print(f"{label}: " + ", ".join(f"{g} {r['energy_saved_pct']:.2f} % at {r['slowdown_pct']:+.2f} %"
+                                   for g, r in doc["results"].items()) + f" ({doc['wall_s']:.0f} s)", flush=True)
     return doc
 
 
@@ -82,7 +95,8 @@ def _pct(r: dict, key: str) -> str:
 
 
 def report(docs: list[dict], command: str, total_s: float) -> str:
-    lines = ["# One clock per pipeline instruction against one clock for the iteration (simulated pipeline)", "",
+    lines = ["# One clock per pipeline instruction against one per stage and one for the iteration (simulated "
+             "pipeline)", "",
              f"Written by `experiments/pipeline_levels.py` ({command}; {total_s / 60:.0f} min on 2 shared CPU "
              "cores). Every figure is validated: the whole simulated pipeline's iteration (freqopt.search."
              "pipeline_sim: S simulated GPUs running DeepSpeed's 1F1B schedule, P2P transfers timed by the "
@@ -97,7 +111,7 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
              "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for d in docs:
         base = d["baseline"]
-        for g in ("iteration", "instruction"):
+        for g in ("iteration", "stage", "instruction"):
             r = d["results"][g]
             ideal = "-" if r["ideal_energy_saved_pct"] is None else \
                 f"{r['ideal_energy_saved_pct']:.2f} / {r['ideal_slowdown_pct']:.2f}"
@@ -106,25 +120,50 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
             lines.append(f"| {head} | {g} | {_pct(r, 'energy_saved_pct')} | {_pct(r, 'slowdown_pct')} | {ideal} | "
                          f"{r['n_switches']} | {r['n_measurements']} | {r['search_cost_gpu_s'] / 3600:.3f} | "
                          f"{r['search_wall_s']:.0f} |")  # fmt: skip
-    lines += ["", "Instruction over iteration level (validated savings):", ""]
+    lines += ["", "The stage level is one clock per stage that never switches (PipelinePlanner.plan_stage_clocks on "
+              "the instruction level's fronts): what balancing the stages gives with no switch at all. Instruction "
+              "level against it and against the iteration level (validated savings):", ""]
     for d in docs:
-        it, inst = d["results"]["iteration"]["energy_saved_pct"], d["results"]["instruction"]["energy_saved_pct"]
-        ratio = f"{inst / it:.2f}x" if it > 0 else "(iteration level saved nothing)"
-        lines.append(f"- {d['label']}: {inst:.2f} % against {it:.2f} %: {ratio}; the plan within "
+        it, st, inst = (d["results"][g]["energy_saved_pct"] for g in ("iteration", "stage", "instruction"))
+        ratio = f"{inst / it:.2f}x the iteration level's" if it > 0 else "(iteration level saved nothing)"
+        lines.append(f"- {d['label']}: {inst:.2f} % against {st:.2f} % one clock per stage and {it:.2f} % one for "
+                     f"all: {inst - st:+.2f} points from switching per instruction, {ratio}; the plan within "
                      f"{100 * (d['results']['instruction']['plan_gap'] or 0):.3g} % of the optimum of the measured "
                      f"fronts (proven); search {d['wall_s']:.0f} s in all")  # fmt: skip
+    lines += ["", "## A switch that also stalls the GPU", "",
+              "The instruction level's validated schedule measured again without noise, each switch that lands "
+              "mid-instruction pausing the GPU for the stall (drawing its blocked power); whether a real transition "
+              "pauses the SMs is not in the sources. Energy saved and slowdown against the default iteration:", "",
+              "| configuration | " + " | ".join(f"stall {1e3 * s:g} ms" for s in STALLS_S) + " |",
+              "| --- | " + " | ".join("---:" for _ in STALLS_S) + " |"]
+    for d in docs:
+        lines.append(f"| {d['label']} | " + " | ".join(f"{x['energy_saved_pct']:.2f} % at {x['slowdown_pct']:+.2f} %"
+                                                     for x in d["switch_stall"]) + " |")  # fmt: skip
+    gaps = [d["results"]["instruction"]["ideal_energy_saved_pct"] - d["results"]["instruction"]["energy_saved_pct"]
+            for d in docs if d["results"]["instruction"]["ideal_energy_saved_pct"] is not None]
+    xl = next((d for d in docs if d["label"].startswith("gpt3-xl pp=4, A100")), None)
+    big = next((d for d in docs if d["label"].startswith("gpt3-175b") and "A100" in d["label"]), None)
+
+    def idle(d, which):  # how much less than the busiest stage a stage is busy, %
+        busy = d["stage_busy_s"]
+        return 100 * (1 - busy[which] / max(busy))
+
     lines += ["", "Where the instruction level's saving comes from: unequal stages and the bubbles. DeepSpeed's "
               "'parameters' partition balances parameters, not time: gpt3-xl's first stage holds the embedding (as "
               "many parameters as two blocks, almost no compute) and 5 blocks, against 7 in each middle stage and 5 "
-              "plus the output layer in the last, so it is busy about 28 % less than the others; gpt3-175b's last stage holds the output layer, whose GEMM "
-              "(2 x tokens x d_model x vocabulary) is not split by AutoTP's tensor parallelism (freqopt.workload."
-              "models.parallel), about 2.7 blocks of compute at tp=8, so the seven other stages wait 12-14 % of "
-              "each cycle, and at the A100's fitted power curve (its energy falls to 0.73 of its top-clock value near "
-              "1050 MHz, experiments/dvfs_fit.md) slowing them into that wait saves most of their energy for no time. "
-              "A longer switch costs the instruction level more: each switch is asked for one latency ahead and the "
-              "faster clock is held over its neighbours (freqopt.search.pipeline_search.realize_requests), and the "
-              "free-switching column is 1.7-3.9 points above the realized one (the A100 at its cautious 170 ms and "
-              "the H100 at 26 ms alike: the H100's instructions are shorter).",
+              "plus the output layer in the last"
+              + (f", so its first stage is busy {idle(xl, 0):.0f} % less than the busiest (the default iteration, "
+                 "noiseless)" if xl else "")
+              + "; gpt3-175b's last stage holds the output layer, whose GEMM (2 x tokens x d_model x vocabulary) is "
+              "not split by AutoTP's tensor parallelism (freqopt.workload.models.parallel)"
+              + (f", so the seven other stages are busy {min(idle(big, s) for s in range(7)):.0f}-"
+                 f"{max(idle(big, s) for s in range(7)):.0f} % less than it" if big else "")
+              + ", and at the A100's fitted power curve (experiments/dvfs_fit.md) slowing them into that wait saves "
+              "most of their energy for no time. A longer switch costs the instruction level more: each switch is "
+              "asked for one latency ahead and the faster clock is held over its neighbours (freqopt.search."
+              "pipeline_search.realize_requests)"
+              + (f", and the free-switching column is {min(gaps):.1f}-{max(gaps):.1f} points above the realized one"
+                 if gaps else "") + ".",
               "", "## Blocked power", "",
               "A GPU waiting on a P2P receive spins in a NCCL kernel that has received nothing: the physics gives it "
               "the board's baseline at the clock in force (freqopt.search.pipeline_sim). Perseus measured this "

@@ -373,8 +373,9 @@ def search_pipeline(
     verbose: bool = False,
 ):
     """Search the clocks of a pipeline-parallel training iteration (a layout with pp > 1) on the simulated pipeline:
-    one SM clock for the whole iteration ("iteration") and one per instruction ("instruction": each stage's forward
-    and backward fronts by Bayesian search, then one exact plan over DeepSpeed's 1F1B schedule), each validated on
+    one SM clock for the whole iteration ("iteration"), one per stage never switching ("stage") and one per
+    instruction ("instruction": each stage's forward and backward fronts by Bayesian search, then one plan over
+    DeepSpeed's 1F1B schedule; the stage level plans on the same fronts), each validated on
     the noisy simulated pipeline with clock-switch latency (freqopt.search.pipeline_search).
 
     Args:
@@ -383,7 +384,8 @@ def search_pipeline(
         micro_batches: M, micro-batches per iteration (DeepSpeed's gradient_accumulation_steps).
         gpu: GPU type name or GPUSpec of every stage; default h100-sxm.
         layout: "dp=1,tp=8,pp=8" or a Layout (model names only); pp must be above 1.
-        granularities: "all" (iteration and instruction), "iteration", "instruction" or a sequence of them.
+        granularities: "all" (iteration, stage and instruction), "iteration", "stage", "instruction" or a sequence
+            of them.
         partition_method: DeepSpeed's PipelineModule partition: "parameters" (its default), "uniform",
             "type:REGEX".
         backend: "sim" only: the pipeline is simulated (a real pipeline is planned from a measured stage profile,
@@ -456,7 +458,8 @@ def search_pipeline(
                                           out)["instruction"]  # fmt: skip
     if on_start is not None:
         prefix = pipeline_study_prefix(workload, spec, partition_method, seed)
-        n_units = (1 if "iteration" in levels else 0) + (2 * workload.layout.pp if "instruction" in levels else 0)
+        fronts = "stage" in levels or "instruction" in levels  # both plan on the instructions' fronts
+        n_units = (1 if "iteration" in levels else 0) + (2 * workload.layout.pp if fronts else 0)
         on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, n_units))
     with optuna_logging(verbose):
         result = run_pipeline_search(stage_traces, spec, micro_batches, config, storage=open_storage(storage),

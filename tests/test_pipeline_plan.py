@@ -547,3 +547,21 @@ def test_cli_plan_ctrl_c_writes_nothing(tmp_path):
     err = process.communicate(timeout=30)[1]
     assert process.returncode == 130 and time.perf_counter() - sent < 1.0
     assert err.strip().endswith("freqopt: interrupted; nothing written") and not out.exists()
+
+
+@pytest.mark.parametrize("seed,blocking_power_w", [(0, 0.0), (4, 2.0)])
+def test_stage_clocks_match_brute_force_over_one_clock_per_stage(seed, blocking_power_w):
+    planner = PipelinePlanner(random_profile(2, 4, seed), 3, blocking_power_w=blocking_power_w, mip_rel_gap=0.0)
+    clocks = [1000, 1100, 1200, 1300]
+    for slowdown in (0.02, 0.15, 0.6):
+        deadline = planner.fastest().time_s * (1 + slowdown)
+        best = min((planner.evaluate([pair[inst.stage] for inst in planner.dag.instructions])[::-1]
+                    for pair in itertools.product(clocks, repeat=2)
+                    if planner.evaluate([pair[inst.stage] for inst in planner.dag.instructions])[0] <= deadline),
+                   default=None)  # fmt: skip
+        plan = planner.plan_stage_clocks(deadline)
+        assert plan.energy_j == pytest.approx(best[0], rel=1e-9) and plan.time_s <= deadline * (1 + 1e-9)
+        for s in range(2):  # one clock per stage
+            assert len({c for inst, c in zip(plan.dag.instructions, plan.sm_clock_mhz) if inst.stage == s}) == 1
+        assert planner.plan(deadline).energy_j <= plan.energy_j * (1 + 1e-9)  # per instruction is never worse
+    assert planner.plan_stage_clocks().energy_j == planner.fastest().energy_j

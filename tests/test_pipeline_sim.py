@@ -178,3 +178,26 @@ def test_realized_requests_keep_the_plan_in_time_despite_the_switch_latency(stag
         assert realized.time_s <= planned.time_s * 1.002  # no instruction slower than planned (timeline: +-0.2 %)
         if latency >= 0.02:
             assert as_planned.time_s > realized.time_s
+
+
+def test_a_switch_stall_delays_the_instruction_it_lands_in(stages):
+    # Issue 34's sensitivity: a switch that also pauses the GPU. It lands mid-instruction (half of F0's time after
+    # F0 asks for it), so F0 takes the stall longer and draws the blocked power meanwhile; the default iteration,
+    # which never switches, is unchanged.
+    dag = _pipe(stages).dag
+    first = next(i for i, inst in enumerate(dag.instructions) if inst.stage == 0)
+    plan = [None] * dag.n
+    plan[first] = 870
+    runs = {}
+    for stall_s in (0.0, 1e-3):
+        pipe = _pipe(stages, switch_stall_s=stall_s)
+        pipe.spec = A100.with_switch_latency(pipe.instruction_cost(0, "forward")[0] / 2)
+        runs[stall_s] = (pipe.true_run(plan), pipe.true_run())
+    (plain, default), (stalled, default_stalled) = runs[0.0], runs[1e-3]
+    assert stalled.instruction_time_s[first] == pytest.approx(plain.instruction_time_s[first] + 1e-3, rel=1e-9)
+    power = _pipe(stages).blocked_power_w(870)
+    assert stalled.instruction_energy_j[first] == pytest.approx(plain.instruction_energy_j[first] + power * 1e-3,
+                                                                rel=1e-9)  # fmt: skip
+    assert default_stalled.time_s == default.time_s and default_stalled.energy_j == default.energy_j
+    with pytest.raises(InvalidSettingError, match="^switch_stall_s"):
+        _pipe(stages, switch_stall_s=-1.0)

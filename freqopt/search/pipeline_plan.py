@@ -521,6 +521,70 @@ class PipelinePlanner:
             FreqoptError: HiGHS failed (the message says how).
         """
         fastest = self.fastest()
+        deadline_s = self._deadline(fastest, deadline_s, max_slowdown)
+        if deadline_s is None:
+            return fastest
+        start = None if warm_start is None else self._warm_choice(warm_start, deadline_s)
+        return self._solve(deadline_s, fastest, start)[0]
+
+    def plan_stage_clocks(self, deadline_s: float | None = None, *, max_slowdown: float | str | None = None) -> PipelinePlan:
+        """The least-energy plan with one SM clock per stage for all its instructions (no clock switch within an
+        iteration): the baseline that tells what per-instruction switching adds beyond balancing the stages.
+
+        The same MILP as the instruction level's (module docstring), with one binary y[s, k] per stage s and clock k
+        that both of its instruction kinds were profiled at, shared by all its instructions: S x K binaries, solved
+        by HiGHS within time_limit_s and mip_rel_gap; lower_bound_j is HiGHS's dual bound for this restricted
+        problem. Args and errors: as ``plan``; neither deadline: the fastest plan.
+
+        Raises:
+            InvalidSettingError: as ``plan``; a stage whose forward and backward share no profiled clock.
+            FreqoptError: HiGHS found no plan within its time limit.
+        """
+        fastest = self.fastest()
+        deadline_s = self._deadline(fastest, deadline_s, max_slowdown)
+        if deadline_s is None:
+            return fastest
+        start = _time.perf_counter()
+        clocks = []
+        for stage in range(self.stages):
+            common = sorted(set(self.profile.options[(stage, KINDS[0])].sm_clock_mhz.tolist())
+                            & set(self.profile.options[(stage, KINDS[1])].sm_clock_mhz.tolist()), reverse=True)
+            if not common:
+                raise InvalidSettingError(f"stage_profile: stage {stage}'s forward and backward share no clock; one "
+                                          "clock per stage needs both profiled at it", argument="stage_profile")  # fmt: skip
+            clocks.append(common)
+        offsets = np.concatenate([[0], np.cumsum([len(c) for c in clocks])])
+        n, n_y = self.dag.n, int(offsets[-1])
+        cost = np.zeros(n_y)
+        times = []
+        for inst in self.dag.instructions:
+            opts = self.profile.options[(inst.stage, inst.kind)]
+            index = [int(np.flatnonzero(opts.sm_clock_mhz == c)[0]) for c in clocks[inst.stage]]
+            t = opts.time_s[index]
+            if self.time_quantum_s is not None:
+                t = np.floor(t / self.time_quantum_s + 1e-9) * self.time_quantum_s
+            times.append(t)
+            cost[offsets[inst.stage]:offsets[inst.stage + 1]] += opts.energy_j[index] - self.blocking_power_w * t
+        matrix, lower, upper = self._precedence_rows(self.stages, offsets, [inst.stage for inst in self.dag.instructions],
+                                                     times, n_y)  # fmt: skip
+        objective = np.concatenate([cost, np.zeros(n), [self.stages * self.blocking_power_w]])
+        model = PipelineModel(matrix, lower, upper, objective, n_y)
+        result = model.milp(deadline_s, time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap)
+        if result.x is None:
+            raise FreqoptError(f"the stage-clock planner (HiGHS) found no plan within {deadline_s:.6g} s in "
+                               f"{self.time_limit_s:g} s: {result.status}")  # fmt: skip
+        chosen = [clocks[s][int(np.argmax(result.x[offsets[s]:offsets[s + 1]]))] for s in range(self.stages)]
+        per_instruction = np.asarray([chosen[inst.stage] for inst in self.dag.instructions], dtype=int)
+        time_s, energy_j = self.evaluate(per_instruction)
+        if time_s > deadline_s * (1 + 1e-9):  # HiGHS's tolerance: the fastest plan is the safe answer
+            per_instruction = fastest.sm_clock_mhz
+            time_s, energy_j = fastest.time_s, fastest.energy_j
+        return PipelinePlan(self.dag, per_instruction, time_s, energy_j, float(deadline_s),
+                            min(result.dual_bound, energy_j), fastest.time_s, fastest.energy_j,
+                            _time.perf_counter() - start, self)  # fmt: skip
+
+    def _deadline(self, fastest: PipelinePlan, deadline_s: float | None, max_slowdown) -> float | None:
+        """The deadline (s) of plan()'s arguments, checked; None for the fastest plan."""
         if deadline_s is not None and max_slowdown is not None:
             raise InvalidSettingError("deadline_s and max_slowdown are both given; give one", argument="deadline_s")
         if max_slowdown is not None:
@@ -528,14 +592,12 @@ class PipelinePlanner:
 
             deadline_s = fastest.time_s * (1.0 + parse_slowdown(max_slowdown))
         if deadline_s is None:
-            return fastest
+            return None
         _check_number("deadline_s", deadline_s, minimum=0.0, strict=True)
         if deadline_s < fastest.time_s * (1 - 1e-12):
             raise InvalidSettingError(f"deadline_s {deadline_s:.6g} s is below the fastest plan's "
                                       f"{fastest.time_s:.6g} s; no plan meets it", argument="deadline_s")  # fmt: skip
-        deadline_s = max(deadline_s, fastest.time_s)
-        start = None if warm_start is None else self._warm_choice(warm_start, deadline_s)
-        return self._solve(deadline_s, fastest, start)[0]
+        return max(deadline_s, fastest.time_s)
 
     def _warm_choice(self, warm_start: PipelinePlan, deadline_s: float) -> np.ndarray:
         """A warm start's option index per instruction (plan's docstring for the checks)."""
@@ -607,8 +669,6 @@ class PipelinePlanner:
 
     # The LP/MILP model (module docstring): variables x (one per instruction and kept option), s (N), T.
     def _build(self) -> None:
-        from scipy.sparse import coo_matrix
-
         n = self.dag.n
         offsets = np.zeros(n + 1, dtype=int)
         times: list[np.ndarray] = []
@@ -618,32 +678,40 @@ class PipelinePlanner:
             costs.append(self._kept_effective[g])
             offsets[i + 1] = offsets[i] + len(times[-1])
         n_x = int(offsets[-1])
+        matrix, lower, upper = self._precedence_rows(n, offsets, list(range(n)), times, n_x)
+        objective = np.concatenate([np.concatenate(costs), np.zeros(n), [self.stages * self.blocking_power_w]])
+        self._offsets = offsets
+        self._model = PipelineModel(matrix, lower, upper, objective, n_x)
+
+    def _precedence_rows(self, n_choices: int, offsets: np.ndarray, owner: Sequence[int], times: Sequence[np.ndarray],
+                         n_x: int):  # fmt: skip
+        """The model's rows (module docstring) over n_x choice columns, N start times and T: one assignment row
+        per choice group (group c owns columns offsets[c]:offsets[c + 1]); per DAG edge a -> b, s_b - s_a -
+        sum_k times[a][k] x[owner[a], k] >= 0; per sink, the same with T. Returns (csr matrix, lower, upper)."""
+        from scipy.sparse import coo_matrix
+
+        n = self.dag.n
         s0, t_var = n_x, n_x + n
-        n_var = t_var + 1
         has_successor = np.zeros(n, dtype=bool)
         has_successor[self.dag.edges[:, 0]] = True
         sinks = np.flatnonzero(~has_successor)
         rows, cols, vals = [], [], []
-        # Assignment rows: sum_k x[i, k] = 1.
-        for i in range(n):
-            k = np.arange(offsets[i], offsets[i + 1])
-            rows.append(np.full(len(k), i)); cols.append(k); vals.append(np.ones(len(k)))  # noqa: E702
-        r = n
-        # Precedence rows: s_b - s_a - sum_k t[a, k] x[a, k] >= 0 (and T - s_a - ... >= 0 for sinks).
+        for c in range(n_choices):
+            k = np.arange(offsets[c], offsets[c + 1])
+            rows.append(np.full(len(k), c)); cols.append(k); vals.append(np.ones(len(k)))  # noqa: E702
+        r = n_choices
         for a, b in list(map(tuple, self.dag.edges)) + [(int(a), -1) for a in sinks]:
-            k = np.arange(offsets[a], offsets[a + 1])
+            k = np.arange(offsets[owner[a]], offsets[owner[a] + 1])
             later = t_var if b == -1 else s0 + b
             rows.append(np.full(len(k) + 2, r))
             cols.append(np.concatenate([k, [later, s0 + a]]))
             vals.append(np.concatenate([-times[a], [1.0, -1.0]]))
             r += 1
         matrix = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                            shape=(r, n_var)).tocsr()  # fmt: skip
-        lower = np.concatenate([np.ones(n), np.zeros(r - n)])
-        upper = np.concatenate([np.ones(n), np.full(r - n, np.inf)])
-        objective = np.concatenate([np.concatenate(costs), np.zeros(n), [self.stages * self.blocking_power_w]])
-        self._offsets = offsets
-        self._model = PipelineModel(matrix, lower, upper, objective, n_x)
+                            shape=(r, t_var + 1)).tocsr()  # fmt: skip
+        lower = np.concatenate([np.ones(n_choices), np.zeros(r - n_choices)])
+        upper = np.concatenate([np.ones(n_choices), np.full(r - n_choices, np.inf)])
+        return matrix, lower, upper
 
     def _solve(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None, *,
                polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]:  # fmt: skip

@@ -1,5 +1,10 @@
 """The clock search of a pipeline-parallel iteration on the simulated pipeline (freqopt.search.pipeline_sim): one SM
-clock for the whole iteration ("iteration") against one clock per instruction ("instruction").
+clock for the whole iteration ("iteration"), one per stage that never switches ("stage") and one per instruction
+("instruction").
+
+Stage level. One SM clock per stage for all its instructions (PipelinePlanner.plan_stage_clocks on the instruction
+level's fronts), validated like the others: what balancing the stages gives without a single clock switch, the
+baseline that separates that from what switching per instruction adds (issue 34).
 
 Iteration level. One SM clock for every GPU of the pipeline for the whole iteration: a Bayesian study
 (freqopt.search.study.search_unit, Optuna's GPSampler, constrained to the budget's neighbourhood) whose every
@@ -65,7 +70,7 @@ __all__ = ["PIPELINE_GRANULARITIES", "PipelineSearchConfig", "Validated", "Pipel
            "PipelineSearchResult", "run_pipeline_search", "realize_requests", "realize_plan", "pipeline_granularities",
            "pipeline_study_prefix"]  # fmt: skip
 
-PIPELINE_GRANULARITIES = ("iteration", "instruction")
+PIPELINE_GRANULARITIES = ("iteration", "stage", "instruction")
 
 
 def pipeline_granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
@@ -197,7 +202,7 @@ class PipelineLevelResult:
     """The validated outcome of one pipeline granularity.
 
     Attributes:
-        granularity: "iteration" or "instruction".
+        granularity: "iteration", "stage" (one clock per stage, never switching) or "instruction".
         requests: per instruction (dag.instructions order), the SM clock (MHz; None: the default) the runtime asks
             for at the instruction's start: the realized schedule that was validated.
         planned: per instruction, the SM clock (MHz) it was planned to run at (the iteration level: its one clock).
@@ -550,12 +555,14 @@ def realize_plan(profile: StageProfile, plan: PipelinePlan, switch_s: float, *, 
 
 
 def _calibrated(planner: PipelinePlanner, realize: Callable, validator: PipelineValidator, baseline: Validated,
-                max_slowdown: float, rounds: int, candidates: Sequence, *, key: str, switching: bool = True):
+                max_slowdown: float, rounds: int, candidates: Sequence, *, key: str, switching: bool = True,
+                plan_with: Callable | None = None):
     """The planner's plan whose realized schedule has the least validated energy within ``max_slowdown``, its
     budget (relative to the planner's fastest plan) moved by the validated slowdown: a secant step, kept inside the
     bracket of budgets known to meet and to break the limit, else their geometric mean (as
     freqopt.search.allocation.allocate_validated). ``candidates``: (planned, requests, validated) already measured,
-    kept when they win.
+    kept when they win. ``plan_with(max_slowdown=...)`` plans (default planner.plan; the stage level's
+    planner.plan_stage_clocks).
 
     Returns:
         (plan or None where a candidate or the defaults won, requests, Validated, planned clocks).
@@ -575,7 +582,7 @@ def _calibrated(planner: PipelinePlanner, realize: Callable, validator: Pipeline
     meets, breaks = None, None
     for _ in range(rounds):
         try:
-            plan = planner.plan(max_slowdown=min(max(target, 0.0), 0.999))
+            plan = (plan_with or planner.plan)(max_slowdown=min(max(target, 0.0), 0.999))
         except FreqoptError:  # HiGHS found no plan within its time limit: a looser budget next
             meets = target
             target = target * 1.5 + 1e-4 if breaks is None else math.sqrt((1.0 + target) * (1.0 + breaks)) - 1.0
@@ -661,7 +668,7 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
             "iteration", requests, requests, option.time_s, option.energy_j, search.default.time_s,
             search.default.energy_j, v, search.n_measurements + validator.n_measurements - before[0],
             search.cost_gpu_s + validator.cost_gpu_s - before[1], _time.perf_counter() - t0, (search,))  # fmt: skip
-    if "instruction" in config.granularities:
+    if {"stage", "instruction"} & set(config.granularities):  # both plan on the instructions' measured fronts
         t0 = _time.perf_counter()
         before = (validator.n_measurements, validator.cost_gpu_s)
         gpu = SimulatedGPU(spec, seed=config.seed)
@@ -693,9 +700,27 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
             return tuple(realize_plan(profile, plan, spec.clock_switch_s, tail_s=tail_s))
 
         candidates = []
-        if "iteration" in levels:  # its one clock, as validated: the instruction level never ends worse
+        if "iteration" in levels:  # its one clock, as validated: the finer levels never end worse
             it = levels["iteration"]
             candidates.append((it.planned, it.requests, it.validated))
+        fronts_cost = (sum(s.n_measurements for s in searches), sum(s.cost_gpu_s for s in searches))
+        fronts_wall = _time.perf_counter() - t0
+        if "stage" in config.granularities:
+            # One clock per stage, never switching: what balancing the stages alone gives (issue 34). Its requests
+            # are its clocks (nothing to ask ahead); it counts the fronts' measurements as its own.
+            t1, mid = _time.perf_counter(), (validator.n_measurements, validator.cost_gpu_s)
+            stage_plan, stage_requests, stage_v, stage_planned = _calibrated(
+                planner, lambda plan: tuple(int(c) for c in plan.sm_clock_mhz), validator, baseline, b,
+                config.max_validation_rounds, candidates, key="stage", plan_with=planner.plan_stage_clocks)
+            stage_predicted = stage_plan if stage_plan is not None else fastest
+            levels["stage"] = PipelineLevelResult(
+                "stage", tuple(stage_requests), tuple(int(c) if c is not None else None for c in stage_planned),
+                stage_predicted.time_s, stage_predicted.energy_j, fastest.time_s, fastest.energy_j, stage_v,
+                fronts_cost[0] + validator.n_measurements - mid[0], fronts_cost[1] + validator.cost_gpu_s - mid[1],
+                fronts_wall + _time.perf_counter() - t1, tuple(searches), None, stage_plan)  # fmt: skip
+            candidates.append((levels["stage"].planned, levels["stage"].requests, stage_v))  # never ends worse
+    if "instruction" in config.granularities:
+        t1, mid = _time.perf_counter(), (validator.n_measurements, validator.cost_gpu_s)
         best_plan, best_requests, best_v, best_planned = _calibrated(planner, realize, validator, baseline, b,
                                                        config.max_validation_rounds, candidates, key="instruction")
         # The same search with free, instant switching: the plans as they stand (the free-switching ideal).
@@ -704,15 +729,12 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
                                      switching=False)  # fmt: skip
         predicted = best_plan if best_plan is not None else fastest  # a candidate won: the defaults' prediction
         frontier = tuple(planner.frontier(n_points=config.frontier_points)) if config.frontier_points else ()
-        search_cost = sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - before[1]
         levels["instruction"] = PipelineLevelResult(
             "instruction", tuple(best_requests), tuple(int(c) if c is not None else None for c in best_planned),
             predicted.time_s, predicted.energy_j, fastest.time_s, fastest.energy_j, best_v,
-            sum(s.n_measurements for s in searches) + validator.n_measurements - before[0], search_cost,
-            _time.perf_counter() - t0, tuple(searches), ideal, best_plan, frontier)  # fmt: skip
-        blocking = blocking_w
-    else:
-        blocking = pipeline.blocked_power_w()
+            fronts_cost[0] + validator.n_measurements - mid[0], fronts_cost[1] + validator.cost_gpu_s - mid[1],
+            fronts_wall + _time.perf_counter() - t1, tuple(searches), ideal, best_plan, frontier)  # fmt: skip
+    blocking = blocking_w if profile is not None else pipeline.blocked_power_w()
     n_new = log.n_new + sum(s.n_new_measurements for s in searches_all)
     n_stored = log.n_stored + sum(s.n_stored_measurements for s in searches_all)
     return PipelineSearchResult(workload, spec.name, spec, micro_batches, partition_method, b, baseline, profile,

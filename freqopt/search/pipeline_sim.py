@@ -229,6 +229,10 @@ class SimulatedPipeline:
         protocol: warm-up and window of a measurement (its GPU-second cost).
         blocked_power_w: a constant blocked power (W) at every clock in place of the physics' (e.g. Perseus's
             measured PERSEUS_BLOCKING_POWER_W), to see how much a figure depends on it; None: the physics'.
+        switch_stall_s: how long (s) the GPU stalls when a clock switch lands while it runs an instruction (drawing
+            its blocked power), for a sensitivity check: whether a transition pauses the SMs is not in the sources
+            (search_spaces/*.toml, [actuation]); 0 (default): the kernels run on at the new clock at once. A switch
+            landing while the GPU waits costs nothing extra.
 
     Raises:
         InvalidSettingError: no stage traces, traces of stages that do not make one pipeline, a non-positive
@@ -237,8 +241,12 @@ class SimulatedPipeline:
 
     def __init__(self, stage_traces: Sequence, spec: GPUSpec, micro_batches: int, *, seed: int = 0,
                  noise: bool = True, optimizer_step: bool = True, protocol: MeasurementProtocol | None = None,
-                 blocked_power_w: float | None = None):  # fmt: skip
+                 blocked_power_w: float | None = None, switch_stall_s: float = 0.0):  # fmt: skip
         check_positive_int("micro_batches", micro_batches)
+        if not (isinstance(switch_stall_s, (int, float)) and math.isfinite(switch_stall_s) and switch_stall_s >= 0):
+            raise InvalidSettingError(f"switch_stall_s must be a finite number of seconds >= 0, not {switch_stall_s!r}",
+                                      argument="switch_stall_s")  # fmt: skip
+        self.switch_stall_s = float(switch_stall_s)
         traces = list(stage_traces)
         if not traces:
             raise InvalidSettingError("stage_traces is empty; trace the stages with trace_pipeline_stages",
@@ -471,7 +479,10 @@ class SimulatedPipeline:
             t += pt[stop] - pt[k]
             e += pe[stop] - pe[k]
             k = stop
-            i += 1 if k < n_kernels else 0
+            if k < n_kernels:  # a switch lands mid-instruction: the GPU stalls (switch_stall_s) before going on
+                i += 1
+                t += self.switch_stall_s
+                e += self.blocked_power_w(line.settings[i]) * self.switch_stall_s
         return t, e
 
 
