@@ -30,7 +30,7 @@ def tiny(tmp_path_factory):
 
 def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
     result, _ = tiny
-    assert set(result.levels) == {"iteration", "instruction"}
+    assert list(result.levels) == ["iteration", "stage", "instruction"]  # coarse to fine
     for g in result.levels:
         assert result.slowdown_pct(g) <= 5.0
         assert result.levels[g].validated.n == 3 and result.levels[g].validated.energy_se_j > 0
@@ -40,6 +40,14 @@ def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
     assert level.plan is not None and level.plan.gap <= 1e-3 + 1e-9
     assert len(set(level.requests)) > 1 and level.validated.n_switches > 0
     assert result.ideal_energy_saved_pct("instruction") is not None and result.ideal_slowdown_pct("instruction") <= 5.0
+    # One clock per stage: never a switch, its clocks constant per stage, and the instruction level (which keeps
+    # it as a candidate) never validates worse.
+    stage = result.levels["stage"]
+    assert stage.validated.n_switches == 0 and stage.ideal is None
+    for s in range(2):
+        assert len({c for inst, c in zip(level.plan.dag.instructions, stage.requests) if inst.stage == s}) == 1
+    assert result.levels["instruction"].validated.energy_j <= stage.validated.energy_j
+    assert stage.n_measurements >= sum(s.n_measurements for s in level.unit_searches)
     # The frontier: fastest first, energy never rising.
     energies = [p.energy_j for p in level.frontier]
     assert len(energies) == 12 and all(b <= a + 1e-9 for a, b in zip(energies, energies[1:]))
@@ -132,10 +140,10 @@ def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "gpt3-small (dp=1,tp=1,pp=2) on a100-sxm4-80gb, 4 micro-batches (1f1b)" in printed
     rows = {line.split("│")[1].strip() for line in printed.splitlines() if line.startswith("│")} - {""}
-    assert rows == {"default", "iteration", "instruction"}
+    assert rows == {"default", "iteration", "stage", "instruction"}
     assert "Perseus measured 83.64 W" in printed and "stage 1:" in printed
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert set(doc["results"]) == {"iteration", "instruction"} and doc["micro_batches"] == 4
+    assert set(doc["results"]) == {"iteration", "stage", "instruction"} and doc["micro_batches"] == 4
     assert doc["results"]["instruction"]["slowdown_pct"] <= 5.0 and doc["results"]["instruction"]["frontier"]
     assert (out / "freqopt.journal").exists()
     # The instruction level's pipeline clock table: written, loadable, and what the runtime applies is what was
@@ -156,7 +164,7 @@ def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--granularity", "kernel"], "--granularity 'kernel' is not searched on a pipeline (pp > 1): choose all, iteration, instruction"),
+    (["--granularity", "kernel"], "--granularity 'kernel' is not searched on a pipeline (pp > 1): choose all, iteration, stage, instruction"),
     (["--granularity", "iteration,pass"], "--granularity 'pass' is not searched on a pipeline"),
     (["--backend", "nvml"], "--backend 'nvml': a pipeline is searched on the simulated GPU"),
     (["--jobs", "2"], "--jobs applies to the one-GPU search"),

@@ -23,7 +23,8 @@ def switch_latency_option(f):
 @click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
 @click.option("--gpu", default=None, help="GPU type (see `freqopt gpus`); default h100-sxm.")
 @click.option("--granularity", default="all", show_default=True,
-              help="all, or one or a comma list of power-cap, iteration, pass, kernel, phase (e.g. iteration,kernel).")
+              help="all, or one or a comma list of power-cap, iteration, pass, kernel, phase (e.g. iteration,kernel); "
+                   "with a pipeline layout: iteration, stage, instruction.")
 @click.option("--backend", default="sim", show_default=True,
               help="Measurement backend: sim (simulated GPU) or nvml (the first visible GPU; needs root).")
 @click.option("--storage", default=None, help="Optuna storage URL; default journal:OUT/freqopt.journal.")
@@ -48,7 +49,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     """Search clock settings for one training iteration and compare granularities.
 
     With a pipeline layout (--layout ...,pp=S and --micro-batches M) it searches the simulated pipeline's iteration
-    (granularities iteration and instruction: one clock per stage's forward or backward of one micro-batch).
+    (granularities iteration: one clock for all GPUs; stage: one clock per stage, never switching; instruction: one
+    clock per stage's forward or backward of one micro-batch).
 
     A search in a storage other processes can reach is a work queue: `freqopt worker --storage URL --study NAME`
     (NAME is printed at the start) joins it from another process or machine."""

@@ -31,6 +31,9 @@ __all__ = ["PipelineModel", "MilpResult"]
 
 # How long (s) one wait for the solver thread lasts before Python looks at signals again.
 _POLL_S = 0.05
+# The hull LP's time limit (s): a cold solve of Perseus's largest case (M = 96, 44,000 columns) takes about a second;
+# a limit reached means something is wrong, and is said so rather than waited on.
+LP_TIME_LIMIT_S = 120.0
 # How long (s) a Ctrl-C waits for HiGHS to stop before it reaches the caller anyway.
 _CANCEL_WAIT_S = 0.3
 
@@ -106,6 +109,7 @@ class PipelineModel:
         self._times = np.arange(n_x, n_var, dtype=np.int32)  # the start-time columns and T
         self._lp = _highs()
         self._lp.passModel(lp)
+        self._lp.setOptionValue("time_limit", LP_TIME_LIMIT_S)
         self._lp_deadline: float | None = None
 
     def _set_deadline(self, h, deadline_s: float) -> None:
@@ -116,7 +120,7 @@ class PipelineModel:
         """The hull LP at this deadline, hot-started from the last call's basis: (x over all columns, optimum J).
 
         Raises:
-            FreqoptError: HiGHS did not reach an optimum (the message gives its status).
+            FreqoptError: HiGHS did not reach an optimum within LP_TIME_LIMIT_S (the message gives its status).
             KeyboardInterrupt: Ctrl-C during the solve (HiGHS stopped first).
         """
         if self._lp_deadline != deadline_s:
@@ -125,8 +129,8 @@ class PipelineModel:
         _run(self._lp)
         status = self._lp.modelStatusToString(self._lp.getModelStatus())
         if status != "Optimal":
-            raise FreqoptError(f"the pipeline planner's LP (HiGHS) found no optimum within {deadline_s:.6g} s: "
-                               f"{status}")  # fmt: skip
+            raise FreqoptError(f"the pipeline planner's LP (HiGHS) found no optimum for the deadline {deadline_s:.6g} s "
+                               f"(limit {LP_TIME_LIMIT_S:g} s): {status}")  # fmt: skip
         return np.asarray(self._lp.getSolution().col_value), float(self._lp.getInfo().objective_function_value)
 
     def milp(self, deadline_s: float, *, x_lower: np.ndarray | None = None, x_upper: np.ndarray | None = None,
