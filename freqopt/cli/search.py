@@ -285,7 +285,11 @@ def _pipeline_notes(result) -> list[str]:
              + (f"; Perseus measured {perseus:g} W on this GPU type" if perseus is not None else "")]  # fmt: skip
     level = result.levels.get("instruction")
     if level is not None:
-        if level.plan is not None:
+        stage = result.levels.get("stage")
+        if level.plan is not None and stage is not None and level.plan is stage.plan:
+            lines.append("instruction level: the stage level's plan (one clock per stage) validated better than any "
+                         "plan with switches; its table holds that plan")  # fmt: skip
+        elif level.plan is not None:
             lines.append(f"instruction plan: within {100 * level.plan.gap:.3g} % of the least energy the measured "
                          "fronts allow (proven by the planner)")  # fmt: skip
         else:

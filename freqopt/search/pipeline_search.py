@@ -561,7 +561,7 @@ def _calibrated(planner: PipelinePlanner, realize: Callable, validator: Pipeline
     budget (relative to the planner's fastest plan) moved by the validated slowdown: a secant step, kept inside the
     bracket of budgets known to meet and to break the limit, else their geometric mean (as
     freqopt.search.allocation.allocate_validated). ``candidates``: (planned, requests, validated) already measured,
-    kept when they win. ``plan_with(max_slowdown=...)`` plans (default planner.plan; the stage level's
+    kept when they win (a fourth element, the candidate's PipelinePlan, is returned as the plan). ``plan_with(max_slowdown=...)`` plans (default planner.plan; the stage level's
     planner.plan_stage_clocks).
 
     Returns:
@@ -576,8 +576,8 @@ def _calibrated(planner: PipelinePlanner, realize: Callable, validator: Pipeline
         if v.time_s <= baseline.time_s * (1.0 + b) and v.energy_j < best[2].energy_j:
             best = (plan, requests, v, planned)
 
-    for planned, requests, v in candidates:
-        consider(None, requests, v, planned)
+    for planned, requests, v, *plan in candidates:  # a candidate may carry its plan (the stage level's)
+        consider(plan[0] if plan else None, requests, v, planned)
     target = b * baseline.time_s / fastest.time_s  # the same seconds of slack on the planner's own (shorter) time
     meets, breaks = None, None
     for _ in range(rounds):
@@ -718,7 +718,8 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
                 stage_predicted.time_s, stage_predicted.energy_j, fastest.time_s, fastest.energy_j, stage_v,
                 fronts_cost[0] + validator.n_measurements - mid[0], fronts_cost[1] + validator.cost_gpu_s - mid[1],
                 fronts_wall + _time.perf_counter() - t1, tuple(searches), None, stage_plan)  # fmt: skip
-            candidates.append((levels["stage"].planned, levels["stage"].requests, stage_v))  # never ends worse
+            # The instruction level never ends worse; where the stage plan wins it, its plan is the table's.
+            candidates.append((levels["stage"].planned, levels["stage"].requests, stage_v, stage_plan))
     if "instruction" in config.granularities:
         t1, mid = _time.perf_counter(), (validator.n_measurements, validator.cost_gpu_s)
         best_plan, best_requests, best_v, best_planned = _calibrated(planner, realize, validator, baseline, b,
