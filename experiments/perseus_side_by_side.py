@@ -270,7 +270,9 @@ def report(doc: dict) -> str:
     lines = [
         "# Perseus beside `freqopt plan`, both scored on the measured profiles (issue 34)",
         "",
-        f"Made by `{doc['command']}` on {doc['date']} ({doc['machine']}); source: experiments/perseus_side_by_side.py "
+        f"Made by `{doc['command']}` on {doc['date']} ({doc['machine']}"
+        + (f"; {doc['wall_s'] / 60:.0f} min" if doc.get("wall_s") else "") + ")"
+        + (f". {doc['note']}" if doc.get("note") else "") + "; source: experiments/perseus_side_by_side.py "
         "(its docstring says how each planner ran and how both are scored). Data: experiments/data/perseus/ (Perseus's "
         "measured stage profiles and published frontiers, copied with their source).",
         "",
@@ -351,9 +353,29 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="back-to-back rounds per setting")
     parser.add_argument("--repeat-up-to", type=int, default=24, help="settings above this M run one round")
     parser.add_argument("--small-case", action="store_true", help="also time the small case and Ctrl-C")
+    parser.add_argument("--note", default=None, help="a sentence for the report: what else ran on the machine")
+    parser.add_argument("--merge", type=Path, nargs="*", default=(),
+                        help="results.json files of other runs of this script whose settings join these (no run)")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    if args.merge:  # settings run elsewhere (another process, in parallel) join this folder's results
+        path = args.out / "results.json"
+        doc = json.loads(path.read_text())
+        commands = [doc["command"]]
+        for other in map(lambda p: json.loads(p.read_text()), args.merge):
+            keys = {(r["gpu"], r["model"], r["micro_batches"]) for r in other["settings"]}
+            doc["settings"] = [r for r in doc["settings"] if (r["gpu"], r["model"], r["micro_batches"]) not in keys]
+            doc["settings"] += other["settings"]
+            commands.append(other["command"])
+        doc["settings"].sort(key=lambda r: (r["micro_batches"], [s[:2] for s in SETTINGS].index((r["gpu"], r["model"]))))
+        doc["command"] = "; ".join(dict.fromkeys(commands))
+        if args.note:
+            doc["note"] = args.note
+        atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+        plot(doc["settings"], args.out / "frontiers.png")
+        atomic_write_text(args.out / "report.md", report(doc))
+        return
     wanted = [(tag, model, m) for m in MICRO_BATCHES for tag, model, *_ in SETTINGS]
     if args.settings:
         wanted = [tuple(s.split(":")[:2]) + (int(s.split(":")[2]),) for s in args.settings]
@@ -362,6 +384,7 @@ def main() -> None:
     doc = json.loads(path.read_text()) if path.is_file() else {}
     if doc.get("format") != "perseus-side-by-side":  # another script's results (perseus_frontiers.py's): start anew
         doc = {"format": "perseus-side-by-side", "settings": []}
+    started = time.perf_counter()
     doc.update(command="python experiments/perseus_side_by_side.py " + " ".join(sys.argv[1:]),
                date=str(date.today()), machine=f"{os.cpu_count()} cores, {platform.machine()}, no GPU")
     with tempfile.TemporaryDirectory(prefix="perseus-side-by-side-") as tmp:
@@ -382,6 +405,7 @@ def main() -> None:
                 subprocess.run(["rm", "-rf", str(p)], check=True)
         if args.small_case:
             doc["small_case"] = small_case(scratch)
+    doc["wall_s"] = time.perf_counter() - started
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
     plot(doc["settings"], args.out / "frontiers.png")
     atomic_write_text(args.out / "report.md", report(doc))
