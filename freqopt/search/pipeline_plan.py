@@ -878,7 +878,7 @@ class PipelinePlanner:
                 continue
             choice[i] = speed_up(i)[1]
             d[i] = float(times_of[group[i]][choice[i]])
-            graph.shorten(i, d, es, lf, deadline_s)
+            graph.update(i, d, es, lf)
             if late(i) and choice[i] > 0:
                 heapq.heappush(heap, (speed_up(i)[0], i))
         return choice
@@ -928,7 +928,7 @@ class PipelinePlanner:
                     continue
                 choice[i], d[i] = move[1], float(times_of[group[i]][move[1]])
                 applied += 1
-                graph.lengthen(i, d, es, lf)
+                graph.update(i, d, es, lf)
                 length = max(length, es[i] + d[i] + horizon - lf[i])
                 move = best_move(i, es, lf, length)
                 if move is not None:
@@ -1041,7 +1041,7 @@ class _Graph:
         """The critical path (s) with durations d (s)."""
         return max(e + t for e, t in zip(self.earliest(d), d))
 
-    def _propagate(self, i: int, d: Sequence[float], es: list[float], lf: list[float]) -> None:
+    def update(self, i: int, d: Sequence[float], es: list[float], lf: list[float]) -> None:
         """Update earliest starts es and latest finishes lf (in place) after instruction i's duration d[i] changed:
         each node after i is recomputed from all its predecessors, at most once and in topological order (its
         predecessors first), and only where a neighbour's value changed; likewise each node before i from its
@@ -1071,14 +1071,6 @@ class _Graph:
                     if q not in queued:
                         queued.add(q)
                         heapq.heappush(heap, (-rank[q], q))
-
-    def lengthen(self, i: int, d: Sequence[float], es: list[float], lf: list[float]) -> None:
-        """Update earliest starts es and latest finishes lf (in place) after instruction i got longer (d[i])."""
-        self._propagate(i, d, es, lf)
-
-    def shorten(self, i: int, d: Sequence[float], es: list[float], lf: list[float], horizon_s: float) -> None:
-        """Update earliest starts es and latest finishes lf (in place) after instruction i got shorter (d[i])."""
-        self._propagate(i, d, es, lf)
 
     def latest(self, d: Sequence[float], horizon_s: float) -> list[float]:
         """Each instruction's latest finish (s) for the iteration to end by horizon_s."""
