@@ -446,6 +446,7 @@ class PipelinePlanner:
             kept = quantized.non_dominated(self.blocking_power_w)
             self._options[key] = (opts.sm_clock_mhz[kept], times[kept], opts.energy_j[kept])
         self._model: PipelineModel | None = None
+        self._stage_model: tuple[list[list[int]], np.ndarray, PipelineModel] | None = None
         self._offsets = np.zeros(1, dtype=int)
         # The heuristic's view (one group per (stage, kind)): each instruction's group, the groups' kept clocks,
         # times and effective energies, and the DAG as adjacency lists.
@@ -545,6 +546,26 @@ class PipelinePlanner:
         if deadline_s is None:
             return fastest
         start = _time.perf_counter()
+        if self._stage_model is None:
+            self._stage_model = self._build_stage_model()
+        clocks, offsets, model = self._stage_model
+        result = model.milp(deadline_s, time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap)
+        if result.x is None:
+            raise FreqoptError(f"the stage-clock planner (HiGHS) found no plan within {deadline_s:.6g} s in "
+                               f"{self.time_limit_s:g} s: {result.status}")  # fmt: skip
+        chosen = [clocks[s][int(np.argmax(result.x[offsets[s]:offsets[s + 1]]))] for s in range(self.stages)]
+        per_instruction = np.asarray([chosen[inst.stage] for inst in self.dag.instructions], dtype=int)
+        time_s, energy_j = self.evaluate(per_instruction)
+        if time_s > deadline_s * (1 + 1e-9):  # HiGHS's tolerance: the fastest plan is the safe answer
+            per_instruction = fastest.sm_clock_mhz
+            time_s, energy_j = fastest.time_s, fastest.energy_j
+        return PipelinePlan(self.dag, per_instruction, time_s, energy_j, float(deadline_s),
+                            min(result.dual_bound, energy_j), fastest.time_s, fastest.energy_j,
+                            _time.perf_counter() - start, self)  # fmt: skip
+
+    def _build_stage_model(self) -> tuple[list[list[int]], np.ndarray, PipelineModel]:
+        """plan_stage_clocks's model, built once: each stage's clocks (both kinds profiled at them, fastest first),
+        its columns' offsets, and the PipelineModel."""
         clocks = []
         for stage in range(self.stages):
             common = sorted(set(self.profile.options[(stage, KINDS[0])].sm_clock_mhz.tolist())
@@ -568,20 +589,7 @@ class PipelinePlanner:
         matrix, lower, upper = self._precedence_rows(self.stages, offsets, [inst.stage for inst in self.dag.instructions],
                                                      times, n_y)  # fmt: skip
         objective = np.concatenate([cost, np.zeros(n), [self.stages * self.blocking_power_w]])
-        model = PipelineModel(matrix, lower, upper, objective, n_y)
-        result = model.milp(deadline_s, time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap)
-        if result.x is None:
-            raise FreqoptError(f"the stage-clock planner (HiGHS) found no plan within {deadline_s:.6g} s in "
-                               f"{self.time_limit_s:g} s: {result.status}")  # fmt: skip
-        chosen = [clocks[s][int(np.argmax(result.x[offsets[s]:offsets[s + 1]]))] for s in range(self.stages)]
-        per_instruction = np.asarray([chosen[inst.stage] for inst in self.dag.instructions], dtype=int)
-        time_s, energy_j = self.evaluate(per_instruction)
-        if time_s > deadline_s * (1 + 1e-9):  # HiGHS's tolerance: the fastest plan is the safe answer
-            per_instruction = fastest.sm_clock_mhz
-            time_s, energy_j = fastest.time_s, fastest.energy_j
-        return PipelinePlan(self.dag, per_instruction, time_s, energy_j, float(deadline_s),
-                            min(result.dual_bound, energy_j), fastest.time_s, fastest.energy_j,
-                            _time.perf_counter() - start, self)  # fmt: skip
+        return clocks, offsets, PipelineModel(matrix, lower, upper, objective, n_y)
 
     def _deadline(self, fastest: PipelinePlan, deadline_s: float | None, max_slowdown) -> float | None:
         """The deadline (s) of plan()'s arguments, checked; None for the fastest plan."""

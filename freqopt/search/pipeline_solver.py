@@ -107,9 +107,7 @@ class PipelineModel:
         self._lp_model = lp
         self.n_x, self.n_var = n_x, n_var
         self._times = np.arange(n_x, n_var, dtype=np.int32)  # the start-time columns and T
-        self._lp = _highs()
-        self._lp.passModel(lp)
-        self._lp.setOptionValue("time_limit", LP_TIME_LIMIT_S)
+        self._lp = None  # made at the first lp() call: a model used only for MILPs (the stage clocks) has none
         self._lp_deadline: float | None = None
 
     def _set_deadline(self, h, deadline_s: float) -> None:
@@ -123,6 +121,10 @@ class PipelineModel:
             FreqoptError: HiGHS did not reach an optimum within LP_TIME_LIMIT_S (the message gives its status).
             KeyboardInterrupt: Ctrl-C during the solve (HiGHS stopped first).
         """
+        if self._lp is None:
+            self._lp = _highs()
+            self._lp.passModel(self._lp_model)
+            self._lp.setOptionValue("time_limit", LP_TIME_LIMIT_S)
         if self._lp_deadline != deadline_s:
             self._set_deadline(self._lp, deadline_s)
             self._lp_deadline = deadline_s
