@@ -14,7 +14,7 @@ import pytest
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
 from freqopt.search.pipeline import BACKWARD, FORWARD, Instruction, one_f_one_b, stage_order
-from freqopt.search.pipeline_plan import (PipelinePlanner, load_stage_profile, plan_pipeline,
+from freqopt.search.pipeline_plan import (_FRONTIER_TIME_RESOLUTION, PipelinePlanner, _Sweep, load_stage_profile, plan_pipeline,
                                           stage_profile_from_rows)  # fmt: skip
 
 # Perseus's stage profiles, copied into the repository with their source (experiments/data/perseus/README.md).
@@ -453,6 +453,27 @@ def test_whole_frontier_is_a_dense_staircase_of_real_plans(profile, micro_batche
     for deadline in np.linspace(points[0].time_s, points[-1].time_s, 7)[1:-1]:
         stair = min(p.energy_j for p in points if p.time_s <= deadline)
         assert stair <= exact.plan(float(deadline)).energy_j * 1.01
+
+
+@pytest.mark.parametrize("profile,micro_batches", [(lambda: lumpy_profile(3, 7, 3), 5), (smooth_profile, 4)])
+def test_whole_frontier_leaves_no_steep_stretch_unsearched(profile, micro_batches):
+    """Between neighbouring solved deadlines, neither the best plans' energies nor the LP's proven bounds fall by
+    more than the energy step (or the deadlines are within the time resolution): the bounds' rule searches a
+    stretch where the optimum falls though the plans found there are flat."""
+    planner = PipelinePlanner(profile(), micro_batches, blocking_power_w=40.0)
+    sweep = _Sweep(planner, planner.fastest())
+    step = 1e-3
+    sweep.whole(step)
+    deadlines = sorted(sweep.solved)
+    assert len(deadlines) > 5
+    resolution = _FRONTIER_TIME_RESOLUTION * sweep.fastest.time_s
+    end = sweep.best_within(deadlines[-1]).time_s
+    for lo, hi in zip(deadlines, deadlines[1:]):
+        if hi - lo <= resolution or lo >= end:
+            continue
+        low = sweep.best_within(hi).energy_j
+        assert sweep.best_within(lo).energy_j - low <= step * low * (1 + 1e-9)
+        assert sweep.solved[lo] - sweep.solved[hi] <= step * low * (1 + 1e-9)
 
 
 def test_frontier_arguments_are_checked():

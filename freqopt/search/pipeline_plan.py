@@ -62,9 +62,11 @@ it afterwards otherwise.
 
 The whole frontier (``frontier()``). Every distinct plan from the fastest to the least-energy one: the deadline at
 the fastest time, then the slowest plan's time (its plan is the least-energy plan; no deadline past its time is
-solved), then, between any two solved deadlines whose best plans' energies differ by more than ``energy_step``
-(default FRONTIER_ENERGY_STEP, 0.1 %), their midpoint, to a time resolution of _FRONTIER_TIME_RESOLUTION of the
-fastest time. Each deadline is one hot-started LP, its round-down, the best plan already found within it and the
+solved), then, between any two solved deadlines whose best plans' energies, or whose LP bounds, differ by more
+than ``energy_step`` (default FRONTIER_ENERGY_STEP, 0.1 %), their midpoint, to a time resolution of
+_FRONTIER_TIME_RESOLUTION of the fastest time. The bounds' rule refines where the optimum itself falls steeply
+though the plans found there are flat (a stretch of poor plans hides from the energies' rule): on BLOOM/A100 at
+M = 96 it took 518 deadlines instead of 483 and the proven gap from 0.51 % to 0.34 %. Each deadline is one hot-started LP, its round-down, the best plan already found within it and the
 next slower plan repaired down to it (steps 1-2, no MILP): the LP moves little between neighbouring deadlines, and
 a neighbour's plan is often the best start (on BLOOM/A100 at M = 12 the round-down was best at half the deadlines,
 a neighbour's plan at the other half; the error diffusion at 6 %, for most of the time). The points are the
@@ -979,24 +981,32 @@ class _Sweep:
 
     def whole(self, energy_step: float) -> None:
         """Every distinct plan from the fastest to the least-energy one: bisect each pair of solved deadlines whose
-        best plans' energies differ by more than energy_step (relative), down to a time resolution of
-        _FRONTIER_TIME_RESOLUTION of the fastest time."""
+        best plans' energies, or whose LP bounds, differ by more than energy_step (relative), down to a time
+        resolution of _FRONTIER_TIME_RESOLUTION of the fastest time."""
         t0 = self.fastest.time_s
         self.solve(t0)
         end = self.solve(self.planner.slowest_time_s())
         resolution = _FRONTIER_TIME_RESOLUTION * t0
-        stack = [(t0, end.time_s)] if end.time_s > t0 + resolution else []
-        if stack and end.time_s not in self.solved:
+        if end.time_s > t0 + resolution and end.time_s not in self.solved:
             self.solve(end.time_s)
-        while stack:
-            lo, hi = stack.pop()
-            high = self.best_within(lo).energy_j
+
+        def steep(lo: float, hi: float) -> bool:
             low = self.best_within(hi).energy_j
-            if high - low <= energy_step * low or hi - lo <= resolution:
-                continue
-            mid = 0.5 * (lo + hi)
-            self.solve(mid)
-            stack += [(mid, hi), (lo, mid)]  # the faster half first: its plans warm-start the slower half
+            bound_drop = self.solved[lo] - self.solved[hi]
+            return hi - lo > resolution and max(self.best_within(lo).energy_j - low, bound_drop) > energy_step * low
+
+        while True:  # a plan found later can lower an earlier pair's slower end: re-check every pair until none
+            deadlines = [d for d in sorted(self.solved) if d <= end.time_s]
+            stack = [(lo, hi) for lo, hi in zip(deadlines, deadlines[1:]) if steep(lo, hi)][::-1]
+            if not stack:
+                return
+            while stack:
+                lo, hi = stack.pop()
+                if not steep(lo, hi):
+                    continue
+                mid = 0.5 * (lo + hi)
+                self.solve(mid)
+                stack += [(mid, hi), (lo, mid)]  # the faster half first: its plans warm-start the slower half
 
     def staircase(self) -> list[FrontierPoint]:
         """The distinct plans of the staircase, fastest first, each strictly cheaper than every faster one."""
