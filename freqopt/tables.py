@@ -449,6 +449,7 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
         "predicted": predicted,
         "validated": rel(r.validated),
         "ideal": rel(r.ideal) if r.ideal is not None else None,
+        **({"note": r.note} if r.note else {}),
         "provenance": {
             "freqopt_version": __version__,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

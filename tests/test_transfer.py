@@ -92,7 +92,7 @@ def test_evaluate_transfer_shares_one_baseline_with_the_native_search(kernel_tab
     assert report.native.baseline == report.baseline
     assert set(report.native.results) == {"iteration", "pass", "kernel"}
     summary = report.summary()
-    assert set(summary) == {"max_slowdown_pct", "transferred", "reallocated", "native", "table"}
+    assert set(summary) == {"max_slowdown_pct", "transferred", "reallocated", "not_reallocated", "native", "table"}
     assert summary["table"] is None  # no out: no table written
     assert set(summary["transferred"]) == {"energy_saved_pct", "slowdown_pct", "within_budget", "matched_exact",
                                            "matched_by_kind", "unmatched"}  # fmt: skip
@@ -182,12 +182,47 @@ def test_a_table_without_fronts_is_transferred_as_is_but_not_reallocated(kernel_
     config = SearchConfig(max_slowdown=0.01, granularities=("iteration",), n_trials_1d=3, finalist_repeats=1,
                           switching=False)  # fmt: skip
     report = evaluate_transfer(table, small_trace, SimulatedGPU(H100, seed=1), config, native=False)
-    assert report.reallocated is None and report.summary()["reallocated"] is None
-    with pytest.raises(ClockTableError, match="carries no fronts"):
-        report.table()
+    summary = report.summary()
+    assert report.reallocated is None and summary["reallocated"] is None
+    assert "an older freqopt wrote it" in summary["not_reallocated"]
     schedule = transfer_table(table, small_trace)
     with pytest.raises(ClockTableError, match="its level was not searched.*search a longer source step"):
         reallocate(schedule, table, SimulatedGPU(H100), config, None, None)
+    # Every class at the lowest clocks breaks the budget as transferred: no table for the target, and why.
+    for entry in doc["entries"]:
+        entry["sm_clock_mhz"] = min(H100.sm_clocks_mhz)
+    slow = evaluate_transfer(ClockTable(doc), small_trace, SimulatedGPU(H100, seed=1), config, native=False)
+    assert not slow.summary()["transferred"]["within_budget"]
+    with pytest.raises(ClockTableError, match=r"past the 1 % budget, and cannot be re-allocated \(its entries carry"):
+        slow.table()
+
+
+def test_a_one_clock_table_is_written_as_transferred_and_trained_with(small_trace, tmp_path, capsys):
+    """Issue 35, item 5: a pass-level table whose source step realized one clock (shorter than two switches, so
+    the level kept the iteration level's clock, with no fronts) is written for the target as transferred, with its
+    figures as validated there and the reason it was not re-allocated, and `train` takes it."""
+    config = SearchConfig(max_slowdown=0.02, granularities=("pass",), n_trials_1d=4, finalist_repeats=1)
+    result = run_search(small_trace, SimulatedGPU(H100, seed=1), config)
+    assert result.results["pass"].note  # the pass level was not searched: one clock
+    source = write_table(table_from_result(result, "pass", H100, backend="sim", seed=1), tmp_path / "pass.json")
+    assert not has_fronts(load_table(source))
+    out, summary_path = tmp_path / "o", tmp_path / "t.json"
+    assert main(["transfer", "--table", str(source), "--model", "gpt3-small", "--micro-batch-size", "2",
+                 "--seq-len", "256", "--no-native", "--out", str(out), "--json", str(summary_path)]) == 0  # fmt: skip
+    summary = json.loads(summary_path.read_text())
+    assert summary["transferred"]["within_budget"] and summary["reallocated"] is None
+    assert summary["not_reallocated"].startswith("the source's pass level holds a coarser schedule, with no units' "
+                                                 "fronts (not searched: the iteration's")
+    written = (out / "gpt3-small-h100-sxm-2pct-pass-transferred.json").resolve()
+    assert summary["table"] == str(written)
+    assert "table as transferred (not re-allocated: the source's pass level holds" in capsys.readouterr().out
+    table = load_table(written)
+    assert {(e["sm_clock_mhz"], e["mem_clock_mhz"]) for e in table.entries} == \
+        {(e["sm_clock_mhz"], e["mem_clock_mhz"]) for e in load_table(source).entries}  # fmt: skip
+    assert table.data["validated"]["slowdown_pct"] == pytest.approx(summary["transferred"]["slowdown_pct"])
+    assert table.data["provenance"]["transferred_from"]["not_reallocated"] == summary["not_reallocated"]
+    plan = plan_training("gpt3-small", table=str(written), steps=1)
+    assert plan.workload.micro_batch_size == 2
 
 
 def test_cli_transfer_writes_the_comparison_and_the_reallocated_table(kernel_table, tmp_path, capsys):

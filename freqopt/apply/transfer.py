@@ -28,7 +28,10 @@ unit's measured default and (time, energy) front, so the budget is re-allocated 
 ratios of time and energy to the default carry over; the absolute figures do not), units the source never ran
 (the collectives of a parallel layout) get a study of their own, as a native search runs it, and the MILP's
 budget is calibrated by validating the whole target iteration, as the search itself does
-(freqopt.search.allocation).
+(freqopt.search.allocation). A table without fronts (one setting for the iteration, a finer level its source
+realized as one clock, or an older freqopt's: no_fronts_reason) cannot be re-allocated; the transfer writes it as
+transferred, one entry per target unit with its figures as validated on the target, where it meets the budget
+there, and says why it was not re-allocated.
 """
 
 from __future__ import annotations
@@ -167,6 +170,24 @@ def has_fronts(table: ClockTable) -> bool:
     """Whether every entry carries its unit's measured default and front (tables written since fronts were
     added; not phase-level tables)."""
     return all("front" in e and "default" in e for e in table.entries)
+
+
+def no_fronts_reason(table: ClockTable) -> str:
+    """Why ``table``'s budget cannot be re-allocated on a target (one clause; "" where it can: has_fronts).
+
+    A phase-level table is a schedule of requests, laid on as it stands; an iteration-level or power-cap table holds
+    one setting for the whole iteration, with nothing to share a budget between; a finer level that its search did
+    not search (the table's ``note``: a step shorter than two clock switches keeps the iteration level's clock,
+    issue 25) carries no units' fronts; otherwise an older freqopt wrote it."""
+    if has_fronts(table):
+        return ""
+    if table.is_phase_schedule:
+        return "a phase-level table is a schedule of requests, applied as it stands"
+    if table.granularity in ("iteration", "power-cap"):
+        return f"an {table.granularity}-level table holds one setting for the whole iteration"
+    if table.data.get("note"):
+        return f"the source's {table.granularity} level holds a coarser schedule, with no units' fronts ({table.data['note']})"
+    return "its entries carry no measured fronts (an older freqopt wrote it; search the source again to re-allocate)"
 
 
 def _with_front(measured: UnitSearch, entry: dict) -> UnitSearch:
@@ -321,7 +342,8 @@ class TransferReport:
     def summary(self) -> dict:
         """{"max_slowdown_pct", "transferred": {energy_saved_pct, slowdown_pct, within_budget, matched_exact,
         matched_by_kind, unmatched}, "reallocated": {energy_saved_pct, slowdown_pct, within_budget,
-        predicted_energy_saved_pct, n_measurements, search_cost_gpu_s} or None, "native": {energy_saved_pct,
+        predicted_energy_saved_pct, n_measurements, search_cost_gpu_s} or None, "not_reallocated": why not
+        (no_fronts_reason) or None, "native": {energy_saved_pct,
         slowdown_pct, n_measurements, search_cost_gpu_s} or None, "table": the written table's absolute path or
         None}; percentages against the default settings,
         match counts in target tuning units (kernel classes at kernel level), costs in measurements and GPU-seconds
@@ -331,6 +353,7 @@ class TransferReport:
             "transferred": {**self._figures(self.transferred), "matched_exact": self.schedule.count(EXACT),
                             "matched_by_kind": self.schedule.count(BY_KIND), "unmatched": self.schedule.count(UNMATCHED)},
             "reallocated": None,
+            "not_reallocated": no_fronts_reason(self.source) or None,
             "native": None,
             "table": None if self.table_path is None else str(self.table_path),
         }  # fmt: skip
@@ -349,9 +372,9 @@ class TransferReport:
                              "search_cost_gpu_s": sum(x.search_cost_gpu_s for x in searched)}  # fmt: skip
         return doc
 
-    def _result(self) -> SearchResult:
+    def _result(self, result: GranularityResult) -> SearchResult:
         return SearchResult(self.schedule.trace, self.spec.name, self.max_slowdown, self.baseline,
-                            {self.schedule.granularity: self.reallocated}, self.storage, spec=self.spec,
+                            {self.schedule.granularity: result}, self.storage, spec=self.spec,
                             backend_name=self.backend_name, seed=self.seed)  # fmt: skip
 
     def write_table(self, out) -> Path:
@@ -359,7 +382,7 @@ class TransferReport:
         (target_table_path), atomically; returns the JSON file's absolute path.
 
         Raises:
-            ClockTableError: nothing was re-allocated (a table without fronts).
+            ClockTableError: a table without fronts that breaks the budget as transferred (table()).
             OutputError: ``out`` cannot be written, or holds another transfer's or search's table under that name
                 (freqopt.tables.check_table_target).
         """
@@ -375,12 +398,16 @@ class TransferReport:
     def table(self) -> ClockTable:
         """The target's clock table (freqopt.tables), for the target workload, its provenance naming the source
         table ("transferred_from"), so that ``train``, a runtime, or another transfer can use it: the re-allocated
-        schedule, its entries carrying the fronts scaled to the target; or, for a phase-level table, the source's
+        schedule, its entries carrying the fronts scaled to the target; for a phase-level table, the source's
         entries as they stand (each requested at its phase, which the target has), with the budget they were found
-        for and their figures as validated on the target.
+        for and their figures as validated on the target; for any other table without fronts (no_fronts_reason:
+        one clock for the iteration, or a finer level its source realized as one clock), the settings as
+        transferred, one entry per target unit, with the transfer's budget and their figures as validated on the
+        target (predicted is that measurement too), the reason under provenance.transferred_from.not_reallocated.
 
         Raises:
-            ClockTableError: nothing was re-allocated (the source table carries no fronts).
+            ClockTableError: a table without fronts whose settings as transferred break the budget on the target
+                (nothing to re-allocate them from: search the target).
         """
         import copy
         from datetime import datetime, timezone
@@ -407,12 +434,23 @@ class TransferReport:
                                    "backend": self.backend_name, "seed": self.seed, "storage": self.storage,
                                    "transferred_from": transferred_from}}  # fmt: skip
             return ClockTable(data)
-        if self.reallocated is None:
-            raise ClockTableError("nothing was re-allocated: the clock table carries no fronts; search the source "
-                                  "again with this freqopt")  # fmt: skip
-        table = table_from_result(self._result(), self.schedule.granularity, self.spec, backend=self.backend_name,
-                                  seed=self.seed)  # fmt: skip
+        result = self.reallocated
+        if result is None:  # the table as it stands, laid onto the target and validated there
+            figures = self._figures(self.transferred)
+            if not figures["within_budget"]:
+                raise ClockTableError(
+                    f"as transferred, the table takes {figures['slowdown_pct']:+.2f} % time on the target, past the "
+                    f"{100 * self.max_slowdown:g} % budget, and cannot be re-allocated ({no_fronts_reason(self.source)}); "
+                    "search the target instead")  # fmt: skip
+            result = GranularityResult(
+                granularity=self.schedule.granularity, units=tuple((m.unit, m.setting) for m in self.schedule.matches),
+                predicted=self.transferred, predicted_baseline=self.baseline, validated=self.transferred,
+                n_measurements=0, search_cost_gpu_s=0.0, note=f"as transferred: {no_fronts_reason(self.source)}")  # fmt: skip
+        table = table_from_result(self._result(result), self.schedule.granularity, self.spec,
+                                  backend=self.backend_name, seed=self.seed)  # fmt: skip
         table.data["provenance"]["transferred_from"] = transferred_from
+        if self.reallocated is None:
+            transferred_from["not_reallocated"] = no_fronts_reason(self.source)
         return table
 
 
@@ -499,9 +537,10 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
              verbose: bool = False) -> TransferReport:  # fmt: skip
     """Apply clock table ``table`` to ``model`` (another model, size or layout): validate it as transferred,
     re-allocate the budget on the target from the fronts it carries, and search the target natively under the same
-    budget (evaluate_transfer). With ``out``, the target's table (the re-allocated one, or a phase-level table as
-    it stands) is written there for the target workload (TransferReport.write_table), and its absolute path is the
-    report's ``table_path``.
+    budget (evaluate_transfer). With ``out``, the target's table (the re-allocated one; a phase-level table as it
+    stands; another table without fronts as transferred, where that meets the budget on the target) is written
+    there for the target workload (TransferReport.write_table), and its absolute path is the report's
+    ``table_path`` (None where nothing was written: the summary's not_reallocated says why).
 
     Args:
         table: a ClockTable or the path of one (freqopt.tables.load_table).
@@ -567,15 +606,17 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
             if table.is_phase_schedule:  # a table of another model's phases fails here, before any file is written
                 transfer_table(table, trace)
             out, storage = open_output(out, storage)  # a bad URL fails here, before any work or folder is made
-            if out is not None and (table.is_phase_schedule or has_fronts(table)):  # a table will be written:
-                _check_target(out, table, trace, spec, slowdown, seed, measuring.name)  # over no other search's
+            if out is not None:  # a table may be written: over no other search's
+                _check_target(out, table, trace, spec, slowdown, seed, measuring.name)
             counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
             config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
             if on_start is not None:
                 on_start(table, trace, spec)
             with optuna_logging(verbose):
                 report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
-            if out is not None and (report.reallocated is not None or table.is_phase_schedule):
+            written = (report.reallocated is not None or table.is_phase_schedule
+                       or report.summary()["transferred"]["within_budget"])  # fmt: skip
+            if out is not None and written:
                 report = dataclasses.replace(report, table_path=report.write_table(out))
             return report
     finally:

@@ -143,14 +143,16 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
                    f"search this layout: freqopt search --granularity {report.schedule.granularity} ...")  # fmt: skip
         out.print(f"as transferred, the table breaks the {limit:g} % budget on this layout ({t['slowdown_pct']:+.2f} % "
                   f"time); {instead}")  # fmt: skip
+    why_not = summary["not_reallocated"]
     if report.table_path is not None:
         what = ("phase-level table for this workload" if report.schedule.granularity == "phase"
-                else "re-allocated table")  # fmt: skip
+                else "re-allocated table" if report.reallocated is not None
+                else f"table as transferred (not re-allocated: {why_not})")  # fmt: skip
         out.print(f"{what}: {report.table_path} (and .csv); apply it with `"
                   f"{_train_line(model, workload, report.table_path, vocab_multiple)}` or freqopt.DVFSRuntime",
                   soft_wrap=True)  # fmt: skip
     else:
-        out.print("no table written: the source table carries no fronts; search the source again with this freqopt")
+        out.print(f"no table written: as transferred it breaks the budget, and it cannot be re-allocated ({why_not})")
     write_json(json_path, summary)
 
 
