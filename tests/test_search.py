@@ -303,3 +303,35 @@ def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_ener
 
     plan = plan_phases(table, small_trace, SimulatedGPU(get_gpu("h100-sxm")))
     assert [s for _, s in plan.requests] == [ClockSetting(1500, 2619), ClockSetting(1200, 2619)]
+
+
+def test_a_level_that_runs_as_a_coarser_schedule_carries_that_schedules_prediction(small_trace):
+    """Issue 35, item 2: where a finer level's settings, realized per phase, run as exactly a coarser level's
+    schedule (one realized schedule: Validator.schedule_of), the row's prediction is that schedule's, with a note;
+    a level that runs a schedule of its own keeps its own prediction."""
+    from freqopt.gpu.backends.base import ClockSetting, Measurement
+    from freqopt.search.result import GranularityResult
+    from freqopt.search.runner import _predicted_as_it_runs
+    from freqopt.search.validate import Validator
+
+    validator = Validator(small_trace, SimulatedGPU(get_gpu("h100-sxm"), seed=1), 1, switching=True)
+    k = len(small_trace)
+    fast, slow = (tuple([ClockSetting(sm_clock_mhz=c, mem_clock_mhz=2619)] * k) for c in (1575, 1200))
+
+    def level(name, schedule, saved):
+        return GranularityResult(granularity=name, units=(), predicted=Measurement(1.0, 1.0 - saved),
+                                 predicted_baseline=Measurement(1.0, 1.0), validated=validator(schedule),
+                                 n_measurements=0, search_cost_gpu_s=0.0)  # fmt: skip
+
+    phase, pass_level = level("phase", fast, 0.03), level("pass", slow, 0.05)
+    kernel = level("kernel", fast, 0.07)  # the free-switching sum of its units' picks
+    shown = _predicted_as_it_runs(kernel, [pass_level, phase], validator)
+    assert shown.predicted == phase.predicted and shown.validated is kernel.validated
+    assert shown.note.startswith("runs as the phase level's schedule")
+    # The slow schedule with its last kernel fast: too short to switch for, realized as the slow one.
+    assert _predicted_as_it_runs(level("kernel", slow[:-1] + fast[-1:], 0.07), [pass_level, phase],
+                                 validator).predicted == pass_level.predicted  # fmt: skip
+    own = level("kernel", slow[: k // 2] + fast[k // 2:], 0.07)
+    assert validator.schedule_of(own.validated) not in (validator.schedule_of(phase.validated),
+                                                        validator.schedule_of(pass_level.validated))  # fmt: skip
+    assert _predicted_as_it_runs(own, [pass_level, phase], validator) == own

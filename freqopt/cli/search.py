@@ -125,8 +125,9 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
         if r.note:
             notes.setdefault(r.note, []).append(g)
     for note, levels in notes.items():
-        console.print(f"{', '.join(levels)}: {note}; {'they keep' if len(levels) > 1 else 'it keeps'} the iteration "
-                      "level's clock", soft_wrap=True)  # fmt: skip
+        keeps = (f"; {'they keep' if len(levels) > 1 else 'it keeps'} the iteration level's clock"
+                 if note.startswith("not searched") else "")  # fmt: skip
+        console.print(f"{', '.join(levels)}: {note}{keeps}", soft_wrap=True)
     for g, path in result.table_paths.items():
         out.print(f"{g} table: {path} (and .csv)", soft_wrap=True)
     for name, path in result.figure_paths.items():

@@ -32,7 +32,8 @@ class GranularityResult:
         searched_units: the units the studies ran on, where they differ from ``units`` (kernel level with
             families of classes sharing a study: one per family, in ``unit_searches`` order); () otherwise.
         note: why the level was not searched itself, where it was not (it then holds a coarser level's
-            schedule, with no measurements of its own); "" otherwise.
+            schedule, with no measurements of its own: "not searched: ..."); or that its schedule runs as a coarser
+            level's once realized, whose prediction it then carries; "" otherwise.
         requests: a phase schedule only (the phase level's, or a finer level's that ended on it): per unit, the
             label of the phase at whose start the runtime requests its setting (freqopt.search.schedule); () for
             schedules of per-unit settings.

@@ -23,7 +23,7 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
         realizes it; ideal: with free, instant switching, kernel level only, else None; predicted: the sum of the
         units' own measurements). time_s in s, energy_j in J per iteration, search_cost_gpu_s in GPU-seconds;
         "table" is the path as a string, or None where no table was written; "note" says why a level was not
-        searched itself (GranularityResult.note), else None.
+        searched itself, or which coarser level's schedule it runs as (GranularityResult.note), else None.
     """
     paths = dict(table_paths or {})
     base = result.baseline
