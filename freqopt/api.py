@@ -234,11 +234,16 @@ def search(
         UnknownNameError: unknown model, GPU type, backend or granularity.
         InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials, n_jobs or
             switch_latency_ms, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1): search it with
-            freqopt.search_pipeline.
+            freqopt.search_pipeline; on a real GPU, a model whose step does not fit its memory
+            (freqopt.workload.memory.check_step_fits, as profile checks it).
         OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
             micro-batch, sequence length or backend) under a name this search writes (refused before measuring).
         StorageError: ``storage`` cannot be opened (nothing is made under ``out`` then).
         NVMLError, GPUPermissionError: the real GPU cannot be opened or set (freqopt.gpu.nvml).
+
+    Warns:
+        GPUMemoryWarning: on the simulated GPU, a model whose step does not fit one GPU's memory: searched all the
+            same, as a what-if.
     """
     from freqopt.gpu.backends.base import switch_latency
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
@@ -246,6 +251,7 @@ def search(
     from freqopt.gpu.specs import check_switch_latency_ms
     from freqopt.workload.kernels import Trace
     from freqopt.search.study import optuna_logging
+    from freqopt.workload.memory import check_step_fits
 
     # Every check before any work or any file is touched, in the CLI's order.
     slowdown = parse_slowdown(max_slowdown)
@@ -277,6 +283,8 @@ def search(
     # A real GPU is opened (and its permissions checked) before anything is written.
     measuring, opened = open_backend(backend, requested, seed=seed)
     try:
+        if trace is None:  # a model (not a step traced already): its memory per rank, as profile checks it
+            check_step_fits(workload, measuring.spec, simulated=measuring.simulated, what="searched anyway")
         # The override replaces the GPU file's latency for this search (and its storage name).
         with switch_latency(measuring, switch_s), optuna_logging(verbose):
             return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials,

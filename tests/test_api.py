@@ -286,3 +286,23 @@ def test_transfer_and_train_take_the_switch_latency_override(monkeypatch):
     monkeypatch.setattr(freqopt.apply.train, "train", lambda workload, backend, **kwargs: seen.append(backend.spec))
     plan_training("gpt3-small", steps=1, seq_len=16, micro_batch_size=1, switch_latency_ms=7).run()
     assert seen[0].clock_switch_s == pytest.approx(0.007) and seen[0].name == "h100-sxm"
+
+
+def test_a_step_that_does_not_fit_is_refused_on_a_real_gpu_and_warned_of_on_the_simulated_one(fake_gpu, tmp_path):
+    """Issue 35, item 7: search checks the step's memory per rank as profile does, before any measurement."""
+    from freqopt.workload.memory import GPUMemoryWarning
+
+    too_big = {"micro_batch_size": 128, "seq_len": 2048}  # about 106 GB per rank, 105 of them activations
+    with pytest.raises(InvalidSettingError, match=r"needs about .* of GPU memory per rank, more than one h100-sxm's"):
+        freqopt.search("gpt3-small", max_slowdown="1%", backend="nvml", out=tmp_path / "o", **too_big)
+    assert not (tmp_path / "o").exists()
+    assert fake_gpu.gpus[0].power_limit_mw == 650_000  # opened, refused, left as found
+
+    class Stop(Exception):
+        pass
+
+    def stop(start):
+        raise Stop
+
+    with pytest.warns(GPUMemoryWarning, match="searched anyway"), pytest.raises(Stop):
+        freqopt.search("gpt3-small", max_slowdown="1%", on_start=stop, **too_big)

@@ -7,6 +7,7 @@ freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -32,6 +33,28 @@ FLAGS = {
     "n_points": "--frontier-points", "partition_method": "--partition-method", "backend": "--backend",
     "gpu": "--gpu", "time_limit_s": "--time-limit-s",
 }  # fmt: skip
+
+
+@contextlib.contextmanager
+def memory_warnings_as_lines():
+    """Within: a GPUMemoryWarning is shown at once as one "freqopt: warning: ..." line on stderr (before a long
+    search, not after it); other warnings as Python shows them."""
+    import warnings
+
+    from freqopt.workload.memory import GPUMemoryWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, GPUMemoryWarning):
+            click.echo(f"freqopt: warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", GPUMemoryWarning)
+        warnings.showwarning = show
+        yield
 
 
 def check_json_path(json_path: str | None) -> None:

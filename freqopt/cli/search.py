@@ -6,8 +6,9 @@ import time
 
 import click
 
-from freqopt.cli import (absolute_model, absolute_path, absolute_storage, check_json_path, cli, model_options,
-                         stdout_console, verbose_option, write_json)  # fmt: skip
+from freqopt.cli import (absolute_model, absolute_path, absolute_storage, check_json_path, cli,
+                         memory_warnings_as_lines, model_options, stdout_console, verbose_option,
+                         write_json)  # fmt: skip
 
 
 def switch_latency_option(f):
@@ -103,12 +104,13 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     if console.is_terminal:  # transient there; elsewhere stopping it would leave a blank line before any error
         status.start()
     try:
-        result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=levels[0] if len(levels) == 1
-                            else levels, backend=backend,
-                            storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
-                            micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                            vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
-                            on_unit=on_unit, on_start=on_start, verbose=verbose)  # fmt: skip
+        with memory_warnings_as_lines():
+            result = run_search(model, max_slowdown=max_slowdown, gpu=gpu, granularity=levels[0] if len(levels) == 1
+                                else levels, backend=backend,
+                                storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
+                                micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
+                                on_unit=on_unit, on_start=on_start, verbose=verbose)  # fmt: skip
     except KeyboardInterrupt:
         if begun:  # the search had started: its studies are in the storage
             raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in "

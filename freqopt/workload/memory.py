@@ -162,3 +162,29 @@ def check_gpu_memory(workload: Workload, spec: GPUSpec, memory: StepMemory | Non
         raise InvalidSettingError(f"{workload_label(workload)} needs about {memory.describe()} of GPU memory per "
                                   f"rank, more than one {spec.name}'s {spec.memory_gb:g} GB; {todo}")  # fmt: skip
     return memory
+
+
+def check_step_fits(workload: Workload, spec: GPUSpec, *, simulated: bool, what: str) -> StepMemory:
+    """check_gpu_memory where a job will run: on a real GPU a step that does not fit is refused; on the simulated
+    GPU it is a what-if, run all the same with a GPUMemoryWarning (one pipeline stage of gpt3-175b, say, run as the
+    whole model's ratios to the top clock). ``what`` ends the warning: "profiled anyway", "searched anyway".
+
+    Raises:
+        InvalidSettingError: on a real GPU (``simulated`` False), the step needs more memory than ``spec`` has.
+
+    Warns:
+        GPUMemoryWarning: on the simulated GPU, the same.
+    """
+    import warnings
+
+
+    memory = estimate_step_memory(workload, dtype=torch.bfloat16)
+    if not simulated:
+        return check_gpu_memory(workload, spec, memory)
+    try:
+        check_gpu_memory(workload, spec, memory)
+    except InvalidSettingError as e:
+        warnings.warn(f"{e}; {what}: the simulated time and energy of one rank's kernels, a step that could not run "
+                      "as it stands", GPUMemoryWarning, stacklevel=3)  # fmt: skip
+    return memory
+
