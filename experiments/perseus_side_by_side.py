@@ -414,6 +414,8 @@ def main() -> None:
             doc["settings"] = [r for r in doc["settings"] if (r["gpu"], r["model"], r["micro_batches"]) not in keys]
             doc["settings"] += other["settings"]
             commands.append(other["command"])
+            if "small_case" in other:
+                doc["small_case"] = other["small_case"]
         doc["settings"].sort(key=lambda r: (r["micro_batches"], [s[:2] for s in SETTINGS].index((r["gpu"], r["model"]))))
         doc["command"] = "; ".join(dict.fromkeys(commands))
         if args.note:
