@@ -408,7 +408,7 @@ def main() -> None:
     if args.merge:  # settings run elsewhere (another process, in parallel) join this folder's results
         path = args.out / "results.json"
         doc = json.loads(path.read_text())
-        commands = [doc["command"]]
+        commands, merged, base_settings = [doc["command"]], False, list(doc["settings"])
         for other in map(lambda p: json.loads(p.read_text()), args.merge):
             keys = {(r["gpu"], r["model"], r["micro_batches"]) for r in other["settings"]}
             doc["settings"] = [r for r in doc["settings"] if (r["gpu"], r["model"], r["micro_batches"]) not in keys]
@@ -416,7 +416,12 @@ def main() -> None:
             commands.append(other["command"])
             if "small_case" in other:
                 doc["small_case"] = other["small_case"]
+            # The runs ran side by side: the longest is the merged run's wall time; the latest date its date.
+            doc["wall_s"] = max(other.get("wall_s", 0.0), doc["wall_s"] if merged else 0.0)
+            doc["date"], merged = max(doc["date"], other["date"]) if merged else other["date"], True
         doc["settings"].sort(key=lambda r: (r["micro_batches"], [s[:2] for s in SETTINGS].index((r["gpu"], r["model"]))))
+        if not any(r in base_settings for r in doc["settings"]):  # every setting of this folder's run replaced
+            commands = commands[1:]
         doc["command"] = "; ".join(dict.fromkeys(commands))
         if args.note:
             doc["note"] = args.note
