@@ -28,7 +28,7 @@ Run (Perseus's environment as ../shared/peers/perseus/README.md says):
 
 It writes experiments/perseus/results.json, report.md and frontiers.png; ``--settings a100_sxm:bloom:12 ...`` runs
 some settings and keeps the others recorded. ``--perseus-limit-s S`` stops Perseus after S seconds and scores the
-plans it wrote by then (the A40 profiles at M = 96: its published frontiers have 57,642 and 65,845 points, one per
+plans it wrote by then (the A40 profiles at M = 96: its published frontiers have 57,641 and 65,844 points, one per
 1 ms, and on this machine it wrote about 5,200 of them in an hour), marked as stopped in the report. HELD OUT and never read: the GPT-3 175B A100 files.
 """
 
