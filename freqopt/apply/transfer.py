@@ -615,7 +615,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
             with optuna_logging(verbose):
                 report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
             written = (report.reallocated is not None or table.is_phase_schedule
-                       or report.summary()["transferred"]["within_budget"])  # fmt: skip
+                       or report._figures(report.transferred)["within_budget"])  # fmt: skip
             if out is not None and written:
                 report = dataclasses.replace(report, table_path=report.write_table(out))
             return report

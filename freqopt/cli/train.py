@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 import click
 
-from freqopt.cli import check_json_path, cli, model_options, stdout_console, write_json
+from freqopt.cli import check_json_path, cli, memory_warnings_as_lines, model_options, stdout_console, write_json
 from freqopt.cli.search import switch_latency_option
 
 @cli.command(short_help="Train under the DVFS runtime; report time and energy per step.")
@@ -148,20 +147,13 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
 
     from freqopt.gpu.backends.base import DEFAULT_SETTING
     from freqopt.workload.layout import parse_layout
-    from freqopt.workload.memory import GPUMemoryWarning
     from freqopt.measure.profile import profile as run_profile
 
     check_json_path(json_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", GPUMemoryWarning)
+    with memory_warnings_as_lines():
         report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
                              sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
                              **sizes)  # fmt: skip
-    for w in caught:  # one line each on stderr; others go on as Python shows them
-        if issubclass(w.category, GPUMemoryWarning):
-            click.echo(f"freqopt: warning: {w.message}", err=True)
-        else:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     nvml = report.backend == "nvml"
     console = stdout_console()
     where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else \

@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +35,8 @@ import torch
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.workload.kernels import Trace
-from freqopt.workload.memory import GPUMemoryWarning, StepMemory, check_gpu_memory, estimate_step_memory
+from freqopt.workload.memory import (StepMemory, check_gpu_memory, check_step_fits,
+                                     estimate_step_memory)  # fmt: skip
 from freqopt.workload.models import Workload, build_model
 from freqopt.measure.profiler_compare import STEP_LABEL, ProfilerRow, compare_with_profiler, profiled_kinds
 from freqopt.workload.trace import trace_training_iteration
@@ -296,14 +296,9 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     try:
         on_gpu = not real or torch.device(device).type == "cuda"
         memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
-        if real and on_gpu:
-            check_gpu_memory(workload, measuring.spec, memory)
+        if on_gpu:  # an nvml profile training on the CPU is not held to the GPU's memory
+            check_step_fits(workload, measuring.spec, simulated=not real, what="profiled anyway", memory=memory)
         if not real:
-            try:
-                check_gpu_memory(workload, measuring.spec, memory)
-            except InvalidSettingError as e:  # a what-if on the simulated GPU: the figures, with the warning
-                warnings.warn(f"{e}; profiled anyway: the simulated time and energy of one rank's kernels, a step "
-                              "that could not run as it stands", GPUMemoryWarning, stacklevel=2)  # fmt: skip
             setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
             trace = trace_training_iteration(workload)
             total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)

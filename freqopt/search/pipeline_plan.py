@@ -67,7 +67,8 @@ than ``energy_step`` (default FRONTIER_ENERGY_STEP, 0.1 %), their midpoint, to a
 _FRONTIER_TIME_RESOLUTION of the fastest time. The bounds' rule refines where the optimum itself falls steeply
 though the plans found there are flat (a stretch of poor plans hides from the energies' rule): on BLOOM/A100 at
 M = 96 (`freqopt plan --json`) it took 520 deadlines instead of 483, the proven gap went from 0.51 % to 0.34 %, and
-the staircase's worst point against Perseus's plans from +0.24 % to +0.09 % (experiments/perseus/report.md). Each deadline is one hot-started LP, its round-down, the best plan already found within it and the
+the staircase's worst point against Perseus's plans from +0.24 % to +0.09 % (experiments/perseus/report.md).
+Each deadline is one hot-started LP, its round-down, the best plan already found within it and the
 next slower plan repaired down to it (steps 1-2, no MILP): the LP moves little between neighbouring deadlines, and
 a neighbour's plan is often the best start (on BLOOM/A100 at M = 12 the round-down was best at half the deadlines,
 a neighbour's plan at the other half; the error diffusion at 6 %, for most of the time). The points are the

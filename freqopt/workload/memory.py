@@ -26,6 +26,7 @@ forward pass leaves allocated (torch.profiler's memory profile) matched the acti
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -164,21 +165,20 @@ def check_gpu_memory(workload: Workload, spec: GPUSpec, memory: StepMemory | Non
     return memory
 
 
-def check_step_fits(workload: Workload, spec: GPUSpec, *, simulated: bool, what: str) -> StepMemory:
+def check_step_fits(workload: Workload, spec: GPUSpec, *, simulated: bool, what: str,
+                    memory: StepMemory | None = None) -> StepMemory:  # fmt: skip
     """check_gpu_memory where a job will run: on a real GPU a step that does not fit is refused; on the simulated
     GPU it is a what-if, run all the same with a GPUMemoryWarning (one pipeline stage of gpt3-175b, say, run as the
-    whole model's ratios to the top clock). ``what`` ends the warning: "profiled anyway", "searched anyway".
+    whole model's ratios to the top clock). ``what`` ends the warning: "profiled anyway", "searched anyway";
+    ``memory``: the estimate, else estimate_step_memory in BF16.
 
     Raises:
         InvalidSettingError: on a real GPU (``simulated`` False), the step needs more memory than ``spec`` has.
 
     Warns:
-        GPUMemoryWarning: on the simulated GPU, the same.
+        GPUMemoryWarning: on the simulated GPU, the same (pointing at the caller's caller: the user's call).
     """
-    import warnings
-
-
-    memory = estimate_step_memory(workload, dtype=torch.bfloat16)
+    memory = memory if memory is not None else estimate_step_memory(workload, dtype=torch.bfloat16)
     if not simulated:
         return check_gpu_memory(workload, spec, memory)
     try:
@@ -187,4 +187,3 @@ def check_step_fits(workload: Workload, spec: GPUSpec, *, simulated: bool, what:
         warnings.warn(f"{e}; {what}: the simulated time and energy of one rank's kernels, a step that could not run "
                       "as it stands", GPUMemoryWarning, stacklevel=3)  # fmt: skip
     return memory
-
