@@ -25,8 +25,11 @@ def test_oracle_measures_every_unit_at_every_pair_and_charges_for_it(small_trace
     sm_clocks = len([p for p in H100.clock_pairs() if p[1] == max(H100.mem_clocks_mhz)])
     sweep = 3 * (sm_clocks + 1) + pairs
     assert sm_clocks < pairs and result.n_measurements >= sweep
+    # Each measurement lasts whole replays of what it measures, over the protocol's warm-up and window: at least
+    # their sum, and less than two replays more (the step is the longest thing measured).
     per = backend.protocol.cost_gpu_s(H100.energy_counter_period_s)
-    assert result.search_cost_gpu_s == pytest.approx(result.n_measurements * per)
+    step_s = backend.step(small_trace.kernels).time_s
+    assert result.n_measurements * per <= result.search_cost_gpu_s < result.n_measurements * (per + 2 * step_s)
     assert result.slowdown_pct <= 2.0 + 1e-9 and result.energy_saved_pct > 0
 
 

@@ -85,6 +85,28 @@ def test_measurements_are_deterministic_per_seed_and_noisy_about_half_a_percent(
     assert sim.measure(kernels, ClockSetting(), key="u").cost_gpu_s > 0
 
 
+def test_a_measurement_is_charged_the_whole_steps_it_ran():
+    """Issue 35, item 7: a measurement replays whole steps through its warm-up and its window, so a long step's
+    costs two steps (a 508 s step was charged about 1 s), a short one's the protocol's durations rounded up to
+    whole steps."""
+    from freqopt.gpu.backends.base import MeasurementProtocol
+
+    protocol, period = MeasurementProtocol(), H100.energy_counter_period_s
+    fixed = protocol.cost_gpu_s(period)
+    assert fixed == pytest.approx(protocol.warmup_s + protocol.window_s(period))
+    assert protocol.cost_gpu_s(period, 508.0) == pytest.approx(1016.0)
+    short = protocol.cost_gpu_s(period, 0.027)
+    assert fixed <= short < fixed + 2 * 0.027 and short / 0.027 == pytest.approx(round(short / 0.027))
+    sim = SimulatedGPU(H100, seed=0)
+    kernels = [COPY] * 4
+    true = sim.true_measure(kernels, ClockSetting())
+    assert sim.measure(kernels, ClockSetting(), key="u").cost_gpu_s == pytest.approx(
+        protocol.cost_gpu_s(period, true.time_s))
+    step = sim.step(kernels)
+    assert sim.measure_schedule(kernels, [ClockSetting()] * 4).cost_gpu_s == pytest.approx(
+        protocol.cost_gpu_s(period, step.time_s))
+
+
 def test_unsupported_clock_is_refused():
     from freqopt.errors import InvalidSettingError
 

@@ -74,7 +74,11 @@ def test_validator_measures_each_schedule_once(small_trace):
     # Launch-bound (micro-batch 1, short sequence): the host sets the pace, so half the clock costs no time here,
     # only energy is saved.
     assert validator(low).energy_j < 0.8 * base.energy_j and validator.n_measurements == 6
-    assert validator.cost_gpu_s == pytest.approx(6 * SimulatedGPU(get_gpu("h100-sxm")).protocol.cost_gpu_s(0.1))
+    # Each reading is charged the whole steps its warm-up and window ran (MeasurementProtocol.cost_gpu_s).
+    gpu = SimulatedGPU(get_gpu("h100-sxm"))
+    step_s = [gpu.step(small_trace.kernels, s).time_s for s in (None, low)]
+    charged = 3 * sum(gpu.protocol.cost_gpu_s(gpu.spec.energy_counter_period_s, t) for t in step_s)
+    assert validator.cost_gpu_s == pytest.approx(charged)
 
 
 # A recorded figure and a re-run's agree to this relative precision. Another CPU sums in another order (an AMD EPYC

@@ -80,7 +80,9 @@ def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, gra
     before = (validator.n_measurements, validator.cost_gpu_s)  # the baseline's readings included, as a search's
     baseline = validator.baseline()
     units = partition(trace, granularity)
-    per_measurement_s = backend.protocol.cost_gpu_s(spec.energy_counter_period_s)
+    def cost_s(m) -> float:  # one measurement of m's replay loop: whole loops over warm-up and window
+        return backend.protocol.cost_gpu_s(spec.energy_counter_period_s, m.time_s)
+
     pairs = spec.clock_pairs()
     job_mem = job_mem_clock_mhz(spec, len(units))  # a memory clock set per job: the units sweep the SM clock at it
     unit_pairs = [(sm, mem) for sm, mem in pairs if job_mem is None or mem == job_mem]
@@ -92,14 +94,14 @@ def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, gra
         for sm, mem in unit_pairs:
             m = backend.true_measure(kernels, ClockSetting(sm, mem))
             options.append(Option(ClockSetting(sm, mem), m.time_s, m.energy_j, 1))
-        n = len(options)
-        searches.append(UnitSearch(unit.name, "oracle", options[0], tuple(options), n, n * per_measurement_s))
+        searches.append(UnitSearch(unit.name, "oracle", options[0], tuple(options), len(options),
+                                   sum(cost_s(o) for o in options)))
     # The exhaustive space holds every uniform schedule too (one pair for all units): sweep the whole iteration at
     # every pair, as the search's coarse-to-fine chain starts from its iteration level, and offer the best one
     # that meets the budget (validated) as the first candidate.
     sweep = [(backend.step(trace.kernels, [ClockSetting(sm, mem)] * len(trace)), ClockSetting(sm, mem))
              for sm, mem in pairs]  # whole steps, as validation measures them
-    sweep_cost = (len(pairs), len(pairs) * per_measurement_s)
+    sweep_cost = (len(pairs), sum(cost_s(m) for m, _ in sweep))
     within = [(m.energy_j, s) for m, s in sweep if m.time_s <= baseline.time_s * (1 + config.max_slowdown)]
     first = None
     if within:

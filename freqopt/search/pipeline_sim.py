@@ -371,13 +371,12 @@ class SimulatedPipeline:
 
         Returns:
             The iteration: time, energy and each stage's (noisy), the instructions' noiseless timeline, and the
-            GPU-seconds the measurement took (S GPUs, each over the protocol's warm-up and a window of at least
-            one iteration).
+            GPU-seconds the measurement took (S GPUs, each over the protocol's warm-up and window in whole
+            iterations: MeasurementProtocol.cost_gpu_s).
         """
         per_instruction = self.settings_of(settings)
         true = self._simulate(per_instruction, self.spec.clock_switch_s if switching else 0.0)
-        window = max(self.protocol.window_s(self.spec.energy_counter_period_s), true.time_s)
-        cost = self.stages * (self.protocol.warmup_s + window)
+        cost = self.stages * self.protocol.cost_gpu_s(self.spec.energy_counter_period_s, true.time_s)
         if not self.noise:
             return _replace_cost(true, cost)
         ident = (key, tuple(per_instruction), switching)

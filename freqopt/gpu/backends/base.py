@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import math
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -108,10 +109,22 @@ class MeasurementProtocol:
     min_counter_updates: int = 5
 
     def window_s(self, counter_period_s: float) -> float:
+        """The shortest window read, s: ``min_window_s``, or ``min_counter_updates`` counter periods if longer."""
         return max(self.min_window_s, self.min_counter_updates * counter_period_s)
 
-    def cost_gpu_s(self, counter_period_s: float) -> float:
-        return self.warmup_s + self.window_s(counter_period_s)
+    def cost_gpu_s(self, counter_period_s: float, step_s: float | None = None) -> float:
+        """The GPU-seconds one measurement takes, s.
+
+        A measurement replays whole steps (or whole replay loops) of ``step_s`` each: through the warm-up until
+        ``warmup_s`` has passed, then through the window until ``window_s`` has (as NVMLBackend._loop and
+        _timed_window run them), so each lasts a whole number of steps, at least one. A 508 s step's measurement
+        costs two steps, 1,016 s, not the 1 s of a short one (issue 35, item 7). ``step_s`` None or 0: the
+        protocol's fixed durations (a step much shorter than them).
+        """
+        warmup_s, window_s = self.warmup_s, self.window_s(counter_period_s)
+        if not step_s or step_s <= 0:
+            return warmup_s + window_s
+        return step_s * (max(1, math.ceil(warmup_s / step_s - 1e-9)) + max(1, math.ceil(window_s / step_s - 1e-9)))
 
 
 class Backend(abc.ABC):

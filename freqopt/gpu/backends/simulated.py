@@ -128,7 +128,7 @@ class SimulatedGPU(Backend):
 
     def _meter(self, time_s: float, energy_j: float) -> None:
         """Advance the counter by one measurement's loop: ``energy_j / time_s`` W for the protocol's GPU-seconds."""
-        self._energy_j += energy_j / time_s * self.protocol.cost_gpu_s(self.spec.energy_counter_period_s)
+        self._energy_j += energy_j / time_s * self.protocol.cost_gpu_s(self.spec.energy_counter_period_s, time_s)
 
     # -- physics -------------------------------------------------------------------------------------------
     def _sm_index(self, sm_clock_mhz: int | None) -> int:
@@ -241,7 +241,7 @@ class SimulatedGPU(Backend):
 
     # -- measurement -----------------------------------------------------------------------------------------
     def _noisy(self, time_s: float, energy_j: float, sm_clock_mhz: float, key: tuple, sample: int | None) -> Measurement:
-        cost = self.protocol.cost_gpu_s(self.spec.energy_counter_period_s)
+        cost = self.protocol.cost_gpu_s(self.spec.energy_counter_period_s, time_s)  # whole repetitions of time_s
         if not self.noise:
             return Measurement(time_s, energy_j, cost, sm_clock_mhz)
         if sample is None:
