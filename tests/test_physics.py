@@ -168,6 +168,21 @@ def test_a_replay_loop_pays_a_replays_host_time_and_a_step_its_passes():
     assert by_pass["forward"] > by_pass["backward"] > by_pass["optimizer"] > replay.sum()
 
 
+def test_the_waiting_part_of_a_step_is_its_host_gaps_at_the_baseline_power():
+    """SimulatedGPU.waiting (issue 35, item 4): a launch-bound step is mostly the GPU waiting, at its baseline power;
+    a lower clock lowers that power and not the wait; a step of large GEMMs barely waits."""
+    gpu = SimulatedGPU(H100, noise=False)
+    n = 50
+    step, waiting = gpu.step([TINY] * n), gpu.waiting([TINY] * n)
+    assert 0.8 * step.time_s < waiting.time_s < step.time_s
+    baseline = physics(TINY).baseline_power_w[0, -1]
+    assert waiting.energy_j == pytest.approx(waiting.time_s * baseline, rel=1e-6)
+    low = [ClockSetting(sm_clock_mhz=H100.sm_clocks_mhz[len(H100.sm_clocks_mhz) // 2])] * n
+    assert gpu.waiting([TINY] * n, low).time_s == pytest.approx(waiting.time_s, rel=0.01)
+    assert gpu.waiting([TINY] * n, low).energy_j < 0.95 * waiting.energy_j
+    assert gpu.waiting([GEMM] * 4).time_s < 0.01 * gpu.step([GEMM] * 4).time_s
+
+
 def test_no_host_time_where_a_gpu_type_has_none():
     v100 = get_gpu("v100-pcie")
     assert v100.host_issue_s == 0.0

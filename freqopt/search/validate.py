@@ -152,6 +152,32 @@ class Validator:
         one handed out before the schedule was read again), or None."""
         return next((s for m, s in self._means if m is measurement), None)
 
+    def host_wait_pct(self) -> float | None:
+        """The share (%) of the default step the GPU spends waiting for the host to issue kernels (noiseless:
+        SimulatedGPU.waiting); None on a backend that cannot separate it (a real GPU)."""
+        waiting = getattr(self.backend, "waiting", None)
+        if waiting is None:
+            return None
+        kernels = self.trace.kernels
+        return 100.0 * waiting(kernels).time_s / self.backend.step(kernels).time_s
+
+    def waiting_saved_pct(self, measurement: Measurement) -> float | None:
+        """The share (%) of the noiseless energy saving of the schedule behind ``measurement`` (one of this
+        validator's means: schedule_of) that is saved while the GPU waits for the host: at a lower clock a waiting
+        GPU draws less power at no cost in time, which is most of what a host-bound step can save (issue 35,
+        item 4). From the simulated GPU's physics (SimulatedGPU.waiting, step); None on a real GPU, for a schedule
+        this validator did not measure, or one that saves nothing."""
+        waiting = getattr(self.backend, "waiting", None)
+        schedule = self.schedule_of(measurement)
+        if waiting is None or schedule is None:
+            return None
+        kernels, settings = self.trace.kernels, list(schedule)
+        saved_j = self.backend.step(kernels).energy_j - self.backend.step(kernels, settings,
+                                                                          switching=self.switching).energy_j
+        if saved_j <= 0:
+            return None
+        return 100.0 * (waiting(kernels).energy_j - waiting(kernels, settings, switching=self.switching).energy_j) / saved_j
+
     @property
     def kernel_time_s(self) -> np.ndarray:
         """Every kernel's time at the default setting, in a loop, shape (K,), s (Backend.kernel_times_s; the

@@ -149,6 +149,13 @@ class SimulatedGPU(Backend):
             switch_latency_s: a change of setting lands this long after the kernel that asks for it starts; until
                 then the GPU runs at the previous setting (in a loop, the first kernels inherit the last setting).
         """
+        time_s, energy_j, clocks, _, _ = self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)
+        return time_s, energy_j, clocks
+
+    def _physics(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool,
+                 switch_latency_s: float = 0.0) -> tuple[np.ndarray, ...]:  # fmt: skip
+        """``run``'s (time_s, energy_j, sm_clock_mhz), and of each, the part spent waiting for the host before the
+        kernel (host_gaps: time, s, and energy at the GPU's baseline power, J), each shape (K,)."""
         if switch_latency_s > 0 and len(set(settings)) > 1:
             settings = self._delayed(kernels, settings, switch_latency_s, loop)
         spec = self.spec
@@ -178,8 +185,9 @@ class SimulatedGPU(Backend):
         # The GPU idles at its baseline power while it waits for the host (host_gaps), before each kernel.
         on_stream = np.array([k.stream == 0 for k in kernels], dtype=bool)
         gaps = host_gaps(t, host_issue_s(spec, kernels, step=not loop), on_stream, loop=loop)  # (K, F)
+        gap_e = gaps * phys.baseline_power_w[k_idx[:, None], eff]  # (K, F)
         t = t + gaps
-        e = e + gaps * phys.baseline_power_w[k_idx[:, None], eff]
+        e = e + gap_e
         avg_power = np.add.reduceat(e, starts, axis=0) / np.add.reduceat(t, starts, axis=0)  # (W, F)
         window_limit = limit[starts]  # (W,)
         ok = avg_power <= window_limit[:, None] + 1e-9  # (W, F); power rises with the clock
@@ -199,13 +207,15 @@ class SimulatedGPU(Backend):
         lo, hi = eff[k_idx, best[window]], eff[k_idx, above[window]]  # (K,)
         time_s = (1 - alpha) * t[k_idx, best[window]] + alpha * t[k_idx, above[window]]
         energy_j = (1 - alpha) * e[k_idx, best[window]] + alpha * e[k_idx, above[window]]
+        wait_s = (1 - alpha) * gaps[k_idx, best[window]] + alpha * gaps[k_idx, above[window]]
+        wait_j = (1 - alpha) * gap_e[k_idx, best[window]] + alpha * gap_e[k_idx, above[window]]
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)
         clocks = (1 - alpha) * f[lo] + alpha * f[hi]
         side = np.array([k.stream != 0 for k in kernels])
         if side.any():
             baseline_w = (1 - alpha) * phys.baseline_power_w[k_idx, lo] + alpha * phys.baseline_power_w[k_idx, hi]
             time_s, energy_j = _overlap_streams(kernels, time_s, energy_j, baseline_w)
-        return time_s, energy_j, clocks
+        return time_s, energy_j, clocks, wait_s, wait_j
 
     def _delayed(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], latency_s: float,
                  loop: bool = True) -> list[ClockSetting]:  # fmt: skip
@@ -272,6 +282,18 @@ class SimulatedGPU(Backend):
         latency = self.spec.clock_switch_s if switching else 0.0
         t, e, clocks = self.run(kernels, settings, loop=False, switch_latency_s=latency)
         return Measurement(float(t.sum()), float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
+
+    def waiting(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting] | None = None, *,
+                switching: bool = False) -> Measurement:  # fmt: skip
+        """The part of one training step (``step``, same arguments) the GPU spends waiting for the host to issue
+        its kernels: their time_s and the energy_j the GPU draws meanwhile (its baseline power at the clock it
+        holds: freqopt.gpu.backends.physics.host_gaps and the baseline power of the GPU file's power model).
+        Noiseless; no GPU-seconds charged. Where a step is host-bound this is most of it, and a lower clock saves
+        energy there at no cost in time (issue 35, item 4)."""
+        settings = [DEFAULT_SETTING] * len(kernels) if settings is None else settings
+        latency = self.spec.clock_switch_s if switching else 0.0
+        *_, wait_s, wait_j = self._physics(kernels, settings, loop=False, switch_latency_s=latency)
+        return Measurement(float(wait_s.sum()), float(wait_j.sum()))
 
     def measure_schedule(
         self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, key: str = "", switching: bool = False,
