@@ -296,12 +296,14 @@ def search(
 
 def _n_units(trace, granularity: str, backend, config, one_clock: bool = False) -> int:
     """Tuning units of one granularity as the search runs them (runner.run_unit_studies): the kernel level's
-    families of classes (search_units), the phase level's blocks from the backend's kernel times, none for a level
-    that is not searched because one clock is all a runtime can realize (``one_clock``: runner.one_clock_reason)."""
+    families of classes (search_units), the phase level's blocks from the backend's kernel times; where one clock
+    is all a runtime can realize (``one_clock``: runner.one_clock_reason), none for the phase level and the pass
+    and kernel levels' units searched for their free-switching figure only (runner.FREE_SWITCHING_SEARCHED)."""
+    from freqopt.search.runner import FREE_SWITCHING_SEARCHED
     from freqopt.search.schedule import search_blocks
     from freqopt.search.units import search_units
 
-    if one_clock and granularity in ("pass", "kernel", "phase"):
+    if one_clock and granularity in ("pass", "kernel", "phase") and granularity not in FREE_SWITCHING_SEARCHED:
         return 0
     if granularity != "phase":
         return len(search_units(trace, granularity, config.share_classes and granularity == "kernel"))

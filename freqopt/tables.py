@@ -401,9 +401,11 @@ def table_from_result(result, granularity: str, spec: GPUSpec, *, backend: str, 
     w = trace.workload
     entries = []
     # The units' measured fronts, where the options are the unit's own (not at phase level, whose options are
-    # changes of the whole iteration).
-    fronts = r.unit_searches if not r.requests and len(r.unit_searches) == len(r.units) else None
-    if not r.requests and r.searched_units and len(r.searched_units) == len(r.unit_searches):
+    # changes of the whole iteration) and the table holds what they allocated (not a level held to one clock,
+    # whose studies served its free-switching figure only: its table is that clock, transferred as it stands).
+    own = not r.requests and not r.held_to_one_clock
+    fronts = r.unit_searches if own and len(r.unit_searches) == len(r.units) else None
+    if own and r.searched_units and len(r.searched_units) == len(r.unit_searches):
         # Classes that shared their family's study carry the family's front: a transfer uses only its ratios
         # to the default (freqopt.apply.transfer), which the family's classes share.
         owner = {k: s for u, s in zip(r.searched_units, r.unit_searches) for k in u.kernel_indices}

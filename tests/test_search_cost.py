@@ -62,19 +62,29 @@ def test_one_clock_reason_for_a_longer_step_whose_passes_are_each_shorter_than_t
     assert "hold no two runs of phases each as long as a 26 ms clock switch" in reason and "shorter" not in reason
 
 
-def test_unrealizable_levels_are_not_measured_and_keep_the_iteration_schedule(small_trace):
+def test_unrealizable_levels_keep_the_iteration_schedule_and_search_only_their_free_switching_figure(small_trace):
+    """Issue 25: where a runtime can realize no schedule finer than one clock, the finer levels keep the iteration
+    level's; issue 35, item 3: the pass and kernel levels still search what they would save with free switching
+    (the papers' figure), within the budget and at least the iteration level's, and charge it; the phase level
+    measures nothing."""
     config = SearchConfig(max_slowdown=0.02, n_trials_1d=5, n_trials_per_mem_clock=1,
-                          granularities=("iteration", "pass", "kernel"))  # fmt: skip
+                          granularities=("iteration", "pass", "kernel", "phase"))  # fmt: skip
     result = run_search(small_trace, SimulatedGPU(H100, seed=3), config)
     iteration = result.results["iteration"]
-    assert iteration.n_measurements > 0 and not iteration.note
-    for g in ("pass", "kernel"):
+    assert iteration.n_measurements > 0 and not iteration.note and iteration.ideal == iteration.validated
+    for g in ("pass", "kernel", "phase"):
         r = result.results[g]
-        assert r.n_measurements == 0 and r.unit_searches == () and "not searched" in r.note
-        assert r.validated == iteration.validated and r.ideal is None
+        assert r.held_to_one_clock and "shorter than two 26 ms clock switches" in r.note
+        assert r.validated == iteration.validated
         assert {s for _, s in r.units} == {iteration.units[0][1]}
+        if g == "phase":
+            assert r.n_measurements == 0 and r.ideal == iteration.validated
+            continue
         assert len(r.units) == len(partition(small_trace, g))
-    assert result.summary()["results"]["kernel"]["note"].startswith("not searched")
+        assert r.n_measurements >= sum(u.n_measurements for u in r.unit_searches) + 3 > 3  # studies, validations
+        assert r.ideal.time_s <= result.baseline.time_s * 1.02 and r.ideal.energy_j <= iteration.validated.energy_j
+        assert not result.table(g).data["entries"][0].get("front")  # its table is the one clock, no fronts
+    assert result.summary()["results"]["kernel"]["note"].startswith("held to one clock")
     # Where switches are fast, the same levels are searched, the kernel level on families of classes.
     fast = run_search(small_trace, SimulatedGPU(FAST, seed=3), config)
     kernel = fast.results["kernel"]

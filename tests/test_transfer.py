@@ -203,7 +203,7 @@ def test_a_one_clock_table_is_written_as_transferred_and_trained_with(small_trac
     figures as validated there and the reason it was not re-allocated, and `train` takes it."""
     config = SearchConfig(max_slowdown=0.02, granularities=("pass",), n_trials_1d=4, finalist_repeats=1)
     result = run_search(small_trace, SimulatedGPU(H100, seed=1), config)
-    assert result.results["pass"].note  # the pass level was not searched: one clock
+    assert result.results["pass"].held_to_one_clock  # its studies served the free-switching figure only
     source = write_table(table_from_result(result, "pass", H100, backend="sim", seed=1), tmp_path / "pass.json")
     assert not has_fronts(load_table(source))
     out, summary_path = tmp_path / "o", tmp_path / "t.json"
@@ -212,7 +212,7 @@ def test_a_one_clock_table_is_written_as_transferred_and_trained_with(small_trac
     summary = json.loads(summary_path.read_text())
     assert summary["transferred"]["within_budget"] and summary["reallocated"] is None
     assert summary["not_reallocated"].startswith("the source's pass level holds a coarser schedule, with no units' "
-                                                 "fronts (not searched: the iteration's")
+                                                 "fronts (held to one clock: the iteration's")
     written = (out / "gpt3-small-h100-sxm-2pct-pass-transferred.json").resolve()
     assert summary["table"] == str(written)
     assert "table as transferred (not re-allocated: the source's pass level holds" in capsys.readouterr().out

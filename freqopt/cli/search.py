@@ -128,8 +128,10 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
             notes.setdefault(r.note, []).append(g)
     for note, levels in notes.items():
         keeps = (f"; {'they keep' if len(levels) > 1 else 'it keeps'} the iteration level's clock"
-                 if note.startswith("not searched") else "")  # fmt: skip
+                 if result.results[levels[0]].held_to_one_clock else "")  # fmt: skip
         console.print(f"{', '.join(levels)}: {note}{keeps}", soft_wrap=True)
+    if result.waiting_statement():
+        console.print(result.waiting_statement(), soft_wrap=True)
     for g, path in result.table_paths.items():
         out.print(f"{g} table: {path} (and .csv)", soft_wrap=True)
     for name, path in result.figure_paths.items():

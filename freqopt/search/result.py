@@ -9,7 +9,12 @@ from freqopt.workload.kernels import Trace
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 
-__all__ = ["GranularityResult", "SearchResult"]
+__all__ = ["GranularityResult", "SearchResult", "HOST_BOUND_PCT"]
+
+# A step whose GPU waits for the host for at least this share (%) of the time is host-bound enough that the output
+# says how much of its saving is the waiting GPU's (SearchResult.waiting_statement): a quarter, where the waiting
+# GPU's power is already of the order of the savings a compute-bound step sees (issue 35, item 4).
+HOST_BOUND_PCT = 25.0
 
 
 @dataclass(frozen=True)
@@ -25,18 +30,24 @@ class GranularityResult:
         predicted_baseline: the same sum at the defaults.
         validated: the whole iteration measured with the schedule, as a runtime realizes it (switching costs
             included when SearchConfig.switching).
-        ideal: the whole iteration measured with the schedule and free, instant switching (None if not measured).
+        ideal: the free-switching figure: the whole iteration measured with free, instant switching (None if not
+            measured), of the level's own free-switching allocation where it has one (``ideal_units``: per searched
+            unit, its setting; the pass and kernel levels), else of its schedule as it stands.
+        ideal_units: see ``ideal``; () where the figure is the schedule's own.
         n_measurements, search_cost_gpu_s: measurements and GPU-seconds the search spent, validation included.
         unit_searches: each unit's study outcome.
         study_names: the Optuna studies behind the result.
         searched_units: the units the studies ran on, where they differ from ``units`` (kernel level with
             families of classes sharing a study: one per family, in ``unit_searches`` order); () otherwise.
-        note: why the level was not searched itself, where it was not (it then holds a coarser level's
-            schedule, with no measurements of its own: "not searched: ..."); or that its schedule runs as a coarser
+        note: why the level holds the iteration level's one clock, where a runtime can realize no finer schedule
+            ("held to one clock: ...": its measurements are then its free-switching figure's only, none for the
+            phase level); or that its schedule runs as a coarser
             level's once realized, whose prediction it then carries; "" otherwise.
         requests: a phase schedule only (the phase level's, or a finer level's that ended on it): per unit, the
             label of the phase at whose start the runtime requests its setting (freqopt.search.schedule); () for
             schedules of per-unit settings.
+        waiting_saved_pct: the share (%) of the schedule's noiseless saving that is saved while the GPU waits for
+            the host (Validator.waiting_saved_pct; simulated GPU only, else None).
     """
 
     granularity: str
@@ -48,9 +59,17 @@ class GranularityResult:
     search_cost_gpu_s: float
     unit_searches: tuple[UnitSearch, ...] = field(repr=False, default=())
     ideal: Measurement | None = None
+    ideal_units: tuple[tuple[TuningUnit, ClockSetting], ...] = field(repr=False, default=())
     requests: tuple[str, ...] = ()
     searched_units: tuple[TuningUnit, ...] = field(repr=False, default=())
     note: str = ""
+    waiting_saved_pct: float | None = None
+
+    @property
+    def held_to_one_clock(self) -> bool:
+        """The level holds the iteration level's one clock because a runtime can realize no finer schedule (its
+        note says why: runner.one_clock_reason)."""
+        return self.note.startswith("held to one clock")
 
     @property
     def n_settings(self) -> int:
@@ -88,6 +107,8 @@ class SearchResult:
         backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
         table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
         figure_paths: "energy-time" and "clocks" -> the PNGs written beside them (freqopt.search.plots).
+        host_wait_pct: the share (%) of the default step the GPU waits for the host (Validator.host_wait_pct;
+            simulated GPU only, else None).
     """
 
     trace: Trace
@@ -103,6 +124,7 @@ class SearchResult:
     seed: int = 0
     table_paths: dict = field(default_factory=dict)
     figure_paths: dict = field(default_factory=dict)
+    host_wait_pct: float | None = None
 
     def __repr__(self) -> str:
         """One line: workload, GPU, budget, baseline and each granularity's validated saving (not the trace and
@@ -114,6 +136,20 @@ class SearchResult:
                 f"{100 * self.max_slowdown:g}%, baseline {self.baseline.time_s:.6g} s {self.baseline.energy_j:.6g} J, "
                 f"validated {rows or 'no granularity'}, {self.n_new_measurements} new measurements, "
                 f"storage={self.storage!r})")  # fmt: skip
+
+    def waiting_statement(self) -> str:
+        """One line on how much of the saving comes from the GPU waiting for the host, where it waits for at least
+        HOST_BOUND_PCT of the default step (else ""): there a lower clock saves the waiting GPU's power at no cost
+        in time, which is why such steps save far more than compute-bound ones (issue 35, item 4)."""
+        if self.host_wait_pct is None or self.host_wait_pct < HOST_BOUND_PCT:
+            return ""
+        shares = {g: r.waiting_saved_pct for g, r in self.results.items() if r.waiting_saved_pct is not None}
+        line = f"the GPU waits for the host {self.host_wait_pct:.0f} % of the default step"
+        if shares:
+            g = max(shares, key=self.energy_saved_pct)
+            line += (f": {shares[g]:.0f} % of the {g} level's saving is saved while it waits, at a lower clock (the "
+                     "waiting GPU's power, which the simulated GPU models but no measurement pins yet)")  # fmt: skip
+        return line
 
     def summary(self) -> dict:
         """The JSON document ``freqopt search --json`` writes (freqopt.search.summary.summarize)."""

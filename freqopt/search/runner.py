@@ -290,12 +290,10 @@ def _search_granularity(
     result, settings, validated = allocate_applied(trace, units, searches, validator, baseline, config.max_slowdown,
                                                    rounds=config.max_validation_rounds, key=granularity,
                                                    candidates=candidates)  # fmt: skip
-    ideal = None
+    ideal, ideal_units = None, ()
     if ideal_validator is not None:  # the best schedule if switching were free, found the same way
-        # Against the same baseline measurement (the default schedule has no switches to realize differently).
-        ideal = allocate_validated(units, searches, ideal_validator, baseline, config.max_slowdown,
-                                   rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
-                                   candidates=candidates).validated  # fmt: skip
+        ideal, ideal_units = _free_allocation(trace, units, searches, ideal_validator, baseline, config, granularity,
+                                              candidates, coarser, mem)  # fmt: skip
     predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
     classes = partition(trace, granularity)  # the table's units: each class, at its family's setting
     settings = settings_on(trace, units, settings, classes)
@@ -304,6 +302,7 @@ def _search_granularity(
         units=tuple(zip(classes, settings)),
         searched_units=tuple(units) if classes != units else (),
         ideal=ideal,
+        ideal_units=ideal_units,
         predicted=predicted,
         predicted_baseline=predicted_baseline,
         validated=validated,
@@ -369,7 +368,8 @@ def one_clock_reason(trace: Trace, backend: Backend, config: SearchConfig, kerne
 def _one_clock(trace: Trace, iteration: GranularityResult, granularity: str, kernel_time_s, switch_s: float,
                max_blocks: int, reason: str) -> GranularityResult:  # fmt: skip
     """The iteration level's schedule as ``granularity``'s result, unmeasured (one_clock_reason): each of the
-    level's units (the phase level's one block, asked for at its phase) at the iteration's setting."""
+    level's units (the phase level's one block, asked for at its phase) at the iteration's setting, noted "held to
+    one clock: REASON" (its free-switching figure, where FREE_SWITCHING_SEARCHED, is searched after: _free_switching)."""
     setting = iteration.units[0][1]
     requests: tuple[str, ...] = ()
     if granularity == "phase":
@@ -381,7 +381,93 @@ def _one_clock(trace: Trace, iteration: GranularityResult, granularity: str, ker
     return GranularityResult(granularity=granularity, units=tuple((u, setting) for u in units),
                              predicted=iteration.predicted, predicted_baseline=iteration.predicted_baseline,
                              validated=iteration.validated, n_measurements=0, search_cost_gpu_s=0.0,
-                             requests=requests, note=f"not searched: {reason}")  # fmt: skip
+                             requests=requests, note=f"held to one clock: {reason}")  # fmt: skip
+
+
+# The levels whose free-switching figure is a search of its own: their units' settings allocated as if switching
+# were free and validated so (the papers' figure: Spaan et al. 2026 switch at no cost). The others' is their own
+# schedule with free switches (_free_switching_as_realized): one setting (power cap, iteration), or the phase
+# level's blocks, each block's setting landing as it is asked for.
+FREE_SWITCHING_SEARCHED = ("pass", "kernel")
+
+
+def _free_switching(trace: Trace, backend: Backend, config: SearchConfig, result: GranularityResult,
+                    coarser: list[GranularityResult], ideal_validator: Validator, baseline: Measurement, on_unit,
+                    storage) -> GranularityResult:  # fmt: skip
+    """``result`` (a level held to one clock: one_clock_reason) with its free-switching figure: the level's units
+    searched and their settings allocated as if switching were free, validated so (issue 35, item 3: the main
+    job's gpt3-small shows what pass- and kernel-level DVFS would save with free switching beside what a runtime
+    can realize). Its measurements are charged to it; its table still holds the iteration level's clock."""
+    g = result.granularity
+    units = search_units(trace, g, config.share_classes and g == "kernel")
+    mem = job_mem_clock_mhz(backend.spec, len(units))
+    candidates = [c for c in candidate_schedules(trace, coarser, units, baseline) if _at_job_mem_clock(c, mem)]
+    offered = candidates + _free_candidates(trace, coarser, units, baseline, mem)  # each studied, so allocatable
+    warm = [[c[i] for c in offered] for i in range(len(units))]
+    if coarser:
+        warm = [[s, *w] for s, w in zip(coarser_settings(trace, coarser[-1], units), warm)]
+    before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s)
+    units, searches = run_unit_studies(trace, backend, config, g, storage=storage, warm_start=warm, on_unit=on_unit)
+    ideal, ideal_units = _free_allocation(trace, units, searches, ideal_validator, baseline, config, g, candidates,
+                                          coarser, mem)  # fmt: skip
+    return dataclasses.replace(
+        result, ideal=ideal, ideal_units=ideal_units, unit_searches=tuple(searches),
+        n_measurements=sum(s.n_measurements for s in searches) + ideal_validator.n_measurements - before[0],
+        search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + ideal_validator.cost_gpu_s - before[1],
+    )  # fmt: skip
+
+
+def _free_candidates(trace: Trace, coarser: list[GranularityResult], units: list[TuningUnit], baseline: Measurement,
+                     mem: int | None) -> list[list[ClockSetting]]:  # fmt: skip
+    """The coarser levels' own free-switching schedules (GranularityResult.ideal_units) laid onto ``units``."""
+    free = [dataclasses.replace(r, units=r.ideal_units, validated=r.ideal) for r in coarser if r.ideal_units]
+    return [c for c in candidate_schedules(trace, free, units, baseline) if _at_job_mem_clock(c, mem)]
+
+
+def _free_allocation(trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], ideal_validator: Validator,
+                     baseline: Measurement, config: SearchConfig, granularity: str, candidates: list,
+                     coarser: list[GranularityResult], mem: int | None) -> tuple[Measurement, tuple]:  # fmt: skip
+    """The free-switching schedule of ``units`` (allocate_validated on ``ideal_validator``, which measures without
+    switch latency) and its per-unit settings, against the same baseline (the defaults have no switch to realize
+    differently). Beside the realizable coarser schedules (``candidates``) it is offered the coarser levels' own
+    free-switching schedules, so a finer level's figure is never below a coarser one's."""
+    measured = [{o.setting for o in s.options} for s in searches]
+    more = [c for c in _free_candidates(trace, coarser, units, baseline, mem)
+            if all(x in m for x, m in zip(c, measured))]  # only schedules of measured options can be allocated  # fmt: skip
+    allocation = allocate_validated(units, searches, ideal_validator, baseline, config.max_slowdown,
+                                    rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
+                                    candidates=[*candidates, *(c for c in more if c not in candidates)])  # fmt: skip
+    return allocation.validated, tuple(zip(units, (o.setting for o in allocation.chosen)))
+
+
+def _at_least_the_coarser_free(result: GranularityResult, coarser: list[GranularityResult]) -> GranularityResult:
+    """``result`` with a coarser level's free-switching schedule as its own where that validated less energy: the
+    kernel level allocates over families of classes that may span passes, so the pass level's free-switching
+    schedule is not always among its allocations, though a per-class schedule expresses it (as
+    _at_least_the_coarser_schedules does for the realizable figure)."""
+    for r in coarser:
+        if result.ideal is not None and r.ideal_units and r.ideal.energy_j < result.ideal.energy_j:
+            result = dataclasses.replace(result, ideal=r.ideal, ideal_units=r.ideal_units)
+    return result
+
+
+def _free_switching_as_realized(result: GranularityResult, validator: Validator,
+                                ideal_validator: Validator) -> GranularityResult:  # fmt: skip
+    """``result`` with a free-switching figure where it has none: its own schedule with every switch landing as it
+    is asked for. One setting (power cap, iteration, a level held to one clock) has no switch to be free of, so
+    its figure is its validated one; a phase schedule's requests are measured again without switch latency."""
+    if result.ideal is not None:
+        return result
+    if result.n_settings == 1:
+        return dataclasses.replace(result, ideal=result.validated)
+    schedule = validator.schedule_of(result.validated)
+    if result.granularity != "phase" or schedule is None:
+        return result
+    before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s)
+    ideal = ideal_validator.requests(schedule, key="phase-ideal")
+    return dataclasses.replace(result, ideal=ideal,
+                               n_measurements=result.n_measurements + ideal_validator.n_measurements - before[0],
+                               search_cost_gpu_s=result.search_cost_gpu_s + ideal_validator.cost_gpu_s - before[1])  # fmt: skip
 
 
 def run_search(
@@ -429,6 +515,11 @@ def run_search(
         if one_clock and g in ("pass", "kernel", "phase") and "iteration" in ran:
             ran[g] = _one_clock(trace, ran["iteration"], g, validator.kernel_time_s, backend.spec.clock_switch_s,
                                 config.max_phase_blocks, one_clock)  # fmt: skip
+            if ideal_validator is not None and g in FREE_SWITCHING_SEARCHED:
+                coarser = [ran[c] for c in CANDIDATES[g] if c in ran and c != "phase"]
+                ran[g] = _free_switching(trace, backend, config, ran[g], coarser, ideal_validator, baseline, on_unit,
+                                         storage)  # fmt: skip
+                ran[g] = _at_least_the_coarser_free(ran[g], coarser)
         elif g == "phase":
             ran[g] = _search_phase(trace, backend, config, validator, baseline, on_unit, ran.get("iteration"), storage)
         elif g == "power-cap":
@@ -436,12 +527,17 @@ def run_search(
         else:
             coarser = [ran[c] for c in CANDIDATES[g] if c in ran and (c != "phase" or validator.switching)]
             ran[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit, coarser, storage,
-                                         ideal_validator if g == "kernel" else None)  # fmt: skip
+                                         ideal_validator if g in FREE_SWITCHING_SEARCHED else None)  # fmt: skip
             ran[g] = _at_least_the_coarser_schedules(trace, ran[g], coarser)
             if "phase" in (r.granularity for r in coarser):
                 ran[g] = _at_least_the_phase_schedule(ran[g], ran["phase"])
             ran[g] = _predicted_as_it_runs(ran[g], coarser, validator)
+            ran[g] = _at_least_the_coarser_free(ran[g], coarser)
+    if ideal_validator is not None:
+        ran = {g: _free_switching_as_realized(r, validator, ideal_validator) for g, r in ran.items()}
     results = _charge_candidates(ran, config.granularities)
+    results = {g: dataclasses.replace(r, waiting_saved_pct=validator.waiting_saved_pct(r.validated))
+               for g, r in results.items()}  # fmt: skip
     if results:  # the baseline's readings, which every level is judged against, are paid by the first level shown
         first = next(iter(results))
         results[first] = dataclasses.replace(results[first],
@@ -452,4 +548,5 @@ def run_search(
     n_new = validator.log.n_new + sum(u.n_new_measurements for r in ran.values() for u in r.unit_searches)
     n_stored = validator.log.n_stored + sum(u.n_stored_measurements for r in ran.values() for u in r.unit_searches)
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
-                        n_stored_measurements=n_stored, spec=backend.spec, backend_name=backend.name, seed=config.seed)
+                        n_stored_measurements=n_stored, spec=backend.spec, backend_name=backend.name, seed=config.seed,
+                        host_wait_pct=validator.host_wait_pct())  # fmt: skip
