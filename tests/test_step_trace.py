@@ -127,6 +127,29 @@ def test_a_search_runs_on_a_user_trace():
     assert result.results["pass"].validated.energy_j < result.baseline.energy_j
 
 
+def test_a_user_trace_is_profiled_on_the_simulated_gpu_and_refused_elsewhere():
+    """Issue 36, item 3: freqopt.profile of a trace_step trace (it failed on the step's config, which has no
+    vocabulary to rebuild a model from); its figures are the simulated step's, as the search's baseline is."""
+    import freqopt
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.gpu.specs import get_gpu
+
+    step, model = make_step(fused=True)
+    trace = trace_step(step, name="tiny-lm", module=model, micro_batch_size=B, seq_len=T)
+    report = freqopt.profile(trace, sm_clock_mhz=1410)
+    gpu = SimulatedGPU(get_gpu("h100-sxm"))
+    from freqopt.gpu.backends.base import ClockSetting
+
+    step_1410 = gpu.step(trace.kernels, [ClockSetting(sm_clock_mhz=1410)] * len(trace))
+    assert report.model == "tiny-lm" and report.memory is None
+    assert report.time_s == pytest.approx(step_1410.time_s) and report.energy_j == pytest.approx(step_1410.energy_j)
+    assert set(report.by_pass) == {"forward", "backward", "optimizer"}
+    with pytest.raises(InvalidSettingError, match="seq_len applies to a model name; a trace is profiled as"):
+        freqopt.profile(trace, seq_len=128)
+    with pytest.raises(InvalidSettingError, match="backend must be .sim. for a trace, profiled on the simulated GPU only"):
+        freqopt.profile(trace, backend="nvml")
+
+
 def test_real_tensors_are_refused():
     step, model = make_step(device="cpu", foreach=True)
     with pytest.raises(InvalidSettingError, match=r"module has parameters on cpu; build the model .*torch.device\('meta'\)"):
