@@ -324,3 +324,25 @@ def test_an_attention_the_gpu_fuses_but_the_trace_cannot_is_warned_of():
     with pytest.warns(GPUPathWarning, match=r"^aten\._safe_softmax in the root module \(ValueHeadDim\): "):
         trace = trace_module(model)
     assert not attention(trace)
+
+
+def test_convolutions_are_traced_as_tensor_core_implicit_gemms():
+    """Issue 36, item 3: aten.convolution and its backward were traced as elementwise kernels without tensor cores
+    (about 12x too slow); they are GEMMs, FLOPs from the shapes, K the filter's size."""
+    from freqopt.gpu.backends.physics import gemm_inner_dim
+
+    n, c_in, c_out, hw, k = 8, 64, 128, 32, 3
+    with torch.device("meta"):
+        conv = nn.Conv2d(c_in, c_out, k, padding=1, bias=False).to(torch.bfloat16)
+        x = torch.randn(n, c_in, hw, hw, dtype=torch.bfloat16, requires_grad=True)  # a layer's input: both gradients
+
+    def step():
+        conv(x).float().square().mean().backward()
+
+    trace = trace_step(step, name="conv", module=conv, micro_batch_size=n)
+    convs = [kk for kk in trace.kernels if "convolution" in kk.name]
+    assert [kk.pass_name for kk in convs] == ["forward", "backward"]
+    assert all(kk.kind == "gemm" and kk.tensor_core for kk in convs)
+    forward = 2 * n * c_out * hw * hw * c_in * k * k
+    assert convs[0].flops == forward and convs[1].flops == 2 * forward  # data and weight gradients
+    assert gemm_inner_dim(convs[0]) == c_in * k * k and gemm_inner_dim(convs[1]) == c_out * k * k
