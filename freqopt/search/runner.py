@@ -503,7 +503,7 @@ def run_search(
         validator = Validator.for_search(trace, backend, config, log=log)
     # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
     ideal_validator = (Validator.for_search(trace, backend, config, log=validator.log, switching=False)
-                       if validator.switching else None)  # fmt: skip
+                       if validator.switching and config.free_switching else None)  # fmt: skip
     if is_persistent(storage):
         publish_job(storage, prefix, trace, backend, config.seed)
     before = (validator.n_measurements, validator.cost_gpu_s)
