@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs as workloads (hf:PATH): traced with fused attention, FLOPs against the analytic count,
+"""Hugging Face language models as workloads (hf:PATH): traced with fused attention, FLOPs against the analytic count,
 parallel layouts, phase marks, a search, and the errors for missing transformers or bad configs."""
 
 from __future__ import annotations
@@ -166,3 +166,55 @@ def test_sdpa_on_real_tensors_is_untouched():
     with FusedSDPA():
         got = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(got, expected)
+
+
+def test_an_encoder_config_is_traced_as_masked_lm_training():
+    """Issue 36, item 3: an hf: BERT config is a BertForMaskedLM trained on every position's logits with
+    bidirectional attention (it was BertLMHeadModel, a causal LM, which BERT is not trained as)."""
+    trace = traced("bert")
+    config = trace.workload.config
+    assert config.task == "masked-lm" and not config.causal
+    assert type(build_model(config).model).__name__ == "BertForMaskedLM"
+    attention = [k for k in trace.kernels if k.kind == "attention"]
+    assert len(attention) == 2 * config.n_layers and not any(k.causal for k in attention)
+    assert traced("llama").workload.config.task == "causal-lm"
+
+
+def test_fused_projections_under_tensor_parallelism_are_refused_in_one_line():
+    """Issue 36, item 3: Phi-3's fused qkv_proj and gate_up_proj, whose forward splits the fused output by the
+    whole model's head counts, traced at tp=1 and refused at tp=2 (it failed inside a matmul)."""
+    assert traced("phi3").workload.config.model_type == "phi3"
+    with pytest.raises(InvalidSettingError, match=r"^layout tp=2 shards phi3's fused projections \(gate_up_proj, "
+                                                  r"qkv_proj\), which freqopt does not model: use tp=1"):
+        traced("phi3", Layout(tp=2))
+
+
+def test_an_architecture_without_sdpa_is_traced_with_its_eager_attention():
+    """Issue 36, item 3: transformers has no SDPA attention for Gemma-2 (it soft-caps the attention logits), which
+    raised a 60-line ValueError; it now runs, as transformers runs it, with eager attention, and says so."""
+    with pytest.warns(UserWarning, match="no SDPA attention for model_type 'gemma2'"):
+        trace = trace_iteration(get_workload(hf("gemma2"), micro_batch_size=B, seq_len=T))
+    assert not [k for k in trace.kernels if k.kind == "attention"]  # no fused kernel: GEMMs and a softmax
+    assert [k for k in trace.kernels if k.kind == "softmax" and k.pass_name == "forward"]
+
+
+def test_a_config_transformers_cannot_build_is_one_line(tmp_path):
+    data = json.loads((DATA / "phi3" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**data, "pad_token_id": 32000}))  # outside the vocabulary
+    with pytest.raises(InvalidSettingError, match=r"^transformers cannot build hf:\S+ \(model_type 'phi3'\) from "
+                                                  "its config: Padding_idx must be within num_embeddings"):
+        trace_iteration(get_workload(f"hf:{tmp_path}", micro_batch_size=B, seq_len=T))
+
+
+def test_the_cli_refuses_an_unbuildable_config_in_one_line_and_writes_nothing(tmp_path, capsys):
+    from freqopt.cli import main
+
+    data = json.loads((DATA / "phi3" / "config.json").read_text())
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({**data, "pad_token_id": 32000}))
+    for model, layout in ((f"hf:{tmp_path / 'bad'}", "dp=1"), (hf("phi3"), "tp=2")):
+        out = tmp_path / "out"
+        assert main(["search", "--model", model, "--layout", layout, "--max-slowdown", "2%", "--seq-len", "128",
+                     "--out", str(out)]) == 2  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("freqopt: error: ") and not out.exists()

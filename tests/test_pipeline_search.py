@@ -56,6 +56,21 @@ def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
     assert result.n_new_measurements > 0 and result.n_stored_measurements == 0
 
 
+def test_each_level_reports_its_busiest_gpus_switches_per_second_beside_the_gpus_limit(tiny):
+    """Issue 35, item 6 (its report): the instruction level's busiest stage asks for its switches per iteration
+    over the iteration time, held against the most one runtime thread can issue (1 / the NVML call's 20 ms)."""
+    from freqopt.search.pipeline_search import _n_switches
+
+    result, _ = tiny
+    doc = result.summary()
+    assert doc["max_switches_per_s"] == pytest.approx(1 / 0.020)
+    level = result.levels["instruction"]
+    total, busiest = _n_switches(level.plan.dag, level.requests)
+    assert total == level.validated.n_switches and 0 < busiest == level.validated.max_stage_switches <= total
+    assert doc["results"]["instruction"]["switches_per_s"] == pytest.approx(busiest / level.validated.time_s)
+    assert doc["results"]["stage"]["switches_per_s"] == 0.0
+
+
 def test_the_result_carries_what_a_pipeline_table_needs(tiny):
     result, _ = tiny
     doc = json.loads(json.dumps(result.pipeline_doc()))  # JSON as it stands

@@ -53,6 +53,25 @@ def test_finer_granularity_never_ends_worse_and_free_switching_kernel_level_save
     assert result.ideal_energy_saved_pct("iteration") == saved["iteration"]
 
 
+def test_each_level_reports_the_switches_per_second_it_asks_for(result):
+    """Issue 35, item 6 (its report): a level's switches per second are its realized requests' changes per
+    iteration (read cyclically) over the validated time; one clock asks for none; the statement holds them against
+    the most one runtime thread can issue on the GPU (1 / the NVML call's 20 ms on the H100)."""
+    from freqopt.search.schedule import n_switches
+
+    assert result.spec.max_switches_per_s == pytest.approx(50.0)
+    doc = result.summary()
+    assert doc["max_switches_per_s"] == pytest.approx(50.0)
+    assert doc["results"]["iteration"]["switches_per_s"] == 0.0
+    switching = {g: r for g, r in result.results.items() if r.switches_per_s}
+    assert switching  # with 1 ms switches, finer levels switch within the step
+    line = result.switching_statement()
+    for g, r in switching.items():
+        assert f"{g} {r.switches_per_s:.1f}" in line
+    assert line.endswith("one runtime thread issues at most 50 (each NVML set call blocks 20 ms, one at a time)")
+    assert n_switches([1, 1, 2, 2, 1]) == 2 and n_switches([1, 2, 2]) == 2 and n_switches([3, 3]) == 0
+
+
 def test_resumed_study_measures_nothing_again(small_trace, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     kernels = partition(small_trace, "pass")[0].kernels(small_trace)

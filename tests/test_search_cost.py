@@ -85,6 +85,11 @@ def test_unrealizable_levels_keep_the_iteration_schedule_and_search_only_their_f
         assert r.ideal.time_s <= result.baseline.time_s * 1.02 and r.ideal.energy_j <= iteration.validated.energy_j
         assert not result.table(g).data["entries"][0].get("front")  # its table is the one clock, no fronts
     assert result.summary()["results"]["kernel"]["note"].startswith("held to one clock")
+    # Without the free-switching figures (freqopt benchmark's search) the held levels measure nothing of their own.
+    realizable = run_search(small_trace, SimulatedGPU(H100, seed=3),
+                            dataclasses.replace(config, free_switching=False, granularities=("iteration", "kernel")))
+    assert realizable.results["kernel"].n_measurements == 0 and realizable.results["kernel"].ideal is None
+    assert realizable.results["kernel"].validated == realizable.results["iteration"].validated
     # Where switches are fast, the same levels are searched, the kernel level on families of classes.
     fast = run_search(small_trace, SimulatedGPU(FAST, seed=3), config)
     kernel = fast.results["kernel"]

@@ -127,6 +127,29 @@ def test_a_search_runs_on_a_user_trace():
     assert result.results["pass"].validated.energy_j < result.baseline.energy_j
 
 
+def test_a_user_trace_is_profiled_on_the_simulated_gpu_and_refused_elsewhere():
+    """Issue 36, item 3: freqopt.profile of a trace_step trace (it failed on the step's config, which has no
+    vocabulary to rebuild a model from); its figures are the simulated step's, as the search's baseline is."""
+    import freqopt
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.gpu.specs import get_gpu
+
+    step, model = make_step(fused=True)
+    trace = trace_step(step, name="tiny-lm", module=model, micro_batch_size=B, seq_len=T)
+    report = freqopt.profile(trace, sm_clock_mhz=1410)
+    gpu = SimulatedGPU(get_gpu("h100-sxm"))
+    from freqopt.gpu.backends.base import ClockSetting
+
+    step_1410 = gpu.step(trace.kernels, [ClockSetting(sm_clock_mhz=1410)] * len(trace))
+    assert report.model == "tiny-lm" and report.memory is None
+    assert report.time_s == pytest.approx(step_1410.time_s) and report.energy_j == pytest.approx(step_1410.energy_j)
+    assert set(report.by_pass) == {"forward", "backward", "optimizer"}
+    with pytest.raises(InvalidSettingError, match="seq_len applies to a model name; a trace is profiled as"):
+        freqopt.profile(trace, seq_len=128)
+    with pytest.raises(InvalidSettingError, match="backend must be .sim. for a trace, profiled on the simulated GPU only"):
+        freqopt.profile(trace, backend="nvml")
+
+
 def test_real_tensors_are_refused():
     step, model = make_step(device="cpu", foreach=True)
     with pytest.raises(InvalidSettingError, match=r"module has parameters on cpu; build the model .*torch.device\('meta'\)"):
@@ -301,3 +324,25 @@ def test_an_attention_the_gpu_fuses_but_the_trace_cannot_is_warned_of():
     with pytest.warns(GPUPathWarning, match=r"^aten\._safe_softmax in the root module \(ValueHeadDim\): "):
         trace = trace_module(model)
     assert not attention(trace)
+
+
+def test_convolutions_are_traced_as_tensor_core_implicit_gemms():
+    """Issue 36, item 3: aten.convolution and its backward were traced as elementwise kernels without tensor cores
+    (about 12x too slow); they are GEMMs, FLOPs from the shapes, K the filter's size."""
+    from freqopt.gpu.backends.physics import gemm_inner_dim
+
+    n, c_in, c_out, hw, k = 8, 64, 128, 32, 3
+    with torch.device("meta"):
+        conv = nn.Conv2d(c_in, c_out, k, padding=1, bias=False).to(torch.bfloat16)
+        x = torch.randn(n, c_in, hw, hw, dtype=torch.bfloat16, requires_grad=True)  # a layer's input: both gradients
+
+    def step():
+        conv(x).float().square().mean().backward()
+
+    trace = trace_step(step, name="conv", module=conv, micro_batch_size=n)
+    convs = [kk for kk in trace.kernels if "convolution" in kk.name]
+    assert [kk.pass_name for kk in convs] == ["forward", "backward"]
+    assert all(kk.kind == "gemm" and kk.tensor_core for kk in convs)
+    forward = 2 * n * c_out * hw * hw * c_in * k * k
+    assert convs[0].flops == forward and convs[1].flops == 2 * forward  # data and weight gradients
+    assert gemm_inner_dim(convs[0]) == c_in * k * k and gemm_inner_dim(convs[1]) == c_out * k * k

@@ -130,8 +130,9 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
         keeps = (f"; {'they keep' if len(levels) > 1 else 'it keeps'} the iteration level's clock"
                  if result.results[levels[0]].held_to_one_clock else "")  # fmt: skip
         console.print(f"{', '.join(levels)}: {note}{keeps}", soft_wrap=True)
-    if result.waiting_statement():
-        console.print(result.waiting_statement(), soft_wrap=True)
+    for line in (result.switching_statement(), result.waiting_statement()):
+        if line:
+            console.print(line, soft_wrap=True)
     for g, path in result.table_paths.items():
         out.print(f"{g} table: {path} (and .csv)", soft_wrap=True)
     for name, path in result.figure_paths.items():
@@ -303,6 +304,13 @@ def _pipeline_notes(result) -> list[str]:
                      f"latency ahead:")  # fmt: skip
         for stage in result.stage_requests():
             lines.append(f"  stage {stage['stage']}: " + _runs([i["sm_clock_mhz"] for i in stage["instructions"]]))
+        if level.validated.max_stage_switches:
+            limit, rate = spec.max_switches_per_s, level.validated.switches_per_s
+            verdict = "" if not limit else (f"; one runtime thread issues at most {limit:g} (each NVML set call "
+                                            f"blocks {1e3 / limit:g} ms, one at a time)"
+                                            + (": more than a runtime can issue" if rate > limit else ""))  # fmt: skip
+            lines.append(f"clock switches per second on the busiest stage's GPU: {rate:.1f} "
+                         f"({level.validated.max_stage_switches} per iteration){verdict}")  # fmt: skip
         if level.frontier:
             f0, f1 = level.frontier[0], level.frontier[-1]
             lines.append(f"time-energy frontier (the planner's prediction: the instructions' critical path and energy, "

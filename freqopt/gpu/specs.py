@@ -222,6 +222,13 @@ class GPUSpec:
         more than one memory clock. False: the memory clock is one setting for the whole job."""
         return self.mem_clock_lock == "runtime" and len(self.mem_clocks_mhz) > 1
 
+    @property
+    def max_switches_per_s(self) -> float | None:
+        """The most clock switches per second one runtime thread can ask this GPU for: NVML serves set calls one at
+        a time, each blocking its caller ``nvml_call_s`` (the cautious end of [actuation] nvml_call_ms), so at most
+        1 / nvml_call_s (50 on the H100 and the A100, at 20 ms). None where the GPU file gives no call time."""
+        return 1.0 / self.nvml_call_s if self.nvml_call_s > 0 else None
+
     def with_switch_latency(self, switch_s: float) -> GPUSpec:
         """This GPU type with another effective switch latency (``clock_switch_s``), s, e.g. one measured on the
         machine at hand or a point of a sensitivity study; everything else, the name included, is unchanged.

@@ -224,7 +224,7 @@ def check_device(device: str) -> str:
     return device
 
 
-def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=None, device: str | None = None,
+def profile(workload: Workload | str | Trace, backend: Backend | str = "sim", *, gpu=None, device: str | None = None,
             steps: int = 10, warmup_steps: int = 3, seed: int = 0, micro_batch_size: int | None = None,
             seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
             layout=None, sm_clock_mhz: int | None = None, mem_clock_mhz: int | None = None,
@@ -233,6 +233,9 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
 
     Args:
         workload: a model name (freqopt.workload.models.list_models) or a Workload; on a real GPU a single-GPU layout.
+            Or a Trace (freqopt.trace_step of the user's own training step, or freqopt.trace_training_iteration):
+            its kernels are simulated as traced (simulated GPU only; no overrides; no memory estimate for a traced
+            step, whose model freqopt cannot rebuild).
         backend: "sim" or a simulated backend (``backend.simulated``: traced and simulated; ``device``, ``steps``'
             count and ``seed`` unused), or "nvml" or an NVMLBackend (trained and measured at the GPU's current
             settings, read-only: a name opens the GPU read-only, and however a backend was opened, profile only
@@ -261,7 +264,8 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
             rank on a real GPU, or a step that does not fit the real GPU's memory (check_gpu_memory; not checked
             when an nvml profile trains on the CPU); ``sm_clock_mhz``, ``mem_clock_mhz`` or ``power_limit_w`` on nvml
             (profile only reads a real GPU), or clocks or a power limit the GPU type does not support
-            (GPUSpec.check_clocks, check_power_limit: the message lists the supported range).
+            (GPUSpec.check_clocks, check_power_limit: the message lists the supported range); a Trace with an
+            override (micro_batch_size, ...) or on nvml.
         NVMLError, GPUPermissionError: the real GPU cannot be opened or read.
 
     Warns:
@@ -271,8 +275,22 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     """
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
 
-    workload = resolve_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    traced = workload if isinstance(workload, Trace) else None
+    if traced is not None:
+        overrides = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+                     "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+        given = next((k for k, v in overrides.items() if v is not None), None)
+        if given is not None:
+            raise InvalidSettingError(f"{given} applies to a model name; a trace is profiled as it was traced "
+                                      "(trace it again with other sizes)", argument=given)  # fmt: skip
+        if (backend.name if isinstance(backend, Backend) else backend) != "sim":
+            raise InvalidSettingError("backend must be 'sim' for a trace, profiled on the simulated GPU only: on a "
+                                      "real GPU profile a model name or Workload, which freqopt can build and train",
+                                      argument="backend")  # fmt: skip
+        workload = traced.workload
+    else:
+        workload = resolve_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                    vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     workload.layout.refuse_pipeline("the profile")
     spec = resolve_gpu(gpu)
     backend = resolve_backend(backend)
@@ -295,12 +313,14 @@ def profile(workload: Workload | str, backend: Backend | str = "sim", *, gpu=Non
     measuring, opened = open_backend(backend, spec, seed=seed, read_only=backend == "nvml")
     try:
         on_gpu = not real or torch.device(device).type == "cuda"
-        memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
-        if on_gpu:  # an nvml profile training on the CPU is not held to the GPU's memory
-            check_step_fits(workload, measuring.spec, simulated=not real, what="profiled anyway", memory=memory)
+        memory = None
+        if traced is None:  # a traced step's model cannot be rebuilt to estimate its memory
+            memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
+            if on_gpu:  # an nvml profile training on the CPU is not held to the GPU's memory
+                check_step_fits(workload, measuring.spec, simulated=not real, what="profiled anyway", memory=memory)
         if not real:
             setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
-            trace = trace_training_iteration(workload)
+            trace = traced if traced is not None else trace_training_iteration(workload)
             total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
             return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
                                  trace.total_flops, by_kind, by_pass, setting, memory=memory,

@@ -36,6 +36,10 @@ class SearchConfig:
         switching: validate schedules as a phase-switching runtime realizes them (freqopt.workload.phases), with each
             change of clocks landing one clock-switch latency late, so the budget is met with switching costs
             included; the free-switching ("ideal") figure is measured beside it.
+        free_switching: with ``switching``, also search and validate each level's free-switching figure (the
+            pass and kernel levels' allocations as if switching were free, even where a runtime can realize only
+            one clock: issue 35, item 3). False measures only what a runtime realizes (``freqopt benchmark``,
+            which prices finding the realizable schedule against a sweep).
         share_classes: at kernel level, each family of kernel classes (kind, group size and arithmetic
             intensity: freqopt.search.units.kernel_families) shares one study and one setting (issue 25).
         n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
@@ -68,6 +72,7 @@ class SearchConfig:
     seed: int = 0
     storage: str | None = None
     switching: bool = True
+    free_switching: bool = True
     n_jobs: int = 1
     share_classes: bool = True
     max_phase_blocks: int = 8

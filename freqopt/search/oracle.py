@@ -167,7 +167,10 @@ class BenchmarkResult:
 def benchmark(trace: Trace, backend: SimulatedGPU, config: SearchConfig, *, granularity: str = "kernel",
               repeats: int = 1, on_unit=None) -> BenchmarkResult:  # fmt: skip
     """Run the Bayesian search ``repeats`` times (seeds config.seed, +1, ...; each as ``freqopt search`` runs it:
-    the clock granularities from iteration down to ``granularity``) and the oracle, on the same backend.
+    the clock granularities from iteration down to ``granularity``) and the oracle, on the same backend. With
+    switching costs the search measures only the schedule a runtime realizes (SearchConfig.free_switching False):
+    that is what the sweep finds too, and the free-switching figure a search adds is a product of its own, priced
+    by ``--free-switching`` runs.
 
     Raises:
         InvalidSettingError: power-cap granularity (the oracle sweeps clock pairs), or repeats < 1.
@@ -188,7 +191,7 @@ def benchmark(trace: Trace, backend: SimulatedGPU, config: SearchConfig, *, gran
     for i in range(repeats):
         validator = Validator.for_search(trace, backend, config)
         searches.append(run_search(trace, backend, dataclasses.replace(config, granularities=chain,
-                                                                      seed=config.seed + i),
+                                                                      seed=config.seed + i, free_switching=False),
                                    on_unit=on_unit, validator=validator))  # fmt: skip
         true.append(noiseless_figures(validator, searches[-1].results[granularity].validated) or (None, None))
     oracle = oracle_search(trace, backend, config, granularity)

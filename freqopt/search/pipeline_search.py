@@ -145,6 +145,8 @@ class Validated:
         n: measurements averaged.
         cost_gpu_s: the GPU-seconds they took.
         n_switches: clock switches the runtime asks for per iteration, all stages together.
+        max_stage_switches: the most of them any one stage's GPU is asked for per iteration (each GPU's runtime
+            thread issues its own: GPUSpec.max_switches_per_s).
     """
 
     time_s: float
@@ -154,6 +156,12 @@ class Validated:
     n: int
     cost_gpu_s: float
     n_switches: int = 0
+    max_stage_switches: int = 0
+
+    @property
+    def switches_per_s(self) -> float:
+        """The busiest stage's GPU's clock switches per second (max_stage_switches / time_s)."""
+        return self.max_stage_switches / self.time_s if self.time_s > 0 else 0.0
 
 
 class PipelineValidator:
@@ -182,19 +190,20 @@ class PipelineValidator:
             se = (lambda x: float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0)
             self.cache[ident] = Validated(float(t.mean()), float(e.mean()), se(t), se(e), n,
                                           float(sum(m.cost_gpu_s for m in ms)),
-                                          _n_switches(self.pipeline.dag, requests) if switching else 0)  # fmt: skip
+                                          *(_n_switches(self.pipeline.dag, requests) if switching else (0, 0)))  # fmt: skip
             self.n_measurements += n
             self.cost_gpu_s += self.cache[ident].cost_gpu_s
         return self.cache[ident]
 
 
-def _n_switches(dag: PipelineDAG, requests: Sequence) -> int:
-    """Changes of the requested clock per iteration, each stage's order read cyclically (iterations repeat)."""
-    count = 0
+def _n_switches(dag: PipelineDAG, requests: Sequence) -> tuple[int, int]:
+    """Changes of the requested clock per iteration, each stage's order read cyclically (iterations repeat): all
+    stages' together, and the most of any one stage's."""
+    counts = []
     for s in range(dag.stages):
         seq = [r for inst, r in zip(dag.instructions, requests) if inst.stage == s]
-        count += sum(1 for a, b in zip(seq, seq[1:] + seq[:1]) if a != b)
-    return count
+        counts.append(sum(1 for a, b in zip(seq, seq[1:] + seq[:1]) if a != b))
+    return sum(counts), max(counts, default=0)
 
 
 @dataclass(frozen=True)
@@ -391,14 +400,16 @@ class PipelineSearchResult:
     def summary(self) -> dict:
         """The JSON document ``freqopt search --layout ...,pp=S --json`` writes: ``{"workload", "gpu",
         "micro_batches", "max_slowdown_pct", "switch_s", "blocking_power_w", "perseus_blocking_power_w",
-        "baseline": {"time_s", "energy_j", "time_se_s", "energy_se_j"}, "results": {GRANULARITY:
+        "max_switches_per_s", "baseline": {"time_s", "energy_j", "time_se_s", "energy_se_j"}, "results": {GRANULARITY:
         {"energy_saved_pct", "energy_saved_se_pct", "slowdown_pct", "slowdown_se_pct", "ideal_energy_saved_pct",
         "ideal_slowdown_pct", "predicted_energy_saved_pct", "predicted_slowdown_pct", "predicted_baseline":
-        {"time_s", "energy_j"}, "n_switches",
+        {"time_s", "energy_j"}, "n_switches", "switches_per_s",
         "n_measurements", "search_cost_gpu_s", "search_wall_s", "plan_gap", "frontier": [{"time_s", "energy_j",
         "lower_bound_j", "deadline_s"}]}}, "n_new_measurements", "wall_s", "table"}`` ("table": the pipeline clock
         table's path, or null); percentages of the validated
-        baseline (predicted: of the search's own default prediction)."""
+        baseline (predicted: of the search's own default prediction); "switches_per_s": the busiest stage's GPU's
+        clock switches per second, beside "max_switches_per_s", the most one runtime thread can issue
+        (GPUSpec.max_switches_per_s)."""
         w = self.workload
         doc = {"workload": {"model": w.model, "micro_batch_size": w.micro_batch_size, "seq_len": w.config.seq_len,
                             "layout": w.layout.as_dict(), "partition_method": self.partition_method},
@@ -407,6 +418,7 @@ class PipelineSearchResult:
                "perseus_blocking_power_w": self.perseus_blocking_power_w,
                "baseline": {"time_s": self.baseline.time_s, "energy_j": self.baseline.energy_j,
                             "time_se_s": self.baseline.time_se_s, "energy_se_j": self.baseline.energy_se_j},
+               "max_switches_per_s": self.spec.max_switches_per_s,
                "results": {}, "n_new_measurements": self.n_new_measurements, "wall_s": self.wall_s,
                "table": None if self.table_path is None else str(self.table_path)}  # fmt: skip
         for g, r in self.levels.items():
@@ -419,7 +431,7 @@ class PipelineSearchResult:
                 "predicted_slowdown_pct": r.predicted_slowdown_pct,
                 "predicted_baseline": {"time_s": r.predicted_baseline_time_s,
                                        "energy_j": r.predicted_baseline_energy_j},
-                "n_switches": r.validated.n_switches,
+                "n_switches": r.validated.n_switches, "switches_per_s": r.validated.switches_per_s,
                 "n_measurements": r.n_measurements, "search_cost_gpu_s": r.search_cost_gpu_s,
                 "search_wall_s": r.search_wall_s, "plan_gap": r.plan.gap if r.plan is not None else None,
                 "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j, "lower_bound_j": p.lower_bound_j,

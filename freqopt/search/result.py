@@ -48,6 +48,9 @@ class GranularityResult:
             schedules of per-unit settings.
         waiting_saved_pct: the share (%) of the schedule's noiseless saving that is saved while the GPU waits for
             the host (Validator.waiting_saved_pct; simulated GPU only, else None).
+        switches_per_s: clock switches per second the schedule asks the GPU for, as a runtime realizes it
+            (Validator.switches_per_s; None where validated without switching), to hold against
+            GPUSpec.max_switches_per_s.
     """
 
     granularity: str
@@ -64,6 +67,7 @@ class GranularityResult:
     searched_units: tuple[TuningUnit, ...] = field(repr=False, default=())
     note: str = ""
     waiting_saved_pct: float | None = None
+    switches_per_s: float | None = None
 
     @property
     def held_to_one_clock(self) -> bool:
@@ -136,6 +140,21 @@ class SearchResult:
                 f"{100 * self.max_slowdown:g}%, baseline {self.baseline.time_s:.6g} s {self.baseline.energy_j:.6g} J, "
                 f"validated {rows or 'no granularity'}, {self.n_new_measurements} new measurements, "
                 f"storage={self.storage!r})")  # fmt: skip
+
+    def switching_statement(self) -> str:
+        """One line on the clock switches per second each level's schedule asks for, beside the most one runtime
+        thread can issue (GPUSpec.max_switches_per_s), where any level switches at all (else "")."""
+        rates = {g: r.switches_per_s for g, r in self.results.items() if r.switches_per_s}
+        if not rates:
+            return ""
+        limit = getattr(self.spec, "max_switches_per_s", None)
+        over = " (more than a runtime can issue)"
+        parts = [f"{g} {rate:.1f}" + (over if limit and rate > limit else "") for g, rate in rates.items()]
+        line = "clock switches per second: " + ", ".join(parts)
+        if limit:
+            line += (f"; one runtime thread issues at most {limit:g} (each NVML set call blocks "
+                     f"{1e3 / limit:g} ms, one at a time)")  # fmt: skip
+        return line
 
     def waiting_statement(self) -> str:
         """One line on how much of the saving comes from the GPU waiting for the host, where it waits for at least

@@ -503,7 +503,7 @@ def run_search(
         validator = Validator.for_search(trace, backend, config, log=log)
     # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
     ideal_validator = (Validator.for_search(trace, backend, config, log=validator.log, switching=False)
-                       if validator.switching else None)  # fmt: skip
+                       if validator.switching and config.free_switching else None)  # fmt: skip
     if is_persistent(storage):
         publish_job(storage, prefix, trace, backend, config.seed)
     before = (validator.n_measurements, validator.cost_gpu_s)
@@ -536,7 +536,8 @@ def run_search(
     if ideal_validator is not None:
         ran = {g: _free_switching_as_realized(r, validator, ideal_validator) for g, r in ran.items()}
     results = _charge_candidates(ran, config.granularities)
-    results = {g: dataclasses.replace(r, waiting_saved_pct=validator.waiting_saved_pct(r.validated))
+    results = {g: dataclasses.replace(r, waiting_saved_pct=validator.waiting_saved_pct(r.validated),
+                                      switches_per_s=validator.switches_per_s(r.validated))
                for g, r in results.items()}  # fmt: skip
     if results:  # the baseline's readings, which every level is judged against, are paid by the first level shown
         first = next(iter(results))

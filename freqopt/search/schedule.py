@@ -48,7 +48,7 @@ from freqopt.search.units import TuningUnit
 
 T = TypeVar("T")
 
-__all__ = ["PhaseBlock", "phase_blocks", "lookahead_requests", "search_blocks", "request_schedule",
+__all__ = ["PhaseBlock", "phase_blocks", "lookahead_requests", "search_blocks", "request_schedule", "n_switches",
            "settings_per_phase", "PhaseScheduleResult", "search_phase_schedule"]
 
 
@@ -297,7 +297,9 @@ class _InSitu:
                                              sample=sample)
 
 
-def _n_switches(settings: Sequence[ClockSetting]) -> int:
+def n_switches(settings: Sequence[ClockSetting]) -> int:
+    """Changes of setting per iteration in a per-kernel schedule (shape (K,)), read cyclically: iterations repeat,
+    so a last kernel's setting other than the first's is one more switch."""
     return 0 if len(set(settings)) <= 1 else sum(1 for i in range(len(settings)) if settings[i] != settings[i - 1])
 
 
@@ -411,7 +413,7 @@ def search_phase_schedule(
         predicted = baseline
     return PhaseScheduleResult(
         blocks=blocks, settings=best_settings, reference=reference, validated=best, predicted=predicted,
-        searches=tuple(searches), n_switches=_n_switches(best_settings),
+        searches=tuple(searches), n_switches=n_switches(best_settings),
     )  # fmt: skip
 
 

@@ -18,8 +18,8 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
     Returns:
         ``{"baseline": {"time_s", "energy_j"}, "results": {GRANULARITY: {"energy_saved_pct", "slowdown_pct",
         "ideal_energy_saved_pct", "ideal_slowdown_pct", "predicted_energy_saved_pct", "n_settings",
-        "n_measurements", "search_cost_gpu_s", "table", "note", "waiting_saved_pct"}}, "n_new_measurements",
-        "host_wait_pct"}``, granularities coarse to fine.
+        "n_measurements", "search_cost_gpu_s", "table", "note", "waiting_saved_pct", "switches_per_s"}},
+        "n_new_measurements", "host_wait_pct", "max_switches_per_s"}``, granularities coarse to fine.
         Percentages are of the baseline (validated: the whole iteration measured with the schedule as a runtime
         realizes it; ideal: with free, instant switching, kernel level only, else None; predicted: the sum of the
         units' own measurements). time_s in s, energy_j in J per iteration, search_cost_gpu_s in GPU-seconds;
@@ -27,11 +27,15 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
         searched itself, or which coarser level's schedule it runs as (GranularityResult.note), else None.
         "host_wait_pct": the share of the default step the GPU waits for the host; "waiting_saved_pct": the share
         of the level's noiseless saving saved while it waits (both simulated GPU only, else None; issue 35, item 4).
+        "switches_per_s": the clock switches per second the level's schedule asks for as a runtime realizes it
+        (None without switching); "max_switches_per_s": the most one runtime thread can issue on this GPU
+        (GPUSpec.max_switches_per_s; issue 35, item 6).
     """
     paths = dict(table_paths or {})
     base = result.baseline
     doc = {"baseline": {"time_s": base.time_s, "energy_j": base.energy_j}, "results": {},
-           "n_new_measurements": result.n_new_measurements, "host_wait_pct": result.host_wait_pct}  # fmt: skip
+           "n_new_measurements": result.n_new_measurements, "host_wait_pct": result.host_wait_pct,
+           "max_switches_per_s": getattr(result.spec, "max_switches_per_s", None)}  # fmt: skip
     for g, r in result.results.items():
         doc["results"][g] = {
             "energy_saved_pct": result.energy_saved_pct(g), "slowdown_pct": result.slowdown_pct(g),
@@ -43,5 +47,6 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
             "table": str(paths[g]) if g in paths else None,
             "note": r.note or None,
             "waiting_saved_pct": r.waiting_saved_pct,
+            "switches_per_s": r.switches_per_s,
         }  # fmt: skip
     return doc

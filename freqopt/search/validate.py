@@ -152,6 +152,18 @@ class Validator:
         one handed out before the schedule was read again), or None."""
         return next((s for m, s in self._means if m is measurement), None)
 
+    def switches_per_s(self, measurement: Measurement) -> float | None:
+        """Clock switches per second a runtime asks the GPU for with the schedule behind ``measurement`` (one of this
+        validator's means: schedule_of): its requested settings' changes per iteration (schedule.n_switches, read
+        cyclically) over the measured iteration time. None for a schedule this validator did not measure, or one
+        measured without switching (no runtime realizes it as given)."""
+        schedule = self.schedule_of(measurement)
+        if schedule is None or not self.switching or measurement.time_s <= 0:
+            return None
+        from freqopt.search.schedule import n_switches
+
+        return n_switches(schedule) / measurement.time_s
+
     def host_wait_pct(self) -> float | None:
         """The share (%) of the default step the GPU spends waiting for the host to issue kernels (noiseless:
         SimulatedGPU.waiting); None on a backend that cannot separate it (a real GPU)."""

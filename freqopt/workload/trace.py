@@ -66,6 +66,9 @@ MODES = ("train", "inference")
 # ATen operator (overload packet name) -> kernel kind; any other computing operator is elementwise.
 _KINDS = {
     "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "baddbmm": "gemm",
+    # Convolutions run as cuDNN's implicit GEMMs, on tensor cores in bf16/fp16 (FLOPs from the shapes:
+    # torch.utils.flop_counter's convolution formulas; issue 36, item 3).
+    "convolution": "gemm", "convolution_backward": "gemm", "_convolution": "gemm",
     "flash_attention": "attention", "flash_attention_backward": "attention",
     "native_layer_norm": "normalization", "native_layer_norm_backward": "normalization",
     "_softmax": "softmax", "_softmax_backward_data": "softmax", "_safe_softmax": "softmax",

@@ -36,7 +36,15 @@ _GEMM_INNER_DIM_ARG = {"aten.mm": 0, "aten.bmm": 0, "aten.addmm": 1, "aten.baddb
 
 
 def gemm_inner_dim(kernel: Kernel) -> int | None:
-    """K of a GEMM kernel (the reduced dimension: the last of its first matrix operand), None for other kernels."""
+    """K of a GEMM kernel (the reduced dimension: the last of its first matrix operand), None for other kernels. A
+    convolution is an implicit GEMM whose K is a filter's size, C_in / groups x kh x kw (its weight's shape past the
+    first dimension); its backward's data gradient reduces over C_out x kh x kw, which is taken for the whole
+    operator (the weight gradient's K, N x H_out x W_out, is long)."""
+    if kernel.name in ("aten.convolution", "aten._convolution") and len(kernel.shapes) > 1 and kernel.shapes[1]:
+        return int(np.prod(kernel.shapes[1][1:]))
+    if kernel.name == "aten.convolution_backward" and len(kernel.shapes) > 2 and kernel.shapes[2]:
+        weight = kernel.shapes[2]
+        return int(weight[0] * np.prod(weight[2:]))
     arg = _GEMM_INNER_DIM_ARG.get(kernel.name)
     if arg is None or len(kernel.shapes) <= arg or not kernel.shapes[arg]:
         return None

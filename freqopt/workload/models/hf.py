@@ -1,7 +1,8 @@
-"""Hugging Face causal language models as freqopt workloads: ``get_workload("hf:PATH")``.
+"""Hugging Face language models as freqopt workloads: ``get_workload("hf:PATH")``.
 
 PATH is a ``config.json`` or a folder holding one (a local path; nothing is downloaded). The model is built from
-the config alone with ``transformers.AutoModelForCausalLM.from_config`` on the meta device in bf16, so it holds no
+the config alone with ``transformers.AutoModelForCausalLM.from_config`` (``AutoModelForMaskedLM`` for an encoder
+such as BERT, trained as a masked LM: HFConfig.task) on the meta device in bf16, so it holds no
 weights and costs nothing at any size, with ``attn_implementation="sdpa"`` (attention through
 ``torch.nn.functional.scaled_dot_product_attention``, which the tracer records as one fused FlashAttention kernel
 each way: freqopt.workload.models.sdpa) and ``use_cache=False`` (training keeps no key/value cache).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +63,9 @@ class HFConfig:
         n_layers, d_model, n_heads, n_kv_heads, head_dim, vocab_size: the architecture, read from the config.
         tied_embeddings: the output layer shares the token embedding's weight.
         max_seq_len: the longest sequence the config allows (max_position_embeddings or n_positions).
+        task: "causal-lm" (AutoModelForCausalLM: decoders, GPT-2, Llama, ...) or "masked-lm"
+            (AutoModelForMaskedLM: encoders such as BERT and RoBERTa, as they are pre-trained: bidirectional
+            attention, the loss over every position's logits).
     """
 
     name: str
@@ -74,6 +79,7 @@ class HFConfig:
     vocab_size: int
     tied_embeddings: bool
     max_seq_len: int
+    task: str = "causal-lm"
 
     @property
     def padded_vocab_size(self) -> int:
@@ -81,7 +87,11 @@ class HFConfig:
         return self.vocab_size
 
     vocab_multiple = 1  # no padding beyond what the config's vocab_size holds
-    causal = True
+
+    @property
+    def causal(self) -> bool:
+        """Causal attention (a decoder trained as a causal LM); False for a masked LM's bidirectional attention."""
+        return self.task == "causal-lm"
 
     @property
     def model_type(self) -> str:
@@ -129,8 +139,9 @@ def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UnknownNameError(f"transformers cannot build the config {str(path)!r}: {str(e).splitlines()[0]}") from None
-    if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
-        raise UnknownNameError(f"{str(path)!r}: transformers has no causal language model for model_type "
+    task = _task(transformers, config)
+    if task is None:
+        raise UnknownNameError(f"{str(path)!r}: transformers has no causal or masked language model for model_type "
                                f"{config.model_type!r}")  # fmt: skip
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_heads = text.num_attention_heads
@@ -147,14 +158,27 @@ def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
         name=name, config_json=json.dumps(config.to_dict(), sort_keys=True, default=str),
         seq_len=seq_len or min(max_seq_len, DEFAULT_HF_SEQ_LEN), n_layers=text.num_hidden_layers, d_model=d_model,
         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, vocab_size=text.vocab_size,
-        tied_embeddings=tied, max_seq_len=max_seq_len,
+        tied_embeddings=tied, max_seq_len=max_seq_len, task=task,
     )  # fmt: skip
 
 
+def _task(transformers, config) -> str | None:
+    """How a model of ``config`` is trained: "masked-lm" for an encoder (transformers has a masked LM for its type
+    and the config is not a decoder's: BERT is pre-trained so, not as the BertLMHeadModel its causal mapping
+    names), else "causal-lm" where transformers has a causal LM for it; None for neither."""
+    if type(config) in transformers.AutoModelForMaskedLM._model_mapping and not getattr(config, "is_decoder", False):
+        return "masked-lm"
+    if type(config) in transformers.AutoModelForCausalLM._model_mapping:
+        return "causal-lm"
+    return None
+
+
 class HFCausalLM(nn.Module):
-    """A Hugging Face causal LM with the built-in models' calling convention: ``(idx, targets)`` -> the loss HF
-    computes (``model(input_ids=idx, labels=targets).loss``: HF shifts the labels by one itself, so pass the
-    input ids as targets), ``(idx)`` -> logits (B, T, V). idx, targets (B, T) token ids below vocab_size."""
+    """A Hugging Face language model with the built-in models' calling convention: ``(idx, targets)`` -> the loss
+    HF computes (``model(input_ids=idx, labels=targets).loss``: a causal LM shifts the labels by one itself, so pass
+    the input ids as targets; a masked LM takes them as they are, its loss over every position, as the masked
+    positions' loss costs the same kernels), ``(idx)`` -> logits (B, T, V). idx, targets (B, T) token ids below
+    vocab_size."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -173,6 +197,22 @@ def build_hf_model(config: HFConfig, *, device: str | torch.device = "meta",
     transformers = _transformers()
     hf_config = config.hf_config()
     hf_config.use_cache = False
-    with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=dtype)
+    auto = transformers.AutoModelForMaskedLM if config.task == "masked-lm" else transformers.AutoModelForCausalLM
+    try:
+        with torch.device(device):
+            try:
+                model = auto.from_config(hf_config, attn_implementation="sdpa", dtype=dtype)
+            except ValueError as e:
+                if "scaled_dot_product_attention" not in str(e):
+                    raise
+                # transformers has no SDPA path for this architecture (Gemma-2 in 5.x: its attention soft-caps the
+                # logits): it then runs eager attention, separate GEMMs and a softmax, which is what is traced.
+                warnings.warn(f"{config.name}: transformers has no SDPA attention for model_type "
+                              f"{config.model_type!r}; traced with its eager attention (unfused GEMMs and softmax), "
+                              "as transformers runs it", UserWarning, stacklevel=2)  # fmt: skip
+                model = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
+    except (ValueError, TypeError, AssertionError, RuntimeError, KeyError, AttributeError, NotImplementedError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise InvalidSettingError(f"transformers cannot build {config.name} (model_type {config.model_type!r}) from "
+                                  f"its config: {first}; check the config's sizes and token ids") from None  # fmt: skip
     return HFCausalLM(model.train())

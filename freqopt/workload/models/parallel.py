@@ -30,6 +30,9 @@ ROW_PARALLEL = ("o_proj", "down_proj")
 # GPT-2's Conv1D layers (Hugging Face transformers): fused q/k/v and MLP up projection; attention and MLP outputs.
 CONV1D_COLUMN_PARALLEL = ("c_attn", "c_fc")
 CONV1D_ROW_PARALLEL = ("c_proj",)
+# Fused projections whose rank-local slice the model's own forward cannot read (it splits the fused output by the
+# whole model's head counts, as Phi-3's attention splits qkv_proj): refused under tensor parallelism, in one line.
+FUSED_UNSHARDED = ("qkv_proj", "gate_up_proj", "query_key_value", "W_pack", "Wqkv")
 COMPUTE_STREAM = 0  # the training stream: kernels run in issue order
 COMM_STREAM = 1  # a side stream: data-parallel gradient buckets overlap the backward pass (ZeRO-1 overlap_comm)
 
@@ -113,9 +116,22 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> nn.Module:
 
     Returns:
         The model.
+
+    Raises:
+        InvalidSettingError: ``tp`` > 1 on a model with a fused projection its forward splits by the whole model's
+            head counts (FUSED_UNSHARDED: Phi-3's qkv_proj and gate_up_proj, Falcon's query_key_value, ...).
     """
     if tp == 1:
         return model
+    fused = sorted({name for name, child in model.named_modules() if name.rsplit(".", 1)[-1] in FUSED_UNSHARDED})
+    if fused:
+        from freqopt.errors import InvalidSettingError
+
+        config = getattr(getattr(model, "model", model), "config", None)
+        kind = getattr(config, "model_type", None) or type(model).__name__
+        names = ", ".join(sorted({n.rsplit(".", 1)[-1] for n in fused}))
+        raise InvalidSettingError(f"layout tp={tp} shards {kind}'s fused projections ({names}), which freqopt does "
+                                  "not model: use tp=1, with data or pipeline parallelism", argument="layout")  # fmt: skip
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if _is_conv1d(child) and name in CONV1D_COLUMN_PARALLEL + CONV1D_ROW_PARALLEL:
