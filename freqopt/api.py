@@ -303,7 +303,8 @@ def _n_units(trace, granularity: str, backend, config, one_clock: bool = False) 
     from freqopt.search.schedule import search_blocks
     from freqopt.search.units import search_units
 
-    if one_clock and granularity in ("pass", "kernel", "phase") and granularity not in FREE_SWITCHING_SEARCHED:
+    searched_free = granularity in FREE_SWITCHING_SEARCHED and config.free_switching
+    if one_clock and granularity in ("pass", "kernel", "phase") and not searched_free:
         return 0
     if granularity != "phase":
         return len(search_units(trace, granularity, config.share_classes and granularity == "kernel"))

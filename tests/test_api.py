@@ -64,14 +64,14 @@ def test_search_stays_the_function_after_the_subpackage_is_imported():
 
 @pytest.mark.parametrize("latency_ms", [26.0, 1.0])
 def test_the_units_announced_are_the_units_reported(latency_ms):
-    """SearchStart.n_units (the CLI's progress bar) counts what the search runs: the kernel level's families, and
-    none for the levels a one-clock step does not search (26 ms switches on this step; 1 ms: all searched)."""
+    """SearchStart.n_units (the CLI's progress bar) counts what the search runs: the kernel level's families, also
+    where a one-clock step holds the level to the iteration's clock (26 ms switches on this step) and its units are
+    searched for the free-switching figure alone (issue 35, item 3)."""
     started, units = [], []
     freqopt.search("gpt3-small", max_slowdown="2%", granularity=["iteration", "pass", "kernel"], n_trials=3,
                    switch_latency_ms=latency_ms, on_start=started.append,
                    on_unit=lambda g, done, n: units.append(g), **SMALL)  # fmt: skip
-    assert started[0].n_units == len(units)
-    assert ("kernel" in units) == (latency_ms == 1.0)
+    assert started[0].n_units == len(units) and "kernel" in units
 
 
 def test_search_a_model_name_writes_tables_and_its_summary_matches_the_cli(tmp_path):
