@@ -149,13 +149,13 @@ def test_search_writes_tables_and_json(tmp_path):
     assert "to training with: freqopt train --model gpt3-small --micro-batch-size 1 --seq-len 256 --table" in proc.stderr
     assert "A new study created" not in proc.stderr  # Optuna's log lines only with --verbose
     data = json.loads(out_json.read_text())
-    assert set(data) == {"baseline", "results", "n_new_measurements", "host_wait_pct"}
+    assert set(data) == {"baseline", "results", "n_new_measurements", "host_wait_pct", "max_switches_per_s"}
     assert set(data["baseline"]) == {"time_s", "energy_j"}
     assert data["n_new_measurements"] == sum(r["n_measurements"] for r in data["results"].values())  # baseline's in
     r = data["results"]["pass"]
     assert set(r) == {"energy_saved_pct", "slowdown_pct", "ideal_energy_saved_pct", "ideal_slowdown_pct",
                       "predicted_energy_saved_pct", "n_settings", "n_measurements", "search_cost_gpu_s",
-                      "table", "note", "waiting_saved_pct"}  # fmt: skip
+                      "table", "note", "waiting_saved_pct", "switches_per_s"}  # fmt: skip
     assert r["ideal_slowdown_pct"] <= 2.0  # the pass level's free-switching figure, within the budget too
     assert r["note"] is None and r["n_measurements"] > 0  # searched, so no note says why not
     assert r["slowdown_pct"] <= 2.0
