@@ -18,6 +18,7 @@ time are therefore re-measured and their means, not their luckiest samples, are 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 import zlib
 from collections import defaultdict
@@ -162,7 +163,13 @@ class _Objective:
         self.sm_clocks = np.asarray(spec.sm_clocks_mhz)
         self.samples: dict[ClockSetting, list[tuple[float, float]]] = defaultdict(list)
         self.n_measurements = 0
-        self.cost_gpu_s = 0.0
+        self._costs_gpu_s: list[float] = []
+
+    @property
+    def cost_gpu_s(self) -> float:
+        """GPU-seconds of every measurement taken or read back, summed exactly (math.fsum): a resumed study reads
+        its measurements back in another order than it took them, and must report the same total."""
+        return math.fsum(self._costs_gpu_s)
 
     def suggest(self, trial: optuna.Trial) -> ClockSetting | None:
         spec = self.backend.spec
@@ -192,7 +199,7 @@ class _Objective:
         m = self.log.measure(_tag(setting), len(self.samples[setting]), lambda i: self._take(setting, i))
         self.samples[setting].append((m.time_s, m.energy_j))
         self.n_measurements += 1
-        self.cost_gpu_s += m.cost_gpu_s
+        self._costs_gpu_s.append(m.cost_gpu_s)
         return m.time_s, m.energy_j
 
     def _take(self, setting: ClockSetting, sample: int):
