@@ -246,25 +246,16 @@ def search(
             same, as a what-if.
     """
     from freqopt.gpu.backends.base import switch_latency
-    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
+    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_trace_or_workload
     from freqopt.budget import parse_slowdown
     from freqopt.gpu.specs import check_switch_latency_ms
-    from freqopt.workload.kernels import Trace
     from freqopt.search.study import optuna_logging
     from freqopt.workload.memory import check_step_fits
 
     # Every check before any work or any file is touched, in the CLI's order.
     slowdown = parse_slowdown(max_slowdown)
-    sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
-             "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
-    if isinstance(model_or_trace, Trace):
-        trace, workload = model_or_trace, model_or_trace.workload
-        given = [name for name, value in sizes.items() if value is not None]
-        if given:
-            raise InvalidSettingError(f"{', '.join(given)} apply to a model name, not to a Trace (already traced); "
-                                      "pass the model's name instead")  # fmt: skip
-    else:
-        trace, workload = None, resolve_workload(model_or_trace, **sizes)
+    trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                                n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     if workload.layout.is_pipeline:
         raise InvalidSettingError(f"layout {workload.layout}: freqopt.search searches one GPU's iteration; search a "
                                   "pipeline (pp > 1) with freqopt.search_pipeline(..., micro_batches=M)",

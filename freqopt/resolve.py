@@ -9,7 +9,7 @@ from freqopt.errors import InvalidSettingError
 from freqopt.gpu.specs import DEFAULT_GPU, GPUSpec, get_gpu
 from freqopt.workload.layout import Layout, parse_layout
 
-__all__ = ["resolve_workload", "resolve_gpu", "resolve_backend", "open_backend"]
+__all__ = ["resolve_workload", "resolve_trace_or_workload", "resolve_gpu", "resolve_backend", "open_backend"]
 
 
 def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int | None = None,
@@ -41,6 +41,24 @@ def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int
     if layout is not None and not isinstance(layout, Layout):
         layout = parse_layout(layout)
     return get_workload(model, **{**overrides, "layout": layout})
+
+
+def resolve_trace_or_workload(model_or_trace, **sizes):
+    """(trace, workload) from a Trace, which is used as traced (trace None otherwise), or from a model name or
+    Workload and its size overrides (resolve_workload).
+
+    Raises:
+        InvalidSettingError: size overrides given with a Trace (already traced); see resolve_workload.
+    """
+    from freqopt.workload.kernels import Trace
+
+    if not isinstance(model_or_trace, Trace):
+        return None, resolve_workload(model_or_trace, **sizes)
+    given = [name for name, value in sizes.items() if value is not None]
+    if given:
+        raise InvalidSettingError(f"{', '.join(given)} apply to a model name, not to a Trace (already traced); "
+                                  "pass the model's name instead")  # fmt: skip
+    return model_or_trace, model_or_trace.workload
 
 
 def resolve_gpu(gpu: GPUSpec | str | None) -> GPUSpec | None:

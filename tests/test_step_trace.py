@@ -144,7 +144,7 @@ def test_a_user_trace_is_profiled_on_the_simulated_gpu_and_refused_elsewhere():
     assert report.model == "tiny-lm" and report.memory is None
     assert report.time_s == pytest.approx(step_1410.time_s) and report.energy_j == pytest.approx(step_1410.energy_j)
     assert set(report.by_pass) == {"forward", "backward", "optimizer"}
-    with pytest.raises(InvalidSettingError, match="seq_len applies to a model name; a trace is profiled as"):
+    with pytest.raises(InvalidSettingError, match="seq_len apply to a model name, not to a Trace"):
         freqopt.profile(trace, seq_len=128)
     with pytest.raises(InvalidSettingError, match="backend must be .sim. for a trace, profiled on the simulated GPU only"):
         freqopt.profile(trace, backend="nvml")

@@ -46,12 +46,13 @@ from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Me
 from freqopt.errors import ClockTableError
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Trace
-from freqopt.search.allocation import (_prediction, allocate_applied, candidate_schedules, coarser_settings,
+from freqopt.search.allocation import (_prediction, allocate_applied, candidate_schedules,
                                        settings_on)
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.runner import (_at_least_the_coarser_schedules, _at_least_the_phase_schedule, _n_trials,
-                                   _one_clock, _slack, levels_to_run, one_clock_reason, run_search)
+                                   _one_clock, _slack, _warm_starts, levels_to_run, one_clock_reason,
+                                   run_search)  # fmt: skip
 from freqopt.search.storage import open_storage, study_prefix, validation_log
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import TuningUnit, family_units, kernel_families, partition
@@ -263,8 +264,7 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
                for f in families]  # fmt: skip
     kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
     candidates = candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
-    nearest = coarser_settings(trace, coarser[-1], units, kernel_time_s) if coarser else [None] * len(units)
-    inherited = [[n, *(c[i] for c in candidates)] for i, n in enumerate(nearest)]
+    inherited = _warm_starts(trace, list(coarser), units, candidates, kernel_time_s)
     space = "power" if granularity == "power-cap" else "clocks"
     # Matched units: their default and the coarser setting (no trials); unmatched ones: a study, as natively.
     work = UnitWork(prefix=study_prefix(trace, backend.spec, config.seed), granularity=f"transfer-{granularity}",

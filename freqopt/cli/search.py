@@ -284,6 +284,8 @@ def _runs(clocks) -> str:
 
 def _pipeline_notes(result) -> list[str]:
     """What follows the table: the blocked power, the plan's optimality and the clocks asked for per stage."""
+    from freqopt.gpu.specs import OVER_SWITCH_LIMIT
+
     spec = result.spec
     perseus = result.perseus_blocking_power_w
     lines = [f"blocked power: {result.blocking_power_w:.1f} W at {spec.max_sm_clock_mhz} MHz, less at lower clocks "
@@ -306,9 +308,8 @@ def _pipeline_notes(result) -> list[str]:
             lines.append(f"  stage {stage['stage']}: " + _runs([i["sm_clock_mhz"] for i in stage["instructions"]]))
         if level.validated.max_stage_switches:
             limit, rate = spec.max_switches_per_s, level.validated.switches_per_s
-            verdict = "" if not limit else (f"; one runtime thread issues at most {limit:g} (each NVML set call "
-                                            f"blocks {1e3 / limit:g} ms, one at a time)"
-                                            + (": more than a runtime can issue" if rate > limit else ""))  # fmt: skip
+            verdict = "" if not limit else (f"; {spec.switch_limit_text}"
+                                            + (f": {OVER_SWITCH_LIMIT}" if rate > limit else ""))  # fmt: skip
             lines.append(f"clock switches per second on the busiest stage's GPU: {rate:.1f} "
                          f"({level.validated.max_stage_switches} per iteration){verdict}")  # fmt: skip
         if level.frontier:

@@ -229,6 +229,13 @@ class GPUSpec:
         1 / nvml_call_s (50 on the H100 and the A100, at 20 ms). None where the GPU file gives no call time."""
         return 1.0 / self.nvml_call_s if self.nvml_call_s > 0 else None
 
+    @property
+    def switch_limit_text(self) -> str:
+        """``max_switches_per_s`` and why, for a line of output ("" where the GPU file gives no call time); a rate
+        over it is marked OVER_SWITCH_LIMIT."""
+        limit = self.max_switches_per_s
+        return f"one runtime thread issues at most {limit:g} (each NVML set call blocks {1e3 / limit:g} ms, one at a time)" if limit else ""
+
     def with_switch_latency(self, switch_s: float) -> GPUSpec:
         """This GPU type with another effective switch latency (``clock_switch_s``), s, e.g. one measured on the
         machine at hand or a point of a sensitivity study; everything else, the name included, is unchanged.
@@ -383,6 +390,10 @@ def _actuation(data: dict[str, Any], path: Path, clock_switch_s: float) -> dict[
         raise InvalidSettingError(f"{path}: [actuation] mem_clock_lock must be one of {', '.join(MEM_CLOCK_LOCKS)}, "
                                   f"not {lock!r}")
     return {"nvml_call_s": call[1], "clock_switch_range_s": (low, high), "mem_clock_lock": lock}
+
+
+# How output marks a schedule asking one GPU for more clock switches per second than GPUSpec.max_switches_per_s.
+OVER_SWITCH_LIMIT = "more than a runtime can issue"
 
 
 @lru_cache(maxsize=None)

@@ -273,24 +273,14 @@ def profile(workload: Workload | str | Trace, backend: Backend | str = "sim", *,
             message): it is profiled all the same, as a what-if (one pipeline stage of gpt3-175b, say, profiled as
             the whole model's ratios to the top clock).
     """
-    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_workload
+    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_trace_or_workload
 
-    traced = workload if isinstance(workload, Trace) else None
-    if traced is not None:
-        overrides = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
-                     "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
-        given = next((k for k, v in overrides.items() if v is not None), None)
-        if given is not None:
-            raise InvalidSettingError(f"{given} applies to a model name; a trace is profiled as it was traced "
-                                      "(trace it again with other sizes)", argument=given)  # fmt: skip
-        if (backend.name if isinstance(backend, Backend) else backend) != "sim":
-            raise InvalidSettingError("backend must be 'sim' for a trace, profiled on the simulated GPU only: on a "
-                                      "real GPU profile a model name or Workload, which freqopt can build and train",
-                                      argument="backend")  # fmt: skip
-        workload = traced.workload
-    else:
-        workload = resolve_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                                    vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    traced, workload = resolve_trace_or_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                                 n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    if traced is not None and (backend.name if isinstance(backend, Backend) else backend) != "sim":
+        raise InvalidSettingError("backend must be 'sim' for a trace, profiled on the simulated GPU only: on a "
+                                  "real GPU profile a model name or Workload, which freqopt can build and train",
+                                  argument="backend")  # fmt: skip
     workload.layout.refuse_pipeline("the profile")
     spec = resolve_gpu(gpu)
     backend = resolve_backend(backend)

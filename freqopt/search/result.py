@@ -147,14 +147,13 @@ class SearchResult:
         rates = {g: r.switches_per_s for g, r in self.results.items() if r.switches_per_s}
         if not rates:
             return ""
+        from freqopt.gpu.specs import OVER_SWITCH_LIMIT
+
         limit = getattr(self.spec, "max_switches_per_s", None)
-        over = " (more than a runtime can issue)"
-        parts = [f"{g} {rate:.1f}" + (over if limit and rate > limit else "") for g, rate in rates.items()]
+        parts = [f"{g} {rate:.1f}" + (f" ({OVER_SWITCH_LIMIT})" if limit and rate > limit else "")
+                 for g, rate in rates.items()]  # fmt: skip
         line = "clock switches per second: " + ", ".join(parts)
-        if limit:
-            line += (f"; one runtime thread issues at most {limit:g} (each NVML set call blocks "
-                     f"{1e3 / limit:g} ms, one at a time)")  # fmt: skip
-        return line
+        return line + (f"; {self.spec.switch_limit_text}" if limit else "")
 
     def waiting_statement(self) -> str:
         """One line on how much of the saving comes from the GPU waiting for the host, where it waits for at least

@@ -264,6 +264,16 @@ def _predicted_as_it_runs(result: GranularityResult, coarser: list[GranularityRe
     return result
 
 
+def _warm_starts(trace: Trace, coarser: list[GranularityResult], units: list[TuningUnit],
+                 schedules: list[list[ClockSetting]], kernel_time_s=None) -> list[list[ClockSetting]]:  # fmt: skip
+    """Per unit, the settings its study starts from: the nearest coarser level's (even when it saved nothing),
+    then each of ``schedules``' (one setting per unit); see run_unit_studies's ``warm_start``."""
+    warm = [[c[i] for c in schedules] for i in range(len(units))]
+    if coarser:
+        warm = [[s, *w] for s, w in zip(coarser_settings(trace, coarser[-1], units, kernel_time_s), warm)]
+    return warm
+
+
 def _search_granularity(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, validator: Validator,
     baseline: Measurement, on_unit, coarser: list[GranularityResult], storage,
@@ -279,9 +289,7 @@ def _search_granularity(
     mem = job_mem_clock_mhz(backend.spec, len(units)) if granularity != "power-cap" else None
     candidates = [c for c in candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
                   if _at_job_mem_clock(c, mem)]  # a coarser schedule at another memory clock: not this level's  # fmt: skip
-    warm = [[c[i] for c in candidates] for i in range(len(units))]
-    if coarser:  # the nearest coarser level's settings warm-start the studies even when they saved nothing
-        warm = [[s, *w] for s, w in zip(coarser_settings(trace, coarser[-1], units, kernel_time_s), warm)]
+    warm = _warm_starts(trace, coarser, units, candidates, kernel_time_s)
     measured_before = (validator.n_measurements, validator.cost_gpu_s)
     ideal_before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s) if ideal_validator else (0, 0.0)
     units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=warm,
@@ -403,9 +411,7 @@ def _free_switching(trace: Trace, backend: Backend, config: SearchConfig, result
     mem = job_mem_clock_mhz(backend.spec, len(units))
     candidates = [c for c in candidate_schedules(trace, coarser, units, baseline) if _at_job_mem_clock(c, mem)]
     offered = candidates + _free_candidates(trace, coarser, units, baseline, mem)  # each studied, so allocatable
-    warm = [[c[i] for c in offered] for i in range(len(units))]
-    if coarser:
-        warm = [[s, *w] for s, w in zip(coarser_settings(trace, coarser[-1], units), warm)]
+    warm = _warm_starts(trace, coarser, units, offered)
     before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s)
     units, searches = run_unit_studies(trace, backend, config, g, storage=storage, warm_start=warm, on_unit=on_unit)
     ideal, ideal_units = _free_allocation(trace, units, searches, ideal_validator, baseline, config, g, candidates,

@@ -3,6 +3,7 @@ decision against the slowdown limit needs."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -164,14 +165,22 @@ class Validator:
 
         return n_switches(schedule) / measurement.time_s
 
+    @functools.cached_property
+    def _default_step_and_wait(self) -> tuple[Measurement, Measurement] | None:
+        """The default step's noiseless figures and their waiting part (SimulatedGPU.step, waiting), computed once
+        for every schedule they are compared with; None on a backend that cannot separate them (a real GPU)."""
+        if getattr(self.backend, "waiting", None) is None:
+            return None
+        kernels = self.trace.kernels
+        return self.backend.step(kernels), self.backend.waiting(kernels)
+
     def host_wait_pct(self) -> float | None:
         """The share (%) of the default step the GPU spends waiting for the host to issue kernels (noiseless:
         SimulatedGPU.waiting); None on a backend that cannot separate it (a real GPU)."""
-        waiting = getattr(self.backend, "waiting", None)
-        if waiting is None:
+        if self._default_step_and_wait is None:
             return None
-        kernels = self.trace.kernels
-        return 100.0 * waiting(kernels).time_s / self.backend.step(kernels).time_s
+        step, wait = self._default_step_and_wait
+        return 100.0 * wait.time_s / step.time_s
 
     def waiting_saved_pct(self, measurement: Measurement) -> float | None:
         """The share (%) of the noiseless energy saving of the schedule behind ``measurement`` (one of this
@@ -179,16 +188,16 @@ class Validator:
         GPU draws less power at no cost in time, which is most of what a host-bound step can save (issue 35,
         item 4). From the simulated GPU's physics (SimulatedGPU.waiting, step); None on a real GPU, for a schedule
         this validator did not measure, or one that saves nothing."""
-        waiting = getattr(self.backend, "waiting", None)
         schedule = self.schedule_of(measurement)
-        if waiting is None or schedule is None:
+        if self._default_step_and_wait is None or schedule is None:
             return None
+        default, default_wait = self._default_step_and_wait
         kernels, settings = self.trace.kernels, list(schedule)
-        saved_j = self.backend.step(kernels).energy_j - self.backend.step(kernels, settings,
-                                                                          switching=self.switching).energy_j
+        saved_j = default.energy_j - self.backend.step(kernels, settings, switching=self.switching).energy_j
         if saved_j <= 0:
             return None
-        return 100.0 * (waiting(kernels).energy_j - waiting(kernels, settings, switching=self.switching).energy_j) / saved_j
+        waiting = self.backend.waiting(kernels, settings, switching=self.switching)
+        return 100.0 * (default_wait.energy_j - waiting.energy_j) / saved_j
 
     @property
     def kernel_time_s(self) -> np.ndarray:
