@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from freqopt.budget import DEFAULT_CONFIDENCE, check_confidence
 from freqopt.errors import InvalidSettingError, OutputError, check_positive_int
 
 __all__ = ["search", "search_pipeline", "SearchStart", "check_writable_dir", "check_writable_file", "open_output"]
@@ -188,6 +189,7 @@ def search(
     vocab_multiple: int | None = None,
     layout=None,
     switch_latency_ms: float | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
     on_unit: Callable[[str, int, int], None] | None = None,
     on_start: Callable[[SearchStart], None] | None = None,
     verbose: bool = False,
@@ -218,6 +220,9 @@ def search(
         switch_latency_ms: the GPU's effective clock-switch latency, ms, in place of its file's (GPUSpec.clock_switch_s,
             search_spaces/*.toml [model] clock_switch_ms): what the schedules are sized for and realized with. 0:
             switches land at once. Default: the file's value.
+        confidence: the one-sided confidence, in [0.5, 1), at which each schedule's slowdown is held to the budget:
+            the upper confidence bound of its slowdown, from readings paired with the defaults', must be within it
+            (freqopt.search.validate.Validator; 0.5: the paired mean alone).
         on_unit: called as on_unit(granularity, units_done, units_total) after each tuning unit's study.
         on_start: called once with a SearchStart after tracing, before the first measurement.
         verbose: let Optuna log at INFO (a line per study it creates); by default its studies run at WARNING,
@@ -232,8 +237,8 @@ def search(
 
     Raises:
         UnknownNameError: unknown model, GPU type, backend or granularity.
-        InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials, n_jobs or
-            switch_latency_ms, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1): search it with
+        InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials, n_jobs,
+            switch_latency_ms or confidence, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1): search it with
             freqopt.search_pipeline; on a real GPU, a model whose step does not fit its memory
             (freqopt.workload.memory.check_step_fits, as profile checks it).
         OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
@@ -254,6 +259,7 @@ def search(
 
     # Every check before any work or any file is touched, in the CLI's order.
     slowdown = parse_slowdown(max_slowdown)
+    confidence = check_confidence(confidence)
     trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                                 n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     if workload.layout.is_pipeline:
@@ -279,7 +285,7 @@ def search(
         # The override replaces the GPU file's latency for this search (and its storage name).
         with switch_latency(measuring, switch_s), optuna_logging(verbose):
             return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials,
-                           n_jobs, on_unit, on_start)  # fmt: skip
+                           n_jobs, on_unit, on_start, confidence)  # fmt: skip
     finally:
         if opened:
             measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
@@ -319,7 +325,7 @@ def _check_table_targets(workload, gpu: str, backend: str, slowdown: float, gran
 
 
 def _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials, n_jobs, on_unit,
-            on_start):  # fmt: skip
+            on_start, confidence):  # fmt: skip
     from freqopt.search import SearchConfig, run_search
     from freqopt.gpu.backends.base import DEFAULT_SETTING
     from freqopt.search.runner import levels_to_run, one_clock_reason
@@ -329,7 +335,7 @@ def _search(trace, workload, measuring, slowdown, granularities, storage, out, s
     out, storage = open_output(out, storage)  # a bad URL fails here, before any work or any folder is made
     counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
     config = SearchConfig(max_slowdown=slowdown, granularities=granularities, seed=seed, storage=storage,
-                          n_jobs=n_jobs, **counts)  # fmt: skip
+                          n_jobs=n_jobs, confidence=confidence, **counts)  # fmt: skip
     if trace is None:
         trace = trace_training_iteration(workload)
     if out is not None:  # another search's tables under the names this one writes: refused before any measurement
@@ -370,6 +376,7 @@ def search_pipeline(
     n_heads: int | None = None,
     vocab_multiple: int | None = None,
     switch_latency_ms: float | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
     on_unit: Callable[[str, int, int], None] | None = None,
     on_start: Callable[[SearchStart], None] | None = None,
     verbose: bool = False,
@@ -401,6 +408,8 @@ def search_pipeline(
         validation_repeats: measurements of the whole iteration averaged per schedule; default 4.
         micro_batch_size, seq_len, n_heads, vocab_multiple: get_workload overrides, model names only.
         switch_latency_ms: the GPU's clock-switch latency (ms) in place of its file's.
+        confidence: the one-sided confidence, in [0.5, 1), at which each level's slowdown is held to the budget
+            (freqopt.search.pipeline_search.PipelineValidator).
         on_unit: called as on_unit(granularity, done, total) after each study.
         on_start: called once with a SearchStart (its ``trace`` the first stage's StageTrace) before measuring.
         verbose: Optuna's own INFO log lines.
@@ -413,7 +422,8 @@ def search_pipeline(
         UnknownNameError: unknown model, GPU type or granularity (power-cap, pass, kernel and phase are not
             searched on a pipeline).
         InvalidSettingError: a bad slowdown, override, layout (pp must be above 1), micro_batches, n_trials,
-            validation_repeats, partition_method, seed or switch_latency_ms; a backend other than "sim".
+            validation_repeats, partition_method, seed, switch_latency_ms or confidence; a backend other than
+            "sim".
         OutputError, StorageError: as freqopt.search.
     """
     from freqopt.budget import parse_slowdown
@@ -427,6 +437,7 @@ def search_pipeline(
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
 
     slowdown = parse_slowdown(max_slowdown)
+    confidence = check_confidence(confidence)
     if micro_batches is None:
         raise InvalidSettingError("micro_batches is required for a pipeline: the micro-batches per iteration "
                                   "(DeepSpeed's gradient_accumulation_steps), e.g. 8", argument="micro_batches")  # fmt: skip
@@ -453,7 +464,8 @@ def search_pipeline(
     counts = {"n_trials": n_trials} if n_trials else {}
     if validation_repeats:
         counts["validation_repeats"] = validation_repeats
-    config = PipelineSearchConfig(max_slowdown=slowdown, granularities=levels, seed=seed, storage=storage, **counts)
+    config = PipelineSearchConfig(max_slowdown=slowdown, granularities=levels, seed=seed, storage=storage,
+                                  confidence=confidence, **counts)  # fmt: skip
     table_path = None
     if out is not None and "instruction" in levels:  # another search's table there: refused before anything runs
         table_path = _check_table_targets(workload, spec.name, "sim", slowdown, ("instruction",), seed,

@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import optuna
 import pytest
+from scipy import stats
 
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
@@ -30,30 +31,63 @@ RTX = get_gpu("rtx3080ti")
 FAST = dataclasses.replace(H100, clock_switch_s=0.001)
 
 
-def test_the_baseline_is_read_more_and_a_schedule_near_the_limit_is_read_until_it_is_not(small_trace):
+def test_the_baseline_is_read_more_and_a_schedule_held_to_a_limit_is_paired_and_bounded(small_trace):
     log = MeasurementLog(optuna.create_study())
     validator = Validator(small_trace, SimulatedGPU(H100, seed=1), 3, baseline_repeats=9, max_repeats=8, log=log)
     defaults = tuple([DEFAULT_SETTING] * len(small_trace))
-    validator.baseline()
+    baseline = validator.baseline()
     assert len(validator.samples[defaults]) == 9 and validator.n_measurements == 9
     slow = tuple([ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=max(H100.mem_clocks_mhz))] * len(small_trace))
-    first = validator(slow, key="x")  # no limit: the first readings only
-    assert len(validator.samples[slow]) == 3
-    # Far from the limit: decided on those readings.
-    assert validator(slow, key="x", limit_s=2 * first.time_s) is first and len(validator.samples[slow]) == 3
-    # A limit exactly at the mean of three readings cannot be called on them: the schedule is read again.
-    near = validator(slow, key="x", limit_s=first.time_s)
+    first = validator(slow, key="x")  # no limit: the first readings only, no bound
+    assert len(validator.samples[slow]) == 3 and not validator.pairs[slow] and first.time_upper_s is None
+    # Far from the limit: each reading gets a reading of the defaults of its own, and the bound is inside the limit.
+    far = validator(slow, key="x", limit_s=2 * first.time_s)
+    assert len(validator.samples[slow]) == len(validator.pairs[slow]) == 3 and validator.n_measurements == 15
+    assert far.time_s == first.time_s and first.time_s <= far.time_upper_s < 2 * first.time_s
+    # The bound as PairedReadings defines it: Student's t at 95 % on the paired log-ratios (one schedule: n - 1 dof).
+    d = np.log([c.time_s / b.time_s for c, b in zip(validator.samples[slow], validator.pairs[slow])])
+    ratio = np.exp(d.mean() + stats.t.ppf(0.95, 2) * d.std(ddof=1) / np.sqrt(3))
+    assert far.time_upper_s == pytest.approx(max(far.time_s, baseline.time_s * ratio), rel=1e-12)
+    assert validator.slowdown_bound(far) == pytest.approx(far.time_upper_s / baseline.time_s - 1.0)
+    # A limit at the paired mean of three pairs cannot be met at 95 % on them: read again, pair by pair.
+    at_mean_s = baseline.time_s * np.exp(d.mean())
+    near = validator(slow, key="x", limit_s=at_mean_s)
     n = len(validator.samples[slow])
-    assert 3 < n <= 8 and validator.n_measurements == 9 + n
+    assert 3 < n <= 8 and len(validator.pairs[slow]) == n and validator.n_measurements == 9 + 2 * n
     assert near.time_s == pytest.approx(np.mean([m.time_s for m in validator.samples[slow]]))
+    assert n == 8 or not validator._undecided(slow, at_mean_s)  # stopped at the cap, or decided
     assert validator.schedule_of(near) == validator.schedule_of(first) == slow  # a mean handed out before, too
     assert validator.schedule_of(dataclasses.replace(near)) is None  # not one of the validator's
-    se = validator.time_sd_rel() * first.time_s * np.sqrt(1 / n + 1 / 9)
-    assert n == 8 or abs(near.time_s - first.time_s) >= se  # stopped at the cap, or once the mean left the band
     # Every reading is in the log: a resumed validator reads the same ones back and measures nothing.
     again = Validator(small_trace, SimulatedGPU(H100, seed=1), 3, baseline_repeats=9, max_repeats=8, log=log)
     again.baseline()
-    assert again(slow, key="x", limit_s=first.time_s) == near and log.n_new == 9 + n
+    again(slow, key="x")
+    again(slow, key="x", limit_s=2 * first.time_s)
+    assert again(slow, key="x", limit_s=at_mean_s) == near and log.n_new == 9 + 2 * n
+
+
+def test_the_bound_covers_the_true_slowdown_at_its_confidence(small_trace):
+    """Over 100 noise seeds, a schedule slower than the defaults without noise: its 95 % upper bound, from three
+    pairs, is below the true time in about 5 of them (binomial: at most 11 with probability 0.996), and the mean
+    alone (confidence 0.5: the larger of the paired mean and the mean against the baseline, so fewer than half)
+    in about a third. The first 60 kernels of the step, to keep it short."""
+    trace = dataclasses.replace(small_trace, kernels=small_trace.kernels[:60])
+    slow = tuple([ClockSetting(sm_clock_mhz=1695, mem_clock_mhz=max(H100.mem_clocks_mhz))] * len(trace))
+    true_s = SimulatedGPU(H100, noise=False).step(trace.kernels, list(slow)).time_s
+    under = {0.95: 0, 0.5: 0}
+    for seed in range(100):
+        for confidence in under:
+            v = Validator(trace, SimulatedGPU(H100, seed=seed), 3, baseline_repeats=2, confidence=confidence)
+            v.baseline()
+            m = v(slow, key="x", limit_s=10.0)
+            under[confidence] += m.time_upper_s < true_s
+    assert under[0.95] <= 11 and 15 <= under[0.5] <= 60
+
+
+def test_the_confidence_is_checked():
+    for bad in (0.4, 1.0, 1.5, "high", True, None):
+        with pytest.raises(InvalidSettingError, match="^confidence .* is not a confidence level; give one in"):
+            SearchConfig(max_slowdown=0.01, confidence=bad)
 
 
 def test_the_validation_counts_are_checked():

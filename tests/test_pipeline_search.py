@@ -32,13 +32,18 @@ def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
     result, _ = tiny
     assert list(result.levels) == ["iteration", "stage", "instruction"]  # coarse to fine
     for g in result.levels:
-        assert result.slowdown_pct(g) <= 5.0
-        assert result.levels[g].validated.n == 3 and result.levels[g].validated.energy_se_j > 0
-    # One clock per instruction saves more than one clock for the iteration, and its plan is the planner's.
+        # Held to the budget on the upper confidence bound of fresh readings taken after the choice: a fixed 8
+        # (PipelineSearchConfig.validation_max_repeats), whatever validation_repeats the choice was made on.
+        assert result.slowdown_pct(g) <= result.slowdown_bound_pct(g) <= 5.0
+        assert result.levels[g].validated.n == 8 and result.levels[g].validated.energy_se_j > 0
+    # One clock per instruction saves more than one clock for the iteration, and its plan is the planner's: one
+    # that switches, or one clock per stage (the stage level's, a candidate it keeps, or a plan of its own that
+    # realizes the same), where that confirmed better on fresh readings.
     assert result.energy_saved_pct("instruction") > result.energy_saved_pct("iteration") > 0
     level = result.levels["instruction"]
     assert level.plan is not None and level.plan.gap <= 1e-3 + 1e-9
-    assert len(set(level.requests)) > 1 and level.validated.n_switches > 0
+    assert len(set(level.requests)) > 1
+    assert level.validated.n_switches > 0 or level.requests == result.levels["stage"].requests
     assert result.ideal_energy_saved_pct("instruction") is not None and result.ideal_slowdown_pct("instruction") <= 5.0
     # One clock per stage: never a switch, its clocks constant per stage, and the instruction level (which keeps
     # it as a candidate) never validates worse.
@@ -61,14 +66,31 @@ def test_each_level_reports_its_busiest_gpus_switches_per_second_beside_the_gpus
     over the iteration time, held against the most one runtime thread can issue (1 / the NVML call's 20 ms)."""
     from freqopt.search.pipeline_search import _n_switches
 
+    from freqopt.search.journal import MeasurementLog
+    from freqopt.search.pipeline_search import PipelineValidator, realize_plan
+    from freqopt.search.pipeline_sim import SimulatedPipeline
+    from freqopt.workload.layout import parse_layout
+    from freqopt.workload.models import get_workload
+    from freqopt.workload.pipeline_trace import trace_pipeline_stages
+
     result, _ = tiny
     doc = result.summary()
     assert doc["max_switches_per_s"] == pytest.approx(1 / 0.020)
-    level = result.levels["instruction"]
-    total, busiest = _n_switches(level.plan.dag, level.requests)
-    assert total == level.validated.n_switches and 0 < busiest == level.validated.max_stage_switches <= total
-    assert doc["results"]["instruction"]["switches_per_s"] == pytest.approx(busiest / level.validated.time_s)
+    for g, level in result.levels.items():
+        total, busiest = _n_switches(one_f_one_b(2, 4), level.requests)
+        assert total == level.validated.n_switches and busiest == level.validated.max_stage_switches <= total
+        assert doc["results"][g]["switches_per_s"] == pytest.approx(busiest / level.validated.time_s)
     assert doc["results"]["stage"]["switches_per_s"] == 0.0
+    # A plan that switches, realized and measured as the search measures one: its busiest stage's rate.
+    plan = PipelinePlanner(result.profile, 4, blocking_power_w=result.blocking_power_w).plan(max_slowdown=0.02)
+    requests = realize_plan(result.profile, plan, result.switch_s)
+    stages = trace_pipeline_stages(get_workload("gpt3-small", layout=parse_layout("pp=2"), micro_batch_size=2,
+                                                seq_len=256))  # fmt: skip
+    validated = PipelineValidator(SimulatedPipeline(stages, result.spec, 4), 2, MeasurementLog(
+        __import__("optuna").create_study()))(requests)  # fmt: skip
+    total, busiest = _n_switches(plan.dag, requests)
+    assert 0 < busiest == validated.max_stage_switches <= total == validated.n_switches
+    assert validated.switches_per_s == pytest.approx(busiest / validated.time_s)
 
 
 def test_the_result_carries_what_a_pipeline_table_needs(tiny):

@@ -171,9 +171,12 @@ def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(t
     assert res["phase"]["n_measurements"] == 0
     # Issue 35, item 3: the pass and kernel levels still search what they would save with free switching (the
     # papers' figure); every row shows a free-switching figure, within the budget, at least its realizable one.
-    assert res["kernel"]["ideal_energy_saved_pct"] > res["pass"]["ideal_energy_saved_pct"] > res["iteration"]["energy_saved_pct"]
+    # Issue 35, item 1: held to the budget at 95 % confidence, the pass level's free-switching schedules did not
+    # confirm on fresh readings, so its figure is the iteration level's one clock; the kernel level's is above it.
+    assert res["kernel"]["ideal_energy_saved_pct"] > res["pass"]["ideal_energy_saved_pct"] >= res["iteration"]["energy_saved_pct"]
     for g in res.values():
         assert g["slowdown_pct"] <= 1.0 and g["ideal_slowdown_pct"] <= 1.0
+        assert g["slowdown_bound_pct"] is None or g["slowdown_pct"] <= g["slowdown_bound_pct"] <= 1.0
         assert g["ideal_energy_saved_pct"] >= g["energy_saved_pct"]
     assert got["host_wait_pct"] < 25  # a compute-bound step: no line on the waiting GPU's share
 

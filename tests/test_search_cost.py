@@ -81,7 +81,10 @@ def test_unrealizable_levels_keep_the_iteration_schedule_and_search_only_their_f
             assert r.n_measurements == 0 and r.ideal == iteration.validated
             continue
         assert len(r.units) == len(partition(small_trace, g))
-        assert r.n_measurements >= sum(u.n_measurements for u in r.unit_searches) + 3 > 3  # studies, validations
+        # Its studies and its validations; the kernel level's allocations may all be schedules the pass level
+        # already validated on the same free-switching validator (read once, charged once: to the pass level).
+        validations = 3 if g == "pass" else 0
+        assert r.n_measurements >= sum(u.n_measurements for u in r.unit_searches) + validations > 3
         assert r.ideal.time_s <= result.baseline.time_s * 1.02 and r.ideal.energy_j <= iteration.validated.energy_j
         assert not result.table(g).data["entries"][0].get("front")  # its table is the one clock, no fronts
     assert result.summary()["results"]["kernel"]["note"].startswith("held to one clock")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from freqopt.budget import CONFIRM_TRIES
 from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
 from freqopt.workload.kernels import Trace
@@ -22,7 +23,7 @@ from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 from freqopt.search.validate import Validator, _per_kernel_settings
 
-__all__ = ["Allocation", "allocate_validated", "allocate_applied", "candidate_schedules", "coarser_settings",
+__all__ = ["Allocation", "allocate_validated", "confirmed", "allocate_applied", "candidate_schedules", "coarser_settings",
            "settings_on"]
 
 
@@ -38,30 +39,35 @@ def allocate_validated(
     units: list[TuningUnit], searches: list[UnitSearch], validator: Validator, baseline: Measurement,
     max_slowdown: float, *, rounds: int = 8, candidates: Sequence[Sequence[ClockSetting]] = (), key: str = "schedule",
 ) -> Allocation:  # fmt: skip
-    """The schedule with the least validated energy whose validated slowdown is within ``max_slowdown``.
+    """The schedule with the least validated energy whose validated slowdown is within ``max_slowdown`` at the
+    validator's confidence (the upper confidence bound of its time, Measurement.time_bound_s, within the limit).
 
     The allocator's budget starts at (1 + max_slowdown) x the sum of the units' own defaults and is then moved by
-    the validated overshoot or slack: a secant step on validated slowdown, kept inside the bracket of budgets known
+    the validated overshoot or slack of that bound (as measured: each allocation validated once, its figures
+    those of fresh readings taken after the choice, ``confirmed``): a secant step on validated slowdown, kept inside the bracket of budgets known
     to meet and to break the limit, else bisection. ``candidates``: schedules (one setting per unit, each among its
     unit's options: the coarser granularities' schedules, candidate_schedules) validated before the allocator's,
     so the result is never worse than any of them.
     """
     options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
-    best = Allocation(tuple(s.default for s in searches), baseline)  # the defaults meet any budget
+    accepted: list[Allocation] = []  # every allocation whose bound met the limit
     limit_s = (1.0 + max_slowdown) * baseline.time_s
 
     def evaluate(chosen: tuple) -> float:
-        nonlocal best
         measured = validator.units(units, [o.setting for o in chosen], key, limit_s=limit_s)
-        slowdown = measured.time_s / baseline.time_s - 1.0
-        if slowdown <= max_slowdown and measured.energy_j < best.validated.energy_j:
-            best = Allocation(chosen, measured)
+        slowdown = measured.time_bound_s / baseline.time_s - 1.0  # its upper confidence bound (Validator)
+        if slowdown <= max_slowdown and measured.energy_j < baseline.energy_j:
+            accepted.append(Allocation(chosen, measured))
+            if slowdown >= max_slowdown - 0.1 * max(max_slowdown, 0.001):  # near the edge: confirm it now, and
+                fresh = validator.confirm(measured)  # steer by the fresh readings' bound where they break the limit
+                slowdown = max(slowdown, fresh.time_bound_s / baseline.time_s - 1.0)
         return slowdown
 
     for candidate in candidates:
         evaluate(tuple(next(o for o in s.options if o.setting == setting) for s, setting in zip(searches, candidate)))
     budget = (1.0 + max_slowdown) * sum(s.default.time_s for s in searches)
     meets, breaks = None, None  # largest budget validated within the limit, smallest validated over it
+    streak = 0  # rounds in a row on the same side of the limit, before a bracket: each doubles the step
     for _ in range(rounds):
         try:
             picks = allocate(options, budget)
@@ -73,17 +79,44 @@ def allocate_validated(
         if max_slowdown - 0.1 * max(max_slowdown, 0.001) <= slowdown <= max_slowdown:
             break  # uses the budget to within a tenth
         if slowdown <= max_slowdown:
+            streak = streak + 1 if breaks is None and meets is not None else 1
             meets = budget if meets is None else max(meets, budget)
         else:
+            streak = streak + 1 if meets is None and breaks is not None else 1
             breaks = budget if breaks is None else min(breaks, budget)
-        step = budget * (1.0 + max_slowdown) / (1.0 + slowdown)
+        # The secant on validated slowdown, taking the whole step's time to move as the units' sum does; where it
+        # moves less (a step whose time the units' own measurements over-state), steps double until the limit is
+        # bracketed.
+        step = budget * ((1.0 + max_slowdown) / (1.0 + slowdown)) ** (2 ** (streak - 1))
         if meets is not None and breaks is not None:
             if breaks - meets <= 1e-4 * budget:
                 break
             if not meets < step < breaks:
                 step = (meets * breaks) ** 0.5
         budget = step
-    return best
+    return confirmed(accepted, validator, baseline, limit_s,
+                     lambda a, m: Allocation(a.chosen, m)) or Allocation(tuple(s.default for s in searches), baseline)
+
+
+def confirmed(accepted: Sequence, validator: Validator, baseline: Measurement, limit_s: float, rebuild):
+    """The accepted choice (each with a ``validated`` Measurement whose bound met ``limit_s``) of least energy
+    whose confirmation (Validator.confirm: fresh paired readings, independent of the choice) also meets the limit
+    and still saves energy, rebuilt with the confirmation's figures as ``rebuild(choice, confirmation)``; the next
+    least where it does not, up to CONFIRM_TRIES; None where none is confirmed (the defaults then stand)."""
+    seen = set()
+    tries = 0
+    for choice in sorted(accepted, key=lambda a: a.validated.energy_j):
+        schedule = validator.schedule_of(choice.validated)
+        if schedule in seen:
+            continue
+        seen.add(schedule)
+        fresh = validator.confirm(choice.validated)
+        if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
+            return rebuild(choice, fresh)
+        tries += 1
+        if tries >= CONFIRM_TRIES:
+            break
+    return None
 
 
 def allocate_applied(
@@ -170,9 +203,12 @@ def _as_applied(
     applied = dominant_settings(realized, units, validator.realize.kernel_time_s)
     if applied == list(settings):
         return settings, validated
-    measured = validator.units(units, applied, key, limit_s=(1.0 + max_slowdown) * baseline.time_s)
-    if measured.time_s / baseline.time_s - 1.0 <= max_slowdown and measured.energy_j < baseline.energy_j:
-        return applied, measured
+    limit_s = (1.0 + max_slowdown) * baseline.time_s
+    measured = validator.units(units, applied, key, limit_s=limit_s)
+    if measured.time_bound_s <= limit_s and measured.energy_j < baseline.energy_j:
+        fresh = validator.confirm(measured)  # its figures from readings taken after it was accepted, as the others'
+        if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
+            return applied, fresh
     return settings, validated
 
 

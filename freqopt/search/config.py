@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.search.units import GRANULARITIES, check_granularity
+from freqopt.budget import DEFAULT_CONFIDENCE, check_confidence
 
 __all__ = ["SearchConfig"]
 
@@ -27,9 +28,12 @@ class SearchConfig:
         baseline_repeats: measurements of the whole iteration at the defaults, averaged: the baseline every
             schedule of every level is judged against, so its error is common to all of those judgments
             (freqopt.search.validate.Validator).
-        validation_max_repeats: measurements at most of a schedule whose mean time is too near the budget's limit
-            to call after ``validation_repeats`` (within DECISION_Z standard errors: Validator.requests); it is
-            read again, one measurement at a time, until it is not or it has this many.
+        validation_max_repeats: measurements at most of a schedule whose upper confidence bound is over the
+            budget's limit while its mean is not clearly over it (Validator.requests); it is read again, one pair
+            of measurements at a time, until the bound is inside or it has this many.
+        confidence: a schedule is accepted only if the upper one-sided confidence bound of its slowdown, at this
+            level, is within the budget, from readings paired with the defaults' (Validator; issue 35, item 1);
+            in [0.5, 1), 0.5 judging on the mean alone.
         max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
         seed: seeds the samplers.
         storage: Optuna storage URL; None keeps studies in memory.
@@ -68,6 +72,7 @@ class SearchConfig:
     validation_repeats: int = 3
     baseline_repeats: int = 9
     validation_max_repeats: int = 9
+    confidence: float = DEFAULT_CONFIDENCE
     max_validation_rounds: int = 8
     seed: int = 0
     storage: str | None = None
@@ -87,6 +92,7 @@ class SearchConfig:
             raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
         for g in self.granularities:
             check_granularity(g)
+        check_confidence(self.confidence)
         for name in ("validation_repeats", "baseline_repeats", "validation_max_repeats"):
             check_positive_int(name, getattr(self, name))
         for name in ("patience", "phase_patience"):

@@ -113,6 +113,8 @@ class SearchResult:
         figure_paths: "energy-time" and "clocks" -> the PNGs written beside them (freqopt.search.plots).
         host_wait_pct: the share (%) of the default step the GPU waits for the host (Validator.host_wait_pct;
             simulated GPU only, else None).
+        confidence: the one-sided confidence level at which each level's slowdown was held to the budget
+            (SearchConfig.confidence); None where not known.
     """
 
     trace: Trace
@@ -129,6 +131,7 @@ class SearchResult:
     table_paths: dict = field(default_factory=dict)
     figure_paths: dict = field(default_factory=dict)
     host_wait_pct: float | None = None
+    confidence: float | None = None
 
     def __repr__(self) -> str:
         """One line: workload, GPU, budget, baseline and each granularity's validated saving (not the trace and
@@ -197,6 +200,13 @@ class SearchResult:
 
     def slowdown_pct(self, g: str) -> float:
         return 100.0 * (self.results[g].validated.time_s / self.baseline.time_s - 1.0)
+
+    def slowdown_bound_pct(self, g: str) -> float | None:
+        """The upper confidence bound (%, at ``confidence``) of level ``g``'s slowdown, from its readings paired
+        with the defaults' (Measurement.time_upper_s; issue 35, item 1): the figure held to the budget. None where
+        no bound was computed (the defaults, a schedule not held to the budget)."""
+        upper = self.results[g].validated.time_upper_s
+        return None if upper is None else 100.0 * (upper / self.baseline.time_s - 1.0)
 
     def ideal_energy_saved_pct(self, g: str) -> float | None:
         ideal = self.results[g].ideal

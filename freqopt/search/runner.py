@@ -339,7 +339,7 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
         n_trials=_n_trials(config, backend, "clocks", mem is None), finalist_repeats=config.phase_finalist_repeats,
         seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
         switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
-        mem_clock_mhz=mem, patience=config.phase_patience,
+        mem_clock_mhz=mem, patience=config.phase_patience, confirm=validator.confirm,
     )  # fmt: skip
     labels = [label for label, _, _ in phase_spans(trace.meta.get("marks", ()), len(trace))]
     return GranularityResult(
@@ -447,13 +447,17 @@ def _free_allocation(trace: Trace, units: list[TuningUnit], searches: list[UnitS
 
 
 def _at_least_the_coarser_free(result: GranularityResult, coarser: list[GranularityResult]) -> GranularityResult:
-    """``result`` with a coarser level's free-switching schedule as its own where that validated less energy: the
-    kernel level allocates over families of classes that may span passes, so the pass level's free-switching
+    """``result`` with a coarser level's free-switching schedule (a one-setting level's validated one) as its own
+    where that validated less energy: the kernel level allocates over families of classes that may span passes, so the pass level's free-switching
     schedule is not always among its allocations, though a per-class schedule expresses it (as
     _at_least_the_coarser_schedules does for the realizable figure)."""
     for r in coarser:
         if result.ideal is not None and r.ideal_units and r.ideal.energy_j < result.ideal.energy_j:
             result = dataclasses.replace(result, ideal=r.ideal, ideal_units=r.ideal_units)
+        # One setting switches nothing: its free-switching figure is its validated one (_free_switching_as_realized),
+        # which the free allocation, measuring the same schedule on its own readings, may have read less well.
+        elif result.ideal is not None and r.n_settings == 1 and r.validated.energy_j < result.ideal.energy_j:
+            result = dataclasses.replace(result, ideal=r.validated, ideal_units=r.units)
     return result
 
 
@@ -508,7 +512,8 @@ def run_search(
         log = validation_log(storage, prefix)
         validator = Validator.for_search(trace, backend, config, log=log)
     # With switching costs in the validation, the kernel level's free-switching figure is measured beside it.
-    ideal_validator = (Validator.for_search(trace, backend, config, log=validator.log, switching=False)
+    ideal_validator = (Validator.for_search(trace, backend, config, log=validator.log, switching=False,
+                                            baseline_from=validator)
                        if validator.switching and config.free_switching else None)  # fmt: skip
     if is_persistent(storage):
         publish_job(storage, prefix, trace, backend, config.seed)
@@ -556,4 +561,4 @@ def run_search(
     n_stored = validator.log.n_stored + sum(u.n_stored_measurements for r in ran.values() for u in r.unit_searches)
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
                         n_stored_measurements=n_stored, spec=backend.spec, backend_name=backend.name, seed=config.seed,
-                        host_wait_pct=validator.host_wait_pct())  # fmt: skip
+                        host_wait_pct=validator.host_wait_pct(), confidence=validator.confidence)  # fmt: skip

@@ -38,6 +38,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from freqopt.budget import CONFIRM_TRIES
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import ClockTableError, InvalidSettingError
 from freqopt.workload.kernels import Trace
@@ -309,6 +310,7 @@ def search_phase_schedule(
     n_trials: int = 18, finalist_repeats: int = 4, seed: int = 0, max_blocks: int = 8, rounds: int = 8,
     patience: int | None = None,
     switching: bool = True, on_block: Callable[[int, int], None] | None = None, mem_clock_mhz: int | None = None,
+    confirm: Callable[[Measurement], Measurement] | None = None,
 ) -> PhaseScheduleResult:  # fmt: skip
     """Search a realizable phase schedule (module docstring).
 
@@ -316,7 +318,8 @@ def search_phase_schedule(
         trace, backend: the iteration and the GPU to measure on.
         measure: measures a per-kernel request schedule (shape (K,)) as the runtime applies it, switching
             included, as ``measure(schedule, key, limit_s=...)``, reading it again while its mean is too near the
-            time limit to call: the search's validator (freqopt.search.validate.Validator.requests).
+            time limit to call: the search's validator (freqopt.search.validate.Validator.requests). A schedule
+            meets the limit where its ``time_bound_s`` (the upper confidence bound of its time) does.
         baseline: the whole iteration at default settings, as ``measure`` measured it.
         max_slowdown: the budget, a fraction of the baseline's time.
         reference: the setting of every other block while one block is studied (the iteration level's choice).
@@ -332,6 +335,9 @@ def search_phase_schedule(
         mem_clock_mhz: the job's memory clock, where the GPU cannot change it while a job runs
             (GPUSpec.mem_clock_runtime): each block then searches the SM clock alone at it (the reference's);
             None: the memory clock is searched too.
+        confirm: reads a chosen schedule's measurement again afresh (Validator.confirm): the schedules that met
+            the limit are confirmed, least energy first (up to CONFIRM_TRIES), and the first whose fresh readings
+            meet it too is the result, with their figures; None: the choice stands on its own readings.
 
     Returns:
         PhaseScheduleResult; its schedule is never worse than the reference or the defaults, whichever validated
@@ -374,10 +380,11 @@ def search_phase_schedule(
     deltas = [[bounds[b][j] for j in offered[b]] for b in range(len(searches))]
     limit_s = (1.0 + max_slowdown) * baseline.time_s
     uniform = measure(request_schedule(trace, blocks, [reference] * len(blocks)), "phase", limit_s=limit_s)
-    best_settings, best = (tuple([DEFAULT_SETTING] * len(blocks)), baseline)
-    if uniform.time_s <= limit_s and uniform.energy_j < best.energy_j:
-        best_settings, best = tuple([reference] * len(blocks)), uniform
-    best_picks = [next(j for j, o in enumerate(s.options) if o.setting == best_settings[0]) for s in searches]
+    default_picks = [next(j for j, o in enumerate(s.options) if o.setting == DEFAULT_SETTING) for s in searches]
+    accepted = [(tuple([DEFAULT_SETTING] * len(blocks)), baseline, default_picks)]  # the defaults meet any budget
+    if uniform.time_bound_s <= limit_s and uniform.energy_j < baseline.energy_j:
+        accepted.append((tuple([reference] * len(blocks)), uniform,
+                         [next(j for j, o in enumerate(s.options) if o.setting == reference) for s in searches]))
 
     budget = limit_s - uniform.time_s  # the time the blocks' changes may add, s
     meets, breaks = None, None
@@ -391,9 +398,11 @@ def search_phase_schedule(
         picks = [offered[b][j] for b, j in enumerate(picks)]
         settings = tuple(s.options[j].setting for s, j in zip(searches, picks))
         validated = measure(request_schedule(trace, blocks, settings), "phase", limit_s=limit_s)
-        if validated.time_s <= limit_s and validated.energy_j < best.energy_j:
-            best_settings, best, best_picks = settings, validated, picks
-        over = validated.time_s - limit_s
+        if validated.time_bound_s <= limit_s and validated.energy_j < baseline.energy_j:
+            accepted.append((settings, validated, picks))
+        over = validated.time_bound_s - limit_s  # its upper confidence bound's overshoot
+        if -0.1 * max(max_slowdown, 0.001) * baseline.time_s <= over <= 0 and confirm is not None:
+            over = max(over, confirm(validated).time_bound_s - limit_s)  # near the edge: its fresh readings' too
         if -0.1 * max(max_slowdown, 0.001) * baseline.time_s <= over <= 0:
             break  # uses the budget to within a tenth
         if over <= 0:
@@ -407,6 +416,7 @@ def search_phase_schedule(
             if not meets < step < breaks:
                 step = 0.5 * (meets + breaks)
         budget = step
+    best_settings, best, best_picks = _confirmed(accepted, confirm, baseline, limit_s)
     predicted = Measurement(uniform.time_s + sum(bounds[b][j][0] for b, j in enumerate(best_picks)),
                             uniform.energy_j + sum(bounds[b][j][1] for b, j in enumerate(best_picks)))  # fmt: skip
     if best_settings == tuple([DEFAULT_SETTING] * len(blocks)):
@@ -415,6 +425,22 @@ def search_phase_schedule(
         blocks=blocks, settings=best_settings, reference=reference, validated=best, predicted=predicted,
         searches=tuple(searches), n_switches=n_switches(best_settings),
     )  # fmt: skip
+
+
+def _confirmed(accepted: list, confirm, baseline: Measurement, limit_s: float) -> tuple:
+    """Of ``accepted`` (settings, validated, picks), the defaults first: the least validated energy without
+    ``confirm``; with it, the least whose fresh readings (``confirm(validated)``) also meet ``limit_s`` and save
+    energy, with those readings' figures, trying at most CONFIRM_TRIES (freqopt.search.allocation.confirmed);
+    the defaults where none is confirmed."""
+    defaults, *chosen = accepted
+    chosen = sorted({a[0]: a for a in chosen}.values(), key=lambda a: a[1].energy_j)
+    if confirm is None:
+        return chosen[0] if chosen else defaults
+    for settings, validated, picks in chosen[:CONFIRM_TRIES]:
+        fresh = confirm(validated)
+        if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
+            return settings, fresh, picks
+    return defaults
 
 
 def _pooled_sd(options) -> tuple[float, float]:

@@ -1,25 +1,84 @@
 """Validation: whole iterations measured with a schedule, once per distinct per-kernel schedule, read as often as a
-decision against the slowdown limit needs."""
+decision against the slowdown limit needs, each reading of a schedule held to the limit paired with a reading of the
+defaults taken just before it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import numpy as np
 
+from freqopt.budget import DEFAULT_CONFIDENCE, check_confidence
 from freqopt.gpu.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
 from freqopt.workload.kernels import Trace
 from freqopt.search.journal import MeasurementLog, digest
 from freqopt.search.realize import Realizer
 from freqopt.search.units import TuningUnit
 
-__all__ = ["Validator"]
+__all__ = ["DEFAULT_CONFIDENCE", "PairedReadings", "Validator", "check_confidence"]
 
-# How many standard errors a schedule's mean time must lie from the limit before its readings decide which side
-# it is on; nearer than that it is read again, up to ``max_repeats`` readings (a sequential test, Wald 1945:
-# readings are spent only where the answer is still in doubt).
+# How many standard errors above the limit a schedule's mean may lie and still be read again (it may yet come in);
+# with its upper bound over the limit and its mean below that, it is read again, one pair at a time, up to
+# ``max_repeats`` (a sequential test, Wald 1945: readings are spent only where the answer is still in doubt).
 DECISION_Z = 1.0
+
+
+class PairedReadings:
+    """Time readings of schedules, each paired with a reading of the defaults taken just before it, and the upper
+    confidence bound of a schedule's slowdown they give.
+
+    Each pair gives d = ln(t_schedule / t_default); drift common to both readings (temperature, a neighbour's load)
+    cancels in d. A schedule's slowdown bound at ``confidence`` is exp(mean(d) + q * s / sqrt(n)) - 1, where s is the
+    standard deviation of d pooled over every schedule with two pairs or more (the readings' relative spread is
+    taken to be the same for every schedule: one GPU, one protocol) and q Student's t quantile at ``confidence`` with
+    the pooled degrees of freedom (a one-sided t interval on paired differences: Student 1908; Wilks, Statistical
+    Methods in the Atmospheric Sciences, 5.2.3). Before any schedule has two pairs, the spread of the defaults' own
+    readings stands in, times sqrt(2) (two independent readings in each d).
+    """
+
+    def __init__(self, confidence: float = DEFAULT_CONFIDENCE):
+        self.confidence = check_confidence(confidence)
+        self.logs: dict[object, list[float]] = {}
+
+    def add(self, key, schedule_time_s: float, default_time_s: float) -> None:
+        """One pair: a reading of ``key``'s schedule and the defaults' reading just before it, s."""
+        self.logs.setdefault(key, []).append(math.log(schedule_time_s / default_time_s))
+
+    def n(self, key) -> int:
+        return len(self.logs.get(key, ()))
+
+    def spread(self, default_times_s=()) -> tuple[float, int]:
+        """(s, degrees of freedom): the pooled standard deviation of d, or sqrt(2) x that of ln(default_times_s)
+        where no schedule has two pairs yet; (0, 0) where neither is known."""
+        squares, dof = 0.0, 0
+        for d in self.logs.values():
+            if len(d) > 1:
+                squares += float(np.sum((np.asarray(d) - np.mean(d)) ** 2))
+                dof += len(d) - 1
+        if dof:
+            return math.sqrt(squares / dof), dof
+        if len(default_times_s) > 1:
+            return math.sqrt(2.0) * float(np.std(np.log(default_times_s), ddof=1)), len(default_times_s) - 1
+        return 0.0, 0
+
+    def bound(self, key, default_times_s=(), *, z: float | None = None) -> float:
+        """The upper confidence bound of ``key``'s slowdown ratio t_schedule / t_default (at ``confidence``; with
+        ``z``, that many standard errors above the mean instead, negative for below); inf where no spread is
+        known."""
+        from scipy import stats
+
+        d = self.logs[key]
+        s, dof = self.spread(default_times_s)
+        if z is None:
+            if self.confidence == 0.5:
+                z = 0.0
+            elif not dof:
+                return math.inf
+            else:
+                z = float(stats.t.ppf(self.confidence, dof))
+        return math.exp(float(np.mean(d)) + z * s / math.sqrt(len(d)))
 
 
 def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
@@ -33,17 +92,20 @@ def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
 class Validator:
     """Measures whole iterations, once per distinct per-kernel schedule, and counts what that cost.
 
-    Every schedule is read ``repeats`` times and judged on the mean. Two rules make those judgments hold up under
-    noise (0.2 % in time and 0.5 % in energy per reading on the simulated GPU: a 1 % budget's edge is a few
-    readings' noise wide):
+    Every schedule is read ``repeats`` times and its mean reported. A schedule held to a slowdown budget (measured
+    with ``limit_s``) is held to it at a stated confidence (issue 35, item 1):
 
-    - The baseline, against which every schedule of every level is judged, is read ``baseline_repeats`` times:
-      its error is common to all of those comparisons and does not average out over them.
-    - A schedule measured against a time limit (``limit_s``) whose mean lies within DECISION_Z standard errors of
-      it is read again, one reading at a time, until it does not or it has ``max_repeats`` readings (the standard
-      error from the time readings' spread, pooled over every schedule read more than once). A schedule truly just
-      inside the limit is then less often thrown away, and one truly over it less often kept, on one lucky
-      reading of three.
+    - Each of its readings is paired with a reading of the defaults taken just before it (candidate and default
+      alternated, so that drift cancels), and it meets the limit only if the upper confidence bound of its time
+      (PairedReadings.bound, at ``confidence``) does: its mean's ``time_upper_s``. Noise is 0.2 % in time and
+      0.5 % in energy per reading on the simulated GPU, so a 1 % budget's edge is a few readings' noise wide: judged
+      on their means, schedules chosen as the ones nearest the limit ended up to 0.09 points over it.
+    - While its bound is over the limit and its mean under the limit plus DECISION_Z standard errors, it is read
+      again, one pair at a time, up to ``max_repeats`` readings: a schedule truly inside the limit is less often
+      thrown away for want of readings.
+    - The baseline, against which every schedule's reported slowdown and saving are taken, is read
+      ``baseline_repeats`` times (its error is common to all of those figures and does not average out over them);
+      the paired readings of the defaults are kept apart from it and serve the bound alone.
 
     Args:
         trace, backend: the iteration and the GPU.
@@ -55,32 +117,49 @@ class Validator:
             in-memory one.
         baseline_repeats: readings of the baseline (all defaults); default ``repeats``.
         max_repeats: readings at most of a schedule near a limit; default ``repeats`` (no more readings).
+        confidence: the one-sided confidence level of the bound, in [0.5, 1) (DEFAULT_CONFIDENCE; 0.5: the paired
+            mean alone).
+        baseline_from: another validator of the same trace and GPU whose baseline this one's figures and bounds are
+            taken against (a free-switching validator beside the search's: one baseline for both), else its own.
+
+    Raises:
+        InvalidSettingError: ``confidence`` outside [0.5, 1).
     """
 
     def __init__(self, trace: Trace, backend: Backend, repeats: int, *, switching: bool = False,
                  log: MeasurementLog | None = None, baseline_repeats: int | None = None,
-                 max_repeats: int | None = None):  # fmt: skip
+                 max_repeats: int | None = None, confidence: float = DEFAULT_CONFIDENCE,
+                 baseline_from: Validator | None = None):  # fmt: skip
         import optuna
 
         self.trace, self.backend, self.repeats, self.switching = trace, backend, repeats, switching
         self.baseline_repeats = baseline_repeats or repeats
         self.max_repeats = max(max_repeats or repeats, repeats)
+        self.paired = PairedReadings(confidence)
+        self.baseline_from = baseline_from
         self.realize = Realizer(trace, backend) if switching else (lambda schedule: schedule)
         self.log = log or MeasurementLog(optuna.create_study())
         self.cache: dict[tuple[ClockSetting, ...], Measurement] = {}
         self.samples: dict[tuple[ClockSetting, ...], list[Measurement]] = {}
+        self.pairs: dict[tuple[ClockSetting, ...], list[Measurement]] = {}  # the defaults' readings paired
         self._means: list[tuple[Measurement, tuple[ClockSetting, ...]]] = []  # every mean handed out, and its schedule
         self.n_measurements = 0
         self.cost_gpu_s = 0.0
 
+    @property
+    def confidence(self) -> float:
+        """The one-sided confidence level of every bound this validator gives."""
+        return self.paired.confidence
+
     @classmethod
     def for_search(cls, trace: Trace, backend: Backend, config, *, log: MeasurementLog | None = None,
-                   switching: bool | None = None) -> Validator:  # fmt: skip
+                   switching: bool | None = None, baseline_from: Validator | None = None) -> Validator:  # fmt: skip
         """The validator a search with ``config`` (a SearchConfig) uses: its validation_repeats,
-        baseline_repeats and validation_max_repeats; its ``switching`` unless given."""
+        baseline_repeats, validation_max_repeats and confidence; its ``switching`` unless given."""
         return cls(trace, backend, config.validation_repeats,
                    switching=config.switching if switching is None else switching, log=log,
-                   baseline_repeats=config.baseline_repeats, max_repeats=config.validation_max_repeats)  # fmt: skip
+                   baseline_repeats=config.baseline_repeats, max_repeats=config.validation_max_repeats,
+                   confidence=config.confidence, baseline_from=baseline_from)  # fmt: skip
 
     def __call__(self, schedule: tuple[ClockSetting, ...], key: str = "schedule", *,
                  limit_s: float | None = None) -> Measurement:  # fmt: skip
@@ -97,53 +176,112 @@ class Validator:
         ``switching``; shape (K,) in, per-iteration time_s and energy_j out (means over its readings).
 
         Args:
-            limit_s: the time (s per iteration) the caller will hold the schedule to: while its mean is within
-                DECISION_Z standard errors of it, read it again, up to ``max_repeats`` readings.
+            limit_s: the time (s per iteration) the caller will hold the schedule to: each reading is paired with
+                one of the defaults, the mean returned carries the upper confidence bound of its time
+                (``time_upper_s``; compare ``time_bound_s`` with the limit), and while the bound is over the limit
+                and the mean under it plus DECISION_Z standard errors the schedule is read again, up to
+                ``max_repeats`` readings.
         """
         schedule = tuple(schedule)
-        self._read(schedule, key, self.repeats)
-        if limit_s is not None:
-            while len(self.samples[schedule]) < self.max_repeats and self._undecided(schedule, limit_s):
-                self._read(schedule, key, len(self.samples[schedule]) + 1)
-        return self.cache[schedule]
+        if schedule == self._defaults():
+            return self.baseline()
+        if limit_s is None:
+            self._read(schedule, key, self.repeats)
+            return self.cache[schedule]
+        self._read(schedule, key, self.repeats, paired=True)
+        while len(self.samples[schedule]) < self.max_repeats and self._undecided(schedule, limit_s):
+            self._read(schedule, key, len(self.samples[schedule]) + 1, paired=True)
+        return self._bounded(schedule)
 
-    def _read(self, schedule: tuple[ClockSetting, ...], key: str, n: int) -> None:
+    def _read(self, schedule: tuple[ClockSetting, ...], key: str, n: int, *, paired: bool = False,
+              fresh: bool = False) -> None:  # fmt: skip
         """Make sure ``schedule`` has at least ``n`` readings (each logged under its index, so a resumed search
-        reads the same ones back) and that the cache holds their mean."""
-        samples = self.samples.setdefault(schedule, [])
-        if len(samples) >= n:
+        reads the same ones back), with ``paired`` each after a reading of the defaults of its own, and that the
+        cache holds their mean. ``fresh``: the confirmation's readings (``confirm``), kept apart under their own
+        log tag and noise key."""
+        ident = ("confirm", schedule) if fresh else schedule
+        samples = self.samples.setdefault(ident, [])
+        pairs = self.pairs.setdefault(ident, [])
+        if len(samples) >= n and (not paired or len(pairs) >= len(samples)):
             return
-        tag = digest((schedule, self.switching))
-        for r in range(len(samples), n):
-            samples.append(self.log.measure(tag, r, lambda i: self.backend.measure_schedule(
-                self.trace.kernels, schedule, key=key, switching=self.switching, sample=i)))  # fmt: skip
-            self.n_measurements += 1
-            self.cost_gpu_s += samples[-1].cost_gpu_s
-        self.cache[schedule] = Measurement(
+        tag = ("confirm-" if fresh else "") + digest((schedule, self.switching))
+        key = f"{key}-confirm" if fresh else key
+        for r in range(max(n, len(samples))):
+            if paired and r >= len(pairs):  # the defaults first, then the schedule: each pair back to back
+                pairs.append(self._take(f"paired-{tag}", r, self._defaults(), f"paired-{tag}"))
+                if r < len(samples):
+                    self.paired.add(ident, samples[r].time_s, pairs[r].time_s)
+            if r >= len(samples):
+                samples.append(self._take(tag, r, schedule, key))
+                if paired:
+                    self.paired.add(ident, samples[r].time_s, pairs[r].time_s)
+        self.cache[ident] = Measurement(
             time_s=float(np.mean([m.time_s for m in samples])),
             energy_j=float(np.mean([m.energy_j for m in samples])),
-            cost_gpu_s=float(np.sum([m.cost_gpu_s for m in samples])),
+            cost_gpu_s=float(np.sum([m.cost_gpu_s for m in samples + pairs])),
         )
-        self._means.append((self.cache[schedule], schedule))
+        self._means.append((self.cache[ident], schedule))
 
-    def time_sd_rel(self) -> float:
-        """The spread of one time reading, relative to its schedule's mean: the sample standard deviation pooled
-        over every schedule read more than once (each weighted by its degrees of freedom); 0 before any was."""
-        squares, dof = 0.0, 0
-        for samples in self.samples.values():
-            if len(samples) > 1:
-                t = np.array([m.time_s for m in samples])
-                squares += float(np.sum((t / t.mean() - 1.0) ** 2))
-                dof += len(t) - 1
-        return math.sqrt(squares / dof) if dof else 0.0
+    def _take(self, tag: str, r: int, schedule: tuple[ClockSetting, ...], key: str) -> Measurement:
+        """The ``r``-th reading of ``schedule`` under the log's ``tag`` (read back where logged), counted."""
+        m = self.log.measure(tag, r, lambda i: self.backend.measure_schedule(
+            self.trace.kernels, schedule, key=key, switching=self.switching, sample=i))  # fmt: skip
+        self.n_measurements += 1
+        self.cost_gpu_s += m.cost_gpu_s
+        return m
+
+    def _bounded(self, ident) -> Measurement:
+        """The mean of ``ident``'s readings (a schedule, or ("confirm", schedule)) with ``time_upper_s``: the
+        baseline's time x the upper bound of its paired slowdown ratio, and never below its mean (the figure its
+        slowdown is reported by)."""
+        mean = self.cache[ident]
+        ratio = self.paired.bound(ident, self._default_times())
+        bounded = dataclasses.replace(mean, time_upper_s=max(mean.time_s, self.baseline().time_s * ratio))
+        self.cache[ident] = bounded
+        self._means.append((bounded, ident[1] if ident and ident[0] == "confirm" else ident))
+        return bounded
+
+    def confirm(self, measurement: Measurement, key: str = "confirm") -> Measurement:
+        """The schedule behind ``measurement`` (one of this validator's means: schedule_of) read again afresh:
+        ``max_repeats`` new readings (a fixed number: a test that stops when it likes what it sees holds its
+        confidence less well), each paired with a new one of the defaults, under their own log tag and noise key;
+        their mean, with the upper confidence bound of its time from them alone (``time_upper_s``).
+
+        A schedule chosen as the least energy among several that met the limit on their readings was chosen
+        partly for its luck: its readings are the ones that came out fast and frugal (the winner's curse; Smith
+        and Winkler 2006, Management Science 52(3)). Readings taken after the choice are independent of it, so
+        their bound holds at ``confidence`` for the schedule chosen, and their mean is an unbiased figure of its
+        saving (issue 35, item 1).
+
+        Raises:
+            ValueError: ``measurement`` is not one of this validator's means.
+        """
+        schedule = self.schedule_of(measurement)
+        if schedule is None:
+            raise ValueError("confirm takes a measurement this validator handed out")
+        if schedule == self._defaults():
+            return self.baseline()
+        self._read(schedule, key, self.max_repeats, paired=True, fresh=True)
+        return self._bounded(("confirm", schedule))
+
+    def _default_times(self) -> list[float]:
+        if self.baseline_from is not None:
+            return self.baseline_from._default_times()
+        return [m.time_s for m in self.samples.get(self._defaults(), ())]
+
+    def slowdown_bound(self, measurement: Measurement) -> float | None:
+        """The upper confidence bound (fraction) of the slowdown of the schedule behind ``measurement`` against the
+        baseline, at ``confidence``; None for a mean measured without a limit (no bound computed)."""
+        if measurement.time_upper_s is None:
+            return None
+        return measurement.time_upper_s / self.baseline().time_s - 1.0
 
     def _undecided(self, schedule: tuple[ClockSetting, ...], limit_s: float) -> bool:
-        """Whether ``schedule``'s mean time is within DECISION_Z standard errors of ``limit_s`` (the error of
-        the difference: its own mean's and the baseline's, from which the limit was drawn)."""
-        n = len(self.samples[schedule])
-        n_base = len(self.samples.get(self._defaults(), ())) or self.baseline_repeats
-        se_s = self.time_sd_rel() * limit_s * math.sqrt(1.0 / n + 1.0 / n_base)
-        return abs(self.cache[schedule].time_s - limit_s) < DECISION_Z * se_s
+        """Whether ``schedule``'s upper bound is over ``limit_s`` while its paired mean is under it plus DECISION_Z
+        standard errors: more readings may yet bring the bound inside."""
+        ratio_limit = limit_s / self.baseline().time_s
+        return (self.paired.bound(schedule, self._default_times()) > ratio_limit
+                and self.paired.bound(schedule, self._default_times(), z=-DECISION_Z) < ratio_limit)  # fmt: skip
 
     def _defaults(self) -> tuple[ClockSetting, ...]:
         return tuple([DEFAULT_SETTING] * len(self.trace))
@@ -210,7 +348,10 @@ class Validator:
         return self._kernel_time_s
 
     def baseline(self) -> Measurement:
-        """The whole iteration at the defaults, read ``baseline_repeats`` times."""
+        """The whole iteration at the defaults, read ``baseline_repeats`` times (``baseline_from``'s, where
+        given)."""
+        if self.baseline_from is not None:
+            return self.baseline_from.baseline()
         self._read(self._defaults(), "baseline", self.baseline_repeats)
         return self.cache[self._defaults()]
 

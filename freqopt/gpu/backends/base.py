@@ -73,22 +73,33 @@ class Measurement:
         cost_gpu_s: GPU time the measurement took, warm-up included, s.
         sm_clock_mhz: time-weighted mean SM clock the GPU actually ran (nvmlDeviceGetClockInfo during the window;
             below a locked clock when the power limit throttled it), MHz; None if unknown.
+        time_upper_s: for a mean of readings judged against a slowdown budget, the upper confidence bound of its
+            time (s) at the validator's confidence, from readings paired with the default's
+            (freqopt.search.validate.Validator); None where none was computed (a single reading, a sweep).
     """
 
     time_s: float
     energy_j: float
     cost_gpu_s: float = 0.0
     sm_clock_mhz: float | None = None
+    time_upper_s: float | None = None
 
     @property
     def avg_power_w(self) -> float:
         return self.energy_j / self.time_s
 
+    @property
+    def time_bound_s(self) -> float:
+        """The time a slowdown budget holds this measurement to, s: ``time_upper_s`` where it was computed, else
+        ``time_s`` (no bound known: the mean)."""
+        return self.time_s if self.time_upper_s is None else self.time_upper_s
+
     def __repr__(self) -> str:
         # The mean clock is a time-weighted average (884.9999999999999 for a steady 885 MHz): shown to 0.1 MHz.
         clock = None if self.sm_clock_mhz is None else f"{round(self.sm_clock_mhz, 1):g}"
+        upper = "" if self.time_upper_s is None else f", time_upper_s={self.time_upper_s!r}"
         return (f"Measurement(time_s={self.time_s!r}, energy_j={self.energy_j!r}, cost_gpu_s={self.cost_gpu_s!r}, "
-                f"sm_clock_mhz={clock})")  # fmt: skip
+                f"sm_clock_mhz={clock}{upper})")  # fmt: skip
 
 
 @dataclass(frozen=True)
