@@ -172,3 +172,27 @@ def test_the_baseline_readings_are_paid_by_the_first_level(small_trace):
     studies = sum(u.n_measurements for u in iteration.unit_searches)
     assert iteration.n_measurements == studies + validator.n_measurements
     assert len(validator.samples[tuple([DEFAULT_SETTING] * len(small_trace))]) == config.baseline_repeats
+
+
+def test_a_chosen_schedule_is_confirmed_on_fresh_readings(small_trace):
+    """The winner's curse (issue 35, item 1): the least energy among schedules read once is partly luck, so the
+    figure a level reports is read again afresh: max_repeats new readings, each after one of the defaults, under
+    their own noise, bounded from them alone; an allocation's result is such a confirmation."""
+    from freqopt.search.allocation import Allocation, confirmed
+
+    validator = Validator(small_trace, SimulatedGPU(H100, seed=4), 3, baseline_repeats=9, max_repeats=6)
+    baseline = validator.baseline()
+    slow = tuple([ClockSetting(sm_clock_mhz=1695, mem_clock_mhz=max(H100.mem_clocks_mhz))] * len(small_trace))
+    chosen = validator(slow, key="x", limit_s=1.05 * baseline.time_s)
+    before = validator.n_measurements
+    fresh = validator.confirm(chosen)
+    assert validator.n_measurements == before + 2 * 6  # six readings, each after one of the defaults
+    readings = validator.samples[("confirm", slow)]
+    assert len(readings) == 6 and not {m.time_s for m in readings} & {m.time_s for m in validator.samples[slow]}
+    assert fresh.time_s == pytest.approx(np.mean([m.time_s for m in readings]))
+    assert fresh.time_s <= fresh.time_upper_s and validator.schedule_of(fresh) == slow
+    assert validator.confirm(chosen) == fresh and validator.n_measurements == before + 12  # read once
+    # confirmed(): the least energy first; one whose fresh bound breaks the limit is passed over for the next.
+    limit_s = fresh.time_upper_s * 0.999999
+    assert confirmed([Allocation((), chosen)], validator, baseline, limit_s, lambda a, m: m) is None
+    assert confirmed([Allocation((), chosen)], validator, baseline, 1.05 * baseline.time_s, lambda a, m: m) == fresh

@@ -183,9 +183,9 @@ class Validator:
                 ``max_repeats`` readings.
         """
         schedule = tuple(schedule)
-        if schedule == self._defaults():
-            return self.baseline()
-        if limit_s is None:
+        if schedule == self._defaults() and self.baseline_from is not None:
+            return self.baseline()  # one baseline for both validators
+        if limit_s is None or schedule == self._defaults():
             self._read(schedule, key, self.repeats)
             return self.cache[schedule]
         self._read(schedule, key, self.repeats, paired=True)
