@@ -63,11 +63,19 @@ def test_each_level_reports_the_switches_per_second_it_asks_for(result):
     doc = result.summary()
     assert doc["max_switches_per_s"] == pytest.approx(50.0)
     assert doc["results"]["iteration"]["switches_per_s"] == 0.0
-    switching = {g: r for g, r in result.results.items() if r.switches_per_s}
-    assert switching  # with 1 ms switches, finer levels switch within the step
-    line = result.switching_statement()
-    for g, r in switching.items():
-        assert f"{g} {r.switches_per_s:.1f}" in line
+    # Issue 35, item 6: no level keeps a schedule asking for more than the limit (here, with 1 ms switches, the
+    # kernel and phase levels' ~74 a second are not kept: tests/test_noisy_decisions.py).
+    for g, r in result.results.items():
+        assert (r.switches_per_s or 0.0) <= 50.0
+    assert result.switching_statement() == "" or "more than a runtime can issue" not in result.switching_statement()
+    # The statement, for a level that switches (its figure made up: a rendering test).
+    from freqopt.gpu.specs import OVER_SWITCH_LIMIT
+
+    made_up = dataclasses.replace(result, results={
+        "iteration": result.results["iteration"],
+        "kernel": dataclasses.replace(result.results["kernel"], switches_per_s=73.8)})
+    line = made_up.switching_statement()
+    assert line.startswith(f"clock switches per second: kernel 73.8 ({OVER_SWITCH_LIMIT})")
     assert line.endswith("one runtime thread issues at most 50 (each NVML set call blocks 20 ms, one at a time)")
     assert n_switches([1, 1, 2, 2, 1]) == 2 and n_switches([1, 2, 2]) == 2 and n_switches([3, 3]) == 0
 

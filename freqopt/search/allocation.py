@@ -40,7 +40,8 @@ def allocate_validated(
     max_slowdown: float, *, rounds: int = 8, candidates: Sequence[Sequence[ClockSetting]] = (), key: str = "schedule",
 ) -> Allocation:  # fmt: skip
     """The schedule with the least validated energy whose validated slowdown is within ``max_slowdown`` at the
-    validator's confidence (the upper confidence bound of its time, Measurement.time_bound_s, within the limit).
+    validator's confidence (the upper confidence bound of its time, Measurement.time_bound_s, within the limit) and
+    whose clock switches one runtime thread can issue (Validator.deliverable).
 
     The allocator's budget starts at (1 + max_slowdown) x the sum of the units' own defaults and is then moved by
     the validated overshoot or slack of that bound (as measured: each allocation validated once, its figures
@@ -56,7 +57,7 @@ def allocate_validated(
     def evaluate(chosen: tuple) -> float:
         measured = validator.units(units, [o.setting for o in chosen], key, limit_s=limit_s)
         slowdown = measured.time_bound_s / baseline.time_s - 1.0  # its upper confidence bound (Validator)
-        if slowdown <= max_slowdown and measured.energy_j < baseline.energy_j:
+        if slowdown <= max_slowdown and measured.energy_j < baseline.energy_j and validator.deliverable(measured):
             accepted.append(Allocation(chosen, measured))
             if slowdown >= max_slowdown - 0.1 * max(max_slowdown, 0.001):  # near the edge: confirm it now, and
                 fresh = validator.confirm(measured)  # steer by the fresh readings' bound where they break the limit
@@ -205,7 +206,7 @@ def _as_applied(
         return settings, validated
     limit_s = (1.0 + max_slowdown) * baseline.time_s
     measured = validator.units(units, applied, key, limit_s=limit_s)
-    if measured.time_bound_s <= limit_s and measured.energy_j < baseline.energy_j:
+    if measured.time_bound_s <= limit_s and measured.energy_j < baseline.energy_j and validator.deliverable(measured):
         fresh = validator.confirm(measured)  # its figures from readings taken after it was accepted, as the others'
         if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
             return applied, fresh

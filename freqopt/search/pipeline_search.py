@@ -663,7 +663,8 @@ def _calibrated(planner: PipelinePlanner, realize: Callable, validator: Pipeline
                 max_slowdown: float, rounds: int, candidates: Sequence, *, key: str, switching: bool = True,
                 plan_with: Callable | None = None):
     """The planner's plan whose realized schedule has the least validated energy within ``max_slowdown`` (the upper
-    confidence bound of its time, confirmed on fresh readings: PipelineValidator.confirm), its
+    confidence bound of its time, confirmed on fresh readings: PipelineValidator.confirm) and whose busiest GPU's
+    clock switches one runtime thread can issue (GPUSpec.max_switches_per_s; issue 35, item 6), its
     budget (relative to the planner's fastest plan) moved by the validated slowdown: a secant step, kept inside the
     bracket of budgets known to meet and to break the limit, else their geometric mean (as
     freqopt.search.allocation.allocate_validated). ``candidates``: (planned, requests, validated) already measured,
@@ -678,8 +679,11 @@ def _calibrated(planner: PipelinePlanner, realize: Callable, validator: Pipeline
     limit_s = baseline.time_s * (1.0 + b)
     accepted = []  # (plan, requests, Validated, planned, switching) of every schedule whose bound met the limit
 
+    limit_rate = validator.pipeline.spec.max_switches_per_s  # what one runtime thread per GPU can issue (item 6)
+
     def consider(plan, requests, v, planned, switched) -> None:
-        if v.time_bound_s <= limit_s and v.energy_j < baseline.energy_j:
+        deliverable = not limit_rate or v.switches_per_s <= limit_rate
+        if v.time_bound_s <= limit_s and v.energy_j < baseline.energy_j and deliverable:
             accepted.append((plan, requests, v, planned, switched))
 
     for planned, requests, v, *plan in candidates:  # a candidate may carry its plan (the stage level's)

@@ -340,6 +340,7 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
         seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
         switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
         mem_clock_mhz=mem, patience=config.phase_patience, confirm=validator.confirm,
+        deliverable=validator.deliverable,
     )  # fmt: skip
     labels = [label for label, _, _ in phase_spans(trace.meta.get("marks", ()), len(trace))]
     return GranularityResult(

@@ -311,6 +311,7 @@ def search_phase_schedule(
     patience: int | None = None,
     switching: bool = True, on_block: Callable[[int, int], None] | None = None, mem_clock_mhz: int | None = None,
     confirm: Callable[[Measurement], Measurement] | None = None,
+    deliverable: Callable[[Measurement], bool] | None = None,
 ) -> PhaseScheduleResult:  # fmt: skip
     """Search a realizable phase schedule (module docstring).
 
@@ -338,6 +339,8 @@ def search_phase_schedule(
         confirm: reads a chosen schedule's measurement again afresh (Validator.confirm): the schedules that met
             the limit are confirmed, least energy first (up to CONFIRM_TRIES), and the first whose fresh readings
             meet it too is the result, with their figures; None: the choice stands on its own readings.
+        deliverable: whether a measured schedule's clock switches can be issued by one runtime thread
+            (Validator.deliverable); a schedule that cannot is not kept. None: every one can.
 
     Returns:
         PhaseScheduleResult; its schedule is never worse than the reference or the defaults, whichever validated
@@ -382,6 +385,7 @@ def search_phase_schedule(
     uniform = measure(request_schedule(trace, blocks, [reference] * len(blocks)), "phase", limit_s=limit_s)
     default_picks = [next(j for j, o in enumerate(s.options) if o.setting == DEFAULT_SETTING) for s in searches]
     accepted = [(tuple([DEFAULT_SETTING] * len(blocks)), baseline, default_picks)]  # the defaults meet any budget
+    ok = deliverable or (lambda m: True)
     if uniform.time_bound_s <= limit_s and uniform.energy_j < baseline.energy_j:
         accepted.append((tuple([reference] * len(blocks)), uniform,
                          [next(j for j, o in enumerate(s.options) if o.setting == reference) for s in searches]))
@@ -398,7 +402,7 @@ def search_phase_schedule(
         picks = [offered[b][j] for b, j in enumerate(picks)]
         settings = tuple(s.options[j].setting for s, j in zip(searches, picks))
         validated = measure(request_schedule(trace, blocks, settings), "phase", limit_s=limit_s)
-        if validated.time_bound_s <= limit_s and validated.energy_j < baseline.energy_j:
+        if validated.time_bound_s <= limit_s and validated.energy_j < baseline.energy_j and ok(validated):
             accepted.append((settings, validated, picks))
         over = validated.time_bound_s - limit_s  # its upper confidence bound's overshoot
         if -0.1 * max(max_slowdown, 0.001) * baseline.time_s <= over <= 0 and confirm is not None:

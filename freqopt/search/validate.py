@@ -303,6 +303,15 @@ class Validator:
 
         return n_switches(schedule) / measurement.time_s
 
+    def deliverable(self, measurement: Measurement) -> bool:
+        """Whether one runtime thread can issue the clock switches the schedule behind ``measurement`` asks for:
+        its switches per second (switches_per_s) at most the GPU's GPUSpec.max_switches_per_s (each NVML set call
+        blocks its caller, one at a time: issue 35, item 6). A schedule that asks for more would not run as it was
+        measured, so no level keeps one. True where nothing switches, or the GPU states no limit."""
+        rate = self.switches_per_s(measurement)
+        limit = getattr(self.backend.spec, "max_switches_per_s", None)
+        return rate is None or not limit or rate <= limit
+
     @functools.cached_property
     def _default_step_and_wait(self) -> tuple[Measurement, Measurement] | None:
         """The default step's noiseless figures and their waiting part (SimulatedGPU.step, waiting), computed once
