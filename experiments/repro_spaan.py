@@ -143,7 +143,7 @@ def _comparison(results: dict) -> str:
     k0, edp = rows["kernel|global|no slowdown"], rows["kernel|global|min EDP"]
     p_e0, _ = PAPER[("kernel", "global", "no slowdown")]
     p_edp_e, p_edp_t = PAPER[("kernel", "global", "min EDP")]
-    return (f"At no slowdown freqopt saves {-k0['energy_pct']:.1f} % at kernel level where the paper re-measured "
+    return (f"At no slowdown freqopt saves {0.0 - k0['energy_pct']:.1f} % at kernel level where the paper re-measured "
             f"{-p_e0:.1f} %: the simulated GPU has less waste. freqopt's kernel-level energy-delay optimum saves "
             f"{-edp['energy_pct']:.1f} % at {edp['time_pct']:+.1f} % time; the paper's saves {-p_edp_e:.1f} % at "
             f"{p_edp_t:+.1f} %: the simulated GPU's energy falls "
