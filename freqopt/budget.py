@@ -7,7 +7,7 @@ import re
 
 from freqopt.errors import InvalidSettingError
 
-__all__ = ["CONFIRM_TRIES", "DEFAULT_CONFIDENCE", "check_confidence", "parse_slowdown"]
+__all__ = ["CONFIRM_TRIES", "DEFAULT_CONFIDENCE", "check_confidence", "first_confirmed", "parse_slowdown"]
 
 _NUMBER = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)")
 
@@ -61,6 +61,17 @@ DEFAULT_CONFIDENCE = 0.95
 # the defaults (freqopt.search.allocation.confirmed): each confirmation costs its readings, and a schedule that fails
 # one is usually followed by others chosen as near the budget's edge.
 CONFIRM_TRIES = 3
+
+
+def first_confirmed(choices, confirm, holds):
+    """The first of ``choices`` (least energy first, each once) among the first CONFIRM_TRIES whose confirmation,
+    ``confirm(choice)`` (fresh readings taken after the choice), ``holds``: (choice, confirmation); None where none
+    does. The rule every level keeps a schedule by (freqopt.search.validate.Validator.confirm)."""
+    for choice in list(choices)[:CONFIRM_TRIES]:
+        fresh = confirm(choice)
+        if holds(fresh):
+            return choice, fresh
+    return None
 
 
 def check_confidence(confidence: float, *, argument: str = "confidence") -> float:

@@ -349,7 +349,7 @@ class TransferReport:
         "not_reallocated": why not (no_fronts_reason) or None, "native": {energy_saved_pct, slowdown_pct,
         slowdown_bound_pct, n_measurements, search_cost_gpu_s} or None, "table": the written table's absolute path
         or None}; percentages against the default settings (slowdown_bound_pct: the upper confidence bound of the
-        slowdown at 95 %, held to the budget, None where none was computed),
+        slowdown at freqopt.budget.DEFAULT_CONFIDENCE, held to the budget, None where none was computed),
         match counts in target tuning units (kernel classes at kernel level), costs in measurements and GPU-seconds
         (the native search's for its granularities up to the table's, validations included)."""
         doc = {

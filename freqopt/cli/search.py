@@ -159,6 +159,13 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     write_json(json_path, result.summary())
 
 
+def slowdown_cell(row: dict) -> str:
+    """A summary row's slowdown (%) and, where one was computed, the upper confidence bound held to the budget:
+    "0.57, 0.64"."""
+    bound = row.get("slowdown_bound_pct")
+    return f"{row['slowdown_pct']:.2f}" + ("" if bound is None else f", {bound:.2f}")
+
+
 def _search_table(result):
     """The rich table of a SearchResult: the baseline, then one row per granularity."""
     from rich.table import Table
@@ -179,12 +186,10 @@ def _search_table(result):
     table.add_row("default", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-", "-", "-")
     for g, r in result.results.items():
         doc = summary["results"][g]
-        bound = doc["slowdown_bound_pct"]
         ideal = ("-" if doc["ideal_energy_saved_pct"] is None
                  else f"{doc['ideal_energy_saved_pct']:.2f} / {doc['ideal_slowdown_pct']:.2f}")  # fmt: skip
         table.add_row(g, f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}", f"{doc['energy_saved_pct']:.2f}",
-                      f"{doc['slowdown_pct']:.2f}" + ("" if bound is None else f", {bound:.2f}"), ideal,
-                      str(r.n_settings), str(r.n_measurements),
+                      slowdown_cell(doc), ideal, str(r.n_settings), str(r.n_measurements),
                       f"{r.search_cost_gpu_s / 3600:.3f}")  # fmt: skip
     return table
 
@@ -320,7 +325,7 @@ def _pipeline_notes(result) -> list[str]:
         if level.validated.max_stage_switches:
             limit, rate = spec.max_switches_per_s, level.validated.switches_per_s
             verdict = "" if not limit else (f"; {spec.switch_limit_text}"
-                                            + (f": {OVER_SWITCH_LIMIT}" if rate > limit else ""))  # fmt: skip
+                                            + (f": {OVER_SWITCH_LIMIT}" if spec.over_switch_limit(rate) else ""))  # fmt: skip
             lines.append(f"clock switches per second on the busiest stage's GPU: {rate:.1f} "
                          f"({level.validated.max_stage_switches} per iteration){verdict}")  # fmt: skip
         if level.frontier:

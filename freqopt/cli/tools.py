@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
-from freqopt.cli.search import switch_latency_option
+from freqopt.cli.search import slowdown_cell, switch_latency_option
 
 @cli.command(short_help="List the models and their parameter counts.")
 @click.argument("names", nargs=-1)
@@ -98,6 +98,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     from rich.table import Table
 
     from freqopt.apply.transfer import transfer as run_transfer
+    from freqopt.budget import DEFAULT_CONFIDENCE
 
     check_json_path(json_path)
     console = Console(stderr=True)
@@ -129,23 +130,20 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     rich_table = Table("settings", "energy saved (%)", "slowdown (%): mean, bound", "measurements",
                        title=f"{workload.model} ({workload.layout}) on {report.spec.name}, {report.schedule.granularity} "
                              f"level, budget {limit:g} %")  # fmt: skip
-
-    def slowdown(row: dict) -> str:  # the mean, and the upper confidence bound held to the budget where there is one
-        bound = row.get("slowdown_bound_pct")
-        return f"{row['slowdown_pct']:.2f}" + ("" if bound is None else f", {bound:.2f}")
-
-    rich_table.add_row("as transferred", f"{t['energy_saved_pct']:.2f}", slowdown(t), "-")
+    rich_table.add_row("as transferred", f"{t['energy_saved_pct']:.2f}", slowdown_cell(t), "-")
     for key, label in (("reallocated", "re-allocated"), ("native", "native search")):
         row = summary[key]
         if row is not None:
-            rich_table.add_row(label, f"{row['energy_saved_pct']:.2f}", slowdown(row), str(row["n_measurements"]))
+            rich_table.add_row(label, f"{row['energy_saved_pct']:.2f}", slowdown_cell(row),
+                               str(row["n_measurements"]))  # fmt: skip
     out = stdout_console()
     out.print(rich_table)
     out.print(f"units matched exactly / by kind / not: {t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']}")
     if not t["within_budget"]:
         instead = ("use the re-allocated table" if report.table_path is not None else
                    f"search this layout: freqopt search --granularity {report.schedule.granularity} ...")  # fmt: skip
-        bound = "" if t["slowdown_bound_pct"] is None else f", at most {t['slowdown_bound_pct']:+.2f} % at 95 %"
+        bound = ("" if t["slowdown_bound_pct"] is None
+                 else f", at most {t['slowdown_bound_pct']:+.2f} % at {100 * DEFAULT_CONFIDENCE:g} %")  # fmt: skip
         out.print(f"as transferred, the table is not within the {limit:g} % budget on this layout "
                   f"({t['slowdown_pct']:+.2f} % time{bound}); {instead}")  # fmt: skip
     why_not = summary["not_reallocated"]

@@ -229,6 +229,12 @@ class GPUSpec:
         1 / nvml_call_s (50 on the H100 and the A100, at 20 ms). None where the GPU file gives no call time."""
         return 1.0 / self.nvml_call_s if self.nvml_call_s > 0 else None
 
+    def over_switch_limit(self, switches_per_s: float | None) -> bool:
+        """Whether a schedule asking this GPU for ``switches_per_s`` clock switches a second asks for more than one
+        runtime thread can issue (``max_switches_per_s``); False where nothing switches or no limit is known."""
+        limit = self.max_switches_per_s
+        return bool(limit and switches_per_s and switches_per_s > limit)
+
     @property
     def switch_limit_text(self) -> str:
         """``max_switches_per_s`` and why, for a line of output ("" where the GPU file gives no call time); a rate

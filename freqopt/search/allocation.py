@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freqopt.budget import CONFIRM_TRIES
+from freqopt.budget import first_confirmed
 from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.errors import InvalidSettingError
 from freqopt.workload.kernels import Trace
@@ -23,8 +23,8 @@ from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 from freqopt.search.validate import Validator, _per_kernel_settings
 
-__all__ = ["Allocation", "allocate_validated", "confirmed", "allocate_applied", "candidate_schedules", "coarser_settings",
-           "settings_on"]
+__all__ = ["Allocation", "allocate_validated", "confirmed", "allocate_applied", "candidate_schedules",
+           "coarser_settings", "settings_on"]
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,9 @@ def allocate_validated(
     whose clock switches one runtime thread can issue (Validator.deliverable).
 
     The allocator's budget starts at (1 + max_slowdown) x the sum of the units' own defaults and is then moved by
-    the validated overshoot or slack of that bound (as measured: each allocation validated once, its figures
-    those of fresh readings taken after the choice, ``confirmed``): a secant step on validated slowdown, kept inside the bracket of budgets known
-    to meet and to break the limit, else bisection. ``candidates``: schedules (one setting per unit, each among its
+    the validated overshoot or slack of that bound (the result's figures are those of fresh readings taken after
+    the choice: ``confirmed``): a secant step on validated slowdown, kept inside the bracket of budgets known to
+    meet and to break the limit, else bisection. ``candidates``: schedules (one setting per unit, each among its
     unit's options: the coarser granularities' schedules, candidate_schedules) validated before the allocator's,
     so the result is never worse than any of them.
     """
@@ -103,21 +103,14 @@ def confirmed(accepted: Sequence, validator: Validator, baseline: Measurement, l
     """The accepted choice (each with a ``validated`` Measurement whose bound met ``limit_s``) of least energy
     whose confirmation (Validator.confirm: fresh paired readings, independent of the choice) also meets the limit
     and still saves energy, rebuilt with the confirmation's figures as ``rebuild(choice, confirmation)``; the next
-    least where it does not, up to CONFIRM_TRIES; None where none is confirmed (the defaults then stand)."""
-    seen = set()
-    tries = 0
+    least where it does not (freqopt.budget.first_confirmed); None where none is confirmed (the defaults then
+    stand)."""
+    unique: dict = {}  # each schedule once, at its least energy
     for choice in sorted(accepted, key=lambda a: a.validated.energy_j):
-        schedule = validator.schedule_of(choice.validated)
-        if schedule in seen:
-            continue
-        seen.add(schedule)
-        fresh = validator.confirm(choice.validated)
-        if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
-            return rebuild(choice, fresh)
-        tries += 1
-        if tries >= CONFIRM_TRIES:
-            break
-    return None
+        unique.setdefault(validator.schedule_of(choice.validated), choice)
+    hit = first_confirmed(unique.values(), lambda a: validator.confirm(a.validated),
+                          lambda m: m.time_bound_s <= limit_s and m.energy_j < baseline.energy_j)
+    return None if hit is None else rebuild(*hit)
 
 
 def allocate_applied(

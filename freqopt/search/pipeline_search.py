@@ -67,8 +67,8 @@ from freqopt.search.pipeline_plan import (FrontierPoint, InstructionOptions, Pip
                                           StageProfile)  # fmt: skip
 from freqopt.search.pipeline_sim import SimulatedPipeline, perseus_blocking_power_w
 from freqopt.search.study import Option, UnitSearch, search_unit
-from freqopt.budget import CONFIRM_TRIES
-from freqopt.search.validate import DECISION_Z, DEFAULT_CONFIDENCE, PairedReadings, check_confidence
+from freqopt.budget import first_confirmed
+from freqopt.search.validate import DEFAULT_CONFIDENCE, PairedReadings, check_confidence
 
 __all__ = ["PIPELINE_GRANULARITIES", "PipelineSearchConfig", "Validated", "PipelineLevelResult",
            "PipelineSearchResult", "run_pipeline_search", "realize_requests", "realize_plan", "pipeline_granularities",
@@ -217,15 +217,10 @@ class PipelineValidator:
         pairs = self.pairs.setdefault(ident, [])
         tag = ("confirm-" if fresh else "") + digest(("pipeline", requests, switching))
         key = f"{key}-confirm" if fresh else key
-        for r in range(max(n, len(samples))):
-            if paired and r >= len(pairs):  # the defaults first, then the schedule: each pair back to back
-                pairs.append(self._take(f"paired-{tag}", r, (None,) * len(requests), True, f"paired-{tag}"))
-                if r < len(samples):
-                    self.paired.add(ident, samples[r].time_s, pairs[r].time_s)
-            if r >= len(samples):
-                samples.append(self._take(tag, r, requests, switching, key))
-                if paired:
-                    self.paired.add(ident, samples[r].time_s, pairs[r].time_s)
+        self.paired.read(ident, samples, pairs, n, paired=paired,
+                         take=lambda r: self._take(tag, r, requests, switching, key),
+                         take_default=lambda r: self._take(f"paired-{tag}", r, (None,) * len(requests), True,
+                                                           f"paired-{tag}"))  # fmt: skip
 
     def _validated(self, ident: tuple, *, bounded: bool) -> Validated:
         requests, switching = ident[-2:]
@@ -237,7 +232,7 @@ class PipelineValidator:
         upper = None
         if bounded:
             base = self.cache[((None,) * len(requests), True)]
-            upper = max(float(t.mean()), base.time_s * self.paired.bound(ident, self._default_times(requests)))
+            upper = self.paired.upper_time_s(ident, float(t.mean()), base.time_s, self._default_times(requests))
         return Validated(float(t.mean()), float(e.mean()), se(t), se(e), n,
                          float(sum(m.cost_gpu_s for m in ms + self.pairs.get(ident, []))),
                          *(_n_switches(self.pipeline.dag, requests) if switching else (0, 0)), time_upper_s=upper)
@@ -268,11 +263,9 @@ class PipelineValidator:
             return self.cache[ident]
         self._read(ident, self.repeats, key, paired)
         if paired:
-            base_s = self.cache[((None,) * len(requests), True)].time_s
+            ratio_limit = limit_s / self.cache[((None,) * len(requests), True)].time_s
             times = self._default_times(requests)
-            while len(self.samples[ident]) < self.max_repeats and (
-                    self.paired.bound(ident, times) * base_s > limit_s
-                    and self.paired.bound(ident, times, z=-DECISION_Z) * base_s < limit_s):  # fmt: skip
+            while len(self.samples[ident]) < self.max_repeats and self.paired.undecided(ident, ratio_limit, times):
                 self._read(ident, len(self.samples[ident]) + 1, key, paired)
         self.cache[ident] = self._validated(ident, bounded=paired)
         return self.cache[ident]
@@ -679,10 +672,10 @@ def _calibrated(planner: PipelinePlanner, realize: Callable, validator: Pipeline
     limit_s = baseline.time_s * (1.0 + b)
     accepted = []  # (plan, requests, Validated, planned, switching) of every schedule whose bound met the limit
 
-    limit_rate = validator.pipeline.spec.max_switches_per_s  # what one runtime thread per GPU can issue (item 6)
+    spec = validator.pipeline.spec
 
     def consider(plan, requests, v, planned, switched) -> None:
-        deliverable = not limit_rate or v.switches_per_s <= limit_rate
+        deliverable = not spec.over_switch_limit(v.switches_per_s)  # one runtime thread per GPU can issue them
         if v.time_bound_s <= limit_s and v.energy_j < baseline.energy_j and deliverable:
             accepted.append((plan, requests, v, planned, switched))
 
@@ -720,11 +713,12 @@ def _calibrated(planner: PipelinePlanner, realize: Callable, validator: Pipeline
     # The least energy among them chosen on its own readings is partly luck (the winner's curse): confirmed on fresh
     # readings, least energy first, as the one-GPU levels are (freqopt.search.allocation.confirmed).
     unique = sorted({(a[1], a[4]): a for a in accepted}.values(), key=lambda a: a[2].energy_j)
-    for plan, requests, v, planned, switched in unique[:CONFIRM_TRIES]:
-        fresh = validator.confirm(requests, switching=switched, key=key)
-        if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
-            return plan, requests, fresh, planned
-    return None, (None,) * planner.dag.n, baseline, (None,) * planner.dag.n
+    hit = first_confirmed(unique, lambda a: validator.confirm(a[1], switching=a[4], key=key),
+                          lambda m: m.time_bound_s <= limit_s and m.energy_j < baseline.energy_j)
+    if hit is None:
+        return None, (None,) * planner.dag.n, baseline, (None,) * planner.dag.n
+    (plan, requests, _, planned, _), fresh = hit
+    return plan, requests, fresh, planned
 
 
 def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: int, config: PipelineSearchConfig, *,

@@ -153,7 +153,8 @@ class SearchResult:
         from freqopt.gpu.specs import OVER_SWITCH_LIMIT
 
         limit = getattr(self.spec, "max_switches_per_s", None)
-        parts = [f"{g} {rate:.1f}" + (f" ({OVER_SWITCH_LIMIT})" if limit and rate > limit else "")
+        over = limit and self.spec.over_switch_limit  # (no limit: no spec to ask)
+        parts = [f"{g} {rate:.1f}" + (f" ({OVER_SWITCH_LIMIT})" if over and over(rate) else "")
                  for g, rate in rates.items()]  # fmt: skip
         line = "clock switches per second: " + ", ".join(parts)
         return line + (f"; {self.spec.switch_limit_text}" if limit else "")

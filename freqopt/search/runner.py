@@ -449,9 +449,9 @@ def _free_allocation(trace: Trace, units: list[TuningUnit], searches: list[UnitS
 
 def _at_least_the_coarser_free(result: GranularityResult, coarser: list[GranularityResult]) -> GranularityResult:
     """``result`` with a coarser level's free-switching schedule (a one-setting level's validated one) as its own
-    where that validated less energy: the kernel level allocates over families of classes that may span passes, so the pass level's free-switching
-    schedule is not always among its allocations, though a per-class schedule expresses it (as
-    _at_least_the_coarser_schedules does for the realizable figure)."""
+    where that validated less energy: the kernel level allocates over families of classes that may span passes, so
+    the pass level's free-switching schedule is not always among its allocations, though a per-class schedule
+    expresses it (as _at_least_the_coarser_schedules does for the realizable figure)."""
     for r in coarser:
         if result.ideal is not None and r.ideal_units and r.ideal.energy_j < result.ideal.energy_j:
             result = dataclasses.replace(result, ideal=r.ideal, ideal_units=r.ideal_units)

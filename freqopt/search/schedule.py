@@ -38,7 +38,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from freqopt.budget import CONFIRM_TRIES
+from freqopt.budget import first_confirmed
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import ClockTableError, InvalidSettingError
 from freqopt.workload.kernels import Trace
@@ -434,17 +434,15 @@ def search_phase_schedule(
 def _confirmed(accepted: list, confirm, baseline: Measurement, limit_s: float) -> tuple:
     """Of ``accepted`` (settings, validated, picks), the defaults first: the least validated energy without
     ``confirm``; with it, the least whose fresh readings (``confirm(validated)``) also meet ``limit_s`` and save
-    energy, with those readings' figures, trying at most CONFIRM_TRIES (freqopt.search.allocation.confirmed);
-    the defaults where none is confirmed."""
+    energy, with those readings' figures (freqopt.budget.first_confirmed); the defaults where none is
+    confirmed."""
     defaults, *chosen = accepted
     chosen = sorted({a[0]: a for a in chosen}.values(), key=lambda a: a[1].energy_j)
     if confirm is None:
         return chosen[0] if chosen else defaults
-    for settings, validated, picks in chosen[:CONFIRM_TRIES]:
-        fresh = confirm(validated)
-        if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
-            return settings, fresh, picks
-    return defaults
+    hit = first_confirmed(chosen, lambda a: confirm(a[1]),
+                          lambda m: m.time_bound_s <= limit_s and m.energy_j < baseline.energy_j)
+    return defaults if hit is None else (hit[0][0], hit[1], hit[0][2])
 
 
 def _pooled_sd(options) -> tuple[float, float]:

@@ -46,8 +46,31 @@ class PairedReadings:
         """One pair: a reading of ``key``'s schedule and the defaults' reading just before it, s."""
         self.logs.setdefault(key, []).append(math.log(schedule_time_s / default_time_s))
 
-    def n(self, key) -> int:
-        return len(self.logs.get(key, ()))
+    def read(self, key, samples: list, pairs: list, n: int, *, paired: bool, take, take_default) -> None:
+        """Extend ``samples`` (readings of ``key``'s schedule) to at least ``n`` and, with ``paired``, ``pairs``
+        (readings of the defaults) to as many, each reading of the defaults taken just before the schedule's it
+        pairs with, every complete pair added. ``take(r)`` and ``take_default(r)`` take the r-th reading (a
+        Measurement) of the schedule and of the defaults."""
+        for r in range(max(n, len(samples))):
+            if paired and r >= len(pairs):  # the defaults first, then the schedule: each pair back to back
+                pairs.append(take_default(r))
+                if r < len(samples):
+                    self.add(key, samples[r].time_s, pairs[r].time_s)
+            if r >= len(samples):
+                samples.append(take(r))
+                if paired:
+                    self.add(key, samples[r].time_s, pairs[r].time_s)
+
+    def upper_time_s(self, key, mean_s: float, baseline_s: float, default_times_s=()) -> float:
+        """The upper confidence bound of the time of ``key``'s schedule, s: ``baseline_s`` (the defaults' mean) x the
+        bound of its slowdown ratio, never below its own mean ``mean_s`` (the figure its slowdown is reported by)."""
+        return max(mean_s, baseline_s * self.bound(key, default_times_s))
+
+    def undecided(self, key, ratio_limit: float, default_times_s=()) -> bool:
+        """Whether more pairs may yet bring ``key``'s bound inside ``ratio_limit`` (a limit on t_schedule /
+        t_default): its bound is over it while its paired mean is under it plus DECISION_Z standard errors."""
+        return (self.bound(key, default_times_s) > ratio_limit
+                and self.bound(key, default_times_s, z=-DECISION_Z) < ratio_limit)  # fmt: skip
 
     def spread(self, default_times_s=()) -> tuple[float, int]:
         """(s, degrees of freedom): the pooled standard deviation of d, or sqrt(2) x that of ln(default_times_s)
@@ -206,15 +229,8 @@ class Validator:
             return
         tag = ("confirm-" if fresh else "") + digest((schedule, self.switching))
         key = f"{key}-confirm" if fresh else key
-        for r in range(max(n, len(samples))):
-            if paired and r >= len(pairs):  # the defaults first, then the schedule: each pair back to back
-                pairs.append(self._take(f"paired-{tag}", r, self._defaults(), f"paired-{tag}"))
-                if r < len(samples):
-                    self.paired.add(ident, samples[r].time_s, pairs[r].time_s)
-            if r >= len(samples):
-                samples.append(self._take(tag, r, schedule, key))
-                if paired:
-                    self.paired.add(ident, samples[r].time_s, pairs[r].time_s)
+        self.paired.read(ident, samples, pairs, n, paired=paired, take=lambda r: self._take(tag, r, schedule, key),
+                         take_default=lambda r: self._take(f"paired-{tag}", r, self._defaults(), f"paired-{tag}"))
         self.cache[ident] = Measurement(
             time_s=float(np.mean([m.time_s for m in samples])),
             energy_j=float(np.mean([m.energy_j for m in samples])),
@@ -235,8 +251,8 @@ class Validator:
         baseline's time x the upper bound of its paired slowdown ratio, and never below its mean (the figure its
         slowdown is reported by)."""
         mean = self.cache[ident]
-        ratio = self.paired.bound(ident, self._default_times())
-        bounded = dataclasses.replace(mean, time_upper_s=max(mean.time_s, self.baseline().time_s * ratio))
+        upper_s = self.paired.upper_time_s(ident, mean.time_s, self.baseline().time_s, self._default_times())
+        bounded = dataclasses.replace(mean, time_upper_s=upper_s)
         self.cache[ident] = bounded
         self._means.append((bounded, ident[1] if ident and ident[0] == "confirm" else ident))
         return bounded
@@ -277,11 +293,8 @@ class Validator:
         return measurement.time_upper_s / self.baseline().time_s - 1.0
 
     def _undecided(self, schedule: tuple[ClockSetting, ...], limit_s: float) -> bool:
-        """Whether ``schedule``'s upper bound is over ``limit_s`` while its paired mean is under it plus DECISION_Z
-        standard errors: more readings may yet bring the bound inside."""
-        ratio_limit = limit_s / self.baseline().time_s
-        return (self.paired.bound(schedule, self._default_times()) > ratio_limit
-                and self.paired.bound(schedule, self._default_times(), z=-DECISION_Z) < ratio_limit)  # fmt: skip
+        """Whether more readings may yet bring ``schedule``'s bound inside ``limit_s`` (PairedReadings.undecided)."""
+        return self.paired.undecided(schedule, limit_s / self.baseline().time_s, self._default_times())
 
     def _defaults(self) -> tuple[ClockSetting, ...]:
         return tuple([DEFAULT_SETTING] * len(self.trace))
@@ -308,9 +321,7 @@ class Validator:
         its switches per second (switches_per_s) at most the GPU's GPUSpec.max_switches_per_s (each NVML set call
         blocks its caller, one at a time: issue 35, item 6). A schedule that asks for more would not run as it was
         measured, so no level keeps one. True where nothing switches, or the GPU states no limit."""
-        rate = self.switches_per_s(measurement)
-        limit = getattr(self.backend.spec, "max_switches_per_s", None)
-        return rate is None or not limit or rate <= limit
+        return not self.backend.spec.over_switch_limit(self.switches_per_s(measurement))
 
     @functools.cached_property
     def _default_step_and_wait(self) -> tuple[Measurement, Measurement] | None:
