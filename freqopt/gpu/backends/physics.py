@@ -11,7 +11,7 @@ import numpy as np
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
-__all__ = ["KernelPhysics", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
+__all__ = ["KernelPhysics", "KernelTerms", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
            "attention_efficiency", "attention_head_dim", "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION",
            "ATTENTION_HEAD_DIM_TILE", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES", "ROW_WIDTH_REF"]
 
@@ -144,23 +144,16 @@ def host_gaps(time_s: np.ndarray, issue_s: np.ndarray, on_stream: np.ndarray, *,
     return gaps
 
 
-class KernelPhysics:
-    """Per-kernel time and power at every supported SM clock, for one list of kernels.
+class KernelTerms:
+    """The parts of KernelPhysics that depend on the kernels and the GPU type but not on the memory clock, each
+    (K, 1) or (K, F) as in KernelPhysics: the compute side's times at every SM clock (``t_ideal_s``: at the best
+    GEMM's rate; ``t_sm_s``: FLOPs and L2 traffic overlapped), bytes moved, bandwidth relative to a copy's, the
+    all-reduce link costs, fixed GEMM time and operator power. Computed once per kernel list, they are most of
+    KernelPhysics's cost (a Python pass over the kernels)."""
 
-    Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock:
-    ``time_s``, ``power_w``, ``energy_j``, and ``baseline_power_w`` (the board's power with no activity at that
-    clock: constant, leakage and clock-tree terms; what an idle GPU with a context draws).
-
-    A tensor-core kernel's SM activity is its FLOP rate over the rate of the best large GEMM at that clock
-    (``gemm_efficiency`` of peak), so a GEMM with a short inner dimension, or attention, draws less per clock and
-    throttles less under the power limit, as measured on the H100 (../shared/calibration/h100).
-    """
-
-    def __init__(self, spec: GPUSpec, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray):
-        self.spec = spec
+    def __init__(self, spec: GPUSpec, kernels: Sequence[Kernel]):
         p = spec.overlap_exponent
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
-        m = np.asarray(mem_clock_mhz, dtype=float)[:, None]  # (K, 1)
         work, efficiency = [], []  # FLOPs the GPU runs; fraction of peak it reaches on them
         for k in kernels:
             w = k.flops * (CAUSAL_WORK_FRACTION if k.causal else 1.0)
@@ -179,27 +172,53 @@ class KernelPhysics:
         per_clock = np.array(
             [spec.tensor_flops_per_clock_per_sm if k.tensor_core else spec.cuda_flops_per_clock_per_sm for k in kernels]
         )[:, None]
-        nbytes = np.array([k.mem_bytes for k in kernels])[:, None]
-        link_s, latency_s, link_j = _link_costs(spec, kernels)  # (K, 1) each
+        self.nbytes = np.array([k.mem_bytes for k in kernels])[:, None]
+        self.link_s, self.latency_s, self.link_j = _link_costs(spec, kernels)  # (K, 1) each
         # A collective's loads and stores go through the few SMs NCCL runs on, not the whole GPU.
         sm_share = np.array([spec.interconnect.nccl_sms / spec.n_sms if k.is_collective else 1.0 for k in kernels])
         peak = spec.n_sms * per_clock * f * 1e6  # (K, F), FLOP/s
-        t_ideal = work / (peak * spec.gemm_efficiency)  # (K, F): at the best GEMM's rate
+        self.t_ideal_s = work / (peak * spec.gemm_efficiency)  # (K, F): at the best GEMM's rate
         t_flops = work / (peak * efficiency)  # (K, F)
-        t_l2 = nbytes / (spec.l2_bytes_per_clock * sm_share[:, None] * f * 1e6)  # (K, F)
-        t_sm = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
+        t_l2 = self.nbytes / (spec.l2_bytes_per_clock * sm_share[:, None] * f * 1e6)  # (K, F)
+        self.t_sm_s = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
+        self.bandwidth_rel = np.array([bandwidth_rel(spec, k) for k in kernels])[:, None]
+        self.gemm_fixed_s = np.array([spec.gemm_fixed_s if k.kind == "gemm" else 0.0 for k in kernels])[:, None]
+        pm = spec.power_model
+        self.op_w = np.array([pm.p_attention_w if k.kind == "attention" else pm.p_norm_w if k.kind == "normalization"
+                              else pm.p_sfu_w if k.name in SFU_OPS else 0.0 for k in kernels])[:, None]  # fmt: skip
+
+
+class KernelPhysics:
+    """Per-kernel time and power at every supported SM clock, for one list of kernels.
+
+    Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock:
+    ``time_s``, ``power_w``, ``energy_j``, and ``baseline_power_w`` (the board's power with no activity at that
+    clock: constant, leakage and clock-tree terms; what an idle GPU with a context draws).
+
+    A tensor-core kernel's SM activity is its FLOP rate over the rate of the best large GEMM at that clock
+    (``gemm_efficiency`` of peak), so a GEMM with a short inner dimension, or attention, draws less per clock and
+    throttles less under the power limit, as measured on the H100 (../shared/calibration/h100).
+    """
+
+    def __init__(self, spec: GPUSpec, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray, *,
+                 terms: KernelTerms | None = None):  # fmt: skip
+        """``terms``: ``KernelTerms(spec, kernels)`` computed earlier, for a caller that evaluates the same kernels
+        at many memory clocks (freqopt.gpu.backends.simulated caches them); the results are the same."""
+        self.spec = spec
+        terms = terms if terms is not None else KernelTerms(spec, kernels)
+        p = spec.overlap_exponent
+        m = np.asarray(mem_clock_mhz, dtype=float)[:, None]  # (K, 1)
+        t_ideal, t_sm, nbytes, slow = terms.t_ideal_s, terms.t_sm_s, terms.nbytes, terms.bandwidth_rel
+        link_s, latency_s, link_j, op_w = terms.link_s, terms.latency_s, terms.link_j, terms.op_w
         bandwidth = spec.mem_bandwidth_gbs * 1e9 * m / spec.max_mem_clock_mhz  # (K, 1), B/s
         t_stream = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1): at a streaming copy's rate
-        slow = np.array([bandwidth_rel(spec, k) for k in kernels])[:, None]
         t_dram = t_stream / slow  # (K, 1)
         t_busy = (t_sm**p + t_dram**p + link_s**p) ** (1 / p)  # (K, F)
-        gemm_fixed = np.array([spec.gemm_fixed_s if k.kind == "gemm" else 0.0 for k in kernels])[:, None]
-        self.time_s = t_busy + latency_s + spec.kernel_fixed_s + gemm_fixed  # (K, F)
+        self.time_s = t_busy + latency_s + spec.kernel_fixed_s + terms.gemm_fixed_s  # (K, F)
         u_sm = t_ideal / self.time_s
         u_mem = t_stream / self.time_s  # bytes moved over what a copy would move meanwhile
         pm = spec.power_model
-        op_w = np.array([pm.p_attention_w if k.kind == "attention" else pm.p_norm_w if k.kind == "normalization"
-                         else pm.p_sfu_w if k.name in SFU_OPS else 0.0 for k in kernels])[:, None]  # fmt: skip
+        f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
         v = voltage_rel(spec, f)  # (1, F)
         f_rel = f / spec.max_sm_clock_mhz
         m_rel = m / spec.max_mem_clock_mhz

@@ -74,7 +74,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
-from freqopt.gpu.backends.physics import KernelPhysics, _overlap_streams, host_gaps, host_issue_s
+from freqopt.gpu.backends.physics import KernelPhysics, KernelTerms, _overlap_streams, host_gaps, host_issue_s
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
@@ -111,11 +111,12 @@ class SimulatedGPU(Backend):
         self._repeats: dict[tuple, int] = defaultdict(int)
         self._energy_j = 0.0  # the counter: what every measurement's replay loop has drawn
         self._steps: dict[tuple, tuple] = {}  # step()'s recent noiseless results (pure functions of their arguments)
+        self._terms: dict[int, tuple] = {}  # recent kernel lists' clock-independent terms (_kernel_terms)
 
     def __getstate__(self) -> dict:
-        """Pickled (to joblib's processes) without step()'s cache, which holds traces."""
+        """Pickled (to joblib's processes) without the caches, which hold traces."""
         state = dict(self.__dict__)
-        state["_steps"] = {}
+        state["_steps"], state["_terms"] = {}, {}
         return state
 
     def apply(self, setting: ClockSetting) -> None:
@@ -172,7 +173,8 @@ class SimulatedGPU(Backend):
         requested = np.array([self._sm_index(s.sm_clock_mhz) for s in settings])  # (K,)
         limit = np.array([spec.power_limit_default_w if s.power_limit_w is None else s.power_limit_w
                           for s in settings])  # (K,)  # fmt: skip
-        phys = KernelPhysics(spec, kernels, mem)
+        terms, issue_s, on_stream = self._kernel_terms(kernels, step=not loop)
+        phys = KernelPhysics(spec, kernels, mem, terms=terms)
         k_idx = np.arange(len(kernels))
         # Control windows by time at the requested clocks.
         t_req = phys.time_s[k_idx, requested]
@@ -190,8 +192,7 @@ class SimulatedGPU(Backend):
         t = phys.time_s[k_idx[:, None], eff]  # (K, F)
         e = phys.energy_j[k_idx[:, None], eff]  # (K, F)
         # The GPU idles at its baseline power while it waits for the host (host_gaps), before each kernel.
-        on_stream = np.array([k.stream == 0 for k in kernels], dtype=bool)
-        gaps = host_gaps(t, host_issue_s(spec, kernels, step=not loop), on_stream, loop=loop)  # (K, F)
+        gaps = host_gaps(t, issue_s, on_stream, loop=loop)  # (K, F)
         gap_e = gaps * phys.baseline_power_w[k_idx[:, None], eff]  # (K, F)
         t = t + gaps
         e = e + gap_e
@@ -218,11 +219,26 @@ class SimulatedGPU(Backend):
         wait_j = (1 - alpha) * gap_e[k_idx, best[window]] + alpha * gap_e[k_idx, above[window]]
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)
         clocks = (1 - alpha) * f[lo] + alpha * f[hi]
-        side = np.array([k.stream != 0 for k in kernels])
-        if side.any():
+        if not on_stream.all():
             baseline_w = (1 - alpha) * phys.baseline_power_w[k_idx, lo] + alpha * phys.baseline_power_w[k_idx, hi]
             time_s, energy_j = _overlap_streams(kernels, time_s, energy_j, baseline_w)
         return time_s, energy_j, clocks, wait_s, wait_j
+
+    def _kernel_terms(self, kernels: Sequence[Kernel], *, step: bool) -> tuple[KernelTerms, np.ndarray, np.ndarray]:
+        """What ``_physics`` needs of ``kernels`` whatever the settings: their KernelTerms, the host's issue time
+        per kernel (host_issue_s, shape (K,), s) and whether each is on the training stream (shape (K,)), kept for
+        the 16 kernel lists used last (a search evaluates the same unit or trace at many settings)."""
+        hit = self._terms.get(id(kernels))
+        if hit is None or hit[0] is not kernels:
+            if len(self._terms) >= 16:
+                self._terms.pop(next(iter(self._terms)))
+            on_stream = np.array([k.stream == 0 for k in kernels], dtype=bool)
+            hit = (kernels, KernelTerms(self.spec, kernels), {}, on_stream)
+            self._terms[id(kernels)] = hit  # the list held, so that its id is not reused while cached
+        _, terms, issue, on_stream = hit
+        if step not in issue:
+            issue[step] = host_issue_s(self.spec, kernels, step=step)
+        return terms, issue[step], on_stream
 
     def _delayed(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], latency_s: float,
                  loop: bool = True) -> list[ClockSetting]:  # fmt: skip
