@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.base import ClockSetting
-from freqopt.gpu.backends.physics import KernelPhysics
+from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import get_gpu
 from freqopt.search.pipeline import KINDS
@@ -123,8 +125,9 @@ def test_a_switch_lands_one_latency_after_the_instruction_that_asks_for_it(stage
     fast, slow = pipe.instruction_cost(0, "forward"), pipe.instruction_cost(0, "forward", 870)
     free = pipe.true_run(plan, switching=False)
     assert free.instruction_time_s[first] == pytest.approx(slow[0], rel=1e-12)
-    # A latency of half the instruction: its first half at the default, the rest at 870 MHz.
-    half = pipe.spec.with_switch_latency(fast[0] / 2)
+    # A latency of half the instruction: its first half at the default, the rest at 870 MHz (set calls that take
+    # no time, so that the two requests one instruction apart do not queue: test_set_calls_are_served_one_at_a_time).
+    half = dataclasses.replace(pipe.spec.with_switch_latency(fast[0] / 2), nvml_call_s=0.0)
     pipe.spec = half
     mid = pipe.true_run(plan)
     assert fast[0] < mid.instruction_time_s[first] < slow[0]
@@ -135,6 +138,40 @@ def test_a_switch_lands_one_latency_after_the_instruction_that_asks_for_it(stage
     assert late.instruction_time_s[first] == pytest.approx(fast[0], rel=1e-12)
     plan[last] = 870  # the stage now ends on 870 MHz: F0's request changes nothing, and 870 stays in force
     assert pipe.true_run(plan).instruction_time_s[first] == pytest.approx(slow[0], rel=1e-12)
+
+
+def test_set_calls_are_served_one_at_a_time_and_a_waiting_one_is_superseded():
+    q = SetCallQueue(0.020)
+    assert q.submit(0.000) == (0.000, False)  # served at once
+    assert q.submit(0.005) == (0.020, False)  # waits for the call before
+    assert q.submit(0.010) == (0.020, True)  # still waiting at 0.010: the one before is dropped, this takes its turn
+    assert q.submit(0.050) == (0.050, False)  # the thread is free again at 0.040
+    q.shift(0.050)
+    assert q.submit(0.010) == (pytest.approx(0.020), False)  # busy until 0.070, 0.020 on the new origin
+    free = SetCallQueue(0.0)  # calls that take no time: every request served as it is made
+    assert [free.submit(t) for t in (0.0, 0.0, 0.001)] == [(0.0, False), (0.0, False), (0.001, False)]
+
+
+def test_a_stage_switching_faster_than_its_set_calls_lands_its_requests_late(stages):
+    pipe = _pipe(stages)
+    first = next(i for i, inst in enumerate(pipe.dag.instructions) if inst.stage == 0)
+    plan = [None] * pipe.dag.n
+    plan[first] = 870  # F0 asks for 870 MHz and the next instruction for the default, well under 20 ms later
+    quick = dataclasses.replace(A100.with_switch_latency(0.0001), nvml_call_s=0.0)
+    queued = dataclasses.replace(quick, nvml_call_s=A100.nvml_call_s)
+    pipe.spec = quick
+    free_calls = pipe.true_run(plan)
+    pipe.spec = queued
+    one_thread = pipe.true_run(plan)
+    # Served at once, 870 MHz holds F0 only (it lands 0.1 ms into it). With one thread whose calls take 20 ms, the
+    # return to the default, asked for one instruction later, waits for the thread and lands 20 ms on, past the
+    # iteration's end: F0 of the next iteration finds 870 MHz still in force and its stage's other instructions
+    # run at it too, until the queued return lands.
+    fast, slow = pipe.instruction_cost(0, "forward"), pipe.instruction_cost(0, "forward", 870)
+    assert fast[0] < free_calls.instruction_time_s[first] < slow[0]
+    assert one_thread.instruction_time_s[first] == pytest.approx(slow[0], rel=1e-9)
+    on_stage_0 = [i for i, inst in enumerate(pipe.dag.instructions) if inst.stage == 0 and i != first]
+    assert one_thread.instruction_time_s[on_stage_0].sum() > free_calls.instruction_time_s[on_stage_0].sum() * 1.05
 
 
 def test_measurements_are_noisy_reproducible_and_cost_gpu_time(stages):
@@ -191,7 +228,9 @@ def test_a_switch_stall_delays_the_instruction_it_lands_in(stages):
     runs = {}
     for stall_s in (0.0, 1e-3):
         pipe = _pipe(stages, switch_stall_s=stall_s)
-        pipe.spec = A100.with_switch_latency(pipe.instruction_cost(0, "forward")[0] / 2)
+        # Calls that take no time, so that the two requests one instruction apart do not queue.
+        pipe.spec = dataclasses.replace(A100.with_switch_latency(pipe.instruction_cost(0, "forward")[0] / 2),
+                                        nvml_call_s=0.0)
         runs[stall_s] = (pipe.true_run(plan), pipe.true_run())
     (plain, default), (stalled, default_stalled) = runs[0.0], runs[1e-3]
     assert stalled.instruction_time_s[first] == pytest.approx(plain.instruction_time_s[first] + 1e-3, rel=1e-9)

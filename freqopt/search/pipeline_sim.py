@@ -22,9 +22,12 @@ every stage, another barrier), and the next one starts on every stage at once.
 
 Clocks. Each instruction has a setting (an SM clock; the memory clock and power limit stay at the default). When an
 instruction's setting differs from the one its stage asked for last, the runtime asks for it at the instruction's
-start, without blocking, and it lands ``spec.clock_switch_s`` later (SimulatedGPU's switch latency): until then the
-GPU keeps the clock it had; a kernel runs at the clock in force when it starts (as SimulatedGPU._delayed). Requests
-are not superseded: each lands in turn. The measured iteration is the second of two run back to back, so it starts
+start, without blocking; one runtime thread per stage serves the requests one at a time, each set call taking
+``spec.nvml_call_s`` (SetCallQueue: a request waits while the thread is busy, and one still waiting when a newer one
+comes is dropped), and a request lands ``spec.clock_switch_s`` after its call starts (SimulatedGPU's switch
+latency): until then the GPU keeps the clock it had; a kernel runs at the clock in force when it starts (as
+SimulatedGPU._delayed). Before issue 35's item 6 every request landed one latency after it was made, any number in
+flight. The measured iteration is the second of two run back to back, so it starts
 with the clocks (and switches in flight) the plan leaves at the end of an iteration, as in steady training.
 ``switching=False`` lands every request at once (the free-switching ideal).
 
@@ -65,7 +68,7 @@ import numpy as np
 
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement, MeasurementProtocol
-from freqopt.gpu.backends.physics import KernelPhysics
+from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import ENERGY_NOISE_REL, TIME_NOISE_REL, SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.search.pipeline import KINDS, Instruction, PipelineDAG, one_f_one_b
@@ -182,21 +185,32 @@ class PipelineRun:
 
 
 class _Timeline:
-    """One stage's clock over time: the setting in force from each landing on (times in s, ascending)."""
+    """One stage's clock over time: the setting in force from each landing on (times in s, ascending), the
+    requests served by one runtime thread whose set calls take ``call_s`` each, one at a time (SetCallQueue)."""
 
-    def __init__(self, setting: ClockSetting):
+    def __init__(self, setting: ClockSetting, call_s: float = 0.0):
         self.times = [-math.inf]
         self.settings = [setting]
         self.requested = setting
         self.n_requests = 0
+        self.queue = SetCallQueue(call_s)
+        self._queued = False  # whether the latest request submitted to the queue holds the last landing
 
     def request(self, at_s: float, setting: ClockSetting, latency_s: float) -> None:
         if setting == self.requested:
             return
         self.requested = setting
-        self.n_requests += 1
-        self.times.append(at_s + latency_s)
-        self.settings.append(setting)
+        start_s, dropped = self.queue.submit(at_s)
+        if dropped and self._queued:  # the request before, still waiting, is not served
+            self.times.pop()
+            self.settings.pop()
+            self.n_requests -= 1
+        # Back to the setting already landing: nothing to switch (the thread's turn is taken all the same).
+        self._queued = setting != self.settings[-1]
+        if self._queued:
+            self.n_requests += 1
+            self.times.append(start_s + latency_s)
+            self.settings.append(setting)
 
     def index_at(self, t: float) -> int:
         """Index of the setting in force at time t (the last landing at or before t)."""
@@ -212,6 +226,7 @@ class _Timeline:
         self.times = [-math.inf] + self.times[keep + 1:]
         self.settings = self.settings[keep:]
         self.n_requests = 0
+        self.queue.shift(by_s)
 
 
 class SimulatedPipeline:
@@ -397,7 +412,8 @@ class SimulatedPipeline:
         last = {}  # each stage's setting at the end of the plan: in force when the first iteration starts
         for inst, setting in zip(dag.instructions, settings):
             last[inst.stage] = setting
-        lines = [_Timeline(last[s]) for s in range(S)]
+        call_s = self.spec.nvml_call_s if latency_s > 0 else 0.0  # free switching: no queue either
+        lines = [_Timeline(last[s], call_s) for s in range(S)]
         result = None
         for iteration in range(2):  # the first sets the clocks (and switches in flight) the second starts with
             result = self._iteration(settings, lines, latency_s)

@@ -11,7 +11,7 @@ import numpy as np
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
-__all__ = ["KernelPhysics", "KernelTerms", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
+__all__ = ["KernelPhysics", "KernelTerms", "SetCallQueue", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
            "attention_efficiency", "attention_head_dim", "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION",
            "ATTENTION_HEAD_DIM_TILE", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES", "ROW_WIDTH_REF"]
 
@@ -293,3 +293,37 @@ def voltage_rel(spec: GPUSpec, sm_clock_mhz: np.ndarray | float) -> np.ndarray:
     f = np.asarray(sm_clock_mhz, dtype=float)
     rise = (f - pm.f_knee_mhz) / (spec.max_sm_clock_mhz - pm.f_knee_mhz)
     return pm.v_min_rel + (1.0 - pm.v_min_rel) * np.clip(rise, 0.0, 1.0)
+
+
+class SetCallQueue:
+    """One runtime thread serving clock-set requests one at a time (issue 35, item 6).
+
+    NVML serves set calls one at a time, each blocking its caller ``call_s`` (GPUSpec.nvml_call_s, the slow end of
+    the GPU file's [actuation] nvml_call_ms); a request made while the thread is busy waits, and one still waiting
+    when a newer request arrives is dropped (freqopt.apply.runtime's worker applies only the latest request the GPU
+    has reached). The call serving a request starts at ``submit``'s time; the setting lands one switch latency
+    (GPUSpec.clock_switch_s, which includes the call) after that. With ``call_s`` 0 every request is served as it is
+    made, the model before item 6.
+
+    Requests must be submitted in time order; times in s on any one origin (``shift`` moves it).
+    """
+
+    def __init__(self, call_s: float):
+        self.call_s = call_s
+        self.last_start_s = -np.inf  # when the call serving the latest kept request starts
+        self.free_s = -np.inf  # when the thread is free for the next call
+
+    def submit(self, at_s: float) -> tuple[float, bool]:
+        """The time the call serving a request made at ``at_s`` starts, and whether that request supersedes the one
+        before it (still waiting at ``at_s``, so dropped: the new one takes its place in the queue)."""
+        if self.last_start_s > at_s:
+            return self.last_start_s, True
+        start = max(at_s, self.free_s)
+        self.last_start_s, self.free_s = start, start + self.call_s
+        return start, False
+
+    def shift(self, by_s: float) -> None:
+        """Move the origin: every time decreases by ``by_s``."""
+        self.last_start_s -= by_s
+        self.free_s -= by_s
+

@@ -74,7 +74,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
-from freqopt.gpu.backends.physics import KernelPhysics, KernelTerms, _overlap_streams, host_gaps, host_issue_s
+from freqopt.gpu.backends.physics import (KernelPhysics, KernelTerms, SetCallQueue, _overlap_streams, host_gaps,
+                                         host_issue_s)
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
@@ -154,8 +155,10 @@ class SimulatedGPU(Backend):
             loop: the kernels are replayed in a loop (a unit's measurement): a window shorter than the power-limit
                 control window sees the loop's average power, and the host shows only where it is the slower side.
                 False: one training step issued from an idle GPU (``step``).
-            switch_latency_s: a change of setting lands this long after the kernel that asks for it starts; until
-                then the GPU runs at the previous setting (in a loop, the first kernels inherit the last setting).
+            switch_latency_s: a change of setting lands this long after the set call serving it starts, at the
+                start of the kernel that asks for it unless the runtime's one thread is still busy with the call
+                before (``spec.nvml_call_s`` each: _delayed); until then the GPU runs at the previous setting (in a
+                loop, the first kernels inherit the last setting).
         """
         time_s, energy_j, clocks, _, _ = self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)
         return time_s, energy_j, clocks
@@ -242,19 +245,30 @@ class SimulatedGPU(Backend):
 
     def _delayed(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], latency_s: float,
                  loop: bool = True) -> list[ClockSetting]:  # fmt: skip
-        """The settings in force at each kernel's start when each change lands ``latency_s`` after it is asked for
-        (times from a first pass with the requested settings; steps run one after another, so a change asked for
-        near the end of one lands in the next)."""
+        """The settings in force at each kernel's start when each change is asked for as its kernel starts, served
+        by one runtime thread whose set calls take ``spec.nvml_call_s`` each, one at a time (SetCallQueue: a request
+        waits while the thread is busy, and one still waiting when a newer one comes is dropped), and lands
+        ``latency_s`` after its call starts. Times come from a first pass with the requested settings; steps run one
+        after another, so a change asked for near the end of one lands in the next: the requests of enough
+        consecutive steps are served for the last one's kernels to see every landing that reaches them."""
         time_s, _, _ = self.run(kernels, settings, loop=loop)
         starts = np.cumsum(time_s) - time_s  # (K,)
         total = float(time_s.sum())
         changes = [i for i in range(len(settings)) if settings[i] != settings[i - 1]]  # i = 0 compares with the last
-        effective = []
-        for start in starts:
-            # The latest change whose landing time (its start + latency, modulo the loop) is at or before this kernel.
-            landed = [(start - (starts[c] + latency_s)) % total for c in changes]
-            effective.append(settings[changes[int(np.argmin(landed))]] if changes else settings[0])
-        return effective
+        if not changes:
+            return list(settings)
+        queue = SetCallQueue(self.spec.nvml_call_s)
+        landing_s, landed = [], []  # landing times, ascending, and the change each lands
+        for step in range(2 + int(np.ceil(latency_s / total)) if total > 0 else 2):
+            for c in changes:
+                start_s, dropped = queue.submit(step * total + starts[c])
+                if dropped:
+                    landing_s.pop(), landed.pop()
+                landing_s.append(start_s + latency_s)
+                landed.append(c)
+        last = step * total + starts  # the last step's kernel starts, (K,)
+        idx = np.searchsorted(np.asarray(landing_s), last, side="right") - 1  # latest landing at or before each
+        return [settings[landed[i]] if i >= 0 else settings[changes[-1]] for i in idx]
 
     def true_measure(self, kernels: Sequence[Kernel], setting: ClockSetting) -> Measurement:
         """The noiseless time and energy of one repetition (the oracle's view; no GPU-seconds charged)."""
