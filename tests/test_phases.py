@@ -74,6 +74,39 @@ def test_a_switch_lands_one_latency_late():
     assert sim.measure_schedule(trace.kernels, uniform, switching=True) == sim.measure_schedule(trace.kernels, uniform)
 
 
+def test_a_switch_asked_for_while_the_set_call_before_runs_waits_for_it():
+    """Issue 35, item 6: one runtime thread serves set calls one at a time (nvml_call_s each), so a change asked for
+    less than a call after the one before lands a call later than one latency after it is asked for; one still
+    waiting when a newer one comes is never served."""
+    spec = get_gpu("h100-sxm")
+    sim = SimulatedGPU(spec, noise=False)
+    trace = trace_iteration(get_workload("gpt3-xl"), "train")
+    time_s, _, _ = sim.run(trace.kernels, [DEFAULT_SETTING] * len(trace), loop=True)
+    starts = np.cumsum(time_s) - time_s
+    first = int(np.searchsorted(starts, 0.040))  # LOW asked for 40 ms in
+    second = int(np.searchsorted(starts, starts[first] + spec.nvml_call_s / 3))  # DEFAULT a third of a call later
+    third = int(np.searchsorted(starts, starts[first] + spec.nvml_call_s / 2))
+
+    def kernel_starts(settings):  # as _delayed times them: the kernels at the settings asked for
+        t, _, _ = sim.run(trace.kernels, settings, loop=True)
+        return np.cumsum(t) - t
+
+    settings = [DEFAULT_SETTING] * first + [LOW] * (second - first) + [DEFAULT_SETTING] * (len(trace) - second)
+    at = kernel_starts(settings)
+    assert at[second] < at[first] + spec.nvml_call_s  # DEFAULT is asked for while LOW's call runs
+    low = at[[i for i, s in enumerate(sim._delayed(trace.kernels, settings, spec.clock_switch_s)) if s == LOW]]
+    # LOW lands one latency after it is asked for; DEFAULT's call starts when LOW's ends, and lands a latency on.
+    assert low.min() >= at[first] + spec.clock_switch_s
+    assert at[first] + spec.nvml_call_s + spec.clock_switch_s - 0.002 <= low.max()
+    assert low.max() < at[first] + spec.nvml_call_s + spec.clock_switch_s
+    # LOW asked for again before DEFAULT's call starts drops DEFAULT: LOW holds from its landing to the end.
+    again = settings[:third] + [LOW] * (len(trace) - third)
+    at = kernel_starts(again)
+    held = sim._delayed(trace.kernels, again, spec.clock_switch_s)
+    assert all(s == LOW for s, t in zip(held, at) if t >= at[first] + spec.clock_switch_s)
+    assert any(s == LOW for s, t in zip(held, at) if t >= at[first] + spec.nvml_call_s + spec.clock_switch_s)
+
+
 def test_the_realizer_weighs_kernels_by_the_backend_it_is_given():
     """Realizer(trace, backend) takes its kernel times from backend.kernel_times_s at the default setting: on the
     simulated GPU, the noiseless physics whatever the backend's noise; a backend with other times realizes the

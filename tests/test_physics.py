@@ -222,3 +222,21 @@ def test_simulated_gpu_backend_interface():
         assert gpu.energy_j() - before == pytest.approx(s.avg_power_w * s.cost_gpu_s, abs=2e-3)
         gpu.true_measure([GEMM, COPY], ClockSetting())  # the oracle's view runs nothing
         assert gpu.energy_j() - before == pytest.approx(s.avg_power_w * s.cost_gpu_s, abs=2e-3)
+
+
+def test_kernel_terms_computed_once_give_the_same_physics():
+    """KernelPhysics with KernelTerms computed earlier (as SimulatedGPU keeps them per kernel list) gives exactly the
+    arrays it computes on its own, at any memory clocks."""
+    from freqopt.gpu.backends.physics import KernelPhysics, KernelTerms
+    from freqopt.gpu.specs import get_gpu
+    from freqopt.workload.models import get_workload
+    from freqopt.workload.trace import trace_iteration
+
+    spec = get_gpu("h100-sxm")
+    kernels = trace_iteration(get_workload("gpt3-small"), "train").kernels
+    terms = KernelTerms(spec, kernels)
+    for mem in spec.mem_clocks_mhz:
+        m = np.full(len(kernels), float(mem))
+        alone, shared = KernelPhysics(spec, kernels, m), KernelPhysics(spec, kernels, m, terms=terms)
+        for name in ("time_s", "power_w", "energy_j", "baseline_power_w"):
+            np.testing.assert_array_equal(getattr(alone, name), getattr(shared, name))

@@ -59,3 +59,32 @@ def test_a_study_finds_the_grid_minimum():
 
     study.optimize(objective, n_trials=14)
     assert study.best_params["sm_clock_mhz"] == 1500
+
+
+def test_suggestions_without_torch_function_handling_are_optunas():
+    """GridGPSampler.sample_relative turns PyTorch's __torch_function__ handling off around Optuna's GP (for speed);
+    its suggestions are those of the same sampler run through Optuna's own torch.device("cpu") context, also
+    where a caller has set another default device."""
+    import torch
+
+    class WithOptunasContext(GridGPSampler):
+        def sample_relative(self, study, trial, search_space):
+            return optuna.samplers.GPSampler.sample_relative(self, study, trial, search_space)
+
+    def suggestions(sampler_type):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler_type(seed=3, n_startup_trials=3))
+
+        def objective(trial):
+            sm = trial.suggest_int("sm_clock_mhz", 345, 1980, step=15)
+            mem = trial.suggest_int("mem_clock_mhz", 0, 3)
+            trial.set_constraint("within_limit", (1980 - sm) / 1000 - 0.6)
+            return (1980 - sm) / 100 + mem, ((sm - 1200) / 300) ** 2 - mem
+
+        with torch.device("meta"):  # a default device other than the CPU, as Optuna issue 6113 had "cuda"
+            study.optimize(objective, n_trials=9)
+        return [t.params for t in study.trials]
+
+    ours = suggestions(GridGPSampler)
+    assert ours == suggestions(WithOptunasContext)
+    assert len({tuple(p.values()) for p in ours}) > 3  # the GP suggested, not only the startup trials
