@@ -19,8 +19,11 @@ below), to show how much the instruction level's figure rests on it.
 
 Every figure is validated: the whole simulated pipeline's iteration measured (mean and standard error of fresh
 readings taken after the choice, its slowdown held to the budget at 95 % confidence)
-with the schedule a runtime realizes, each clock requested at an instruction's start and landing one switch
-latency later. The studies are kept in experiments/pipeline/studies.db (not committed): a rerun resumes from it.
+with the schedule a runtime realizes, each clock requested at an instruction's start, served one at a time by the
+stage's runtime thread (each NVML set call taking nvml_call_s, 20 ms on the A100 and H100; a request still waiting
+when a newer one comes is dropped) and landing one switch latency after its call starts (issue 35, item 6). The
+studies are kept in experiments/pipeline/studies.db (not committed): a rerun resumes from it; delete it after a change
+to the simulated GPU, whose readings it holds.
 """
 
 from __future__ import annotations
@@ -103,7 +106,9 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
              "pipeline_sim: S simulated GPUs running DeepSpeed's 1F1B schedule, P2P transfers timed by the "
              "physics, each GPU drawing its blocked power while it waits, the optimizer step after the last "
              "backward) measured with the schedule a runtime realizes (each clock asked for at an "
-             "instruction's start, landing one switch latency later): mean ± standard error of 8 fresh readings "
+             "instruction's start, served one at a time by the stage's runtime thread, 20 ms per NVML set call, a waiting request "
+             "dropped when a newer one comes, and landing one switch latency after its call starts: issue 35, item "
+             "6): mean ± standard error of 8 fresh readings "
              "taken after the schedule was chosen, against the default iteration measured 4 times. Budget: 1 % "
              "slowdown, held at 95 % confidence (issue 35, item 1): a schedule is kept only if the upper confidence "
              "bound of its slowdown (\"bound\"), from readings each paired with one of the defaults, is within it, "
