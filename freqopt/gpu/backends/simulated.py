@@ -86,6 +86,28 @@ TIME_NOISE_REL = 0.002  # run-to-run spread of a CUDA-event timing of a replay l
 ENERGY_COUNTER_RESOLUTION_J = 1e-3  # nvmlDeviceGetTotalEnergyConsumption counts mJ
 
 
+class _ByKernelList:
+    """Values computed from a kernel list (and a hashable ``key``), kept for the ``size`` used last: keyed by the
+    list's identity, which is cheap where hashing hundreds of kernels is not. Each entry holds its list, so that its
+    id is not reused while it is kept; the oldest entry goes first."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: dict[tuple, tuple] = {}
+
+    def get(self, kernels: Sequence[Kernel], key: tuple = ()):
+        """The value kept for ``kernels`` (this very list) and ``key``; None where there is none."""
+        hit = self._entries.get((id(kernels), key))
+        return hit[1] if hit is not None and hit[0] is kernels else None
+
+    def put(self, kernels: Sequence[Kernel], key: tuple, value):
+        """Keep ``value`` for ``kernels`` and ``key``, and return it."""
+        if len(self._entries) >= self.size:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[(id(kernels), key)] = (kernels, value)
+        return value
+
+
 class SimulatedGPU(Backend):
     """A GPU of type ``spec`` simulated by the physics of freqopt.gpu.backends.physics (module docstring).
 
@@ -111,13 +133,13 @@ class SimulatedGPU(Backend):
         self.applied = DEFAULT_SETTING
         self._repeats: dict[tuple, int] = defaultdict(int)
         self._energy_j = 0.0  # the counter: what every measurement's replay loop has drawn
-        self._steps: dict[tuple, tuple] = {}  # step()'s recent noiseless results (pure functions of their arguments)
-        self._terms: dict[int, tuple] = {}  # recent kernel lists' clock-independent terms (_kernel_terms)
+        self._steps = _ByKernelList(64)  # step()'s recent noiseless results (pure functions of their arguments)
+        self._terms = _ByKernelList(16)  # recent kernel lists' clock-independent terms (_kernel_terms)
 
     def __getstate__(self) -> dict:
         """Pickled (to joblib's processes) without the caches, which hold traces."""
         state = dict(self.__dict__)
-        state["_steps"], state["_terms"] = {}, {}
+        state["_steps"], state["_terms"] = _ByKernelList(self._steps.size), _ByKernelList(self._terms.size)
         return state
 
     def apply(self, setting: ClockSetting) -> None:
@@ -231,14 +253,11 @@ class SimulatedGPU(Backend):
         """What ``_physics`` needs of ``kernels`` whatever the settings: their KernelTerms, the host's issue time
         per kernel (host_issue_s, shape (K,), s) and whether each is on the training stream (shape (K,)), kept for
         the 16 kernel lists used last (a search evaluates the same unit or trace at many settings)."""
-        hit = self._terms.get(id(kernels))
-        if hit is None or hit[0] is not kernels:
-            if len(self._terms) >= 16:
-                self._terms.pop(next(iter(self._terms)))
+        hit = self._terms.get(kernels)
+        if hit is None:
             on_stream = np.array([k.stream == 0 for k in kernels], dtype=bool)
-            hit = (kernels, KernelTerms(self.spec, kernels), {}, on_stream)
-            self._terms[id(kernels)] = hit  # the list held, so that its id is not reused while cached
-        _, terms, issue, on_stream = hit
+            hit = self._terms.put(kernels, (), (KernelTerms(self.spec, kernels), {}, on_stream))
+        terms, issue, on_stream = hit
         if step not in issue:
             issue[step] = host_issue_s(self.spec, kernels, step=step)
         return terms, issue[step], on_stream
@@ -318,17 +337,14 @@ class SimulatedGPU(Backend):
         settings = [DEFAULT_SETTING] * len(kernels) if settings is None else settings
         # Validation reads the same schedule many times (the defaults beside every schedule held to a budget, a
         # chosen schedule again afresh): the physics runs once per distinct one, the noise is drawn per reading.
-        key = (id(kernels), tuple(settings), switching)
-        hit = self._steps.get(key)
-        if hit is not None and hit[0] is kernels:
-            return hit[1]
+        key = (tuple(settings), switching)
+        hit = self._steps.get(kernels, key)
+        if hit is not None:
+            return hit
         latency = self.spec.clock_switch_s if switching else 0.0
         t, e, clocks = self.run(kernels, settings, loop=False, switch_latency_s=latency)
         result = Measurement(float(t.sum()), float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
-        if len(self._steps) >= 64:
-            self._steps.pop(next(iter(self._steps)))
-        self._steps[key] = (kernels, result)  # the trace held, so that its id is not reused while cached
-        return result
+        return self._steps.put(kernels, key, result)
 
     def waiting(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting] | None = None, *,
                 switching: bool = False) -> Measurement:  # fmt: skip
