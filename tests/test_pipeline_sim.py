@@ -172,6 +172,9 @@ def test_a_stage_switching_faster_than_its_set_calls_lands_its_requests_late(sta
     assert one_thread.instruction_time_s[first] == pytest.approx(slow[0], rel=1e-9)
     on_stage_0 = [i for i, inst in enumerate(pipe.dag.instructions) if inst.stage == 0 and i != first]
     assert one_thread.instruction_time_s[on_stage_0].sum() > free_calls.instruction_time_s[on_stage_0].sum() * 1.05
+    # Each iteration's one switch served on stage 0 is the queued return to the default (F0's request only drops the
+    # one left waiting by the iteration before, which that iteration counted): one switch, as with free calls two.
+    assert one_thread.stages[0].n_switches == 1 and free_calls.stages[0].n_switches == 2
 
 
 def test_measurements_are_noisy_reproducible_and_cost_gpu_time(stages):

@@ -195,6 +195,7 @@ class _Timeline:
         self.n_requests = 0
         self.queue = SetCallQueue(call_s)
         self._queued = False  # whether the latest request submitted to the queue holds the last landing
+        self._counted_from = 1  # index of the first landing asked for since the origin last moved (n_requests)
 
     def request(self, at_s: float, setting: ClockSetting, latency_s: float) -> None:
         if setting == self.requested:
@@ -204,7 +205,8 @@ class _Timeline:
         if dropped and self._queued:  # the request before, still waiting, is not served
             self.times.pop()
             self.settings.pop()
-            self.n_requests -= 1
+            if len(self.times) >= self._counted_from:  # it was asked for in this iteration, and counted there
+                self.n_requests -= 1
         # Back to the setting already landing: nothing to switch (the thread's turn is taken all the same).
         self._queued = setting != self.settings[-1]
         if self._queued:
@@ -226,6 +228,7 @@ class _Timeline:
         self.times = [-math.inf] + self.times[keep + 1:]
         self.settings = self.settings[keep:]
         self.n_requests = 0
+        self._counted_from = len(self.times)
         self.queue.shift(by_s)
 
 
