@@ -18,10 +18,15 @@ what they chose is lost. This granularity searches realizable schedules directly
   (freqopt.search.study.search_unit, Optuna's GPSampler) where every measurement is the *whole iteration* with only
   that block's setting changed from a reference schedule (the iteration level's validated clock, or the defaults),
   switch latency included. The power limit's sharing between neighbouring kernels, and the block's entry and exit
-  switches, are in every measurement, which a kernel class measured alone cannot show.
-* **Allocation.** A block's options are its measured changes (time, energy) from the reference; the MILP of
-  freqopt.search.allocate picks one per block within the budget, and the budget is calibrated by validating the
-  schedule (the whole iteration measured as the runtime applies it) until the validated slowdown meets the limit.
+  switches, are in every measurement, which a kernel class measured alone cannot show. A study samples only where
+  the iteration stays within its finalist slowdown (Optuna's constrained GPSampler): a block's changes worth
+  having at a budget of a few percent lie there, and a trial far below it would only inform the fit's far end.
+* **Allocation.** A block's options are its changes (time, energy) from the reference, fitted along the SM clock on
+  all the block's readings (freqopt.search.smooth: each reading is the whole iteration, whose noise is as large as
+  a block's change, and the fit pools them), at every supported clock within those measured, each taken one
+  standard error worse; the MILP of freqopt.search.allocate picks one per block within the budget, and the budget
+  is calibrated by validating the schedule (the whole iteration measured as the runtime applies it) until the
+  validated slowdown meets the limit.
   Adjacent blocks that pick the same setting make no switch: a request is issued only where the setting changes,
   so the switches the schedule makes are exactly those the validation measures.
 
@@ -44,13 +49,14 @@ from freqopt.errors import ClockTableError, InvalidSettingError
 from freqopt.workload.kernels import Trace
 from freqopt.workload.phases import phase_spans
 from freqopt.search.allocate import allocate
+from freqopt.search.smooth import smoothed_changes
 from freqopt.search.study import UnitSearch, search_unit, _tag
 from freqopt.search.units import TuningUnit
 
 T = TypeVar("T")
 
-__all__ = ["PhaseBlock", "phase_blocks", "lookahead_requests", "search_blocks", "request_schedule", "n_switches",
-           "settings_per_phase", "PhaseScheduleResult", "search_phase_schedule"]
+__all__ = ["PhaseBlock", "BlockModel", "phase_blocks", "lookahead_requests", "search_blocks", "request_schedule",
+           "n_switches", "settings_per_phase", "PhaseScheduleResult", "search_phase_schedule"]
 
 
 @dataclass(frozen=True)
@@ -261,10 +267,11 @@ class PhaseScheduleResult:
         settings: the chosen setting of each block.
         reference: the schedule the in-situ studies changed one block of (one setting for every block).
         validated: the whole iteration measured with the chosen schedule as requested.
-        predicted: the reference's measurement plus the chosen options' measured changes, each one standard error
-            worse than its mean (the bound the choice was made on).
+        predicted: the reference's measurement plus the chosen options' changes, each one standard error worse
+            than its estimate (the bound the choice was made on: _block_choices).
         searches: each block's study outcome (options are whole-iteration measurements).
         n_switches: clock changes per iteration the schedule requests.
+        model: what the search predicts for any setting per block (BlockModel), the prediction above among them.
 
     The studies' measurements and GPU-seconds are in ``searches``; the validations are counted by whoever owns
     ``measure`` (the runner's Validator).
@@ -277,6 +284,44 @@ class PhaseScheduleResult:
     predicted: Measurement
     searches: tuple[UnitSearch, ...]
     n_switches: int
+    model: BlockModel | None = None
+
+
+@dataclass(frozen=True)
+class BlockModel:
+    """The phase level's prediction of a schedule of one setting per block: the reference schedule's measurement
+    plus each block's change at its setting (_block_choices: fitted on the block's in-situ readings, one standard
+    error worse). A finer level whose settings a runtime realizes per phase runs such a schedule where its realized
+    setting is constant on every block, and is predicted by it (runner._predicted_as_it_runs).
+
+    Attributes:
+        blocks: the blocks, in iteration order.
+        reference: the reference schedule (every block at the reference setting) as validation measured it.
+        changes: per block, setting -> (change of time_s, change of energy_j).
+    """
+
+    blocks: tuple[PhaseBlock, ...]
+    reference: Measurement
+    changes: tuple[dict, ...]
+
+    def predict(self, settings: Sequence[ClockSetting]) -> Measurement | None:
+        """The prediction for one setting per block (shape (B,)); None where a block has no option at its
+        setting."""
+        if any(s not in c for s, c in zip(settings, self.changes)):
+            return None
+        return Measurement(self.reference.time_s + sum(c[s][0] for s, c in zip(settings, self.changes)),
+                           self.reference.energy_j + sum(c[s][1] for s, c in zip(settings, self.changes)))  # fmt: skip
+
+    def settings_of(self, per_kernel: Sequence[ClockSetting]) -> tuple[ClockSetting, ...] | None:
+        """The setting of each block in a per-kernel schedule (shape (K,)) as it lands, or None where some block
+        runs more than one setting."""
+        out = []
+        for block in self.blocks:
+            found = {per_kernel[k] for k in block.kernel_indices}
+            if len(found) != 1:
+                return None
+            out.append(found.pop())
+        return tuple(out)
 
 
 class _InSitu:
@@ -361,34 +406,28 @@ def search_phase_schedule(
             _InSitu(backend, trace, blocks, i, reference, switching), (), name=f"phase {block.name} ref {ref_tag}",
             study_name=f"{study_prefix}-phase-{digest}", storage=storage, n_trials=n_trials,
             finalist_repeats=finalist_repeats, finalist_slowdown=1.5 * max_slowdown + 0.005, seed=seed,
-            warm_start=warm, mem_clock_mhz=mem_clock_mhz, patience=patience,
+            warm_start=warm, mem_clock_mhz=mem_clock_mhz, patience=patience, constrained=True,
         ))  # fmt: skip
         if on_block:
             on_block(i + 1, len(blocks))
 
-    # Each block's options as changes from its own measurement of the reference schedule, each taken one standard
-    # error worse in time and in energy than its mean (over the options measured more than once), so that a lucky
-    # reading does not win the allocation. The prediction sums the same bounds: the means of the options the MILP
-    # picked as best-looking are optimistic by about that much (the optimizer's curse: Smith and Winkler 2006,
-    # Management Science 52(3)); on gpt3-xl on the RTX 3080 Ti (1 %, 100 ms switches, seeds 0-5) the means
-    # predicted up to 1.4 points more than validation measured, the bounds at most 0.5 (issue 25).
-    bounds, offered = [], []
-    for s in searches:
-        ref = next(o for o in s.options if o.setting == reference)
-        sd_t, sd_e = _pooled_sd(s.options)
-        offered.append([j for j, o in enumerate(s.options) if o.n_samples > 1 or o.setting in (reference, DEFAULT_SETTING)])
-        bounds.append([(o.time_s - ref.time_s + sd_t * np.sqrt(1 / o.n_samples + 1 / ref.n_samples) * (o is not ref),
-                        o.energy_j - ref.energy_j + sd_e * np.sqrt(1 / o.n_samples + 1 / ref.n_samples) * (o is not ref))
-                       for o in s.options])  # fmt: skip
-    deltas = [[bounds[b][j] for j in offered[b]] for b in range(len(searches))]
+    # Each block's options as changes from the reference schedule, each taken one standard error worse in time and
+    # in energy than its estimate, so that a lucky reading does not win the allocation; the prediction sums the
+    # same bounds. The means of the options the MILP picked as best-looking are optimistic by about that much (the
+    # optimizer's curse: Smith and Winkler 2006, Management Science 52(3)); on gpt3-xl on the RTX 3080 Ti (1 %,
+    # 100 ms switches, seeds 0-5) the means predicted up to 1.4 points more than validation measured, the bounds at
+    # most 0.5 (issue 25). The estimates along the SM clock are a fit on all the block's readings (_block_choices).
+    choices = [_block_choices(s, reference, backend.spec.sm_clocks_mhz,
+                              s.default.time_s * (1.0 + 2 * (1.5 * max_slowdown + 0.005))) for s in searches]
+    deltas = [[(dt, de) for _, dt, de in c] for c in choices]
     limit_s = (1.0 + max_slowdown) * baseline.time_s
     uniform = measure(request_schedule(trace, blocks, [reference] * len(blocks)), "phase", limit_s=limit_s)
-    default_picks = [next(j for j, o in enumerate(s.options) if o.setting == DEFAULT_SETTING) for s in searches]
+    default_picks = [next(j for j, c in enumerate(cs) if c[0] == DEFAULT_SETTING) for cs in choices]
     accepted = [(tuple([DEFAULT_SETTING] * len(blocks)), baseline, default_picks)]  # the defaults meet any budget
     ok = deliverable or (lambda m: True)
     if uniform.time_bound_s <= limit_s and uniform.energy_j < baseline.energy_j:
         accepted.append((tuple([reference] * len(blocks)), uniform,
-                         [next(j for j, o in enumerate(s.options) if o.setting == reference) for s in searches]))
+                         [next(j for j, c in enumerate(cs) if c[0] == reference) for cs in choices]))
 
     budget = limit_s - uniform.time_s  # the time the blocks' changes may add, s
     meets, breaks = None, None
@@ -399,8 +438,7 @@ def search_phase_schedule(
             meets = budget
             budget = budget + 0.001 * baseline.time_s if breaks is None else 0.5 * (budget + breaks)
             continue
-        picks = [offered[b][j] for b, j in enumerate(picks)]
-        settings = tuple(s.options[j].setting for s, j in zip(searches, picks))
+        settings = tuple(cs[j][0] for cs, j in zip(choices, picks))
         validated = measure(request_schedule(trace, blocks, settings), "phase", limit_s=limit_s)
         if validated.time_bound_s <= limit_s and validated.energy_j < baseline.energy_j and ok(validated):
             accepted.append((settings, validated, picks))
@@ -409,11 +447,13 @@ def search_phase_schedule(
             over = max(over, confirm(validated).time_bound_s - limit_s)  # near the edge: its fresh readings' too
         if -0.1 * max(max_slowdown, 0.001) * baseline.time_s <= over <= 0:
             break  # uses the budget to within a tenth
+        step = budget - over
         if over <= 0:
             meets = budget if meets is None else max(meets, budget)
-        else:
-            breaks = budget if breaks is None else min(breaks, budget)
-        step = budget - over
+        else:  # every budget down to the picks' own added time picks them again: go below it
+            used = sum(deltas[b][j][0] for b, j in enumerate(picks))
+            breaks = min(budget, used) if breaks is None else min(breaks, budget, used)
+            step = min(step, used - 1e-6 * baseline.time_s)
         if meets is not None and breaks is not None:
             if breaks - meets <= 1e-4 * baseline.time_s:
                 break
@@ -421,13 +461,13 @@ def search_phase_schedule(
                 step = 0.5 * (meets + breaks)
         budget = step
     best_settings, best, best_picks = _confirmed(accepted, confirm, baseline, limit_s)
-    predicted = Measurement(uniform.time_s + sum(bounds[b][j][0] for b, j in enumerate(best_picks)),
-                            uniform.energy_j + sum(bounds[b][j][1] for b, j in enumerate(best_picks)))  # fmt: skip
+    model = BlockModel(blocks, uniform, tuple({s: (dt, de) for s, dt, de in c} for c in choices))
+    predicted = model.predict(best_settings)
     if best_settings == tuple([DEFAULT_SETTING] * len(blocks)):
         predicted = baseline
     return PhaseScheduleResult(
         blocks=blocks, settings=best_settings, reference=reference, validated=best, predicted=predicted,
-        searches=tuple(searches), n_switches=n_switches(best_settings),
+        searches=tuple(searches), n_switches=n_switches(best_settings), model=model,
     )  # fmt: skip
 
 
@@ -443,6 +483,29 @@ def _confirmed(accepted: list, confirm, baseline: Measurement, limit_s: float) -
     hit = first_confirmed(chosen, lambda a: confirm(a[1]),
                           lambda m: m.time_bound_s <= limit_s and m.energy_j < baseline.energy_j)
     return defaults if hit is None else (hit[0][0], hit[1], hit[0][2])
+
+
+def _block_choices(search: UnitSearch, reference: ClockSetting, sm_clocks_mhz: Sequence[int],
+                   max_time_s: float = np.inf) -> list[tuple[ClockSetting, float, float]]:  # fmt: skip
+    """A block's options for the allocator as (setting, change of time_s, change of energy_j) from ``reference``,
+    each change one standard error worse than its estimate: along the SM clock (of the reference's memory clock,
+    or the one measured most), at every supported clock within the measured ones, the fit of
+    freqopt.search.smooth.smoothed_changes on all the block's readings; elsewhere (the defaults, other memory
+    clocks, or a block measured at fewer than three clocks) each setting's own mean against the reference's, for
+    the settings read more than once (the study's finalists), the reference and the defaults. ``max_time_s``:
+    the fit's window (smoothed_changes): twice the studies' finalist slowdown."""
+    readings = search.readings or search.options
+    sd_t, sd_e = _pooled_sd(readings)
+    out = [(c.setting, c.time_s + c.time_se_s, c.energy_j + c.energy_se_j)
+           for c in smoothed_changes(readings, reference, sm_clocks_mhz, sd_t, sd_e, max_time_s)]
+    fitted = {c[0] for c in out}
+    ref = next(o for o in search.options if o.setting == reference)
+    for o in search.options:
+        if o.setting in fitted or not (o.n_samples > 1 or o.setting in (reference, DEFAULT_SETTING)):
+            continue
+        se = np.sqrt(1 / o.n_samples + 1 / ref.n_samples) * (o is not ref)
+        out.append((o.setting, o.time_s - ref.time_s + sd_t * se, o.energy_j - ref.energy_j + sd_e * se))
+    return out
 
 
 def _pooled_sd(options) -> tuple[float, float]:

@@ -116,7 +116,9 @@ class UnitSearch:
 
     n_measurements and cost_gpu_s count every measurement behind the result, including those a killed run took
     and this one read back from storage; n_new_measurements counts only those this call took, and
-    n_stored_measurements those it read back from what the storage held before (MeasurementLog.n_stored)."""
+    n_stored_measurements those it read back from what the storage held before (MeasurementLog.n_stored).
+    readings holds every setting the study measured, dominated ones too, each averaged over its readings, in
+    order of time (a phase block's fit uses them all: freqopt.search.smooth)."""
 
     name: str
     study_name: str
@@ -126,6 +128,7 @@ class UnitSearch:
     cost_gpu_s: float
     n_new_measurements: int = 0
     n_stored_measurements: int = 0
+    readings: tuple[Option, ...] = ()
 
 
 def _pareto_front(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
@@ -430,5 +433,6 @@ def search_unit(
             for _ in range(finalist_repeats):
                 objective.measure(setting)
     options = (default,) + tuple(sorted((objective.option(s) for s in pareto), key=lambda o: o.time_s))
+    readings = tuple(sorted((objective.option(s) for s, v in objective.samples.items() if v), key=lambda o: o.time_s))
     return UnitSearch(name, study_name, default, options, objective.n_measurements, objective.cost_gpu_s, log.n_new,
-                      log.n_stored)  # fmt: skip
+                      log.n_stored, readings)  # fmt: skip
