@@ -166,3 +166,29 @@ def test_phase_tables_are_refused_where_they_do_not_apply(result, trace, tmp_pat
         load_table(tmp_path / "bad.json")
     with pytest.raises(InvalidSettingError, match="phase_blocks"):
         partition(trace, "phase")
+
+
+def test_the_block_model_predicts_the_chosen_schedule_and_reads_block_settings_back(result, trace):
+    """The phase level's prediction is its block model's (freqopt.search.schedule.BlockModel), by which a finer
+    level realized as one setting per block is predicted too; a schedule with two settings in one block has no
+    block settings."""
+    r = result.results["phase"]
+    model = r.block_model
+    settings = tuple(s for _, s in r.units)
+    assert model is not None and len(model.blocks) == len(settings)
+    if settings != (DEFAULT_SETTING,) * len(settings):
+        assert model.predict(settings) == r.predicted
+    reference = result.results["iteration"].units[0][1]
+    same = model.predict([reference] * len(settings))  # no change from the reference
+    assert (same.time_s, same.energy_j) == (model.reference.time_s, model.reference.energy_j)
+    per_kernel = [DEFAULT_SETTING] * len(trace)
+    for block, setting in zip(model.blocks, settings):
+        for k in block.kernel_indices:
+            per_kernel[k] = setting
+    assert model.settings_of(per_kernel) == settings
+    first = model.blocks[0].kernel_indices
+    per_kernel[first[0]] = ClockSetting(345, per_kernel[first[1]].mem_clock_mhz)  # not the block's other kernels'
+    assert model.settings_of(per_kernel) is None
+    assert model.predict([ClockSetting(346, None)] * len(settings)) is None  # no such option in any block
+    # The fitted options span the clocks between those measured, many more than the studies measured.
+    assert all(len(c) > len(s.options) for c, s in zip(model.changes, r.unit_searches))

@@ -51,6 +51,8 @@ class GranularityResult:
         switches_per_s: clock switches per second the schedule asks the GPU for, as a runtime realizes it
             (Validator.switches_per_s; None where validated without switching), to hold against
             GPUSpec.max_switches_per_s.
+        block_model: the phase level only: its prediction of any schedule of one setting per block
+            (freqopt.search.schedule.BlockModel), by which a finer level realized as such a schedule is predicted.
     """
 
     granularity: str
@@ -68,6 +70,7 @@ class GranularityResult:
     note: str = ""
     waiting_saved_pct: float | None = None
     switches_per_s: float | None = None
+    block_model: object | None = field(repr=False, default=None)
 
     @property
     def held_to_one_clock(self) -> bool:
