@@ -102,3 +102,9 @@ def test_the_window_keeps_one_setting_beyond_it_and_drops_the_rest():
     assert min(c.setting.sm_clock_mhz for c in changes) == 1200
     assert smoothed_changes(readings[:2] + readings[-1:], ClockSetting(1980, MEM), CLOCKS, 1e-4, 0.5,
                             max_time_s=0.168) == []  # 900 (the one beyond) and 1980 left: too few to fit  # fmt: skip
+
+
+def test_a_reference_outside_the_window_is_not_extrapolated_to():
+    time_of = {900: 0.20, 1200: 0.170, 1320: 0.165, 1575: 0.160, 1980: 0.159}
+    readings = _readings(list(time_of), time_of.get, lambda c: 99.0, [1] * 5, np.random.default_rng(3))
+    assert smoothed_changes(readings, ClockSetting(900, MEM), CLOCKS, 1e-4, 0.5, max_time_s=0.168) == []

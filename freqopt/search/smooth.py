@@ -132,7 +132,7 @@ def smoothed_changes(readings: Sequence, reference: ClockSetting, sm_clocks_mhz:
     track = sorted((o for o in locked if o.setting.mem_clock_mhz == mem), key=lambda o: o.setting.sm_clock_mhz)
     slow = [i for i, o in enumerate(track) if o.time_s > max_time_s and i < len(track) - 1]
     track = track[max((i for i in slow if track[i + 1].time_s <= max_time_s), default=0):]
-    if len(track) < 3:
+    if len(track) < 3 or (on_track and reference not in [o.setting for o in track]):  # no estimate beyond the fit
         return []
     x = np.array([o.setting.sm_clock_mhz for o in track], dtype=float)
     n = np.array([o.n_samples for o in track], dtype=float)
