@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from freqopt.gpu.backends.base import ClockSetting, Measurement
 from freqopt.workload.kernels import Trace
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
+
+if TYPE_CHECKING:  # freqopt.search.schedule's own imports stay free of this module
+    from freqopt.search.schedule import BlockModel
 
 __all__ = ["GranularityResult", "SearchResult", "HOST_BOUND_PCT"]
 
@@ -70,7 +74,7 @@ class GranularityResult:
     note: str = ""
     waiting_saved_pct: float | None = None
     switches_per_s: float | None = None
-    block_model: object | None = field(repr=False, default=None)
+    block_model: BlockModel | None = field(repr=False, default=None)
 
     @property
     def held_to_one_clock(self) -> bool:

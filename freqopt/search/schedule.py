@@ -397,6 +397,7 @@ def search_phase_schedule(
     if not 0.0 <= max_slowdown < 1.0:
         raise InvalidSettingError(f"max_slowdown must be in [0, 1), not {max_slowdown!r}")
     blocks = tuple(search_blocks(trace, backend, max_blocks=max_blocks))
+    finalist_slowdown = 1.5 * max_slowdown + 0.005  # where each block's study samples and repeats its finalists
     ref_tag = _tag(reference)
     searches = []
     for i, block in enumerate(blocks):
@@ -405,7 +406,7 @@ def search_phase_schedule(
         searches.append(search_unit(
             _InSitu(backend, trace, blocks, i, reference, switching), (), name=f"phase {block.name} ref {ref_tag}",
             study_name=f"{study_prefix}-phase-{digest}", storage=storage, n_trials=n_trials,
-            finalist_repeats=finalist_repeats, finalist_slowdown=1.5 * max_slowdown + 0.005, seed=seed,
+            finalist_repeats=finalist_repeats, finalist_slowdown=finalist_slowdown, seed=seed,
             warm_start=warm, mem_clock_mhz=mem_clock_mhz, patience=patience, constrained=True,
         ))  # fmt: skip
         if on_block:
@@ -417,17 +418,15 @@ def search_phase_schedule(
     # optimizer's curse: Smith and Winkler 2006, Management Science 52(3)); on gpt3-xl on the RTX 3080 Ti (1 %,
     # 100 ms switches, seeds 0-5) the means predicted up to 1.4 points more than validation measured, the bounds at
     # most 0.5 (issue 25). The estimates along the SM clock are a fit on all the block's readings (_block_choices).
-    choices = [_block_choices(s, reference, backend.spec.sm_clocks_mhz,
-                              s.default.time_s * (1.0 + 2 * (1.5 * max_slowdown + 0.005))) for s in searches]
+    window = 1.0 + 2 * finalist_slowdown  # the fit's window, relative to each block's own default (_block_choices)
+    choices = [_block_choices(s, reference, backend.spec.sm_clocks_mhz, s.default.time_s * window) for s in searches]
     deltas = [[(dt, de) for _, dt, de in c] for c in choices]
     limit_s = (1.0 + max_slowdown) * baseline.time_s
     uniform = measure(request_schedule(trace, blocks, [reference] * len(blocks)), "phase", limit_s=limit_s)
-    default_picks = [next(j for j, c in enumerate(cs) if c[0] == DEFAULT_SETTING) for cs in choices]
-    accepted = [(tuple([DEFAULT_SETTING] * len(blocks)), baseline, default_picks)]  # the defaults meet any budget
+    accepted = [(tuple([DEFAULT_SETTING] * len(blocks)), baseline)]  # the defaults meet any budget
     ok = deliverable or (lambda m: True)
     if uniform.time_bound_s <= limit_s and uniform.energy_j < baseline.energy_j:
-        accepted.append((tuple([reference] * len(blocks)), uniform,
-                         [next(j for j, c in enumerate(cs) if c[0] == reference) for cs in choices]))
+        accepted.append((tuple([reference] * len(blocks)), uniform))
 
     budget = limit_s - uniform.time_s  # the time the blocks' changes may add, s
     meets, breaks = None, None
@@ -441,7 +440,7 @@ def search_phase_schedule(
         settings = tuple(cs[j][0] for cs, j in zip(choices, picks))
         validated = measure(request_schedule(trace, blocks, settings), "phase", limit_s=limit_s)
         if validated.time_bound_s <= limit_s and validated.energy_j < baseline.energy_j and ok(validated):
-            accepted.append((settings, validated, picks))
+            accepted.append((settings, validated))
         over = validated.time_bound_s - limit_s  # its upper confidence bound's overshoot
         if -0.1 * max(max_slowdown, 0.001) * baseline.time_s <= over <= 0 and confirm is not None:
             over = max(over, confirm(validated).time_bound_s - limit_s)  # near the edge: its fresh readings' too
@@ -460,7 +459,7 @@ def search_phase_schedule(
             if not meets < step < breaks:
                 step = 0.5 * (meets + breaks)
         budget = step
-    best_settings, best, best_picks = _confirmed(accepted, confirm, baseline, limit_s)
+    best_settings, best = _confirmed(accepted, confirm, baseline, limit_s)
     model = BlockModel(blocks, uniform, tuple({s: (dt, de) for s, dt, de in c} for c in choices))
     predicted = model.predict(best_settings)
     if best_settings == tuple([DEFAULT_SETTING] * len(blocks)):
@@ -472,7 +471,7 @@ def search_phase_schedule(
 
 
 def _confirmed(accepted: list, confirm, baseline: Measurement, limit_s: float) -> tuple:
-    """Of ``accepted`` (settings, validated, picks), the defaults first: the least validated energy without
+    """Of ``accepted`` (settings, validated), the defaults first: the least validated energy without
     ``confirm``; with it, the least whose fresh readings (``confirm(validated)``) also meet ``limit_s`` and save
     energy, with those readings' figures (freqopt.budget.first_confirmed); the defaults where none is
     confirmed."""
@@ -482,7 +481,7 @@ def _confirmed(accepted: list, confirm, baseline: Measurement, limit_s: float) -
         return chosen[0] if chosen else defaults
     hit = first_confirmed(chosen, lambda a: confirm(a[1]),
                           lambda m: m.time_bound_s <= limit_s and m.energy_j < baseline.energy_j)
-    return defaults if hit is None else (hit[0][0], hit[1], hit[0][2])
+    return defaults if hit is None else (hit[0][0], hit[1])
 
 
 def _block_choices(search: UnitSearch, reference: ClockSetting, sm_clocks_mhz: Sequence[int],
