@@ -13,9 +13,11 @@ clock-switch latency (search_spaces/*.toml: the A100's cautious 170 ms, the H100
 on the A100 (a100-sxm4-80gb) and the H100 (h100-sxm). M = 2 x pp: the fewest micro-batches that keep the 1F1B
 bubble, (S - 1) / (M + S - 1), at or below a third (27 % at pp=4, 32 % at pp=8); more micro-batches shrink the
 bubble and, with it, what clocks can take for free, which the micro-batch rows show (gpt3-xl on the A100 at M = 16
-and 32, re-planned from the same instruction fronts: no instruction is measured again). One more row puts Perseus's
-measured P2P-blocking power (83.64 W, a constant) in place of the physics' (147 W at the A100's top clock, less
-below), to show how much the instruction level's figure rests on it.
+and 32, re-planned from the same instruction fronts: no instruction is measured again). A blocked GPU draws its
+waiting power (freqopt.gpu.backends.physics.waiting_power_w: on the A100 Perseus's measured 83.64 W at the top
+clock, since issue 36; 147 W before), part of which falls with the clock as modelled; each level's saving is also
+given, without noise, with a blocked power that does not fall at all (Perseus's constant accounting), to show how
+much the figures rest on what no measurement pins.
 
 Every figure is validated: the whole simulated pipeline's iteration measured (mean and standard error of fresh
 readings taken after the choice, its slowdown held to the budget at 95 % confidence)
@@ -38,7 +40,7 @@ from pathlib import Path
 from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import get_gpu
 from freqopt.search.pipeline_search import PipelineSearchConfig, run_pipeline_search
-from freqopt.search.pipeline_sim import PERSEUS_BLOCKING_POWER_W, SimulatedPipeline
+from freqopt.search.pipeline_sim import SimulatedPipeline
 from freqopt.search.storage import open_storage
 from freqopt.search.study import optuna_logging
 from freqopt.workload.layout import parse_layout
@@ -56,8 +58,6 @@ CONFIGS = (
     ("gpt3-175b tp=8,pp=8, H100", "gpt3-175b", {"micro_batch_size": 1}, "tp=8,pp=8", 16, "h100-sxm", None),
     ("gpt3-xl pp=4, A100, M=16", "gpt3-xl", {}, "pp=4", 16, "a100-sxm4-80gb", None),
     ("gpt3-xl pp=4, A100, M=32", "gpt3-xl", {}, "pp=4", 32, "a100-sxm4-80gb", None),
-    ("gpt3-xl pp=4, A100, Perseus's blocked power", "gpt3-xl", {}, "pp=4", 8, "a100-sxm4-80gb",
-     PERSEUS_BLOCKING_POWER_W["a100-sxm4-80gb"]),
 )
 QUICK = (("gpt3-small pp=2, A100 (quick)", "gpt3-small", {"micro_batch_size": 2, "seq_len": 256}, "pp=2", 4,
           "a100-sxm4-80gb", None),)  # fmt: skip
@@ -175,21 +175,29 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
               + (f", and the free-switching column is {min(gaps):.1f}-{max(gaps):.1f} points above the realized one"
                  if gaps else "") + ".",
               "", "## Blocked power", "",
-              "A GPU waiting on a P2P receive spins in a NCCL kernel that has received nothing: the physics gives it "
-              "the board's baseline at the clock in force (freqopt.search.pipeline_sim). Perseus measured this "
-              "power as a constant (lowtime/scripts/perseus.py, ml-energy/zeus branch kronos): 83.64 W on an A100 "
-              "SXM, 70.38 W on an A40.", ""]  # fmt: skip
+              "A GPU waiting on a P2P receive spins in a NCCL kernel that has received nothing: it draws the GPU's "
+              "waiting power at the clock in force (freqopt.gpu.backends.physics.waiting_power_w, issue 36, item 2). "
+              "Perseus measured this power as a constant (lowtime/scripts/perseus.py, ml-energy/zeus branch kronos): "
+              "83.64 W on an A100 SXM, 70.38 W on an A40, which the A100's GPU file takes as its waiting power at "
+              "the top clock; before issue 36 the physics gave it the loaded power model's baseline, 147.3 W, 76 % "
+              "over. The H100 waits at its power model's baseline, fitted to its idle readings (71.6 W at 405 MHz, "
+              "119-128 W with a context at 1980 MHz).", ""]  # fmt: skip
     for d in {d["gpu"]: d for d in docs if d["constant_blocked_power_w"] is None}.values():
         perseus = d["perseus_blocking_power_w"]
         lines.append(f"- {d['gpu']}: {d['blocking_power_w']:.1f} W at its top clock (the planner's constant)"
                      + (f"; Perseus measured {perseus:g} W: the physics is "
-                        f"{100 * (d['blocking_power_w'] / perseus - 1):+.0f} %" if perseus else "; no measured figure"))
-    lines += ["", "The A100's power model was fitted to Perseus's sweeps of loaded stages (experiments/dvfs_fit.md), "
-              "where the constant and clock terms cannot be told apart (its fitted constant and leakage terms are "
-              "zero); its idle figure, 85 W in P0 (search_spaces/a100-sxm4-80gb.toml), and Perseus's 83.64 W both "
-              "say the physics' baseline at the top clock is too high. Its effect on the figures is the last row of "
-              "the table: the same search with Perseus's constant in place of the physics'.", "",
-              "## Time-energy frontiers (the planner's prediction)", "",
+                        f"{100 * (d['blocking_power_w'] / perseus - 1):+.1f} %" if perseus else "; no measured figure"))
+    lines += ["", "How much of that power falls at a lower clock is measured on no GPU with a context open: the "
+              "modelled share (0.503 of the top clock's figure, scaling with V^2 f: the H100's idle readings) is "
+              "one end of a range whose other end is a blocked power that does not fall at all, Perseus's constant "
+              "accounting (freqopt.gpu.specs.WaitingPower). Each level's validated schedule, noiseless, at both "
+              "ends (energy saved against the default iteration, %: as modelled / flat):", "",
+              "| configuration | iteration | stage | instruction |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    for d in docs:
+        ends = [d["results"][g].get("saving_pct_waiting_range") for g in ("iteration", "stage", "instruction")]
+        lines.append(f"| {d['label']} | " + " | ".join("-" if e is None else f"{e[1]:.2f} / {e[0]:.2f}" for e in ends)
+                     + " |")  # fmt: skip
+    lines += ["", "## Time-energy frontiers (the planner's prediction)", "",
               "Each instruction plan's frontier as PipelinePlanner.frontier gives it: the least energy of the "
               "instructions' critical path at each deadline (Perseus's accounting with the constant blocked power "
               "above, free switching, without the optimizer step), relative to every instruction at its default.",

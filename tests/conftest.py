@@ -26,6 +26,20 @@ KERNEL_SEARCH = ["--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len"
                  "--trials", "6", "--granularity", "kernel", "--seed", "1", "--switch-latency-ms", "1"]  # fmt: skip
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _remove_deepspeeds_shared_memory_buffers():
+    """DeepSpeed's CPU all-reduce (deepspeed.ops.comm's shared-memory op, which gloo runs beside) leaves a 66 MB
+    /dev/shm/deepspeed_allreduce_buffer_* file per rank behind when its processes end; /dev/shm is memory, and a
+    few suite runs filled a 24 GB machine's until a training test's ranks were killed for memory. Remove the ones
+    this session made."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("deepspeed_allreduce_buffer_*")) if shm.is_dir() else set()
+    yield
+    if shm.is_dir():
+        for leaked in set(shm.glob("deepspeed_allreduce_buffer_*")) - before:
+            leaked.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def kernel_search_cli(tmp_path_factory):
     """KERNEL_SEARCH run once per session through the command line by one uninterrupted process, in a folder of its

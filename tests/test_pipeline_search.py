@@ -182,6 +182,10 @@ def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert set(doc["results"]) == {"iteration", "stage", "instruction"} and doc["micro_batches"] == 4
     assert doc["results"]["instruction"]["slowdown_pct"] <= 5.0 and doc["results"]["instruction"]["frontier"]
+    # Issue 36, item 2: every level's noiseless saving at both ends of the blocked power's range, printed.
+    for g, r in doc["results"].items():
+        flat, modelled = r["saving_pct_waiting_range"]
+        assert f"{g} {modelled:.2f} / {flat:.2f} %" in printed
     assert (out / "freqopt.journal").exists()
     # The instruction level's pipeline clock table: written, loadable, and what the runtime applies is what was
     # validated (the requests, in each stage's 1F1B order).

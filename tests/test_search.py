@@ -396,5 +396,9 @@ def test_a_host_bound_search_says_how_much_of_its_saving_is_the_waiting_gpus(tmp
     assert bound.energy_saved_pct("iteration") > 0 and 0 < share <= 100
     assert bound.waiting_statement().startswith(f"the GPU waits for the host {doc['host_wait_pct']:.0f} % of")
     assert f"{share:.0f} % of the iteration level's saving" in bound.waiting_statement()
+    # Issue 36, item 2: the saving at both ends of the waiting-power range, the flat end the smaller.
+    flat, modelled = doc["results"]["iteration"]["saving_pct_waiting_range"]
+    assert flat < modelled and f"{modelled:.2f} % with the waiting power falling" in bound.waiting_statement()
+    assert f"{flat:.2f} % if it does not fall at all" in bound.waiting_statement()
     busy = freqopt.search("gpt3-small", **kw)
     assert busy.summary()["host_wait_pct"] < 25 and busy.waiting_statement() == ""

@@ -305,8 +305,12 @@ def _pipeline_notes(result) -> list[str]:
     spec = result.spec
     perseus = result.perseus_blocking_power_w
     lines = [f"blocked power: {result.blocking_power_w:.1f} W at {spec.max_sm_clock_mhz} MHz, less at lower clocks "
-             "(the physics: a NCCL receive spinning at the clock in force)"
+             "(a NCCL receive spinning at the clock in force: the GPU's waiting power)"
              + (f"; Perseus measured {perseus:g} W on this GPU type" if perseus is not None else "")]  # fmt: skip
+    ends = {g: r.saving_pct_waiting_range for g, r in result.levels.items() if r.saving_pct_waiting_range}
+    if ends:  # how far the savings rest on a blocked GPU's power falling with its clock, which no reading pins
+        lines.append("saved without noise, blocked power falling with the clock as modelled / not falling at all: "
+                     + ", ".join(f"{g} {e[1]:.2f} / {e[0]:.2f} %" for g, e in ends.items()))  # fmt: skip
     level = result.levels.get("instruction")
     if level is not None:
         stage = result.levels.get("stage")

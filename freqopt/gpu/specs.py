@@ -30,7 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["PowerModel", "Interconnect", "GPUSpec", "DEFAULT_GPU", "MEM_CLOCK_LOCKS", "get_gpu", "list_gpus",
+__all__ = ["PowerModel", "WaitingPower", "WAITING_CLOCK_SCALES", "Interconnect", "GPUSpec", "DEFAULT_GPU", "MEM_CLOCK_LOCKS", "get_gpu", "list_gpus",
            "search_spaces_dir", "check_switch_latency_ms", "replace_toml_block"]
 
 DEFAULT_GPU = "h100-sxm"
@@ -74,6 +74,38 @@ class PowerModel:
     p_sm_stream_w: float = 0.0
     p_norm_w: float = 0.0
     p_attention_w: float = 0.0
+
+
+@dataclass(frozen=True)
+class WaitingPower:
+    """Board power while the GPU waits with a context open and nothing to run: between the host's kernel launches,
+    and blocked in a collective or P2P receive (a NCCL kernel spinning on a flag), as a function of the SM clock
+    it holds (issue 36, item 2).
+
+    With ``top_clocks_w`` given (a measurement at the highest clocks, the file's [waiting_power] table):
+    ``P(f, m) = top_clocks_w * ((1 - clock_share) + clock_share * (V/V_max)^2 * f/f_max)
+    - p_mem_clock_w * (1 - m/m_max)``: a share of it scales with the SM clock's V^2 f (the clock tree, the idle
+    SMs' dynamic power, leakage falling with the voltage), the rest is fixed; below the highest memory clock the
+    power model's memory-clock term falls away as in a loaded GPU. Without it (None) the GPU waits at the power
+    model's baseline, ``p_const + p_leak V/V_max + p_sm_clock (V/V_max)^2 f/f_max + p_mem_clock m/m_max``
+    (freqopt.gpu.backends.physics.KernelPhysics.baseline_power_w).
+
+    How fast the waiting power falls with the clock is measured nowhere at a locked low clock with a context
+    open, so it is a range: ``clock_scale`` 1 is the model above, 0 a waiting power that does not fall with the
+    clock at all (every clock waits at the highest clock's figure), and values between interpolate
+    (WAITING_CLOCK_SCALES names the two ends; GPUSpec.with_waiting_clock_scale). A host-bound step's saving is
+    mostly this power, so a search prints its saving at both ends (SearchResult.waiting_statement).
+    """
+
+    top_clocks_w: float | None = None
+    clock_share: float = 0.0
+    clock_scale: float = 1.0
+
+
+# The two ends of the waiting-power range (WaitingPower.clock_scale): the model, whose fall with the clock the H100's
+# idle readings anchor (71.6 W at 405 MHz against 119-128 W with a context at 1980 MHz), and a waiting power that
+# does not fall with the clock at all.
+WAITING_CLOCK_SCALES = {"modelled": 1.0, "flat": 0.0}
 
 
 @dataclass(frozen=True)
@@ -171,6 +203,7 @@ class GPUSpec:
         energy_counter_period_s: update period of nvmlDeviceGetTotalEnergyConsumption, s.
         power_model: see PowerModel.
         interconnect: see Interconnect.
+        waiting_power: see WaitingPower (the file's [waiting_power] table; absent: the power model's baseline).
         sources: where each group of figures comes from.
         memory_gb: device memory, GB, as the data sheet states it (the ``memory_gb`` key of the file's [gpu]
             table; the smaller size where a type comes in two); None where the file does not say.
@@ -215,6 +248,7 @@ class GPUSpec:
     nvml_call_s: float = 0.0
     clock_switch_range_s: tuple[float, float] = (0.0, 0.0)
     mem_clock_lock: str = "none"
+    waiting_power: WaitingPower = WaitingPower()
 
     @property
     def mem_clock_runtime(self) -> bool:
@@ -252,6 +286,18 @@ class GPUSpec:
         if not _finite_non_negative(switch_s):
             raise InvalidSettingError(f"switch latency must be a finite number of seconds >= 0, not {switch_s!r}")
         return dataclasses.replace(self, clock_switch_s=float(switch_s))
+
+    def with_waiting_clock_scale(self, clock_scale: float) -> GPUSpec:
+        """This GPU type with its waiting power falling with the clock as much as ``clock_scale`` says
+        (WaitingPower.clock_scale: 1 the model, 0 not at all); everything else, the name included, is unchanged.
+
+        Raises:
+            InvalidSettingError: ``clock_scale`` is not a number in [0, 1].
+        """
+        if not (isinstance(clock_scale, (int, float)) and 0.0 <= clock_scale <= 1.0):
+            raise InvalidSettingError(f"clock_scale must be a number from 0 to 1, not {clock_scale!r}")
+        return dataclasses.replace(self, waiting_power=dataclasses.replace(self.waiting_power,
+                                                                           clock_scale=float(clock_scale)))
 
     @property
     def max_sm_clock_mhz(self) -> int:
@@ -402,6 +448,22 @@ def _actuation(data: dict[str, Any], path: Path, clock_switch_s: float) -> dict[
 OVER_SWITCH_LIMIT = "more than a runtime can issue"
 
 
+def _waiting_power(data: dict[str, Any], path: Path) -> WaitingPower:
+    """The file's [waiting_power] table (top_clocks_w, clock_share) as a WaitingPower; absent: the baseline's.
+
+    Raises:
+        InvalidSettingError: a figure is missing or out of range; the message names the file.
+    """
+    table = data.get("waiting_power")
+    if table is None:
+        return WaitingPower()
+    top, share = table.get("top_clocks_w"), table.get("clock_share")
+    if not (_finite_non_negative(top) and _finite_non_negative(share) and share <= 1.0):
+        raise InvalidSettingError(f"{path}: [waiting_power] needs top_clocks_w (W >= 0) and clock_share (0 to 1); "
+                                  f"fix or remove the table")  # fmt: skip
+    return WaitingPower(top_clocks_w=float(top), clock_share=float(share))
+
+
 @lru_cache(maxsize=None)
 def get_gpu(name: str) -> GPUSpec:
     """Load a GPU type by name (the TOML file stem, case-insensitive) or by a path to a TOML file.
@@ -458,5 +520,6 @@ def get_gpu(name: str) -> GPUSpec:
         attention_head_dim_overhead=float(data.get("attention", {}).get("head_dim_overhead", 0.0)),
         attention_backward_efficiency_rel=float(data.get("attention", {}).get("backward_efficiency_rel", 1.0)),
         memory_gb=float(g["memory_gb"]) if "memory_gb" in g else None,
+        waiting_power=_waiting_power(data, path),
         **_actuation(data, path, clock_switch_s),
     )

@@ -49,6 +49,7 @@ the same fronts without measuring them again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time as _time
@@ -302,6 +303,9 @@ class PipelineLevelResult:
         plan: the instruction level's PipelinePlan (its gap, its frontier); None for the iteration level, or where
             a candidate (the iteration level's clock, the defaults) validated better than every plan.
         frontier: the instruction level's predicted time-energy frontier (PipelinePlanner.frontier), else ().
+        saving_pct_waiting_range: the level's noiseless energy saving (%) at the two ends of the blocked GPUs'
+            power range (freqopt.gpu.specs.WaitingPower): (waiting power flat in the clock, as modelled); None
+            where the search was given a constant blocked power.
     """
 
     granularity: str
@@ -319,6 +323,7 @@ class PipelineLevelResult:
     ideal: Validated | None = None
     plan: PipelinePlan | None = field(default=None, repr=False)
     frontier: tuple[FrontierPoint, ...] = field(default=(), repr=False)
+    saving_pct_waiting_range: tuple[float, float] | None = None
 
     @property
     def predicted_energy_saved_pct(self) -> float:
@@ -487,14 +492,15 @@ class PipelineSearchResult:
         {"energy_saved_pct", "energy_saved_se_pct", "slowdown_pct", "slowdown_se_pct", "slowdown_bound_pct",
         "ideal_energy_saved_pct",
         "ideal_slowdown_pct", "predicted_energy_saved_pct", "predicted_slowdown_pct", "predicted_baseline":
-        {"time_s", "energy_j"}, "n_switches", "switches_per_s",
+        {"time_s", "energy_j"}, "n_switches", "switches_per_s", "saving_pct_waiting_range",
         "n_measurements", "search_cost_gpu_s", "search_wall_s", "plan_gap", "frontier": [{"time_s", "energy_j",
         "lower_bound_j", "deadline_s"}]}}, "n_new_measurements", "wall_s", "table"}`` ("table": the pipeline clock
         table's path, or null); "slowdown_bound_pct": the upper confidence bound of the slowdown at "confidence",
         held to the budget (None where none was computed); percentages of the validated
         baseline (predicted: of the search's own default prediction); "switches_per_s": the busiest stage's GPU's
         clock switches per second, beside "max_switches_per_s", the most one runtime thread can issue
-        (GPUSpec.max_switches_per_s)."""
+        (GPUSpec.max_switches_per_s); "saving_pct_waiting_range": [the noiseless saving with a blocked GPU's power
+        flat in the clock, as modelled] (PipelineLevelResult.saving_pct_waiting_range), or null."""
         w = self.workload
         doc = {"workload": {"model": w.model, "micro_batch_size": w.micro_batch_size, "seq_len": w.config.seq_len,
                             "layout": w.layout.as_dict(), "partition_method": self.partition_method},
@@ -518,6 +524,8 @@ class PipelineSearchResult:
                 "predicted_baseline": {"time_s": r.predicted_baseline_time_s,
                                        "energy_j": r.predicted_baseline_energy_j},
                 "n_switches": r.validated.n_switches, "switches_per_s": r.validated.switches_per_s,
+                "saving_pct_waiting_range": (list(r.saving_pct_waiting_range) if r.saving_pct_waiting_range
+                                             else None),
                 "n_measurements": r.n_measurements, "search_cost_gpu_s": r.search_cost_gpu_s,
                 "search_wall_s": r.search_wall_s, "plan_gap": r.plan.gap if r.plan is not None else None,
                 "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j, "lower_bound_j": p.lower_bound_j,
@@ -853,12 +861,32 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
             fronts_cost[0] + validator.n_measurements - mid[0], fronts_cost[1] + validator.cost_gpu_s - mid[1],
             fronts_wall + _time.perf_counter() - t1, tuple(searches), ideal, best_plan, frontier)  # fmt: skip
     blocking = blocking_w if profile is not None else pipeline.blocked_power_w()
+    if config.blocked_power_w is None:  # the GPU's own waiting power, a range where no measurement pins it
+        levels = _with_waiting_range(levels, stage_traces, spec, micro_batches, pipeline)
     n_new = log.n_new + sum(s.n_new_measurements for s in searches_all)
     n_stored = log.n_stored + sum(s.n_stored_measurements for s in searches_all)
     return PipelineSearchResult(workload, spec.name, spec, micro_batches, partition_method, b, baseline, profile,
                                 defaults, fronts, blocking, perseus_blocking_power_w(spec), spec.clock_switch_s,
                                 levels, config.storage, config.seed, n_new, n_stored,
                                 _time.perf_counter() - started, confidence=config.confidence)  # fmt: skip
+
+
+def _with_waiting_range(levels: dict, stage_traces: Sequence, spec: GPUSpec, micro_batches: int,
+                        pipeline: SimulatedPipeline) -> dict:
+    """``levels`` with each level's noiseless saving at the two ends of the blocked GPUs' power range
+    (PipelineLevelResult.saving_pct_waiting_range; freqopt.gpu.specs.WaitingPower, issue 36, item 2): the level's
+    requests as validated (with switch latency) against the defaults, on ``pipeline`` and on the same pipeline
+    whose waiting power does not fall with the clock."""
+    from freqopt.gpu.specs import WAITING_CLOCK_SCALES
+
+    flat = SimulatedPipeline(stage_traces, spec.with_waiting_clock_scale(WAITING_CLOCK_SCALES["flat"]),
+                             micro_batches, noise=False, optimizer_step=pipeline.optimizer_step)  # fmt: skip
+    defaults = {id(p): p.true_run().energy_j for p in (flat, pipeline)}
+    out = {}
+    for g, level in levels.items():
+        ends = tuple(100.0 * (1.0 - p.true_run(level.requests).energy_j / defaults[id(p)]) for p in (flat, pipeline))
+        out[g] = dataclasses.replace(level, saving_pct_waiting_range=ends)
+    return out
 
 
 def result_pipeline_table(result: PipelineSearchResult):

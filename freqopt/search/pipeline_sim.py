@@ -33,14 +33,15 @@ with the clocks (and switches in flight) the plan leaves at the end of an iterat
 
 Blocked power. A GPU that is not running an instruction or its optimizer step (waiting on a P2P receive, in the
 pipeline's bubbles, at the barriers, until the iteration ends) spins in a NCCL receive kernel that has received
-nothing yet: no FLOPs and no bytes, so the physics gives it the board's baseline power at the clock in force
-(KernelPhysics.baseline_power_w: the constant, leakage and clock-tree terms, the memory clock's term), i.e. static
-plus clock-dependent power (``blocked_power_w``). Perseus measured this power on P2P-blocked GPUs as a constant,
-83.64 W on an A100 SXM and 70.38 W on an A40 (Chung et al., SOSP'24; github.com/ml-energy/zeus, branch ``kronos``,
-lowtime/scripts/perseus.py); ``perseus_blocking_power_w`` returns those figures for the comparison, which
-experiments/pipeline/report.md makes. The energy of an iteration is every GPU's instructions and optimizer step plus
-its blocked power over the rest of the iteration: with a constant blocked power and no optimizer step this is
-Perseus's accounting (PipelineDAG.iteration_energy_j).
+nothing yet: no FLOPs and no bytes, so it draws the GPU's waiting power at the clock in force
+(freqopt.gpu.backends.physics.waiting_power_w, ``blocked_power_w``): static plus clock-dependent power. Perseus
+measured this power on P2P-blocked GPUs, 83.64 W on an A100 SXM and 70.38 W on an A40 (Chung et al., SOSP'24;
+github.com/ml-energy/zeus, branch ``kronos``, lowtime/scripts/perseus.py), which the A100's and A40's GPU files
+take as their waiting power at the highest clocks (issue 36, item 2); how much of it falls at a lower clock is
+a range (freqopt.gpu.specs.WaitingPower). ``perseus_blocking_power_w`` returns Perseus's constants for the
+planner's accounting, which experiments/pipeline/report.md compares. The energy of an iteration is every GPU's
+instructions and optimizer step plus its blocked power over the rest of the iteration: with a constant blocked
+power and no optimizer step this is Perseus's accounting (PipelineDAG.iteration_energy_j).
 
 Measurements. ``run`` measures one iteration as a real pipeline's would be: each GPU's energy counter carries the
 noise of a reading (SimulatedGPU's ENERGY_NOISE_REL, independently per GPU) and the iteration's time that of a
@@ -320,8 +321,8 @@ class SimulatedPipeline:
 
     def blocked_power_w(self, setting: ClockSetting | int | None = None) -> float:
         """The power (W) a blocked GPU draws at ``setting``'s SM clock (default: the highest): a NCCL receive that
-        has received nothing (no FLOPs, no bytes), i.e. the physics' baseline power at that clock (module
-        docstring); the constant given as ``blocked_power_w``, if one was."""
+        has received nothing (no FLOPs, no bytes), i.e. the GPU's waiting power at that clock
+        (freqopt.gpu.backends.physics.waiting_power_w; module docstring); the constant given as ``blocked_power_w``, if one was."""
         setting = _setting(setting)
         if self.constant_blocked_power_w is not None:
             return float(self.constant_blocked_power_w)
@@ -333,7 +334,7 @@ class SimulatedPipeline:
                              dtype="bfloat16", shapes=(), comm_bytes=0.0, group_size=2)  # fmt: skip
             sm, mem = self.spec.resolve_clocks(setting.sm_clock_mhz, setting.mem_clock_mhz)
             physics = KernelPhysics(self.spec, [waiting], np.asarray([mem], dtype=float))
-            self._arrays[key] = float(physics.baseline_power_w[0, self.spec.sm_clocks_mhz.index(sm)])
+            self._arrays[key] = float(physics.wait_power_w[0, self.spec.sm_clocks_mhz.index(sm)])
         return self._arrays[key]
 
     def _check_physics(self) -> None:

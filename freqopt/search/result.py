@@ -52,6 +52,9 @@ class GranularityResult:
             schedules of per-unit settings.
         waiting_saved_pct: the share (%) of the schedule's noiseless saving that is saved while the GPU waits for
             the host (Validator.waiting_saved_pct; simulated GPU only, else None).
+        saving_pct_waiting_range: the schedule's noiseless energy saving (%) at the two ends of the waiting GPU's
+            power range (freqopt.gpu.specs.WaitingPower): (waiting power flat in the clock, as modelled)
+            (Validator.waiting_range_saved_pct; simulated GPU only, else None).
         switches_per_s: clock switches per second the schedule asks the GPU for, as a runtime realizes it
             (Validator.switches_per_s; None where validated without switching), to hold against
             GPUSpec.max_switches_per_s.
@@ -73,6 +76,7 @@ class GranularityResult:
     searched_units: tuple[TuningUnit, ...] = field(repr=False, default=())
     note: str = ""
     waiting_saved_pct: float | None = None
+    saving_pct_waiting_range: tuple[float, float] | None = None
     switches_per_s: float | None = None
     block_model: BlockModel | None = field(repr=False, default=None)
 
@@ -177,7 +181,12 @@ class SearchResult:
         if shares:
             g = max(shares, key=self.energy_saved_pct)
             line += (f": {shares[g]:.0f} % of the {g} level's saving is saved while it waits, at a lower clock (the "
-                     "waiting GPU's power, which the simulated GPU models but no measurement pins yet)")  # fmt: skip
+                     "waiting GPU's power, measured at no locked low clock)")  # fmt: skip
+            ends = self.results[g].saving_pct_waiting_range
+            if ends is not None:
+                line += (f"; without noise it saves {ends[1]:.2f} % with the waiting power falling with the clock as "
+                         f"modelled and {ends[0]:.2f} % if it does not fall at all (the range's two ends: "
+                         "freqopt.gpu.specs.WaitingPower)")  # fmt: skip
         return line
 
     def summary(self) -> dict:

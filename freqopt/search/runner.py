@@ -565,6 +565,7 @@ def run_search(
         ran = {g: _free_switching_as_realized(r, validator, ideal_validator) for g, r in ran.items()}
     results = _charge_candidates(ran, config.granularities)
     results = {g: dataclasses.replace(r, waiting_saved_pct=validator.waiting_saved_pct(r.validated),
+                                      saving_pct_waiting_range=validator.waiting_range_saved_pct(r.validated),
                                       switches_per_s=validator.switches_per_s(r.validated))
                for g, r in results.items()}  # fmt: skip
     if results:  # the baseline's readings, which every level is judged against, are paid by the first level shown

@@ -18,8 +18,8 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
     Returns:
         ``{"baseline": {"time_s", "energy_j"}, "results": {GRANULARITY: {"energy_saved_pct", "slowdown_pct",
         "slowdown_bound_pct", "ideal_energy_saved_pct", "ideal_slowdown_pct", "predicted_energy_saved_pct", "n_settings",
-        "n_measurements", "search_cost_gpu_s", "table", "note", "waiting_saved_pct", "switches_per_s"}},
-        "n_new_measurements", "host_wait_pct", "max_switches_per_s", "confidence"}``, granularities coarse to
+        "n_measurements", "search_cost_gpu_s", "table", "note", "waiting_saved_pct", "saving_pct_waiting_range",
+        "switches_per_s"}}, "n_new_measurements", "host_wait_pct", "max_switches_per_s", "confidence"}``, granularities coarse to
         fine. "slowdown_bound_pct": the upper confidence bound of the slowdown at "confidence", from readings paired
         with the defaults', the figure held to the budget (None where none was computed; issue 35, item 1).
         Percentages are of the baseline (validated: the whole iteration measured with the schedule as a runtime
@@ -28,7 +28,9 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
         "table" is the path as a string, or None where no table was written; "note" says why a level was not
         searched itself, or which coarser level's schedule it runs as (GranularityResult.note), else None.
         "host_wait_pct": the share of the default step the GPU waits for the host; "waiting_saved_pct": the share
-        of the level's noiseless saving saved while it waits (both simulated GPU only, else None; issue 35, item 4).
+        of the level's noiseless saving saved while it waits; "saving_pct_waiting_range": [the noiseless saving with
+        a waiting power flat in the clock, as modelled] (freqopt.gpu.specs.WaitingPower; issue 36, item 2) (all three
+        simulated GPU only, else None; issue 35, item 4).
         "switches_per_s": the clock switches per second the level's schedule asks for as a runtime realizes it
         (None without switching); "max_switches_per_s": the most one runtime thread can issue on this GPU
         (GPUSpec.max_switches_per_s; issue 35, item 6).
@@ -51,6 +53,7 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
             "table": str(paths[g]) if g in paths else None,
             "note": r.note or None,
             "waiting_saved_pct": r.waiting_saved_pct,
+            "saving_pct_waiting_range": list(r.saving_pct_waiting_range) if r.saving_pct_waiting_range else None,
             "switches_per_s": r.switches_per_s,
         }  # fmt: skip
     return doc

@@ -357,6 +357,34 @@ class Validator:
         waiting = self.backend.waiting(kernels, settings, switching=self.switching)
         return 100.0 * (default_wait.energy_j - waiting.energy_j) / saved_j
 
+    @functools.cached_property
+    def _flat_waiting_gpu(self):
+        """A noiseless simulated GPU of the backend's type whose waiting power does not fall with the clock (the
+        range's flat end: GPUSpec.with_waiting_clock_scale(0)); None on a backend that cannot separate waiting."""
+        if self._default_step_and_wait is None:
+            return None
+        from freqopt.gpu.backends.simulated import SimulatedGPU
+        from freqopt.gpu.specs import WAITING_CLOCK_SCALES
+
+        return SimulatedGPU(self.backend.spec.with_waiting_clock_scale(WAITING_CLOCK_SCALES["flat"]), noise=False)
+
+    def waiting_range_saved_pct(self, measurement: Measurement) -> tuple[float, float] | None:
+        """The noiseless energy saving (%) of the schedule behind ``measurement`` (one of this validator's means:
+        schedule_of) against the defaults at the two ends of the waiting GPU's power range (issue 36, item 2;
+        freqopt.gpu.specs.WaitingPower): (waiting power flat in the clock, waiting power as modelled: the
+        backend's own). A host-bound step's saving is mostly the waiting GPU's power, which no measurement pins
+        at a locked low clock. None on a real GPU or for a schedule this validator did not measure."""
+        schedule = self.schedule_of(measurement)
+        flat = self._flat_waiting_gpu
+        if flat is None or schedule is None:
+            return None
+        kernels, settings = self.trace.kernels, list(schedule)
+        ends = []
+        for gpu in (flat, self.backend):
+            default = gpu.step(kernels).energy_j
+            ends.append(100.0 * (1.0 - gpu.step(kernels, settings, switching=self.switching).energy_j / default))
+        return ends[0], ends[1]
+
     @property
     def kernel_time_s(self) -> np.ndarray:
         """Every kernel's time at the default setting, in a loop, shape (K,), s (Backend.kernel_times_s; the

@@ -11,7 +11,7 @@ import numpy as np
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
-__all__ = ["KernelPhysics", "KernelTerms", "SetCallQueue", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
+__all__ = ["KernelPhysics", "KernelTerms", "waiting_power_w", "SetCallQueue", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
            "attention_efficiency", "attention_head_dim", "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION",
            "ATTENTION_HEAD_DIM_TILE", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES", "ROW_WIDTH_REF"]
 
@@ -192,8 +192,10 @@ class KernelPhysics:
     """Per-kernel time and power at every supported SM clock, for one list of kernels.
 
     Arrays are (K, F): K kernels, F supported SM clocks (ascending), at each kernel's memory clock:
-    ``time_s``, ``power_w``, ``energy_j``, and ``baseline_power_w`` (the board's power with no activity at that
-    clock: constant, leakage and clock-tree terms; what an idle GPU with a context draws).
+    ``time_s``, ``power_w``, ``energy_j``, ``baseline_power_w`` (the loaded power model's board power with no
+    activity at that clock: constant, leakage and clock-tree terms, on which a kernel's activity adds), and
+    ``wait_power_w`` (what the GPU draws waiting at that clock with nothing to run: between host launches and
+    blocked in a receive; waiting_power_w).
 
     A tensor-core kernel's SM activity is its FLOP rate over the rate of the best large GEMM at that clock
     (``gemm_efficiency`` of peak), so a GEMM with a short inner dimension, or attention, draws less per clock and
@@ -223,6 +225,7 @@ class KernelPhysics:
         f_rel = f / spec.max_sm_clock_mhz
         m_rel = m / spec.max_mem_clock_mhz
         self.baseline_power_w = pm.p_const_w + pm.p_leak_w * v + pm.p_sm_clock_w * v**2 * f_rel + pm.p_mem_clock_w * m_rel
+        self.wait_power_w = np.broadcast_to(waiting_power_w(spec, m), self.baseline_power_w.shape)  # (K, F)
         self.power_w = (
             self.baseline_power_w
             + (pm.p_sm_active_w * u_sm + pm.p_sm_stream_w * u_mem + op_w * t_busy / self.time_s) * v**2 * f_rel
@@ -285,6 +288,27 @@ def _overlap_streams(
         wall_time[i] = exposed
         wall_energy[i] = power * exposed + (power - baseline_w[i]) * overlapped
     return wall_time, wall_energy
+
+
+def waiting_power_w(spec: GPUSpec, mem_clock_mhz: np.ndarray | float) -> np.ndarray:
+    """Board power (W) of a GPU waiting with nothing to run (between host launches, blocked in a receive) at every
+    supported SM clock, shape (M, F) for M memory clocks (MHz) and the F SM clocks of ``spec`` (ascending):
+    ``spec.waiting_power``'s model (freqopt.gpu.specs.WaitingPower: a measured figure at the highest clocks with a
+    share that scales with V^2 f, or the power model's baseline), its clock-dependent part scaled by
+    ``WaitingPower.clock_scale`` (0: every clock waits at the highest clock's figure). Never below 0."""
+    pm, wp = spec.power_model, spec.waiting_power
+    f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
+    m_rel = np.asarray(mem_clock_mhz, dtype=float).reshape(-1, 1) / spec.max_mem_clock_mhz  # (M, 1)
+    v = voltage_rel(spec, f)
+    v2f = v**2 * f / spec.max_sm_clock_mhz  # (1, F), 1 at the highest clock
+    if wp.top_clocks_w is None:
+        fixed_w = pm.p_const_w + pm.p_mem_clock_w * m_rel
+        top_w, clock_w = pm.p_leak_w + pm.p_sm_clock_w, pm.p_leak_w * v + pm.p_sm_clock_w * v2f
+    else:
+        fixed_w = wp.top_clocks_w * (1.0 - wp.clock_share) - pm.p_mem_clock_w * (1.0 - m_rel)
+        top_w = wp.top_clocks_w * wp.clock_share
+        clock_w = top_w * v2f
+    return np.maximum(fixed_w + top_w - wp.clock_scale * (top_w - clock_w), 0.0)
 
 
 def voltage_rel(spec: GPUSpec, sm_clock_mhz: np.ndarray | float) -> np.ndarray:

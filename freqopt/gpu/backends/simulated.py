@@ -32,8 +32,9 @@ transcendental (GELU, softmax), layer norm, attention (PowerModel).
 Host: a replay loop's host issues each kernel in ``host_issue_s`` (GEMMs: ``host_gemm_issue_s``); a training
 step's host also runs the framework around each kernel (autograd, module calls, the optimizer's Python), another
 ``step_host_s`` of the kernel's pass (``host_issue_s(..., step=True)``). A kernel starts no earlier than it is
-issued, and the GPU idles at its baseline power (an idle GPU with a context at that clock) while it waits
-(``host_gaps``). A training step starts from an idle GPU (training loops read the loss each step): that is the
+issued, and the GPU waits at its waiting power (a GPU with a context open and nothing to run, at that clock:
+freqopt.gpu.backends.physics.waiting_power_w, from the GPU file's [waiting_power] measurement where it has one,
+else the power model's baseline) meanwhile (``host_gaps``). A training step starts from an idle GPU (training loops read the loss each step): that is the
 step every whole-iteration figure measures (``step`` and ``measure_schedule``: the search's baseline and
 validation, the runtime's step, ``freqopt profile``), one physics for all of them. A tuning unit's measurement
 replays its kernels back to back (``measure``, ``true_measure``) with a replay's host, so only a host slower than
@@ -188,7 +189,7 @@ class SimulatedGPU(Backend):
     def _physics(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool,
                  switch_latency_s: float = 0.0) -> tuple[np.ndarray, ...]:  # fmt: skip
         """``run``'s (time_s, energy_j, sm_clock_mhz), and of each, the part spent waiting for the host before the
-        kernel (host_gaps: time, s, and energy at the GPU's baseline power, J), each shape (K,)."""
+        kernel (host_gaps: time, s, and energy at the GPU's waiting power, J), each shape (K,)."""
         if switch_latency_s > 0 and len(set(settings)) > 1:
             settings = self._delayed(kernels, settings, switch_latency_s, loop)
         spec = self.spec
@@ -216,9 +217,9 @@ class SimulatedGPU(Backend):
         eff = np.minimum(requested[:, None], caps[None, :])  # (K, F)
         t = phys.time_s[k_idx[:, None], eff]  # (K, F)
         e = phys.energy_j[k_idx[:, None], eff]  # (K, F)
-        # The GPU idles at its baseline power while it waits for the host (host_gaps), before each kernel.
+        # The GPU waits at its waiting power (physics.waiting_power_w) for the host (host_gaps), before each kernel.
         gaps = host_gaps(t, issue_s, on_stream, loop=loop)  # (K, F)
-        gap_e = gaps * phys.baseline_power_w[k_idx[:, None], eff]  # (K, F)
+        gap_e = gaps * phys.wait_power_w[k_idx[:, None], eff]  # (K, F)
         t = t + gaps
         e = e + gap_e
         avg_power = np.add.reduceat(e, starts, axis=0) / np.add.reduceat(t, starts, axis=0)  # (W, F)
@@ -349,8 +350,8 @@ class SimulatedGPU(Backend):
     def waiting(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting] | None = None, *,
                 switching: bool = False) -> Measurement:  # fmt: skip
         """The part of one training step (``step``, same arguments) the GPU spends waiting for the host to issue
-        its kernels: their time_s and the energy_j the GPU draws meanwhile (its baseline power at the clock it
-        holds: freqopt.gpu.backends.physics.host_gaps and the baseline power of the GPU file's power model).
+        its kernels: their time_s and the energy_j the GPU draws meanwhile (its waiting power at the clock it
+        holds: freqopt.gpu.backends.physics.host_gaps and waiting_power_w).
         Noiseless; no GPU-seconds charged. Where a step is host-bound this is most of it, and a lower clock saves
         energy there at no cost in time (issue 35, item 4)."""
         settings = [DEFAULT_SETTING] * len(kernels) if settings is None else settings
