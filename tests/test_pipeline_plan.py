@@ -273,8 +273,8 @@ def test_plan_pipeline_max_slowdown_and_errors():
         plan_pipeline(profile, 2, stages=3, blocking_power_w=0.0)
     with pytest.raises(InvalidSettingError, match="^micro_batches"):
         plan_pipeline(profile, 0, blocking_power_w=0.0)
-    with pytest.raises(InvalidSettingError, match="^schedule 'gpipe' is unknown"):
-        plan_pipeline(profile, 2, schedule="gpipe", blocking_power_w=0.0)
+    with pytest.raises(InvalidSettingError, match="^schedule 'pipedream' is unknown"):
+        plan_pipeline(profile, 2, schedule="pipedream", blocking_power_w=0.0)
     with pytest.raises(InvalidSettingError, match="^blocking_power_w"):
         plan_pipeline(profile, 2, blocking_power_w=-1)
 
@@ -304,7 +304,7 @@ GOOD = "stage,instruction,frequency,time,energy\n0,forward,1000,0.2,10\n0,backwa
     (GOOD + "0,forward,1100,fast,9\n", "row 4: time 'fast' is not a number"),
     (GOOD + "0,forward,1100,-0.1,9\n", "row 4: time '-0.1' is not positive"),
     (GOOD + "0,forward,1100,0.1,-9\n", "row 4: energy '-9' is negative"),
-    (GOOD + "0,sideways,1100,0.1,9\n", "instruction 'sideways' is not forward or backward"),
+    (GOOD + "0,sideways,1100,0.1,9\n", "instruction 'sideways' is not one of forward, backward, backward_input, backward_weight"),
     (GOOD + "0,forward,1000,0.1,9\n", "stage 0 forward lists clock.*1000.* more than once"),
     (GOOD + "2,forward,1000,0.1,9\n2,backward,1000,0.1,9\n", "stage 1 has no forward rows"),
     (GOOD + "1,forward,1000,0.1,9\n", "stage 1 has no backward rows"),

@@ -13,9 +13,16 @@ from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, wr
 @cli.command(short_help="Plan a clock per pipeline instruction from a stage profile.")
 @click.option("--stage-profile", "stage_profile", required=True,
               help="CSV with columns stage, instruction, frequency, time, energy (Perseus's and Zeus's format).")
-@click.option("--stages", type=int, default=None, help="Pipeline stages (default: the profile's; must match it).")
+@click.option("--stages", type=int, default=None,
+              help="Pipeline GPUs (default: the profile's stages over the schedule's model stages per GPU; must match).")
 @click.option("--micro-batches", type=int, required=True, help="Micro-batches per iteration.")
-@click.option("--schedule", default="1f1b", show_default=True, help="Pipeline schedule: 1f1b (DeepSpeed's).")
+@click.option("--schedule", default="1f1b", show_default=True,
+              help="Pipeline schedule: 1f1b (DeepSpeed's), or torch.distributed.pipelining's gpipe, interleaved-1f1b, "
+                   "looped-bfs, interleaved-zb, zb-v, dualpipe-v (their own per-GPU orders). With several model "
+                   "stages per GPU (interleaved, looped: --virtual-stages, default 2; V-shaped: 2) the profile's "
+                   "stages are the model's; the zero-bubble ones need backward_input and backward_weight rows.")
+@click.option("--virtual-stages", type=int, default=None,
+              help="Model stages per GPU for interleaved-1f1b, looped-bfs and interleaved-zb (default 2).")
 @click.option("--max-slowdown", default="1%", show_default=True,
               help="Allowed slowdown of the iteration against every instruction at its fastest clock: 1% or 0.01.")
 @click.option("--gpu", default=None,
@@ -31,8 +38,8 @@ from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, wr
               help="Wall-clock limit (s) of the plan's MILP solve (default 10); the frontier's points run no MILP.")
 @click.option("--json", "json_path", default=None,
               help="Also write the plan and the frontier (each point with its clocks) as JSON to this file.")
-def plan(stage_profile, stages, micro_batches, schedule, max_slowdown, gpu, blocking_power_w, frontier_points,
-         time_limit_s, json_path) -> None:  # fmt: skip
+def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slowdown, gpu, blocking_power_w,
+         frontier_points, time_limit_s, json_path) -> None:  # fmt: skip
     """The least-energy SM clock for every forward and backward of every micro-batch on every stage, with the
     iteration (the critical path of the schedule) at most --max-slowdown slower than at the fastest clocks.
 
@@ -44,7 +51,7 @@ def plan(stage_profile, stages, micro_batches, schedule, max_slowdown, gpu, bloc
 
     check_json_path(json_path)
     planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w, gpu=gpu,
-                              schedule=schedule, time_limit_s=time_limit_s)  # fmt: skip
+                              schedule=schedule, time_limit_s=time_limit_s, virtual_stages=virtual_stages)  # fmt: skip
     try:
         result = planner.plan(max_slowdown=max_slowdown)
         frontier = planner.frontier(frontier_points) if json_path else None
@@ -57,7 +64,7 @@ def plan(stage_profile, stages, micro_batches, schedule, max_slowdown, gpu, bloc
         os._exit(130)
     if json_path:
         write_json(json_path, {
-            "stages": planner.stages, "micro_batches": micro_batches, "schedule": schedule,
+            "stages": planner.stages, "gpus": planner.gpus, "micro_batches": micro_batches, "schedule": schedule,
             "blocking_power_w": planner.blocking_power_w, "max_slowdown": parse_slowdown(max_slowdown),
             "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j, "lower_bound_j": p.lower_bound_j,
                           "deadline_s": p.deadline_s, "sm_clock_mhz": _by_stage(planner.dag, p.sm_clock_mhz)}
@@ -69,7 +76,7 @@ def plan(stage_profile, stages, micro_batches, schedule, max_slowdown, gpu, bloc
                      "stages": result.stage_clocks()},
         })  # fmt: skip
     table = Table("", "iteration time (s)", "energy (J)", "saved (%)",
-                  title=f"{planner.stages} stages x {micro_batches} micro-batches ({schedule}), "
+                  title=f"{planner.stages} stages{_on_gpus(planner)} x {micro_batches} micro-batches ({schedule}), "
                         f"deadline {result.deadline_s:.4f} s, waiting GPUs at {planner.blocking_power_w:g} W")  # fmt: skip
     table.add_row("fastest clocks", f"{result.default_time_s:.4f}", f"{result.default_energy_j:,.1f}", "0.00")
     table.add_row("plan", f"{result.time_s:.4f}", f"{result.energy_j:,.1f}", f"{100 * result.saved:.2f}")
@@ -81,6 +88,11 @@ def plan(stage_profile, stages, micro_batches, schedule, max_slowdown, gpu, bloc
                       f"({frontier[0].energy_j:,.1f} to {frontier[-1].energy_j:,.1f} J), each within "
                       f"{100 * frontier.proven_gap:.2f} % of the least energy at its time (proven); "
                       f"{frontier.solves} deadlines solved in {frontier.solve_s:.1f} s")  # fmt: skip
+
+
+def _on_gpus(planner) -> str:
+    """' on G GPUs' where the schedule runs several model stages per GPU, else ""."""
+    return f" on {planner.gpus} GPUs" if planner.gpus != planner.stages else ""
 
 
 def _by_stage(dag, clocks) -> list[list[int]]:

@@ -45,17 +45,25 @@ import numpy as np
 
 from freqopt.errors import InvalidSettingError, check_positive_int
 
-__all__ = ["FORWARD", "BACKWARD", "KINDS", "Instruction", "PipelineDAG", "stage_order", "one_f_one_b"]
+__all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instruction", "PipelineDAG", "stage_order",
+           "one_f_one_b", "schedule_dag"]
 
 FORWARD = "forward"
 BACKWARD = "backward"
 KINDS = (FORWARD, BACKWARD)
-SCHEDULES = ("1f1b",)
+# The zero-bubble schedules split a backward into its input gradient and its weight gradient (freqopt.search.schedules).
+BACKWARD_INPUT = "backward_input"
+BACKWARD_WEIGHT = "backward_weight"
+ALL_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+# "1f1b" is DeepSpeed's TrainSchedule (one_f_one_b, the default); the others are torch.distributed.pipelining's
+# schedules, their orders taken from the classes (freqopt.search.schedules, issue 37).
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb-v", "dualpipe-v")
 
 
 @dataclass(frozen=True, order=True)
 class Instruction:
-    """One pass of one micro-batch on one stage: ``kind`` is ``"forward"`` or ``"backward"``."""
+    """One pass of one micro-batch on one (model) stage: ``kind`` is one of ALL_KINDS (``"forward"`` or
+    ``"backward"`` in 1F1B)."""
 
     stage: int
     kind: str
@@ -94,13 +102,15 @@ class PipelineDAG:
     """The instruction DAG of one pipeline iteration.
 
     Attributes:
-        stages: S, the number of pipeline stages (one GPU each).
+        stages: S, the number of model stages (1F1B: one per GPU).
         micro_batches: M, micro-batches per iteration.
-        instructions: the N = 2 S M instructions, stage by stage, each stage in its own order; an instruction's
-            index in this tuple is its node id.
+        instructions: the N instructions (1F1B: 2 S M), GPU by GPU, each GPU's in the order it runs them; an
+            instruction's index in this tuple is its node id.
         edges: (E, 2) int array of (predecessor, successor) node ids; the successor starts after the predecessor
             ends.
         order: node ids in a topological order (a numpy int array of shape (N,)).
+        gpu_of_stage: the GPU (pipeline rank) that runs each model stage, shape (S,); None: stage s on GPU s.
+        schedule: the schedule's name (SCHEDULES).
     """
 
     stages: int
@@ -108,11 +118,28 @@ class PipelineDAG:
     instructions: tuple[Instruction, ...]
     edges: np.ndarray
     order: np.ndarray
+    gpu_of_stage: tuple[int, ...] | None = None
+    schedule: str = "1f1b"
 
     @property
     def n(self) -> int:
-        """The number of instructions, N = 2 S M."""
+        """The number of instructions, N."""
         return len(self.instructions)
+
+    @property
+    def gpus(self) -> int:
+        """The pipeline's GPUs (ranks): S, or S / v with v model stages per GPU."""
+        return self.stages if self.gpu_of_stage is None else 1 + max(self.gpu_of_stage)
+
+    def gpu_of(self, inst: Instruction) -> int:
+        """The GPU that runs ``inst``."""
+        return inst.stage if self.gpu_of_stage is None else self.gpu_of_stage[inst.stage]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The instruction kinds this schedule runs, in ALL_KINDS order."""
+        present = {inst.kind for inst in self.instructions}
+        return tuple(k for k in ALL_KINDS if k in present)
 
     def index(self) -> dict[Instruction, int]:
         """Instruction -> node id."""
@@ -136,10 +163,11 @@ class PipelineDAG:
 
     def iteration_energy_j(self, times_s, energies_j, blocking_power_w: float) -> float:
         """The iteration's energy (J) under Perseus's accounting (module docstring): the instructions' energies
-        (shape (N,), J) plus ``blocking_power_w`` (W) for every GPU-second not spent in an instruction."""
+        (shape (N,), J) plus ``blocking_power_w`` (W) for every GPU-second (``gpus`` GPUs) not spent in an
+        instruction."""
         times = np.asarray(times_s, dtype=float)
         total = self.iteration_time_s(times)
-        return float(np.sum(energies_j) + blocking_power_w * (self.stages * total - np.sum(times)))
+        return float(np.sum(energies_j) + blocking_power_w * (self.gpus * total - np.sum(times)))
 
     @property
     def _preds(self) -> list[np.ndarray]:
@@ -178,6 +206,55 @@ def one_f_one_b(stages: int, micro_batches: int) -> PipelineDAG:
     return PipelineDAG(stages, micro_batches, instructions, edge_array, _topological_order(len(instructions), edges))
 
 
+def schedule_dag(schedule: str, stages: int, micro_batches: int, *, virtual_stages: int | None = None) -> PipelineDAG:
+    """The DAG of one iteration of ``schedule`` on ``stages`` GPUs: "1f1b" is DeepSpeed's (one_f_one_b); the
+    others' per-GPU orders are torch.distributed.pipelining's own (freqopt.search.schedules.rank_orders), with
+    ``virtual_stages`` model stages per GPU for the looped ones (default 2), 2 for the V-shaped ones. Edges as
+    freqopt.search.schedules's module docstring says.
+
+    Raises:
+        InvalidSettingError: an unknown schedule, a bad count, or a combination torch's schedule refuses.
+    """
+    if schedule not in SCHEDULES:
+        raise InvalidSettingError(f"schedule {schedule!r} is unknown; known: {', '.join(SCHEDULES)}",
+                                  argument="schedule")  # fmt: skip
+    if schedule == "1f1b" and virtual_stages in (None, 1):
+        return one_f_one_b(stages, micro_batches)
+    from freqopt.search.schedules import rank_of_stage, rank_orders, stages_per_rank
+
+    orders = rank_orders(schedule, stages, micro_batches, virtual_stages)
+    v = stages_per_rank(schedule, virtual_stages)
+    n_stages = stages * v
+    gpu_of_stage = tuple(rank_of_stage(schedule, stages, k, virtual_stages) for k in range(n_stages))
+    instructions = tuple(Instruction(k, kind, m) for order in orders for k, kind, m in order)
+    node = {inst: i for i, inst in enumerate(instructions)}
+    if len(node) != len(instructions):
+        raise AssertionError(f"torch's {schedule} order runs an instruction twice")
+    edges: list[tuple[int, int]] = []
+    for order in orders:
+        edges.extend((node[Instruction(*a)], node[Instruction(*b)]) for a, b in zip(order, order[1:]))
+
+    def backward_of(k: int, m: int) -> int | None:  # the instruction that sends (k, m)'s gradient upstream
+        for kind in (BACKWARD, BACKWARD_INPUT):
+            if Instruction(k, kind, m) in node:
+                return node[Instruction(k, kind, m)]
+        return None
+
+    for inst, i in node.items():
+        k, m = inst.stage, inst.micro_batch
+        if inst.kind == FORWARD and k > 0:
+            edges.append((node[Instruction(k - 1, FORWARD, m)], i))
+        elif inst.kind in (BACKWARD, BACKWARD_INPUT):
+            edges.append((node[Instruction(k, FORWARD, m)], i))
+            if k < n_stages - 1:
+                edges.append((backward_of(k + 1, m), i))
+        elif inst.kind == BACKWARD_WEIGHT:
+            edges.append((node[Instruction(k, BACKWARD_INPUT, m)], i))
+    edges = sorted(set(edges))
+    return PipelineDAG(n_stages, micro_batches, instructions, np.asarray(edges, dtype=int).reshape(-1, 2),
+                       _topological_order(len(instructions), edges), gpu_of_stage, schedule)  # fmt: skip
+
+
 def _topological_order(n: int, edges: list[tuple[int, int]]) -> np.ndarray:
     indegree = [0] * n
     succs: list[list[int]] = [[] for _ in range(n)]
@@ -193,6 +270,6 @@ def _topological_order(n: int, edges: list[tuple[int, int]]) -> np.ndarray:
             indegree[j] -= 1
             if indegree[j] == 0:
                 ready.append(j)
-    if len(order) != n:  # cannot happen for 1F1B; a guard for a wrong edge list
+    if len(order) != n:  # cannot happen for a schedule that runs (torch checks its orders); a guard
         raise AssertionError("the pipeline's instruction graph has a cycle")
     return np.asarray(order, dtype=int)

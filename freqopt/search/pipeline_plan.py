@@ -106,7 +106,7 @@ from pathlib import Path
 import numpy as np
 
 from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
-from freqopt.search.pipeline import KINDS, SCHEDULES, PipelineDAG, one_f_one_b
+from freqopt.search.pipeline import ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, SCHEDULES, PipelineDAG, schedule_dag
 from freqopt.search.pipeline_solver import MilpResult, PipelineModel
 
 __all__ = ["InstructionOptions", "StageProfile", "load_stage_profile", "stage_profile_from_rows", "PipelinePlan",
@@ -168,7 +168,8 @@ class InstructionOptions:
 @dataclass(frozen=True)
 class StageProfile:
     """A pipeline's measured stage profile: ``options[(stage, kind)]`` for stage in 0..stages-1 and kind in
-    ("forward", "backward").
+    ("forward", "backward"), or with the backward split ("backward_input", "backward_weight") for the zero-bubble
+    schedules (freqopt.search.schedules); with virtual stages, the stages are the model's (several per GPU).
 
     Attributes:
         stages: the number of stages profiled.
@@ -220,8 +221,9 @@ def stage_profile_from_rows(rows: Iterable[Mapping[str, object]], *, source: str
             if values[column] != int(values[column]) or values[column] < 0:
                 raise _profile_error(source, f"row {line}: {column} {row[column]!r} is not a whole number >= 0")
         kind = str(row["instruction"]).strip().lower()
-        if kind not in KINDS:
-            raise _profile_error(source, f"row {line}: instruction {row['instruction']!r} is not forward or backward")
+        if kind not in ALL_KINDS:
+            raise _profile_error(source, f"row {line}: instruction {row['instruction']!r} is not one of "
+                                         f"{', '.join(ALL_KINDS)}")  # fmt: skip
         if values["time"] <= 0:
             raise _profile_error(source, f"row {line}: time {row['time']!r} is not positive (seconds)")
         if values["energy"] < 0:
@@ -233,11 +235,14 @@ def stage_profile_from_rows(rows: Iterable[Mapping[str, object]], *, source: str
     stages = 1 + max(stage for stage, _ in grouped)
     options: dict[tuple[int, str], InstructionOptions] = {}
     for stage in range(stages):
-        for kind in KINDS:
+        split = (stage, BACKWARD_INPUT) in grouped or (stage, BACKWARD_WEIGHT) in grouped
+        needed = [FORWARD] + ([BACKWARD_INPUT, BACKWARD_WEIGHT] if split else [BACKWARD])
+        for kind in [k for k in ALL_KINDS if k in needed or (stage, k) in grouped]:
             entries = grouped.get((stage, kind))
             if not entries:
                 raise _profile_error(source, f"stage {stage} has no {kind} rows; profile every stage 0..{stages - 1} "
-                                             "forward and backward")  # fmt: skip
+                                             "forward and backward (or the backward split into backward_input and "
+                                             "backward_weight, for the zero-bubble schedules)")  # fmt: skip
             clocks = [c for c, _, _ in entries]
             if len(set(clocks)) != len(clocks):
                 twice = sorted({c for c in clocks if clocks.count(c) > 1})
@@ -388,13 +393,18 @@ class PipelinePlanner:
 
     Args:
         profile: the measured stage profile (StageProfile or a path to its CSV).
-        stages: S, the pipeline's stages; default the profile's; must be the profile's.
+        stages: S, the pipeline's GPUs; default the profile's stages over the model stages per GPU; must agree.
         micro_batches: M, micro-batches per iteration (a positive integer).
         blocking_power_w: the power (W) each GPU draws while it waits (0 counts waiting as free); default: the
             measured figure of ``gpu`` (MEASURED_BLOCKING_POWER_W: Perseus's 83.64 W on an A100 SXM, 70.38 W on an
             A40, measured on P2P-blocked GPUs, lowtime/scripts/perseus.py).
         gpu: the GPU's freqopt name (search_spaces/), for its measured blocking power; one of the two is required.
-        schedule: the pipeline schedule; only "1f1b".
+        schedule: the pipeline schedule, one of SCHEDULES: "1f1b" (DeepSpeed's, the default) or one of
+            torch.distributed.pipelining's (freqopt.search.schedules), whose per-GPU orders are the classes' own.
+            With several model stages per GPU (the interleaved, looped and V-shaped ones) the profile's stages are
+            the model's, ``virtual_stages`` (default 2; 2 for the V-shaped) per GPU; the zero-bubble ones need the
+            backward profiled split (backward_input, backward_weight rows).
+        virtual_stages: model stages per GPU for the looped schedules (default 2).
         time_quantum_s: floor every instruction's time to a multiple of this (s) before planning (module
             docstring), or None.
         mip_rel_gap: the relative optimality gap at which a solve stops (default 1e-5): HiGHS's for "exact"; for
@@ -412,7 +422,7 @@ class PipelinePlanner:
     def __init__(self, profile: StageProfile | str | Path, micro_batches: int, *, stages: int | None = None,
                  blocking_power_w: float | None = None, gpu: str | None = None, schedule: str = "1f1b",
                  time_quantum_s: float | None = None, mip_rel_gap: float = 1e-5, time_limit_s: float | None = None,
-                 method: str = "auto") -> None:  # fmt: skip
+                 method: str = "auto", virtual_stages: int | None = None) -> None:  # fmt: skip
         if method not in METHODS:
             raise InvalidSettingError(f"method {method!r} is unknown; known: {', '.join(METHODS)}", argument="method")
         self.method = method
@@ -420,12 +430,23 @@ class PipelinePlanner:
             profile = load_stage_profile(profile)
         check_positive_int("micro_batches", micro_batches)
         check_positive_int("stages", stages, optional=True)
-        if stages is not None and stages != profile.stages:
-            raise InvalidSettingError(f"stages {stages} is not the stage profile's {profile.stages} stages; plan the "
-                                      "pipeline that was profiled", argument="stages")  # fmt: skip
         if schedule not in SCHEDULES:
             raise InvalidSettingError(f"schedule {schedule!r} is unknown; known: {', '.join(SCHEDULES)}",
                                       argument="schedule")  # fmt: skip
+        per_gpu = 1
+        if schedule != "1f1b" or virtual_stages not in (None, 1):
+            from freqopt.search.schedules import stages_per_rank
+
+            per_gpu = stages_per_rank(schedule, virtual_stages)
+        if profile.stages % per_gpu:
+            raise InvalidSettingError(f"schedule {schedule} runs {per_gpu} model stages per GPU; the stage profile's "
+                                      f"{profile.stages} stages do not divide among GPUs that way", argument="schedule")  # fmt: skip
+        gpus = profile.stages // per_gpu
+        if stages is not None and stages != gpus:
+            what = (f"{gpus} stages" if per_gpu == 1 else
+                    f"{gpus} GPUs ({profile.stages} model stages, {per_gpu} per GPU under {schedule})")
+            raise InvalidSettingError(f"stages {stages} is not the stage profile's {what}; plan the pipeline that was "
+                                      "profiled", argument="stages")  # fmt: skip
         blocking_power_w = blocking_power_w_for(blocking_power_w, gpu)
         if time_quantum_s is not None:
             _check_number("time_quantum_s", time_quantum_s, minimum=0.0, strict=True)
@@ -439,7 +460,15 @@ class PipelinePlanner:
         self.time_quantum_s = time_quantum_s
         self.mip_rel_gap = float(mip_rel_gap)
         self.time_limit_s = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
-        self.dag = one_f_one_b(self.stages, micro_batches)
+        self.dag = schedule_dag(schedule, gpus, micro_batches, virtual_stages=per_gpu if per_gpu > 1 else None)
+        self.gpus = self.dag.gpus
+        self.schedule = schedule
+        missing = sorted({(i.stage, i.kind) for i in self.dag.instructions} - set(profile.options))
+        if missing:
+            stage, kind = missing[0]
+            raise InvalidSettingError(f"stage_profile: schedule {schedule} runs {kind} instructions, which the profile "
+                                      f"does not give (stage {stage}, and {len(missing) - 1} more); profile them, or "
+                                      f"plan a schedule whose instructions it has", argument="stage_profile")  # fmt: skip
         # Each (stage, kind)'s kept options, fastest first: clocks, times (quantized if asked), energies.
         self._options: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for key, opts in profile.options.items():
@@ -534,7 +563,8 @@ class PipelinePlanner:
 
     def plan_stage_clocks(self, deadline_s: float | None = None, *, max_slowdown: float | str | None = None) -> PipelinePlan:
         """The least-energy plan with one SM clock per stage for all its instructions (no clock switch within an
-        iteration): the baseline that tells what per-instruction switching adds beyond balancing the stages.
+        iteration): the baseline that tells what per-instruction switching adds beyond balancing the stages. With
+        several model stages per GPU, one clock per GPU (no GPU switches).
 
         The same MILP as the instruction level's (module docstring), with one binary y[s, k] per stage s and clock k
         that both of its instruction kinds were profiled at, shared by all its instructions: S x K binaries, solved
@@ -542,7 +572,7 @@ class PipelinePlanner:
         problem. Args and errors: as ``plan``; neither deadline: the fastest plan.
 
         Raises:
-            InvalidSettingError: as ``plan``; a stage whose forward and backward share no profiled clock.
+            InvalidSettingError: as ``plan``; a GPU whose instructions share no profiled clock.
             FreqoptError: HiGHS found no plan within its time limit.
         """
         fastest = self.fastest()
@@ -557,8 +587,8 @@ class PipelinePlanner:
         if result.x is None:
             raise FreqoptError(f"the stage-clock planner (HiGHS) found no plan within {deadline_s:.6g} s in "
                                f"{self.time_limit_s:g} s: {result.status}")  # fmt: skip
-        chosen = [clocks[s][int(np.argmax(result.x[offsets[s]:offsets[s + 1]]))] for s in range(self.stages)]
-        per_instruction = np.asarray([chosen[inst.stage] for inst in self.dag.instructions], dtype=int)
+        chosen = [clocks[g][int(np.argmax(result.x[offsets[g]:offsets[g + 1]]))] for g in range(self.gpus)]
+        per_instruction = np.asarray([chosen[self.dag.gpu_of(inst)] for inst in self.dag.instructions], dtype=int)
         time_s, energy_j = self.evaluate(per_instruction)
         if time_s > deadline_s * (1 + 1e-9):  # HiGHS's tolerance: the fastest plan is the safe answer
             per_instruction = fastest.sm_clock_mhz
@@ -568,31 +598,34 @@ class PipelinePlanner:
                             _time.perf_counter() - start, self)  # fmt: skip
 
     def _build_stage_model(self) -> tuple[list[list[int]], np.ndarray, PipelineModel]:
-        """plan_stage_clocks's model, built once: each stage's clocks (both kinds profiled at them, fastest first),
-        its columns' offsets, and the PipelineModel."""
+        """plan_stage_clocks's model, built once: each GPU's clocks (every instruction kind of every model stage it
+        runs profiled at them, fastest first; 1F1B: one stage per GPU), its columns' offsets, and the
+        PipelineModel."""
         clocks = []
-        for stage in range(self.stages):
-            common = sorted(set(self.profile.options[(stage, KINDS[0])].sm_clock_mhz.tolist())
-                            & set(self.profile.options[(stage, KINDS[1])].sm_clock_mhz.tolist()), reverse=True)
+        for gpu in range(self.gpus):
+            keys = sorted({(i.stage, i.kind) for i in self.dag.instructions if self.dag.gpu_of(i) == gpu})
+            common = sorted(set.intersection(*(set(self.profile.options[key].sm_clock_mhz.tolist()) for key in keys)),
+                            reverse=True)  # fmt: skip
             if not common:
-                raise InvalidSettingError(f"stage_profile: stage {stage}'s forward and backward share no clock; one "
-                                          "clock per stage needs both profiled at it", argument="stage_profile")  # fmt: skip
+                stages = sorted({stage for stage, _ in keys})
+                raise InvalidSettingError(f"stage_profile: stage(s) {stages}'s instructions share no clock; one clock "
+                                          "per stage needs all of them profiled at it", argument="stage_profile")  # fmt: skip
             clocks.append(common)
         offsets = np.concatenate([[0], np.cumsum([len(c) for c in clocks])])
         n, n_y = self.dag.n, int(offsets[-1])
         cost = np.zeros(n_y)
         times = []
-        for inst in self.dag.instructions:
+        owner = [self.dag.gpu_of(inst) for inst in self.dag.instructions]
+        for inst, gpu in zip(self.dag.instructions, owner):
             opts = self.profile.options[(inst.stage, inst.kind)]
-            index = [int(np.flatnonzero(opts.sm_clock_mhz == c)[0]) for c in clocks[inst.stage]]
+            index = [int(np.flatnonzero(opts.sm_clock_mhz == c)[0]) for c in clocks[gpu]]
             t = opts.time_s[index]
             if self.time_quantum_s is not None:
                 t = np.floor(t / self.time_quantum_s + 1e-9) * self.time_quantum_s
             times.append(t)
-            cost[offsets[inst.stage]:offsets[inst.stage + 1]] += opts.energy_j[index] - self.blocking_power_w * t
-        matrix, lower, upper = self._precedence_rows(self.stages, offsets, [inst.stage for inst in self.dag.instructions],
-                                                     times, n_y)  # fmt: skip
-        objective = np.concatenate([cost, np.zeros(n), [self.stages * self.blocking_power_w]])
+            cost[offsets[gpu]:offsets[gpu + 1]] += opts.energy_j[index] - self.blocking_power_w * t
+        matrix, lower, upper = self._precedence_rows(self.gpus, offsets, owner, times, n_y)
+        objective = np.concatenate([cost, np.zeros(n), [self.gpus * self.blocking_power_w]])
         return clocks, offsets, PipelineModel(matrix, lower, upper, objective, n_y)
 
     def _deadline(self, fastest: PipelinePlan, deadline_s: float | None, max_slowdown) -> float | None:
@@ -691,7 +724,7 @@ class PipelinePlanner:
             offsets[i + 1] = offsets[i] + len(times[-1])
         n_x = int(offsets[-1])
         matrix, lower, upper = self._precedence_rows(n, offsets, list(range(n)), times, n_x)
-        objective = np.concatenate([np.concatenate(costs), np.zeros(n), [self.stages * self.blocking_power_w]])
+        objective = np.concatenate([np.concatenate(costs), np.zeros(n), [self.gpus * self.blocking_power_w]])
         self._offsets = offsets
         self._model = PipelineModel(matrix, lower, upper, objective, n_x)
 
@@ -826,7 +859,7 @@ class PipelinePlanner:
     def _cost(self, choice) -> float:
         """The plan's energy (J) as the MILP counts it: effective energies plus S * p * its critical path."""
         effective = sum(float(self._kept_effective[g][k]) for g, k in zip(self._group, choice))
-        return effective + self.stages * self.blocking_power_w * self._graph.length(self._durations(choice))
+        return effective + self.gpus * self.blocking_power_w * self._graph.length(self._durations(choice))
 
     def _round_down(self, x_lp: np.ndarray, deadline_s: float) -> np.ndarray:
         """Each instruction's slowest kept option no slower than the LP's time for it, sum_k x[i, k] t[i, k]: every
@@ -900,7 +933,7 @@ class PipelinePlanner:
         option that fits within its total float under the deadline) that saves the most energy per second it adds,
         to a fixed point. Saving: its effective-energy drop minus S * p times what it adds to the critical path.
         Never slower than the deadline (its critical path stays at most deadline_s), never dearer than ``choice``."""
-        graph, group, sp = self._graph, self._group, self.stages * self.blocking_power_w
+        graph, group, sp = self._graph, self._group, self.gpus * self.blocking_power_w
         times_of, effective_of = self._kept_times, self._kept_effective
         choice = [int(k) for k in choice]
         d = self._durations(choice)
