@@ -380,6 +380,8 @@ def search_pipeline(
     on_unit: Callable[[str, int, int], None] | None = None,
     on_start: Callable[[SearchStart], None] | None = None,
     verbose: bool = False,
+    schedule: str = "1f1b",
+    virtual_stages: int | None = None,
 ):
     """Search the clocks of a pipeline-parallel training iteration (a layout with pp > 1) on the simulated pipeline:
     one SM clock for the whole iteration ("iteration"), one per stage never switching ("stage") and one per
@@ -413,6 +415,11 @@ def search_pipeline(
         on_unit: called as on_unit(granularity, done, total) after each study.
         on_start: called once with a SearchStart (its ``trace`` the first stage's StageTrace) before measuring.
         verbose: Optuna's own INFO log lines.
+        schedule: the pipeline schedule: "1f1b" (DeepSpeed's, the default) or one of torch.distributed.pipelining's
+            (freqopt.search.pipeline.SCHEDULES; their per-GPU orders are the classes' own); those that run several
+            model stages per GPU trace the model as pp x that many stages, and the zero-bubble ones run each
+            backward as its input and weight gradients. Only 1F1B writes a pipeline clock table so far.
+        virtual_stages: model stages per GPU for the looped schedules (default 2).
 
     Returns:
         PipelineSearchResult: ``.summary()`` (the JSON document), ``.pipeline_doc()`` (what a pipeline clock
@@ -459,21 +466,27 @@ def search_pipeline(
     switch_s = check_switch_latency_ms(switch_latency_ms)
     if switch_s is not None:
         spec = spec.with_switch_latency(switch_s)
-    stage_traces = trace_pipeline_stages(workload, partition_method=partition_method)  # checks the partition
+    from freqopt.search.pipeline import schedule_dag
+
+    dag = schedule_dag(schedule, workload.layout.pp, micro_batches, virtual_stages=virtual_stages)  # checks both
+    stage_traces = trace_pipeline_stages(workload, partition_method=partition_method,
+                                         model_stages=dag.stages)  # checks the partition  # fmt: skip
     out, storage = open_output(out, storage)
     counts = {"n_trials": n_trials} if n_trials else {}
     if validation_repeats:
         counts["validation_repeats"] = validation_repeats
     config = PipelineSearchConfig(max_slowdown=slowdown, granularities=levels, seed=seed, storage=storage,
-                                  confidence=confidence, **counts)  # fmt: skip
+                                  confidence=confidence, schedule=schedule, virtual_stages=virtual_stages,
+                                  **counts)  # fmt: skip
     table_path = None
-    if out is not None and "instruction" in levels:  # another search's table there: refused before anything runs
+    if out is not None and "instruction" in levels and schedule == "1f1b":  # another search's table: refused first
         table_path = _check_table_targets(workload, spec.name, "sim", slowdown, ("instruction",), seed,
                                           out)["instruction"]  # fmt: skip
     if on_start is not None:
         prefix = pipeline_study_prefix(workload, spec, partition_method, seed)
         fronts = "stage" in levels or "instruction" in levels  # both plan on the instructions' fronts
-        n_units = (1 if "iteration" in levels else 0) + (2 * workload.layout.pp if fronts else 0)
+        n_units = (1 if "iteration" in levels else 0) + (len({(i.stage, i.kind) for i in dag.instructions})
+                                                         if fronts else 0)  # fmt: skip
         on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, n_units))
     with optuna_logging(verbose):
         result = run_pipeline_search(stage_traces, spec, micro_batches, config, storage=open_storage(storage),

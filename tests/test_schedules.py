@@ -173,3 +173,89 @@ def test_a_profile_without_a_schedules_instructions_is_refused_in_one_line():
         PipelinePlanner(_profile(4, (FORWARD, BACKWARD)), 4, schedule="zb-v", blocking_power_w=5.0)
     with pytest.raises(InvalidSettingError, match="runs 2 model stages per GPU; the stage profile's 3 stages"):
         PipelinePlanner(_profile(3, (FORWARD, BACKWARD)), 4, schedule="interleaved-1f1b", blocking_power_w=5.0)
+
+
+@pytest.fixture(scope="module")
+def chunk_traces():
+    """gpt3-small (micro-batch 1 of 128 tokens) on 2 GPUs, traced as 2 and as 4 model stages."""
+    from freqopt.workload.layout import parse_layout
+    from freqopt.workload.models import get_workload
+    from freqopt.workload.pipeline_trace import trace_pipeline_stages
+
+    workload = get_workload("gpt3-small", micro_batch_size=1, seq_len=128, layout=parse_layout("pp=2"))
+    return {n: trace_pipeline_stages(workload, model_stages=n) for n in (2, 4)}
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b", "zb-v", "dualpipe-v"])
+def test_the_simulated_pipeline_runs_a_schedule_as_its_own_order_times_it(schedule, chunk_traces):
+    """Issue 37's criterion on the simulated GPU: each schedule's simulated iteration at a fixed clock is the
+    schedule's own action order replayed on the same instruction times, and its energy is the instructions' plus
+    every GPU's blocked power while it waits (one StageRun per GPU)."""
+    from freqopt.gpu.specs import get_gpu
+    from freqopt.search.pipeline_sim import SimulatedPipeline
+    from freqopt.search.schedules import stages_per_rank
+
+    a100 = get_gpu("a100-sxm4-80gb")
+    traces = chunk_traces[2 * stages_per_rank(schedule)]
+    pipe = SimulatedPipeline(traces, a100, 4, noise=False, optimizer_step=False, schedule=schedule)
+    assert pipe.gpus == 2 and pipe.stages == len(traces)
+    run = pipe.true_run(1200, switching=False)
+    cost = {(i.stage, i.kind): pipe.instruction_cost(i.stage, i.kind, 1200) for i in pipe.dag.instructions}
+    durations = {(i.stage, i.kind, i.micro_batch): cost[(i.stage, i.kind)][0] for i in pipe.dag.instructions}
+    assert run.time_s == pytest.approx(replay_s(rank_orders(schedule, 2, 4), durations), rel=1e-9)
+    times = np.array([cost[(i.stage, i.kind)][0] for i in pipe.dag.instructions])
+    energies = np.array([cost[(i.stage, i.kind)][1] for i in pipe.dag.instructions])
+    assert run.energy_j == pytest.approx(pipe.dag.iteration_energy_j(times, energies, pipe.blocked_power_w(1200)),
+                                         rel=1e-9)  # fmt: skip
+    assert len(run.stages) == 2
+    with_step = SimulatedPipeline(traces, a100, 4, noise=False, schedule=schedule).true_run(1200, switching=False)
+    assert with_step.time_s > run.time_s  # each GPU's optimizer step (its model stages' together) after the last
+
+
+def test_a_backward_splits_into_its_input_and_weight_gradients(chunk_traces):
+    """The zero-bubble schedules' split: the two halves partition the backward; the weight half is the GEMMs
+    whose inner dimension is the micro-batch's tokens (dW = dY^T X) and the bias sums, about half the backward's
+    GEMM FLOPs; the P2P transfers and fused attention stay with the input gradient."""
+    for trace in chunk_traces[4]:
+        backward = trace.pass_kernels(BACKWARD)
+        inputs, weights = trace.pass_kernels(BACKWARD_INPUT), trace.pass_kernels(BACKWARD_WEIGHT)
+        assert sorted(map(id, inputs + weights)) == sorted(map(id, backward))
+        assert weights and all(k.name in ("aten.mm", "aten.addmm", "aten.sum", "aten.embedding_dense_backward")
+                               for k in weights)  # fmt: skip
+        assert not any(k.kind in ("send", "recv", "attention") for k in weights)
+        gemm = sum(k.flops for k in backward if k.kind == "gemm")
+        if gemm:  # (a stage of the embedding alone has no GEMM)
+            assert 0.3 < sum(k.flops for k in weights if k.kind == "gemm") / gemm < 0.7
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-v"])
+def test_the_pipeline_search_runs_other_schedules_within_the_budget(schedule, tmp_path):
+    """Issue 37's criterion: the pipeline search runs interleaved 1F1B and ZB-V on the simulated GPU, every level
+    held to the budget at its confidence; each GPU's requests are listed in its own order with the model stage of
+    each instruction; no pipeline clock table is written (its format holds 1F1B only)."""
+    import freqopt
+
+    result = freqopt.search_pipeline("gpt3-small", gpu="a100-sxm4-80gb", layout="pp=2", micro_batches=4,
+                                     micro_batch_size=1, seq_len=128, max_slowdown="2%", n_trials=4,
+                                     validation_repeats=2, schedule=schedule, out=tmp_path)  # fmt: skip
+    assert result.schedule == schedule and result.dag.schedule == schedule and result.dag.gpus == 2
+    for g in result.levels:
+        bound = result.slowdown_bound_pct(g)
+        assert bound is None or bound <= 2.0 + 1e-9
+        assert result.energy_saved_pct(g) >= 0.0
+    requests = result.stage_requests()
+    assert [r["stage"] for r in requests] == [0, 1]
+    assert {i["model_stage"] for i in requests[0]["instructions"]} == {0, 3 if schedule == "zb-v" else 2}
+    kinds = {i["kind"] for r in requests for i in r["instructions"]}
+    assert kinds == ({"forward", "backward_input", "backward_weight"} if schedule == "zb-v" else {"forward", "backward"})
+    assert result.table_path is None and not list(tmp_path.glob("*-instruction.json"))
+    with pytest.raises(InvalidSettingError, match=f"^schedule {schedule}: a pipeline clock table holds DeepSpeed's"):
+        result.pipeline_doc()
+
+
+def test_schedule_applies_to_a_pipeline_layout_only(capsys):
+    from freqopt.cli import main
+
+    assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--schedule", "zb-v"]) != 0
+    err = capsys.readouterr().err
+    assert "schedule applies to a pipeline layout" in err and len(err.strip().splitlines()) == 1

@@ -44,12 +44,18 @@ def switch_latency_option(f):
 @click.option("--confidence", default="0.95", show_default=True,
               help="Confidence at which the slowdown is held to the budget: a schedule is kept only if the upper "
                    "bound of its slowdown at this level is within it; 0.5 judges on the mean alone.")
+@click.option("--schedule", default=None,
+              help="A pipeline layout's schedule: 1f1b (DeepSpeed's, the default) or torch.distributed.pipelining's "
+                   "gpipe, interleaved-1f1b, looped-bfs, interleaved-zb, zb-v, dualpipe-v (only 1f1b writes a "
+                   "clock table so far).")
+@click.option("--virtual-stages", type=int, default=None,
+              help="Model stages per GPU for interleaved-1f1b, looped-bfs and interleaved-zb (default 2).")
 @switch_latency_option
 @model_options
 @verbose_option
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
-           micro_batches, partition_method, confidence, switch_latency_ms, micro_batch_size, seq_len, n_heads,
-           vocab_multiple, layout, verbose) -> None:  # fmt: skip
+           micro_batches, partition_method, confidence, schedule, virtual_stages, switch_latency_ms, micro_batch_size,
+           seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities.
 
     With a pipeline layout (--layout ...,pp=S and --micro-batches M) it searches the simulated pipeline's iteration
@@ -74,9 +80,11 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                                       argument="n_jobs")  # fmt: skip
         _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir, json_path, seed, trials,
                          micro_batches, partition_method or "parameters", switch_latency_ms, micro_batch_size,
-                         seq_len, n_heads, vocab_multiple, layout, verbose, confidence)  # fmt: skip
+                         seq_len, n_heads, vocab_multiple, layout, verbose, confidence, schedule or "1f1b",
+                         virtual_stages)  # fmt: skip
         return
-    for name, value in (("micro_batches", micro_batches), ("partition_method", partition_method)):
+    for name, value in (("micro_batches", micro_batches), ("partition_method", partition_method),
+                        ("schedule", schedule), ("virtual_stages", virtual_stages)):
         if value is not None:
             raise InvalidSettingError(f"{name} applies to a pipeline layout (pp > 1, e.g. --layout pp=4)",
                                       argument=name)  # fmt: skip
@@ -196,7 +204,8 @@ def _search_table(result):
 
 def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir, json_path, seed, trials,
                      micro_batches, partition_method, switch_latency_ms, micro_batch_size, seq_len, n_heads,
-                     vocab_multiple, layout, verbose, confidence) -> None:  # fmt: skip
+                     vocab_multiple, layout, verbose, confidence, schedule="1f1b",
+                     virtual_stages=None) -> None:  # fmt: skip
     """``freqopt search`` on a pipeline layout: freqopt.search_pipeline, rendered."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -213,7 +222,7 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
         begun.append(start)
         w = start.trace.workload
         console.print(f"traced {w.model} ({w.layout}): {w.layout.pp} stages, {micro_batches} micro-batches per "
-                      f"iteration (1f1b); GPU {start.spec.name} (simulated)")  # fmt: skip
+                      f"iteration ({schedule}); GPU {start.spec.name} (simulated)")  # fmt: skip
         console.print(f"search {start.study_name}; studies in {absolute_storage(start.storage)}", soft_wrap=True)
         progress.add_task("searching", total=start.n_units)
         progress.start()
@@ -228,7 +237,8 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
                                  partition_method=partition_method, backend=backend, seed=seed, storage=storage,
                                  out=out_dir, n_trials=trials, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                  n_heads=n_heads, vocab_multiple=vocab_multiple, switch_latency_ms=switch_latency_ms,
-                                 confidence=confidence, on_unit=on_unit, on_start=on_start, verbose=verbose)  # fmt: skip
+                                 confidence=confidence, on_unit=on_unit, on_start=on_start, verbose=verbose,
+                                 schedule=schedule, virtual_stages=virtual_stages)  # fmt: skip
     except KeyboardInterrupt:
         if begun:
             raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in "
@@ -259,7 +269,7 @@ def _pipeline_table(result):
     from rich.table import Table
 
     w, doc = result.workload, result.summary()
-    table = Table(title=f"{w.model} ({w.layout}) on {result.gpu}, {result.micro_batches} micro-batches (1f1b), max "
+    table = Table(title=f"{w.model} ({w.layout}) on {result.gpu}, {result.micro_batches} micro-batches ({result.schedule}), max "
                         f"slowdown {100 * result.max_slowdown:g} % (validated on the simulated pipeline, clock "
                         f"switches taking {1e3 * result.switch_s:g} ms)")  # fmt: skip
     table.add_column("granularity", width=11, no_wrap=True)
@@ -322,7 +332,7 @@ def _pipeline_notes(result) -> list[str]:
                          "fronts allow (proven by the planner)")  # fmt: skip
         else:
             lines.append("instruction level: the iteration level's clock (or the defaults) validated better than any plan")
-        lines.append(f"clocks asked for at each instruction's start (MHz), in each stage's 1f1b order, one switch "
+        lines.append(f"clocks asked for at each instruction's start (MHz), in each stage's {result.schedule} order, one switch "
                      f"latency ahead:")  # fmt: skip
         for stage in result.stage_requests():
             lines.append(f"  stage {stage['stage']}: " + _runs([i["sm_clock_mhz"] for i in stage["instructions"]]))

@@ -63,7 +63,7 @@ from freqopt.gpu.backends.base import ClockSetting, Measurement
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.search.journal import MeasurementLog, digest
-from freqopt.search.pipeline import KINDS, PipelineDAG
+from freqopt.search.pipeline import ALL_KINDS, KINDS, PipelineDAG
 from freqopt.search.pipeline_plan import (FrontierPoint, InstructionOptions, PipelinePlan, PipelinePlanner,
                                           StageProfile)  # fmt: skip
 from freqopt.search.pipeline_sim import SimulatedPipeline, perseus_blocking_power_w
@@ -122,6 +122,9 @@ class PipelineSearchConfig:
             sensitivity check against Perseus's measured figure; None: the physics'.
         seed: seeds the samplers and the simulated GPUs' noise.
         storage: Optuna storage URL; None keeps studies in memory.
+        schedule, virtual_stages: the pipeline schedule (freqopt.search.pipeline.SCHEDULES: DeepSpeed's "1f1b", or
+            one of torch.distributed.pipelining's) and, for the looped ones, its model stages per GPU; the stage
+            traces are then one per model stage (SimulatedPipeline).
     """
 
     max_slowdown: float
@@ -138,6 +141,8 @@ class PipelineSearchConfig:
     blocked_power_w: float | None = None
     seed: int = 0
     storage: str | None = None
+    schedule: str = "1f1b"
+    virtual_stages: int | None = None
 
     def __post_init__(self):
         if not 0.0 <= self.max_slowdown < 1.0:
@@ -273,11 +278,11 @@ class PipelineValidator:
 
 
 def _n_switches(dag: PipelineDAG, requests: Sequence) -> tuple[int, int]:
-    """Changes of the requested clock per iteration, each stage's order read cyclically (iterations repeat): all
-    stages' together, and the most of any one stage's."""
+    """Changes of the requested clock per iteration, each GPU's order read cyclically (iterations repeat): all
+    GPUs' together, and the most of any one GPU's (1F1B: one stage per GPU)."""
     counts = []
-    for s in range(dag.stages):
-        seq = [r for inst, r in zip(dag.instructions, requests) if inst.stage == s]
+    for g in range(dag.gpus):
+        seq = [r for inst, r in zip(dag.instructions, requests) if dag.gpu_of(inst) == g]
         counts.append(sum(1 for a, b in zip(seq, seq[1:] + seq[:1]) if a != b))
     return sum(counts), max(counts, default=0)
 
@@ -355,7 +360,8 @@ class PipelineSearchResult:
     Attributes:
         workload: the model, micro-batch and layout (pp > 1).
         gpu: the GPU type's name; spec: the GPU type (its switch latency as searched).
-        micro_batches: M; partition_method: how the stages were partitioned; schedule: "1f1b".
+        micro_batches: M; partition_method: how the stages were partitioned; schedule: the pipeline schedule
+            (SCHEDULES); dag: its instruction DAG (None: 1F1B's).
         max_slowdown: the budget (fraction).
         baseline: the default iteration, validated (every GPU at its defaults).
         profile: the StageProfile built from the fronts ((stage, kind) -> InstructionOptions, the default as the
@@ -395,6 +401,7 @@ class PipelineSearchResult:
     schedule: str = "1f1b"
     table_path: object = None
     confidence: float | None = None
+    dag: PipelineDAG | None = field(default=None, repr=False)
 
     @property
     def stages(self) -> int:
@@ -447,14 +454,18 @@ class PipelineSearchResult:
         return self._stages_of(self.levels[granularity].requests)
 
     def _stages_of(self, clocks: Sequence[int | None]) -> list[dict]:
+        """Per GPU ("stage": its pipeline rank), its instructions in the order it runs them; where the schedule
+        runs several model stages per GPU, each instruction also names its "model_stage"."""
         from freqopt.search.pipeline import one_f_one_b
 
-        dag = one_f_one_b(self.stages, self.micro_batches)
+        dag = self.dag if self.dag is not None else one_f_one_b(self.stages, self.micro_batches)
         out: list[dict] = [{"stage": s, "instructions": []} for s in range(self.stages)]
         for inst, clock in zip(dag.instructions, clocks):
-            out[inst.stage]["instructions"].append({  # type: ignore[union-attr]
-                "kind": inst.kind, "micro_batch": inst.micro_batch,
-                "sm_clock_mhz": self.spec.max_sm_clock_mhz if clock is None else int(clock)})
+            entry = {"kind": inst.kind, "micro_batch": inst.micro_batch,
+                     "sm_clock_mhz": self.spec.max_sm_clock_mhz if clock is None else int(clock)}
+            if dag.gpu_of_stage is not None:
+                entry["model_stage"] = inst.stage
+            out[dag.gpu_of(inst)]["instructions"].append(entry)  # type: ignore[union-attr]
         return out
 
     def pipeline_doc(self) -> dict:
@@ -467,13 +478,16 @@ class PipelineSearchResult:
         (stage_requests; what was validated).
 
         Raises:
-            InvalidSettingError: the instruction level was not searched.
+            InvalidSettingError: the instruction level was not searched, or the schedule is not 1F1B.
         """
         if "instruction" not in self.levels:
             raise InvalidSettingError("granularity instruction was not searched: a pipeline table needs its fronts",
                                       argument="granularity")  # fmt: skip
+        if self.schedule != "1f1b":
+            raise InvalidSettingError(f"schedule {self.schedule}: a pipeline clock table holds DeepSpeed's 1F1B only "
+                                      "so far; read this schedule's plan from .stage_requests()", argument="schedule")  # fmt: skip
         units = []
-        for (stage, kind), default in sorted(self.defaults.items(), key=lambda kv: (kv[0][0], KINDS.index(kv[0][1]))):
+        for (stage, kind), default in sorted(self.defaults.items(), key=lambda kv: (kv[0][0], ALL_KINDS.index(kv[0][1]))):
             front = [{"sm_clock_mhz": _clock(self.spec, o.setting), "time_s": o.time_s, "energy_j": o.energy_j,
                       "n_samples": o.n_samples} for o in self.fronts[(stage, kind)]]  # fmt: skip
             units.append({"unit": f"stage{stage}.{kind}", "stage": stage, "pass": kind,
@@ -487,7 +501,7 @@ class PipelineSearchResult:
 
     def summary(self) -> dict:
         """The JSON document ``freqopt search --layout ...,pp=S --json`` writes: ``{"workload", "gpu",
-        "micro_batches", "max_slowdown_pct", "switch_s", "blocking_power_w", "perseus_blocking_power_w",
+        "micro_batches", "schedule", "max_slowdown_pct", "switch_s", "blocking_power_w", "perseus_blocking_power_w",
         "max_switches_per_s", "confidence", "baseline": {"time_s", "energy_j", "time_se_s", "energy_se_j"}, "results": {GRANULARITY:
         {"energy_saved_pct", "energy_saved_se_pct", "slowdown_pct", "slowdown_se_pct", "slowdown_bound_pct",
         "ideal_energy_saved_pct",
@@ -504,7 +518,8 @@ class PipelineSearchResult:
         w = self.workload
         doc = {"workload": {"model": w.model, "micro_batch_size": w.micro_batch_size, "seq_len": w.config.seq_len,
                             "layout": w.layout.as_dict(), "partition_method": self.partition_method},
-               "gpu": self.gpu, "micro_batches": self.micro_batches, "max_slowdown_pct": 100 * self.max_slowdown,
+               "gpu": self.gpu, "micro_batches": self.micro_batches, "schedule": self.schedule,
+               "max_slowdown_pct": 100 * self.max_slowdown,
                "switch_s": self.switch_s, "blocking_power_w": self.blocking_power_w,
                "perseus_blocking_power_w": self.perseus_blocking_power_w,
                "baseline": {"time_s": self.baseline.time_s, "energy_j": self.baseline.energy_j,
@@ -600,8 +615,8 @@ def realize_requests(dag: PipelineDAG, clocks_mhz: Sequence[int], times_s: Seque
     lead = switch_s % period if period > 0 else 0.0
     eps = 1e-12 * max(period, 1.0)
     requests = np.empty(dag.n, dtype=int)
-    for s in range(dag.stages):
-        idx = np.asarray([j for j, inst in enumerate(dag.instructions) if inst.stage == s])  # stage order
+    for g in range(dag.gpus):
+        idx = np.asarray([j for j, inst in enumerate(dag.instructions) if dag.gpu_of(inst) == g])  # the GPU's order
         st, en, c = starts[idx], ends[idx], clocks[idx]
         # The intervals whose clock is required: the instructions, and the optimizer step at the last one's clock.
         iv_s = np.r_[st, float(np.max(ends))] if tail_s > 0 else st
@@ -752,10 +767,14 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
     started = _time.perf_counter()
     workload = stage_traces[0].workload
     pipeline = SimulatedPipeline(stage_traces, spec, micro_batches, seed=config.seed,
-                                 blocked_power_w=config.blocked_power_w)  # fmt: skip
+                                 blocked_power_w=config.blocked_power_w, schedule=config.schedule,
+                                 virtual_stages=config.virtual_stages)  # fmt: skip
     dag = pipeline.dag
     prefix = pipeline_study_prefix(workload, spec, partition_method, config.seed)
-    whole = f"{prefix}-m{micro_batches}" + ("" if config.blocked_power_w is None else f"-p{config.blocked_power_w:g}")
+    if pipeline.stages != workload.layout.pp:  # traced as more model stages than GPUs: other instructions
+        prefix += f"-x{pipeline.stages}"
+    whole = (f"{prefix}-m{micro_batches}" + ("" if config.blocked_power_w is None else f"-p{config.blocked_power_w:g}")
+             + ("" if config.schedule == "1f1b" else f"-{config.schedule}"))
     log = MeasurementLog(optuna.create_study(study_name=f"{whole}-validation", storage=storage,
                                              load_if_exists=True))  # fmt: skip
     validator = PipelineValidator(pipeline, config.validation_repeats, log, confidence=config.confidence,
@@ -798,9 +817,10 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
         before = (validator.n_measurements, validator.cost_gpu_s)
         gpu = SimulatedGPU(spec, seed=config.seed)
         searches = []
-        total = 2 * dag.stages
-        for s in range(dag.stages):
-            for kind in KINDS:
+        keys = sorted({(i.stage, i.kind) for i in dag.instructions}, key=lambda key: (key[0], ALL_KINDS.index(key[1])))
+        total = len(keys)
+        for s, kind in keys:
+            if True:  # one study per model stage and instruction kind
                 unit = f"stage{s}.{kind}"
                 search = search_unit(gpu, pipeline.instruction_kernels(s, kind), name=unit,
                                      study_name=f"{prefix}-instruction-{unit}", storage=storage,
@@ -816,7 +836,9 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
         profile = _profile(fronts, spec, dag.stages)
         blocking_w = pipeline.blocked_power_w()
         planner = PipelinePlanner(profile, micro_batches, blocking_power_w=blocking_w, mip_rel_gap=config.plan_rel_gap,
-                                  time_limit_s=config.plan_time_limit_s)  # fmt: skip
+                                  time_limit_s=config.plan_time_limit_s, schedule=config.schedule,
+                                  virtual_stages=pipeline.stages // pipeline.gpus if pipeline.gpus != pipeline.stages
+                                  else None)  # fmt: skip
         fastest = planner.fastest()
         # The once-per-iteration tail (optimizer step): the validated default iteration beyond the planned one.
         tail_s = max(0.0, baseline.time_s - fastest.time_s)
@@ -868,7 +890,8 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
     return PipelineSearchResult(workload, spec.name, spec, micro_batches, partition_method, b, baseline, profile,
                                 defaults, fronts, blocking, perseus_blocking_power_w(spec), spec.clock_switch_s,
                                 levels, config.storage, config.seed, n_new, n_stored,
-                                _time.perf_counter() - started, confidence=config.confidence)  # fmt: skip
+                                _time.perf_counter() - started, schedule=config.schedule,
+                                confidence=config.confidence, dag=dag)  # fmt: skip
 
 
 def _with_waiting_range(levels: dict, stage_traces: Sequence, spec: GPUSpec, micro_batches: int,
@@ -880,7 +903,9 @@ def _with_waiting_range(levels: dict, stage_traces: Sequence, spec: GPUSpec, mic
     from freqopt.gpu.specs import WAITING_CLOCK_SCALES
 
     flat = SimulatedPipeline(stage_traces, spec.with_waiting_clock_scale(WAITING_CLOCK_SCALES["flat"]),
-                             micro_batches, noise=False, optimizer_step=pipeline.optimizer_step)  # fmt: skip
+                             micro_batches, noise=False, optimizer_step=pipeline.optimizer_step,
+                             schedule=pipeline.schedule, virtual_stages=pipeline.stages // pipeline.gpus
+                             if pipeline.gpus != pipeline.stages else None)  # fmt: skip
     defaults = {id(p): p.true_run().energy_j for p in (flat, pipeline)}
     out = {}
     for g, level in levels.items():
@@ -901,8 +926,8 @@ def result_pipeline_table(result: PipelineSearchResult):
     from freqopt.tables import pipeline_table
 
     level = result.levels.get("instruction")
-    if level is None or level.plan is None or result.profile is None:
-        return None
+    if level is None or level.plan is None or result.profile is None or result.schedule != "1f1b":
+        return None  # (the table's format and the runtime hold DeepSpeed's 1F1B only, so far)
     top = result.spec.max_sm_clock_mhz
     return pipeline_table(
         result.workload, result.spec, result.profile, level.plan, max_slowdown=result.max_slowdown,

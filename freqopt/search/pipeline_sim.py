@@ -1,5 +1,6 @@
-"""A pipeline-parallel training iteration as S simulated GPUs run it: DeepSpeed's 1F1B schedule, P2P waits and the
-power each GPU draws while it waits.
+"""A pipeline-parallel training iteration as S simulated GPUs run it: DeepSpeed's 1F1B schedule (or one of
+torch.distributed.pipelining's: SimulatedPipeline's ``schedule``, freqopt.search.schedules), P2P waits and the power
+each GPU draws while it waits.
 
 One simulated GPU (freqopt.gpu.backends.simulated.SimulatedGPU, its physics) per pipeline stage runs that stage's
 instructions (freqopt.search.pipeline: the forward or backward of one micro-batch; DeepSpeed's non-interleaved 1F1B
@@ -72,7 +73,7 @@ from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import ENERGY_NOISE_REL, TIME_NOISE_REL, SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
-from freqopt.search.pipeline import KINDS, Instruction, PipelineDAG, one_f_one_b
+from freqopt.search.pipeline import Instruction, PipelineDAG, schedule_dag
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["SimulatedPipeline", "PipelineRun", "StageRun", "PERSEUS_BLOCKING_POWER_W", "perseus_blocking_power_w",
@@ -234,7 +235,9 @@ class _Timeline:
 
 
 class SimulatedPipeline:
-    """S simulated GPUs running a 1F1B pipeline iteration (module docstring).
+    """S simulated GPUs running a pipeline iteration (module docstring): DeepSpeed's 1F1B, or one of
+    torch.distributed.pipelining's schedules (``schedule``, freqopt.search.schedules), the instructions of several
+    model stages per GPU where the schedule interleaves them.
 
     Args:
         stage_traces: one StageTrace per stage, stage 0 first (freqopt.workload.pipeline_trace).
@@ -248,6 +251,10 @@ class SimulatedPipeline:
         protocol: warm-up and window of a measurement (its GPU-second cost).
         blocked_power_w: a constant blocked power (W) at every clock in place of the physics' (e.g. Perseus's
             measured PERSEUS_BLOCKING_POWER_W), to see how much a figure depends on it; None: the physics'.
+        schedule, virtual_stages: the schedule (freqopt.search.pipeline.SCHEDULES) and, for the looped ones, its
+            model stages per GPU; ``stage_traces`` then holds one trace per model stage (S x v: trace_pipeline_stages
+            with model_stages), and the zero-bubble schedules run each backward as its input and weight gradients
+            (StageTrace.pass_kernels, split_backward). ``stages`` is the model stages, ``gpus`` the GPUs.
         switch_stall_s: how long (s) the GPU stalls when a clock switch lands while it runs an instruction (drawing
             its blocked power), for a sensitivity check: whether a transition pauses the SMs is not in the sources
             (search_spaces/*.toml, [actuation]); 0 (default): the kernels run on at the new clock at once. A switch
@@ -260,7 +267,8 @@ class SimulatedPipeline:
 
     def __init__(self, stage_traces: Sequence, spec: GPUSpec, micro_batches: int, *, seed: int = 0,
                  noise: bool = True, optimizer_step: bool = True, protocol: MeasurementProtocol | None = None,
-                 blocked_power_w: float | None = None, switch_stall_s: float = 0.0):  # fmt: skip
+                 blocked_power_w: float | None = None, switch_stall_s: float = 0.0, schedule: str = "1f1b",
+                 virtual_stages: int | None = None):  # fmt: skip
         check_positive_int("micro_batches", micro_batches)
         if not (isinstance(switch_stall_s, (int, float)) and math.isfinite(switch_stall_s) and switch_stall_s >= 0):
             raise InvalidSettingError(f"switch_stall_s must be a finite number of seconds >= 0, not {switch_stall_s!r}",
@@ -273,10 +281,21 @@ class SimulatedPipeline:
         if [t.index for t in traces] != list(range(len(traces))) or any(t.stage.stages != len(traces) for t in traces):
             raise InvalidSettingError("stage_traces must be one StageTrace per stage of one pipeline, stage 0 first",
                                       argument="stage_traces")  # fmt: skip
+        per_gpu = 1
+        if schedule != "1f1b" or virtual_stages not in (None, 1):
+            from freqopt.search.schedules import stages_per_rank
+
+            per_gpu = stages_per_rank(schedule, virtual_stages)
+        if len(traces) % per_gpu:
+            raise InvalidSettingError(f"stage_traces: schedule {schedule} runs {per_gpu} model stages per GPU; trace "
+                                      f"a multiple of {per_gpu} stages (trace_pipeline_stages(model_stages=))",
+                                      argument="stage_traces")  # fmt: skip
         self.stage_traces = traces
         self.spec = spec
         self.micro_batches = micro_batches
-        self.stages = len(traces)
+        self.stages = len(traces)  # model stages (1F1B: one per GPU)
+        self.gpus = len(traces) // per_gpu
+        self.schedule = schedule
         self.seed = seed
         self.noise = noise
         self.optimizer_step = optimizer_step
@@ -285,13 +304,17 @@ class SimulatedPipeline:
             raise InvalidSettingError(f"blocked_power_w must be a finite number of watts >= 0, not {blocked_power_w!r}",
                                       argument="blocked_power_w")  # fmt: skip
         self.constant_blocked_power_w = blocked_power_w
-        self.dag: PipelineDAG = one_f_one_b(self.stages, micro_batches)
+        self.dag: PipelineDAG = schedule_dag(schedule, self.gpus, micro_batches,
+                                             virtual_stages=per_gpu if per_gpu > 1 else None)  # fmt: skip
         self._gpu = SimulatedGPU(spec, noise=False)
+        # Each model stage's instruction kernels by kind; each GPU's optimizer step (its model stages' together).
         self._kernels: dict[tuple[int, str], tuple[Kernel, ...]] = {
-            (s, kind): t.pass_kernels(kind) for s, t in enumerate(traces) for kind in KINDS}
+            (s, kind): t.pass_kernels(kind) for s, t in enumerate(traces) for kind in self.dag.kinds}
         if optimizer_step:
-            for s, t in enumerate(traces):
-                self._kernels[(s, OPTIMIZER)] = stage_optimizer_kernels(t)
+            for g in range(self.gpus):
+                self._kernels[(g, OPTIMIZER)] = tuple(
+                    k for s, t in enumerate(traces) if self.dag.gpu_of(Instruction(s, "forward", 0)) == g
+                    for k in stage_optimizer_kernels(t))  # fmt: skip
         self._arrays: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._repeats: dict[tuple, int] = defaultdict(int)
 
@@ -308,6 +331,9 @@ class SimulatedPipeline:
         arrays = self._arrays.get(key)
         if arrays is None:
             kernels = self._kernels[(stage, kind)]
+            if not kernels:  # e.g. a stage without weights' backward_weight: an instruction of no time
+                self._arrays[key] = (np.zeros(1), np.zeros(1))
+                return self._arrays[key]
             t, e, _ = self._gpu.run(kernels, [setting] * len(kernels), loop=False)
             arrays = (np.concatenate([[0.0], np.cumsum(t)]), np.concatenate([[0.0], np.cumsum(e)]))
             self._arrays[key] = arrays
@@ -364,8 +390,8 @@ class SimulatedPipeline:
             out = [_setting(s) for s in settings]
             if len(out) != n:
                 raise InvalidSettingError(f"settings has {len(out)} entries, not one per instruction ({n}: "
-                                          f"{self.stages} stages x {self.micro_batches} micro-batches x 2)",
-                                          argument="settings")  # fmt: skip
+                                          f"{self.stages} stages x {self.micro_batches} micro-batches x "
+                                          f"{len(self.dag.kinds)} kinds)", argument="settings")  # fmt: skip
         for s in dict.fromkeys(out):
             s.check_supported(self.spec)
         return out
@@ -395,7 +421,7 @@ class SimulatedPipeline:
         """
         per_instruction = self.settings_of(settings)
         true = self._simulate(per_instruction, self.spec.clock_switch_s if switching else 0.0)
-        cost = self.stages * self.protocol.cost_gpu_s(self.spec.energy_counter_period_s, true.time_s)
+        cost = self.gpus * self.protocol.cost_gpu_s(self.spec.energy_counter_period_s, true.time_s)
         if not self.noise:
             return _replace_cost(true, cost)
         ident = (key, tuple(per_instruction), switching)
@@ -412,10 +438,10 @@ class SimulatedPipeline:
                            true.instruction_time_s, true.instruction_energy_j, cost)  # fmt: skip
 
     def _simulate(self, settings: list[ClockSetting], latency_s: float) -> PipelineRun:
-        dag, S = self.dag, self.stages
-        last = {}  # each stage's setting at the end of the plan: in force when the first iteration starts
+        dag, S = self.dag, self.gpus
+        last = {}  # each GPU's setting at the end of the plan: in force when the first iteration starts
         for inst, setting in zip(dag.instructions, settings):
-            last[inst.stage] = setting
+            last[dag.gpu_of(inst)] = setting
         call_s = self.spec.nvml_call_s if latency_s > 0 else 0.0  # free switching: no queue either
         lines = [_Timeline(last[s], call_s) for s in range(S)]
         result = None
@@ -426,7 +452,7 @@ class SimulatedPipeline:
         return result
 
     def _iteration(self, settings: list[ClockSetting], lines: list[_Timeline], latency_s: float) -> PipelineRun:
-        dag, S = self.dag, self.stages
+        dag, S = self.dag, self.gpus
         n = dag.n
         start, end = np.zeros(n), np.zeros(n)
         energy = np.zeros(n)
@@ -436,13 +462,13 @@ class SimulatedPipeline:
         blocked_s = [0.0] * S
         for j in dag.order:
             inst: Instruction = dag.instructions[j]
-            s = inst.stage
+            s = dag.gpu_of(inst)
             p = preds[j]
             t0 = float(np.max(end[p])) if len(p) else 0.0
             t0 = max(t0, busy_until[s])
             self._block(s, lines[s], busy_until[s], t0, blocked_j, blocked_s)
             lines[s].request(t0, settings[j], latency_s)
-            t1, e = self._execute(s, inst.kind, lines[s], t0)
+            t1, e = self._execute(inst.stage, inst.kind, lines[s], t0)
             start[j], end[j], energy[j] = t0, t1, e
             busy_until[s] = t1
         instruction_end = max(busy_until)
@@ -458,8 +484,8 @@ class SimulatedPipeline:
         inst_j = np.zeros(S)
         inst_s = np.zeros(S)
         for j, inst in enumerate(dag.instructions):
-            inst_j[inst.stage] += energy[j]
-            inst_s[inst.stage] += end[j] - start[j]
+            inst_j[dag.gpu_of(inst)] += energy[j]
+            inst_s[dag.gpu_of(inst)] += end[j] - start[j]
         for s in range(S):
             self._block(s, lines[s], finish[s], total, blocked_j, blocked_s)
             opt_s = finish[s] - (instruction_end if self.optimizer_step else finish[s])
@@ -484,8 +510,9 @@ class SimulatedPipeline:
         blocked_s[s] += b - a
 
     def _execute(self, s: int, kind: str, line: _Timeline, t0: float) -> tuple[float, float]:
-        """Run one instruction (or the optimizer step) of stage s from t0: each kernel at the clock in force when it
-        starts. Returns (end time s, energy J)."""
+        """Run one instruction of model stage s (or, kind "optimizer", GPU s's optimizer step) on the GPU whose
+        clock line is ``line``, from t0: each kernel at the clock in force when it starts. Returns (end time s,
+        energy J)."""
         n_kernels = len(self._kernels[(s, kind)])
         i = line.index_at(t0)
         t, e, k = t0, 0.0, 0

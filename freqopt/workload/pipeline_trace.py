@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.workload.kernels import Kernel, Trace, _dtype_name
 from freqopt.workload.models import Workload, build_model
 from freqopt.workload.models.meta_checks import MetaChecks
@@ -41,9 +42,36 @@ from freqopt.workload.pipeline_partition import (DEFAULT_PARTITION_METHOD, Pipel
                                                  stage_module_parameters)
 from freqopt.workload.trace import _KernelRecorder
 
-__all__ = ["StageTrace", "trace_pipeline_stages", "P2P_KINDS"]
+__all__ = ["StageTrace", "trace_pipeline_stages", "P2P_KINDS", "SPLIT_PASSES", "split_backward"]
 
 P2P_KINDS = ("send", "recv")
+# The zero-bubble schedules' two halves of a backward (freqopt.search.schedules): the input gradient, which the
+# previous stage waits for, and the weight gradient, which nothing waits for but the optimizer step.
+SPLIT_PASSES = ("backward_input", "backward_weight")
+
+
+def split_backward(kernels, tokens: int) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """A backward's kernels split into its input-gradient and weight-gradient instructions, each in issue order.
+
+    A linear layer's backward runs two GEMMs: dX = dY W (inner dimension: the layer's output width) and
+    dW = dY^T X, whose inner dimension is the micro-batch's ``tokens`` (rows of every activation); its bias
+    gradient sums dY over the tokens. Those (``aten.mm``/``aten.addmm`` with inner dimension ``tokens``, and
+    ``aten.sum`` of a (tokens, width) gradient) and the embedding's backward are the weight gradient; everything else, fused attention's and the
+    layer norms' backward (whose weight gradients come out of the same kernel), the elementwise backwards and the
+    P2P transfers, is the input gradient. A layer whose output width equals ``tokens`` would be counted on the
+    weight side; the split is freqopt's reading of the kernels, not traced from two autograd passes.
+    """
+    from freqopt.gpu.backends.physics import gemm_inner_dim
+
+    def weight(k: Kernel) -> bool:
+        if k.name == "aten.embedding_dense_backward":  # the embedding's weight gradient, all of its backward
+            return True
+        if k.name in ("aten.mm", "aten.addmm"):
+            return gemm_inner_dim(k) == tokens
+        return k.name == "aten.sum" and bool(k.shapes) and len(k.shapes[0]) == 2 and k.shapes[0][0] == tokens
+
+    flags = [weight(k) for k in kernels]
+    return (tuple(k for k, w in zip(kernels, flags) if not w), tuple(k for k, w in zip(kernels, flags) if w))
 
 
 @dataclass(frozen=True)
@@ -71,8 +99,16 @@ class StageTrace:
         return self.stage.stage
 
     def pass_kernels(self, pass_name: str) -> tuple[Kernel, ...]:
-        """The kernels of one pass ("forward" or "backward"), in issue order."""
+        """The kernels of one pass ("forward" or "backward"), in issue order; "backward_input" and
+        "backward_weight": the backward split as the zero-bubble schedules run it (split_backward)."""
+        if pass_name in SPLIT_PASSES:
+            return split_backward(self.pass_kernels("backward"), self.tokens)[SPLIT_PASSES.index(pass_name)]
         return tuple(k for k in self.kernels if k.pass_name == pass_name)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch (sequences x sequence length): the rows of every activation."""
+        return self.workload.micro_batch_size * self.workload.config.seq_len
 
     @property
     def p2p_kernels(self) -> tuple[Kernel, ...]:
@@ -107,7 +143,7 @@ def _p2p_kernel(kind: str, x: torch.Tensor, pass_name: str, group_stride: int) -
 
 
 def trace_pipeline_stages(workload: Workload, *, partition_method: str = DEFAULT_PARTITION_METHOD,
-                          dtype: torch.dtype = torch.bfloat16) -> list[StageTrace]:  # fmt: skip
+                          dtype: torch.dtype = torch.bfloat16, model_stages: int | None = None) -> list[StageTrace]:  # fmt: skip
     """Per pipeline stage of the workload's layout (``layout.pp`` stages; pp=1 gives the whole model as one stage),
     the kernels of one micro-batch's forward and backward, traced on the meta device (seconds even for gpt3-175b).
 
@@ -117,17 +153,25 @@ def trace_pipeline_stages(workload: Workload, *, partition_method: str = DEFAULT
         partition_method: DeepSpeed's PipelineModule partition method: "parameters" (its default), "uniform" or
             "type:REGEX" (freqopt.workload.pipeline_partition).
         dtype: parameter and activation dtype (the transfers' too).
+        model_stages: model stages to partition into (default ``layout.pp``): a multiple of it for the schedules
+            that run several per GPU (freqopt.search.schedules; interleaved: 2 x pp).
 
     Returns:
-        One StageTrace per stage, stage 0 first.
+        One StageTrace per (model) stage, stage 0 first.
 
     Raises:
         InvalidSettingError: a model without a layer list (``hf:``), more stages than layers (argument "layout"),
             or an unknown or unmatched partition method (argument "partition_method").
     """
     config, layout = workload.config, workload.layout
+    if model_stages is None:
+        model_stages = layout.pp
+    check_positive_int("model_stages", model_stages)
+    if model_stages % layout.pp:
+        raise InvalidSettingError(f"model_stages {model_stages} is not a multiple of the layout's pp={layout.pp}",
+                                  argument="model_stages")  # fmt: skip
     model = build_model(config, dtype=dtype)
-    stages = partition_stages(model, layout.pp, partition_method)  # unsharded counts, as DeepSpeed partitions
+    stages = partition_stages(model, model_stages, partition_method)  # unsharded counts, as DeepSpeed partitions
     model = shard_tensor_parallel(model, layout.tp)
     B, T = workload.micro_batch_size, config.seq_len
     idx = torch.zeros(B, T, dtype=torch.long, device="meta")  # (B, T): inputs and targets, as trace_iteration
