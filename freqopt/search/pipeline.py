@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from freqopt.errors import InvalidSettingError, check_positive_int
+from freqopt.search.schedules import (BACKWARD_INPUT, BACKWARD_WEIGHT, deepspeed_1f1b_order, rank_of_stage,
+                                      rank_orders, stages_per_rank)
 
 __all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instruction", "PipelineDAG", "stage_order",
            "one_f_one_b", "schedule_dag"]
@@ -51,9 +53,8 @@ __all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instructio
 FORWARD = "forward"
 BACKWARD = "backward"
 KINDS = (FORWARD, BACKWARD)
-# The zero-bubble schedules split a backward into its input gradient and its weight gradient (freqopt.search.schedules).
-BACKWARD_INPUT = "backward_input"
-BACKWARD_WEIGHT = "backward_weight"
+# The zero-bubble schedules split a backward into its input gradient and its weight gradient (freqopt.search.schedules):
+# BACKWARD_INPUT, BACKWARD_WEIGHT.
 ALL_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 # "1f1b" is DeepSpeed's TrainSchedule (one_f_one_b, the default); the others are torch.distributed.pipelining's
 # schedules, their orders taken from the classes (freqopt.search.schedules, issue 37).
@@ -86,15 +87,7 @@ def stage_order(stages: int, micro_batches: int, stage: int) -> list[Instruction
     check_positive_int("micro_batches", micro_batches)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < stages:
         raise InvalidSettingError(f"stage must be an integer in [0, {stages}), not {stage!r}", argument="stage")
-    warmup = min(stages - stage, micro_batches)
-    order = [Instruction(stage, FORWARD, m) for m in range(warmup)]
-    next_forward = warmup
-    for m in range(micro_batches):
-        order.append(Instruction(stage, BACKWARD, m))
-        if next_forward < micro_batches:
-            order.append(Instruction(stage, FORWARD, next_forward))
-            next_forward += 1
-    return order
+    return [Instruction(*inst) for inst in deepspeed_1f1b_order(stages, micro_batches, stage)]
 
 
 @dataclass(frozen=True)
@@ -220,8 +213,6 @@ def schedule_dag(schedule: str, stages: int, micro_batches: int, *, virtual_stag
                                   argument="schedule")  # fmt: skip
     if schedule == "1f1b" and virtual_stages in (None, 1):
         return one_f_one_b(stages, micro_batches)
-    from freqopt.search.schedules import rank_of_stage, rank_orders, stages_per_rank
-
     orders = rank_orders(schedule, stages, micro_batches, virtual_stages)
     v = stages_per_rank(schedule, virtual_stages)
     n_stages = stages * v

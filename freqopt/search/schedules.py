@@ -20,7 +20,7 @@ name                    torch class                           model stages per r
 ``dualpipe-v``          ScheduleDualPipeV                     2 (V)                       whole, and I, W
 ======================  ====================================  ==========================  =======================
 
-``1f1b`` keeps DeepSpeed's order (freqopt.search.pipeline.stage_order), which torch's Schedule1F1B also runs: its
+``1f1b`` keeps DeepSpeed's order (deepspeed_1f1b_order; freqopt.search.pipeline.stage_order), which torch's Schedule1F1B also runs: its
 runtime loop is written by hand, and the IR it exposes (``pipeline_order``, which its dry run and visualizer read)
 matches DeepSpeed's on every rank but the last, whose forwards it numbers from 1 to M instead of 0 to M - 1 in
 torch 2.13 (tests/test_schedules.py watches this; every other schedule's IR is what its runtime executes, and is
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from freqopt.errors import InvalidSettingError, check_positive_int
 
 __all__ = ["TORCH_SCHEDULES", "V_SHAPED", "SPLIT_BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "rank_orders",
-           "torch_rank_orders", "stages_per_rank", "rank_of_stage", "expected_kinds"]
+           "deepspeed_1f1b_order", "torch_rank_orders", "stages_per_rank", "rank_of_stage", "expected_kinds"]
 
 BACKWARD_INPUT = "backward_input"
 BACKWARD_WEIGHT = "backward_weight"
@@ -117,13 +117,26 @@ def rank_orders(schedule: str, ranks: int, micro_batches: int,
     check_positive_int("micro_batches", micro_batches)
     v = stages_per_rank(schedule, virtual_stages)
     if schedule == "1f1b":  # torch's IR for it misnumbers the last rank's forwards (module docstring)
-        from freqopt.search.pipeline import stage_order
-
-        return tuple(tuple((i.stage, i.kind, i.micro_batch) for i in stage_order(ranks, micro_batches, r))
-                     for r in range(ranks))  # fmt: skip
+        return tuple(deepspeed_1f1b_order(ranks, micro_batches, r) for r in range(ranks))
     orders = _rank_orders(schedule, ranks, micro_batches, v)
     _check_complete(schedule, orders, ranks * v, micro_batches)
     return orders
+
+
+def deepspeed_1f1b_order(stages: int, micro_batches: int, stage: int) -> tuple[tuple[int, str, int], ...]:
+    """The (stage, kind, micro-batch) instructions stage ``stage`` of DeepSpeed's non-interleaved 1F1B
+    ``TrainSchedule`` runs, in order (freqopt.search.pipeline's module docstring): the forwards of micro-batches
+    0 .. w-1 (w = min(stages - stage, micro_batches)), then backward m and forward m + w alternately, then the
+    backwards left."""
+    warmup = min(stages - stage, micro_batches)
+    order = [(stage, "forward", m) for m in range(warmup)]
+    next_forward = warmup
+    for m in range(micro_batches):
+        order.append((stage, "backward", m))
+        if next_forward < micro_batches:
+            order.append((stage, "forward", next_forward))
+            next_forward += 1
+    return tuple(order)
 
 
 def torch_rank_orders(schedule: str, ranks: int, micro_batches: int, virtual_stages: int | None = None):

@@ -61,13 +61,14 @@ def split_backward(kernels, tokens: int) -> tuple[tuple[Kernel, ...], tuple[Kern
     P2P transfers, is the input gradient. A layer whose output width equals ``tokens`` would be counted on the
     weight side; the split is freqopt's reading of the kernels, not traced from two autograd passes.
     """
-    from freqopt.gpu.backends.physics import gemm_inner_dim
+    inner_arg = {"aten.mm": 0, "aten.addmm": 1}  # the operand whose last dimension is the GEMM's inner one
 
     def weight(k: Kernel) -> bool:
         if k.name == "aten.embedding_dense_backward":  # the embedding's weight gradient, all of its backward
             return True
-        if k.name in ("aten.mm", "aten.addmm"):
-            return gemm_inner_dim(k) == tokens
+        if k.name in inner_arg:
+            arg = inner_arg[k.name]
+            return len(k.shapes) > arg and bool(k.shapes[arg]) and k.shapes[arg][-1] == tokens
         return k.name == "aten.sum" and bool(k.shapes) and len(k.shapes[0]) == 2 and k.shapes[0][0] == tokens
 
     flags = [weight(k) for k in kernels]
