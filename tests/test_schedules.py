@@ -259,3 +259,10 @@ def test_schedule_applies_to_a_pipeline_layout_only(capsys):
     assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--schedule", "zb-v"]) != 0
     err = capsys.readouterr().err
     assert "schedule applies to a pipeline layout" in err and len(err.strip().splitlines()) == 1
+    profile = "experiments/data/perseus/bloom+a100_sxm_bf16.csv"
+    from pathlib import Path
+
+    profile = str(Path(__file__).parents[1] / profile)
+    assert main(["plan", "--stage-profile", profile, "--micro-batches", "8", "--schedule", "zb-v",
+                 "--virtual-stages", "3", "--gpu", "a100-sxm4-80gb"]) != 0  # fmt: skip
+    assert capsys.readouterr().err.startswith("freqopt: error: --virtual-stages 3: schedule zb-v runs 2 model")
