@@ -124,3 +124,58 @@ def test_refusals_and_a_plan_from_a_search():
     assert set(plan) == {(k, kind, m) for k, kind, m in rank_orders("zb-v", 2, 4)[1]}
     with pytest.raises(InvalidSettingError, match="^rank must be an integer in"):
         rank_plan(result, 2, "iteration")
+
+
+def test_a_follower_runs_the_plan_that_matches_the_straggler_and_returns_when_it_recovers():
+    """Issue 37, item 3's runtime half, with a stand-in reduction: the pace is the maximum of this pipeline's
+    fastest-plan time and the straggler's report."""
+    from freqopt.apply.torch_pipeline_runtime import StragglerFollower
+
+    straggler = {"report": 1.15}
+    follower = StragglerFollower([(1.1, "mid"), (1.0, "fast"), (1.2, "slow")], every_n_steps=2,
+                                 reduce_max=lambda mine: max(mine, straggler["report"]))  # fmt: skip
+    assert follower.plan == "fast"
+    # Its own steps (before the gradient all-reduce) take its plan's time: 1.0 s on "fast".
+    assert follower.step_done(1.0) is None and follower.step_done(1.0) == "mid"  # every 2 steps
+    # On "mid" its own 1.1 s steps report 1.0 s on its fastest plan; the straggler still sets the pace.
+    assert follower.step_done(1.1) is None and follower.step_done(1.1) is None and follower.plan == "mid"
+    straggler["report"] = 1.0  # recovered
+    follower.step_done(1.1)
+    assert follower.step_done(1.1) == "fast" and follower.straggler_time_s == pytest.approx(1.0)
+    assert follower.set_straggler_time_s(1.3) == "slow"  # a scheduler that knows the straggler
+    # A pipeline that is itself 1.2x slow keeps its fastest plan when it sets the pace.
+    own = StragglerFollower([(1.0, "fast"), (1.2, "slow")], every_n_steps=1, reduce_max=lambda mine: mine)
+    assert own.step_done(1.2) is None and own.plan == "fast"
+    with pytest.raises(InvalidSettingError, match="^plans must be one or more"):
+        StragglerFollower([])
+
+
+def test_data_parallel_ranks_learn_the_stragglers_pace_by_an_all_reduce(tmp_path):
+    """Two gloo ranks, rank 1 straggling (1.2x) for four steps: after the first reduction rank 0 runs the plan
+    predicted for 1.2 s and rank 1 its fastest; once rank 1 recovers rank 0 returns to the fastest."""
+    port = _free_port()
+    script = Path(__file__).parent / "straggler_rank.py"
+    procs = [subprocess.Popen([sys.executable, str(script), "--rank", str(r), "--world", "2", "--port", str(port),
+                               "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]  # fmt: skip
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    chosen = [json.loads((tmp_path / f"follow{r}.json").read_text()) for r in range(2)]
+    assert chosen[0] == ["fast", "slow", "slow", "slow", "slow", "fast", "fast", "fast"]
+    assert chosen[1] == ["fast"] * 8  # the straggler itself keeps its fastest plan
+
+
+def test_follow_switches_the_plan_from_the_next_action():
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.gpu.specs import get_gpu
+
+    stage = _Stage()
+    with TorchPipelineRuntime(stage, plan={(0, "forward", 0): 1200, (0, "forward", 1): 1200},
+                              backend=SimulatedGPU(get_gpu("a100-sxm4-80gb"), noise=False)) as runtime:  # fmt: skip
+        stage.forward_one_chunk(0, ())
+        runtime.follow({(0, "forward", 1): 1005})
+        stage.forward_one_chunk(1, ())
+        stage.forward_one_chunk(2, ())  # not in the plan: the default
+    assert [r[3].sm_clock_mhz for r in runtime.requested] == [1200, 1005, None]
+    with pytest.raises(InvalidSettingError, match="^plan keys must be"):
+        runtime.follow({"stage0": 1200})

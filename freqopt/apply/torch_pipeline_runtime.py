@@ -15,6 +15,10 @@ The plan is per instruction, as the pipeline search validated it (``rank_plan``:
 ``stage_requests``, the clocks asked for one switch latency ahead), keyed by (model stage, kind, micro-batch): the
 schedule's own order decides when each is asked for, so the runtime holds no copy of the order to fall out of
 step with. An action the plan does not name runs at the default setting.
+
+Stragglers: ``StragglerFollower`` keeps a pipeline's plans along its frontier and, every N steps, learns the
+slowest data-parallel pipeline's pace (an all-reduce of one float per pipeline) or takes it from a scheduler that
+knows it; ``TorchPipelineRuntime.follow`` switches to the plan it picks from the next action on.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from freqopt.apply.runtime import _STOP, _Worker
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting
 
-__all__ = ["TorchPipelineRuntime", "rank_plan", "STAGE_METHODS"]
+__all__ = ["TorchPipelineRuntime", "StragglerFollower", "rank_plan", "STAGE_METHODS"]
 
 # The PipelineStage methods a schedule runs its compute actions through, and the instruction kind of each
 # (backward_one_chunk's kind depends on its full_backward argument).
@@ -76,21 +80,32 @@ class TorchPipelineRuntime:
             if not all(callable(getattr(stage, name, None)) for name in STAGE_METHODS) or not hasattr(stage, "stage_index"):
                 raise InvalidSettingError(f"stages must be torch.distributed.pipelining PipelineStages, not "
                                           f"{type(stage).__name__}", argument="stages")  # fmt: skip
-        self.plan = {}
-        for key, value in (plan or {}).items():
-            if not (isinstance(key, tuple) and len(key) == 3 and key[1] in _KINDS):
-                raise InvalidSettingError(f"plan keys must be (model stage, kind, micro-batch) with kind one of "
-                                          f"{', '.join(_KINDS)}, not {key!r}", argument="plan")  # fmt: skip
-            self.plan[(int(key[0]), key[1], int(key[2]))] = _setting(value)
+        self._lock = threading.Lock()
+        self.follow(plan)
         self.backend = backend
         self.simulated = getattr(backend, "simulated", False)
         self.requested: list[tuple[int, str, int, ClockSetting]] = []
         self.switches = 0
         self._current: ClockSetting | None = None
-        self._lock = threading.Lock()
         self._worker = _Worker(backend)
         self._thread = threading.Thread(target=self._worker.run, name="freqopt-dvfs-torch-pipeline", daemon=True)
         self._hooked: list[tuple[object, str]] = []
+
+    def follow(self, plan) -> None:
+        """Run ``plan`` from the next action on (e.g. the one StragglerFollower.step_done returned); same form as
+        the constructor's ``plan``.
+
+        Raises:
+            InvalidSettingError: as the constructor's plan.
+        """
+        checked = {}
+        for key, value in (plan or {}).items():
+            if not (isinstance(key, tuple) and len(key) == 3 and key[1] in _KINDS):
+                raise InvalidSettingError(f"plan keys must be (model stage, kind, micro-batch) with kind one of "
+                                          f"{', '.join(_KINDS)}, not {key!r}", argument="plan")  # fmt: skip
+            checked[(int(key[0]), key[1], int(key[2]))] = _setting(value)
+        with self._lock:
+            self.plan = checked
 
     def _on_action(self, stage_index: int, kind: str, micro_batch: int) -> None:
         """An action begins: ask for its planned setting if it differs from the last one asked for. Never waits:
@@ -164,3 +179,91 @@ def _setting(value) -> ClockSetting:
         return ClockSetting(sm_clock_mhz=value)
     raise InvalidSettingError(f"plan values must be SM clocks in MHz, ClockSettings or None, not {value!r}",
                               argument="plan")  # fmt: skip
+
+
+class StragglerFollower:
+    """Which of a pipeline's plans to run so that it ends with the slowest data-parallel pipeline (issue 37, item
+    3; freqopt.search.stragglers says why): every ``every_n_steps`` steps each pipeline reports the iteration time
+    it would take on its fastest plan - its measured time scaled by the fastest plan's predicted time over the
+    running plan's - and the reports are all-reduced to their maximum, the slowest pipeline's own pace; each
+    pipeline then runs the least-energy plan (the slowest of ``plans``) predicted to fit that pace, and returns to
+    the fastest when the straggler recovers (its report falls).
+
+    Args:
+        plans: (predicted iteration time s, plan) pairs from one pipeline's frontier (e.g. each from
+            freqopt.search.stragglers.matched_requests and rank_plan at a deadline), any order; the fastest is run
+            first.
+        every_n_steps: steps between reductions (an all-reduce of one float; default 10).
+        reduce_max: maps this pipeline's report (s) to the maximum over the data-parallel pipelines; default: a
+            torch.distributed all_reduce (MAX) over ``group`` (call it on every rank of the group alike). None
+            where the process group is not initialized: the pipeline's own report only, for a scheduler that
+            knows the straggler (``set_straggler_time_s``).
+        group: the data-parallel process group of this pipeline stage's ranks (one rank per pipeline).
+
+    Raises:
+        InvalidSettingError: no plans, a time that is not positive, or every_n_steps not a positive integer.
+    """
+
+    def __init__(self, plans, *, every_n_steps: int = 10, reduce_max=None, group=None):
+        from freqopt.errors import check_positive_int
+
+        check_positive_int("every_n_steps", every_n_steps)
+        ranked = sorted(((float(t), p) for t, p in plans), key=lambda tp: tp[0])
+        if not ranked or ranked[0][0] <= 0:
+            raise InvalidSettingError("plans must be one or more (predicted iteration time > 0 s, plan) pairs",
+                                      argument="plans")  # fmt: skip
+        self.plans = ranked
+        self.every_n_steps = every_n_steps
+        self.reduce_max = reduce_max if reduce_max is not None else _all_reduce_max(group)
+        self.current = 0  # index into plans of the plan running
+        self.steps = 0
+        self.reports: list[float] = []  # this pipeline's fastest-plan times since the last reduction
+        self.straggler_time_s: float | None = None  # the last pace learnt
+        self.pace = 1.0  # this pipeline's measured time on its fastest plan over the predicted
+
+    @property
+    def plan(self):
+        """The plan to run now."""
+        return self.plans[self.current][1]
+
+    def step_done(self, time_s: float):
+        """Record one finished step's own iteration time (s): this pipeline's, up to its last instruction, before
+        the data-parallel gradient all-reduce (not the wait for the other pipelines there, which would hide a
+        recovered straggler); every ``every_n_steps`` steps, learn the slowest pipeline's pace and return the plan
+        to run from the next step where it changes, else None."""
+        self.reports.append(time_s * self.plans[0][0] / self.plans[self.current][0])
+        self.steps += 1
+        if self.steps % self.every_n_steps:
+            return None
+        mine = max(self.reports)  # the slowest of this pipeline's own recent steps, on its fastest plan
+        self.reports = []
+        self.pace = mine / self.plans[0][0]  # this pipeline's own slowness: >1 where it is the straggler
+        return self.set_straggler_time_s(float(self.reduce_max(mine)))
+
+    def set_straggler_time_s(self, time_s: float):
+        """Run the slowest plan predicted to fit an iteration of ``time_s`` (s; the fastest where none is slower),
+        each plan's predicted time scaled by this pipeline's own slowness (1 unless it is the straggler itself);
+        returns that plan where it changes, else None."""
+        self.straggler_time_s = time_s
+        fits = [i for i, (t, _) in enumerate(self.plans) if t * self.pace <= time_s * (1 + 1e-9)]
+        chosen = max(fits) if fits else 0
+        if chosen == self.current:
+            return None
+        self.current = chosen
+        return self.plan
+
+
+def _all_reduce_max(group):
+    """The maximum of a float over ``group`` by torch.distributed (MAX all-reduce of one CPU tensor: gloo; on NCCL
+    the caller passes its own reduce_max with a CUDA tensor), or the float itself without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return lambda value: value
+
+    def reduce(value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+        return float(tensor.item())
+
+    return reduce
