@@ -120,13 +120,18 @@ class PipelineDAG:
         return len(self.instructions)
 
     @property
+    def stage_gpus(self) -> tuple[int, ...]:
+        """The GPU that runs each model stage, shape (S,): ``gpu_of_stage``, or stage s on GPU s."""
+        return tuple(range(self.stages)) if self.gpu_of_stage is None else self.gpu_of_stage
+
+    @property
     def gpus(self) -> int:
         """The pipeline's GPUs (ranks): S, or S / v with v model stages per GPU."""
-        return self.stages if self.gpu_of_stage is None else 1 + max(self.gpu_of_stage)
+        return 1 + max(self.stage_gpus)
 
     def gpu_of(self, inst: Instruction) -> int:
         """The GPU that runs ``inst``."""
-        return inst.stage if self.gpu_of_stage is None else self.gpu_of_stage[inst.stage]
+        return self.stage_gpus[inst.stage]
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -108,6 +108,7 @@ import numpy as np
 from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
 from freqopt.search.pipeline import ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, SCHEDULES, PipelineDAG, schedule_dag
 from freqopt.search.pipeline_solver import MilpResult, PipelineModel
+from freqopt.search.schedules import stages_per_rank
 
 __all__ = ["InstructionOptions", "StageProfile", "load_stage_profile", "stage_profile_from_rows", "PipelinePlan",
            "PipelinePlanner", "FrontierPoint", "PipelineFrontier", "plan_pipeline", "blocking_power_w_for",
@@ -433,11 +434,7 @@ class PipelinePlanner:
         if schedule not in SCHEDULES:
             raise InvalidSettingError(f"schedule {schedule!r} is unknown; known: {', '.join(SCHEDULES)}",
                                       argument="schedule")  # fmt: skip
-        per_gpu = 1
-        if schedule != "1f1b" or virtual_stages not in (None, 1):
-            from freqopt.search.schedules import stages_per_rank
-
-            per_gpu = stages_per_rank(schedule, virtual_stages)
+        per_gpu = stages_per_rank(schedule, virtual_stages)
         if profile.stages % per_gpu:
             raise InvalidSettingError(f"schedule {schedule} runs {per_gpu} model stages per GPU; the stage profile's "
                                       f"{profile.stages} stages do not divide among GPUs that way", argument="schedule")  # fmt: skip
@@ -460,7 +457,7 @@ class PipelinePlanner:
         self.time_quantum_s = time_quantum_s
         self.mip_rel_gap = float(mip_rel_gap)
         self.time_limit_s = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
-        self.dag = schedule_dag(schedule, gpus, micro_batches, virtual_stages=per_gpu if per_gpu > 1 else None)
+        self.dag = schedule_dag(schedule, gpus, micro_batches, virtual_stages=virtual_stages)
         self.gpus = self.dag.gpus
         self.schedule = schedule
         missing = sorted({(i.stage, i.kind) for i in self.dag.instructions} - set(profile.options))

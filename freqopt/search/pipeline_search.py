@@ -63,7 +63,7 @@ from freqopt.gpu.backends.base import ClockSetting, Measurement
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.search.journal import MeasurementLog, digest
-from freqopt.search.pipeline import ALL_KINDS, KINDS, PipelineDAG
+from freqopt.search.pipeline import ALL_KINDS, PipelineDAG
 from freqopt.search.pipeline_plan import (FrontierPoint, InstructionOptions, PipelinePlan, PipelinePlanner,
                                           StageProfile)  # fmt: skip
 from freqopt.search.pipeline_sim import SimulatedPipeline, perseus_blocking_power_w
@@ -819,26 +819,24 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
         searches = []
         keys = sorted({(i.stage, i.kind) for i in dag.instructions}, key=lambda key: (key[0], ALL_KINDS.index(key[1])))
         total = len(keys)
-        for s, kind in keys:
-            if True:  # one study per model stage and instruction kind
-                unit = f"stage{s}.{kind}"
-                search = search_unit(gpu, pipeline.instruction_kernels(s, kind), name=unit,
-                                     study_name=f"{prefix}-instruction-{unit}", storage=storage,
-                                     n_trials=config.n_trials, finalist_repeats=config.finalist_repeats,
-                                     finalist_slowdown=max(0.05, 3 * b), seed=config.seed, whole_step=True,
-                                     mem_clock_mhz=spec.max_mem_clock_mhz)  # fmt: skip
-                searches.append(search)
-                defaults[(s, kind)] = search.default
-                fronts[(s, kind)] = _options_of(search, spec)
-                if on_unit:
-                    on_unit("instruction", len(searches), total)
+        for s, kind in keys:  # one study per model stage and instruction kind
+            unit = f"stage{s}.{kind}"
+            search = search_unit(gpu, pipeline.instruction_kernels(s, kind), name=unit,
+                                 study_name=f"{prefix}-instruction-{unit}", storage=storage,
+                                 n_trials=config.n_trials, finalist_repeats=config.finalist_repeats,
+                                 finalist_slowdown=max(0.05, 3 * b), seed=config.seed, whole_step=True,
+                                 mem_clock_mhz=spec.max_mem_clock_mhz)  # fmt: skip
+            searches.append(search)
+            defaults[(s, kind)] = search.default
+            fronts[(s, kind)] = _options_of(search, spec)
+            if on_unit:
+                on_unit("instruction", len(searches), total)
         searches_all.extend(searches)
         profile = _profile(fronts, spec, dag.stages)
         blocking_w = pipeline.blocked_power_w()
         planner = PipelinePlanner(profile, micro_batches, blocking_power_w=blocking_w, mip_rel_gap=config.plan_rel_gap,
                                   time_limit_s=config.plan_time_limit_s, schedule=config.schedule,
-                                  virtual_stages=pipeline.stages // pipeline.gpus if pipeline.gpus != pipeline.stages
-                                  else None)  # fmt: skip
+                                  virtual_stages=config.virtual_stages)  # fmt: skip
         fastest = planner.fastest()
         # The once-per-iteration tail (optimizer step): the validated default iteration beyond the planned one.
         tail_s = max(0.0, baseline.time_s - fastest.time_s)
@@ -904,8 +902,7 @@ def _with_waiting_range(levels: dict, stage_traces: Sequence, spec: GPUSpec, mic
 
     flat = SimulatedPipeline(stage_traces, spec.with_waiting_clock_scale(WAITING_CLOCK_SCALES["flat"]),
                              micro_batches, noise=False, optimizer_step=pipeline.optimizer_step,
-                             schedule=pipeline.schedule, virtual_stages=pipeline.stages // pipeline.gpus
-                             if pipeline.gpus != pipeline.stages else None)  # fmt: skip
+                             schedule=pipeline.schedule, virtual_stages=pipeline.virtual_stages)  # fmt: skip
     defaults = {id(p): p.true_run().energy_j for p in (flat, pipeline)}
     out = {}
     for g, level in levels.items():

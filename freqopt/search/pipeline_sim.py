@@ -74,6 +74,7 @@ from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import ENERGY_NOISE_REL, TIME_NOISE_REL, SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.search.pipeline import Instruction, PipelineDAG, schedule_dag
+from freqopt.search.schedules import stages_per_rank
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["SimulatedPipeline", "PipelineRun", "StageRun", "PERSEUS_BLOCKING_POWER_W", "perseus_blocking_power_w",
@@ -281,11 +282,7 @@ class SimulatedPipeline:
         if [t.index for t in traces] != list(range(len(traces))) or any(t.stage.stages != len(traces) for t in traces):
             raise InvalidSettingError("stage_traces must be one StageTrace per stage of one pipeline, stage 0 first",
                                       argument="stage_traces")  # fmt: skip
-        per_gpu = 1
-        if schedule != "1f1b" or virtual_stages not in (None, 1):
-            from freqopt.search.schedules import stages_per_rank
-
-            per_gpu = stages_per_rank(schedule, virtual_stages)
+        per_gpu = stages_per_rank(schedule, virtual_stages)
         if len(traces) % per_gpu:
             raise InvalidSettingError(f"stage_traces: schedule {schedule} runs {per_gpu} model stages per GPU; trace "
                                       f"a multiple of {per_gpu} stages (trace_pipeline_stages(model_stages=))",
@@ -295,7 +292,7 @@ class SimulatedPipeline:
         self.micro_batches = micro_batches
         self.stages = len(traces)  # model stages (1F1B: one per GPU)
         self.gpus = len(traces) // per_gpu
-        self.schedule = schedule
+        self.schedule, self.virtual_stages = schedule, virtual_stages
         self.seed = seed
         self.noise = noise
         self.optimizer_step = optimizer_step
@@ -304,8 +301,7 @@ class SimulatedPipeline:
             raise InvalidSettingError(f"blocked_power_w must be a finite number of watts >= 0, not {blocked_power_w!r}",
                                       argument="blocked_power_w")  # fmt: skip
         self.constant_blocked_power_w = blocked_power_w
-        self.dag: PipelineDAG = schedule_dag(schedule, self.gpus, micro_batches,
-                                             virtual_stages=per_gpu if per_gpu > 1 else None)  # fmt: skip
+        self.dag: PipelineDAG = schedule_dag(schedule, self.gpus, micro_batches, virtual_stages=virtual_stages)
         self._gpu = SimulatedGPU(spec, noise=False)
         # Each model stage's instruction kernels by kind; each GPU's optimizer step (its model stages' together).
         self._kernels: dict[tuple[int, str], tuple[Kernel, ...]] = {
@@ -313,8 +309,7 @@ class SimulatedPipeline:
         if optimizer_step:
             for g in range(self.gpus):
                 self._kernels[(g, OPTIMIZER)] = tuple(
-                    k for s, t in enumerate(traces) if self.dag.gpu_of(Instruction(s, "forward", 0)) == g
-                    for k in stage_optimizer_kernels(t))  # fmt: skip
+                    k for s, t in enumerate(traces) if self.dag.stage_gpus[s] == g for k in stage_optimizer_kernels(t))
         self._arrays: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._repeats: dict[tuple, int] = defaultdict(int)
 
