@@ -57,7 +57,7 @@ from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, stage_order
 from freqopt.search.pipeline_plan import InstructionOptions, PipelinePlanner, StageProfile
 from freqopt.search.pipeline_search import realize_plan
 from freqopt.tables import INSTRUCTION, ClockTable
-from freqopt.apply.runtime import _STOP, _Worker
+from freqopt.apply.runtime import _Worker, _stop_worker
 
 __all__ = ["table_stage_profile", "pipeline_schedules", "stage_schedule", "check_pipeline_table", "PipelineRuntime"]
 
@@ -344,7 +344,6 @@ class PipelineRuntime:
     def __exit__(self, *exc) -> None:
         try:
             self._unhook()
-            self._worker.requests.put(_STOP)  # the worker drains what is queued (the latest request only), then stops
-            self._thread.join(timeout=30)
+            _stop_worker(self._worker, self._thread)
         finally:
             self.backend.close()

@@ -117,6 +117,13 @@ def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> Pha
 _STOP = object()  # the worker's last item
 
 
+def _stop_worker(worker: "_Worker", thread) -> None:
+    """Let ``worker`` (running on ``thread``) drain what is queued, the latest request only, then stop; waits for
+    it up to 30 s. Every runtime calls this on exit, before closing its backend (which restores the GPU)."""
+    worker.requests.put(_STOP)
+    thread.join(timeout=30)
+
+
 @dataclass
 class _Worker:
     """The thread that applies the requested settings (module docstring), fed by ``requests``: (CUDA event or None,
@@ -306,7 +313,6 @@ class DVFSRuntime:
         engine_step = getattr(self, "_restore_engine", None)
         if engine_step:
             engine_step[0].step = engine_step[1]
-        self._worker.requests.put(_STOP)  # the worker drains what is queued (the latest request only), then stops
-        self._thread.join(timeout=30)
+        _stop_worker(self._worker, self._thread)
         self._warnings.__exit__(*exc)
         self.backend.close()

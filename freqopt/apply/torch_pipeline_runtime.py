@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from freqopt.apply.runtime import _STOP, _Worker
+from freqopt.apply.runtime import _Worker, _stop_worker
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting
 
@@ -161,8 +161,7 @@ class TorchPipelineRuntime:
     def __exit__(self, *exc) -> None:
         try:
             self._unhook()
-            self._worker.requests.put(_STOP)  # the worker drains what is queued (the latest request only), then stops
-            self._thread.join(timeout=30)
+            _stop_worker(self._worker, self._thread)
         finally:
             self.backend.close()
 
