@@ -34,7 +34,6 @@ QUICK = {}  # --quick: gpt3-small, micro-batch 1 of 128 tokens, 4 trials per stu
 def run(schedule: str) -> dict:
     import freqopt
     from freqopt.search.pipeline_plan import PipelinePlanner
-    from freqopt.search.pipeline_search import realize_plan
     from freqopt.search.pipeline_sim import SimulatedPipeline
     from freqopt.workload.layout import parse_layout
     from freqopt.workload.models import get_workload
@@ -58,7 +57,6 @@ def run(schedule: str) -> dict:
 
 
 def at_deadline(d: dict, deadline_s: float) -> dict:
-    from freqopt.search.pipeline_search import realize_plan
     from freqopt.search.stragglers import matched_requests
 
     pipe, planner, profile, spec = d["_pipe"], d["_planner"], d["_profile"], d["_pipe"].spec
@@ -67,21 +65,9 @@ def at_deadline(d: dict, deadline_s: float) -> dict:
                                       tail_s=d["tail_s"])  # fmt: skip
     inst = pipe.true_run(requests)
     # One clock per GPU: the stage-clock plan at the deadline, its deadline bisected the same way.
-    lo, hi, per_gpu = planner.fastest().time_s, deadline_s - d["tail_s"], None
-    from freqopt.errors import FreqoptError
-
-    for _ in range(8):
-        try:
-            plan_g = planner.plan_stage_clocks(deadline_s=max(hi, planner.fastest().time_s))
-        except FreqoptError:  # no one-clock-per-GPU plan within this deadline
-            break
-        req_g = realize_plan(profile, plan_g, spec.clock_switch_s, tail_s=d["tail_s"])
-        if measure(req_g) <= deadline_s:
-            per_gpu = pipe.true_run(req_g)
-            break
-        hi = 0.5 * (lo + hi)
-    if per_gpu is None:
-        per_gpu = pipe.true_run(None)
+    _, requests_g = matched_requests(planner, profile, deadline_s, measure, switch_s=spec.clock_switch_s,
+                                     tail_s=d["tail_s"], plan_with=planner.plan_stage_clocks)  # fmt: skip
+    per_gpu = pipe.true_run(requests_g)
     # One clock for all: the least-energy supported clock whose iteration fits.
     single = min((pipe.true_run(c) for c in spec.sm_clocks_mhz if c >= 600),
                  key=lambda r: (r.time_s > deadline_s, r.energy_j))  # fmt: skip

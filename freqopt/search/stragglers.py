@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import FreqoptError, InvalidSettingError
 
 __all__ = ["straggler_plan", "matched_requests", "clock_ceiling", "straggler_ceiling", "DataParallelRun", "run_data_parallel"]
 
@@ -48,13 +48,15 @@ def straggler_plan(planner, straggler_time_s: float, *, tail_s: float = 0.0):
 
 
 def matched_requests(planner, profile, straggler_time_s: float, measure_s, *, switch_s: float, tail_s: float = 0.0,
-                     rounds: int = 8):  # fmt: skip
+                     rounds: int = 8, plan_with=None):  # fmt: skip
     """The clock requests (per instruction, MHz: freqopt.search.pipeline_search.realize_plan) of the least-energy
     plan whose iteration, as the switches realize it, still ends within ``straggler_time_s``: the planner's
     prediction assumes clocks land at once, so its deadline is bisected (``rounds`` times, between the fastest
     plan's time and the straggler's less ``tail_s``) on ``measure_s(requests)``, the iteration time (s) a run with
-    those requests takes (a simulated pipeline's true_run, or a real pipeline's measurement). Returns (plan,
-    requests); the fastest plan's where nothing slower fits."""
+    those requests takes (a simulated pipeline's true_run, or a real pipeline's measurement). ``plan_with``
+    plans at a deadline (``deadline_s=``; default planner.plan; planner.plan_stage_clocks for one clock per GPU);
+    a deadline it finds no plan for (FreqoptError) counts as one that does not fit. Returns (plan, requests); the
+    fastest plan's where nothing slower fits."""
     from freqopt.search.pipeline_search import realize_plan
 
     fastest = planner.fastest()
@@ -62,11 +64,15 @@ def matched_requests(planner, profile, straggler_time_s: float, measure_s, *, sw
     fits, breaks = fastest.time_s, straggler_time_s - tail_s  # deadlines known to fit, and the one to try first
     if breaks <= fits:
         return best
+    plan_with = planner.plan if plan_with is None else plan_with
     deadline = breaks
     for _ in range(rounds):
-        plan = planner.plan(deadline_s=deadline)
-        requests = realize_plan(profile, plan, switch_s, tail_s=tail_s)
-        if measure_s(requests) <= straggler_time_s:
+        try:
+            plan = plan_with(deadline_s=deadline)
+        except FreqoptError:
+            plan = None
+        requests = None if plan is None else realize_plan(profile, plan, switch_s, tail_s=tail_s)
+        if requests is not None and measure_s(requests) <= straggler_time_s:
             fits = deadline
             if plan.energy_j < best[0].energy_j:
                 best = (plan, requests)
