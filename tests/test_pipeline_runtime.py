@@ -16,7 +16,6 @@ from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError
 from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import get_gpu
-from freqopt.search.pipeline import one_f_one_b
 from freqopt.workload.layout import Layout
 from freqopt.workload.models import get_workload
 from freqopt.workload.pipeline_trace import trace_pipeline_stages
@@ -250,3 +249,45 @@ def test_the_simulated_step_is_the_simulated_pipeline_at_the_requested_clocks(ta
     with pytest.raises(TypeError, match="for the simulated backend with stage_traces"):
         PipelineRuntime(Engine(1, 3, 5), table=table, backend=sim).step_measurement()
     assert {s.sm_clock_mhz for s in stage_schedule(table, 1)} != {ClockSetting().sm_clock_mhz}
+
+
+def test_a_straggler_follower_moves_the_engine_to_the_plan_that_ends_with_the_straggler(table):
+    """straggler_schedules: the table's own plan first, then slower plans of the same fronts, each predicted to
+    fit its slowdown and to take less energy (the planner's own figures); a StragglerFollower over them, told the
+    slowest pipeline is 1.2x this one, makes follow() run the 1.2x plan from the next iteration, whose simulated
+    step then ends within 1.2x and takes less energy; when the straggler recovers it is the table's plan again.
+    compute_time_s is the iteration's time up to DeepSpeed's ReduceGrads, measured on the host here."""
+    from freqopt.apply.pipeline_runtime import straggler_schedules
+    from freqopt.apply.torch_pipeline_runtime import StragglerFollower
+
+    plans = straggler_schedules(table, slowdowns=(0.1, 0.2))
+    assert [len(p[1]) for p in plans] == [3, 3] + [3] and plans[0][1] == pipeline_schedules(table)
+    own_s = plans[0][0]
+    assert own_s < plans[1][0] <= 1.1 * own_s * (1 + 1e-9) < plans[2][0] <= 1.2 * own_s * (1 + 1e-9)
+    assert plans[2][1] != plans[1][1] != plans[0][1]
+
+    pace = {"max": 0.0}  # the other pipelines' slowest report
+    follower = StragglerFollower(plans, every_n_steps=2, reduce_max=lambda mine: max(mine, pace["max"]))
+    workload = get_workload("gpt3-small", micro_batch_size=1, seq_len=16, layout=Layout(pp=3))
+    engine = Engine(1, 3, 5)
+    steps = []
+    with PipelineRuntime(engine, table=table, backend=SimulatedGPU(H100, noise=False),
+                         stage_traces=trace_pipeline_stages(workload)) as runtime:  # fmt: skip
+        assert runtime.compute_time_s is None
+        for step in range(8):
+            engine.train_batch()
+            steps.append((runtime.requested[-1], runtime.step_measurement()))
+            assert runtime.compute_time_s > 0
+            pace["max"] = 1.2 * steps[0][1].time_s if 2 <= step < 5 else 0.0  # a straggler for steps 2-4
+            chosen = follower.step_done(steps[-1][1].time_s)  # this pipeline's own (simulated) time
+            if chosen is not None:
+                runtime.follow(chosen)
+    table_plan, slow_plan = tuple(plans[0][1][1]), tuple(plans[2][1][1])
+    # Reductions after steps 1, 3, 5, 7: the straggler is seen at step 3's (steps 4-5 follow it), gone at step 5's.
+    assert [r for r, _ in steps] == [table_plan] * 4 + [slow_plan] * 2 + [table_plan] * 2
+    fast, slow = steps[0][1], steps[4][1]
+    assert slow.time_s <= 1.2 * fast.time_s and slow.energy_j < fast.energy_j
+    with pytest.raises(InvalidSettingError, match="schedules must hold 3 lists"):
+        runtime.follow(plans[0][1][:2])
+    with pytest.raises(InvalidSettingError, match="slowdowns must be fractions > 0"):
+        straggler_schedules(table, slowdowns=(-0.1,))

@@ -31,6 +31,18 @@ the instruction begins), the clock lands one switch latency into the pass; an in
 milliseconds, a switch on an H100 6-26 ms (search_spaces/h100-sxm.toml, [actuation]). The transfers, the gradient
 reduction and the optimizer step run at the clock of the pass before them.
 
+**Stragglers.** ``straggler_schedules`` plans, from the table's fronts, the pipeline's plans for a straggler
+1.05x to 1.3x as slow (freqopt.search.stragglers says why); a StragglerFollower (freqopt.apply.torch_pipeline_runtime)
+over them, fed each iteration's ``compute_time_s`` (this pipeline's time up to its gradient reduction, so the wait
+for a straggler at the reduction is not counted), picks one every N iterations, and ``follow`` runs it from the next
+iteration on:
+
+    follower = StragglerFollower(straggler_schedules(table), every_n_steps=10)   # all-reduce MAX over dp ranks
+    ... engine.train_batch(data_iter)
+        chosen = follower.step_done(runtime.compute_time_s)
+        if chosen is not None:
+            runtime.follow(chosen)
+
 **Exit.** On leaving the ``with`` block, on an exception, or on SIGINT or SIGTERM (the NVML backend's
 freqopt.gpu.nvml.GPUStateGuard), the queue is drained, the worker stopped and the backend restores what it found.
 
@@ -59,7 +71,12 @@ from freqopt.search.pipeline_search import realize_plan
 from freqopt.tables import INSTRUCTION, ClockTable
 from freqopt.apply.runtime import _Worker, _stop_worker
 
-__all__ = ["table_stage_profile", "pipeline_schedules", "stage_schedule", "check_pipeline_table", "PipelineRuntime"]
+__all__ = ["table_stage_profile", "pipeline_schedules", "stage_schedule", "straggler_schedules",
+           "check_pipeline_table", "PipelineRuntime", "STRAGGLER_SLOWDOWNS"]
+
+# The straggler slowdowns straggler_schedules plans for by default: Perseus's evaluation (Chung et al., SOSP'24, §6)
+# slows one pipeline 1.05x to 1.5x; beyond 1.3x the fronts of a 1 % search rarely hold a slower clock to use.
+STRAGGLER_SLOWDOWNS = (0.05, 0.1, 0.15, 0.2, 0.3)
 
 
 def check_pipeline_table(table: ClockTable, stages: int | None = None, *, source: str | None = None) -> None:
@@ -125,17 +142,66 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
     if micro_batches == pipeline["micro_batches"]:  # the validated requests where the table has them
         plan = {(p["stage"], kind): p[kind] for p in pipeline.get("requests", pipeline["plan"]) for kind in KINDS}
         clock = {(s, kind, m): plan[(s, kind)][m] for (s, kind) in plan for m in range(micro_batches)}
-    else:
-        profile = table_stage_profile(table)
-        planner = PipelinePlanner(profile, micro_batches,
-                                  blocking_power_w=pipeline["blocking_power_w"])  # fmt: skip
-        replanned = planner.plan(max_slowdown=table.data["max_slowdown"])
-        # Asked for ahead of the plan, as the search's validated requests are, so that the switches landing one
-        # latency late do not slow the instructions that were planned fast.
-        asked = realize_plan(profile, replanned, pipeline["switch_s"])
-        clock = {(i.stage, i.kind, i.micro_batch): int(c) for i, c in zip(replanned.dag.instructions, asked)}
+        return _in_stage_order(clock, stages, micro_batches)
+    profile = table_stage_profile(table)
+    planner = PipelinePlanner(profile, micro_batches, blocking_power_w=pipeline["blocking_power_w"])
+    return _asked_settings(profile, planner.plan(max_slowdown=table.data["max_slowdown"]), pipeline["switch_s"])
+
+
+def _in_stage_order(clock: dict, stages: int, micro_batches: int) -> list[list[ClockSetting]]:
+    """(stage, kind, micro-batch) -> SM clock, as every stage's settings in the order it runs its instructions."""
     return [[ClockSetting(clock[(i.stage, i.kind, i.micro_batch)]) for i in stage_order(stages, micro_batches, s)]
             for s in range(stages)]  # fmt: skip
+
+
+def _asked_settings(profile: StageProfile, plan, switch_s: float) -> list[list[ClockSetting]]:
+    """A planner's plan as every stage's settings, each clock asked for one switch latency ahead (realize_plan) as
+    the search's validated requests are, so that the switches landing late do not slow the instructions that were
+    planned fast."""
+    asked = realize_plan(profile, plan, switch_s)
+    clock = {(i.stage, i.kind, i.micro_batch): int(c) for i, c in zip(plan.dag.instructions, asked)}
+    return _in_stage_order(clock, plan.dag.stages, plan.dag.micro_batches)
+
+
+def straggler_schedules(table: ClockTable, slowdowns: Sequence[float] = STRAGGLER_SLOWDOWNS,
+                        micro_batches: int | None = None) -> list[tuple[float, list[list[ClockSetting]]]]:
+    """The plans a pipeline picks among to end with a straggler (a StragglerFollower's ``plans``; module
+    docstring): the table's own plan (pipeline_schedules) and, for each slowdown s, the least-energy plan of the
+    table's fronts whose iteration fits (1 + s) times the table's plan's time (freqopt.search.stragglers.
+    straggler_plan; PipelinePlanner, no new measurement), each asked for one switch latency ahead.
+
+    Args:
+        table: a pipeline table (granularity "instruction").
+        slowdowns: the straggler slowdowns to plan for, fractions > 0 (default STRAGGLER_SLOWDOWNS).
+        micro_batches: micro-batches per iteration; None: the table's.
+
+    Returns:
+        [(predicted iteration time s: the planner's critical path, at most the slowdown's deadline; every stage's
+        settings in its 1F1B order), ...],
+        the table's own plan first, then by slowdown; a follower's ``plans``, or a ``follow`` argument.
+
+    Raises:
+        ClockTableError: not a pipeline table. InvalidSettingError: a slowdown that is not a number > 0, or
+            micro_batches not a positive integer. FreqoptError: the planner failed.
+    """
+    from freqopt.search.stragglers import straggler_plan
+
+    check_pipeline_table(table)
+    for s in slowdowns:
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < float("inf"):
+            raise InvalidSettingError(f"slowdowns must be fractions > 0 (0.2: a straggler 1.2x as slow), not {s!r}",
+                                      argument="slowdowns")  # fmt: skip
+    pipeline = table.pipeline
+    micro_batches = pipeline["micro_batches"] if micro_batches is None else micro_batches
+    check_positive_int("micro_batches", micro_batches)
+    profile = table_stage_profile(table)
+    planner = PipelinePlanner(profile, micro_batches, blocking_power_w=pipeline["blocking_power_w"])
+    own_s = planner.plan(max_slowdown=table.data["max_slowdown"]).time_s
+    plans = [(own_s, pipeline_schedules(table, micro_batches))]
+    for s in sorted(slowdowns):
+        plan = straggler_plan(planner, own_s * (1 + s))
+        plans.append((plan.time_s, _asked_settings(profile, plan, pipeline["switch_s"])))
+    return plans
 
 
 def stage_schedule(table: ClockTable, stage: int, micro_batches: int | None = None) -> list[ClockSetting]:
@@ -160,6 +226,13 @@ def _pipe_instructions():
     return {FORWARD: ForwardPass, BACKWARD: BackwardPass}
 
 
+def _pipe_reduce_grads():
+    """DeepSpeed's ReduceGrads instruction class: the data-parallel gradient all-reduce, after the last pass."""
+    from deepspeed.runtime.pipe.schedule import ReduceGrads
+
+    return ReduceGrads
+
+
 class PipelineRuntime:
     """Apply a pipeline table to one rank's DeepSpeed PipelineEngine, instruction by instruction (module docstring).
 
@@ -179,6 +252,12 @@ class PipelineRuntime:
         requested: per finished training iteration, the setting each instruction asked for, in order.
         switches: requests put on the worker's queue at a pass (where the setting changes) since entered, the
             first pass's clock, asked for on entering, not counted.
+        compute_time_s: the last training iteration's time (s) from its start to its gradient reduction
+            (DeepSpeed's ReduceGrads instruction): this pipeline's own pace, without the wait at the data-parallel
+            all-reduce for a slower pipeline (a StragglerFollower's step_done). On a GPU, CUDA events (read after
+            the iteration, so the training thread never waits inside one); elsewhere the host's clock (on the
+            simulated backend the CPU's training time: step_measurement gives the simulated GPU's). None before
+            the first iteration.
 
     Raises:
         InvalidSettingError: ``engine`` is not a PipelineEngine.
@@ -208,6 +287,47 @@ class PipelineRuntime:
         self._worker = _Worker(backend)
         self._thread = threading.Thread(target=self._worker.run, name="freqopt-dvfs-pipeline", daemon=True)
         self._hooked: dict[str, object] = {}
+        self._following: list | None = None  # every stage's settings to run from the next iteration (follow)
+        self._marks: list = []  # the current iteration's start and gradient-reduction marks (events or times)
+        self._last_marks: list = []
+
+    def follow(self, schedules) -> None:
+        """Run ``schedules`` (every stage's settings, each in its 1F1B order: one of straggler_schedules' plans, as
+        a StragglerFollower returns it, or pipeline_schedules') from the next training iteration on; the table's
+        plan again on another micro-batch count.
+
+        Raises:
+            InvalidSettingError: not one list of 2 x micro_batches ClockSettings per stage.
+        """
+        ok = len(schedules) == self.stages and all(
+            len(stage) == 2 * self.micro_batches and all(isinstance(x, ClockSetting) for x in stage)
+            for stage in schedules)  # fmt: skip
+        if not ok:
+            raise InvalidSettingError(f"schedules must hold {self.stages} lists (one per stage) of "
+                                      f"{2 * self.micro_batches} ClockSettings, as straggler_schedules gives",
+                                      argument="schedules")  # fmt: skip
+        self._following = [list(stage) for stage in schedules]
+
+    @property
+    def compute_time_s(self) -> float | None:
+        """The last iteration's time to its gradient reduction (s; class docstring), or None before the first."""
+        if len(self._last_marks) < 2:
+            return None
+        start, reduce = self._last_marks[:2]
+        if isinstance(start, float):
+            return reduce - start
+        reduce.synchronize()  # recorded an iteration ago: long reached
+        return start.elapsed_time(reduce) / 1e3
+
+    def _mark(self) -> None:
+        if torch.cuda.is_available() and not self.simulated:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+        else:
+            import time
+
+            self._marks.append(time.perf_counter())
 
     def _plan_for(self, micro_batches: int) -> None:
         """This stage's order and settings for ``micro_batches``, and every stage's (for step_measurement)."""
@@ -229,7 +349,12 @@ class PipelineRuntime:
             raise self._worker.error
         if int(self.engine.micro_batches) != self.micro_batches:  # set_train_batch_size changed it: plan again
             self._plan_for(int(self.engine.micro_batches))
-        self._position, self._iteration = 0, []
+            self._following = None
+        elif self._following is not None:
+            self._schedules, self._following = self._following, None
+            self.plan = tuple(self._schedules[self.stage])
+        self._position, self._iteration, self._marks = 0, [], []
+        self._mark()
 
     def _end_iteration(self) -> None:
         done, self._position = self._position, None
@@ -239,6 +364,7 @@ class PipelineRuntime:
                                f"stages and {self.micro_batches} micro-batches; the pipeline runtime is out of step "
                                "with the engine")  # fmt: skip
         self.requested.append(tuple(self._iteration))
+        self._last_marks = self._marks
 
     def _on_instruction(self, kind: str) -> None:
         """A forward or backward pass begins: check it is the one the 1F1B order expects, and ask for its setting
@@ -280,6 +406,15 @@ class PipelineRuntime:
                 return _execute(engine_self, *args, **kwargs)
 
             instruction_map[instruction] = hooked
+        reduce_grads = _pipe_reduce_grads()
+        reduce = instruction_map[reduce_grads]
+
+        def marked_reduce(engine_self, *args, _execute=reduce, **kwargs):
+            if self._position is not None and len(self._marks) == 1:
+                self._mark()  # this pipeline's own work ends here; the all-reduce may wait for a straggler
+            return _execute(engine_self, *args, **kwargs)
+
+        instruction_map[reduce_grads] = marked_reduce
         train_batch = engine.train_batch
 
         def counted_train_batch(*args, **kwargs):

@@ -194,9 +194,9 @@ class StragglerFollower:
             first.
         every_n_steps: steps between reductions (an all-reduce of one float; default 10).
         reduce_max: maps this pipeline's report (s) to the maximum over the data-parallel pipelines; default: a
-            torch.distributed all_reduce (MAX) over ``group`` (call it on every rank of the group alike). None
-            where the process group is not initialized: the pipeline's own report only, for a scheduler that
-            knows the straggler (``set_straggler_time_s``).
+            torch.distributed all_reduce (MAX) over ``group``, on the GPU under NCCL (call it on every rank of the
+            group alike); where the process group is not initialized, the pipeline's own report only, for a
+            scheduler that knows the straggler (``set_straggler_time_s``).
         group: the data-parallel process group of this pipeline stage's ranks (one rank per pipeline).
 
     Raises:
@@ -253,15 +253,18 @@ class StragglerFollower:
 
 
 def _all_reduce_max(group):
-    """The maximum of a float over ``group`` by torch.distributed (MAX all-reduce of one CPU tensor: gloo; on NCCL
-    the caller passes its own reduce_max with a CUDA tensor), or the float itself without a process group."""
+    """The maximum of a float over ``group`` by torch.distributed (MAX all-reduce of one tensor: on this rank's
+    CUDA device under NCCL, which reduces GPU tensors only; on the CPU otherwise), or the float itself without a
+    process group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return lambda value: value
 
     def reduce(value: float) -> float:
-        tensor = torch.tensor([value], dtype=torch.float64)
+        nccl = dist.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        tensor = torch.tensor([value], dtype=torch.float64, device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
         return float(tensor.item())
 

@@ -14,9 +14,10 @@ the straggler's: the same throughput, less energy. Here:
   ending when the slowest ends and every faster pipeline's GPUs drawing their blocked power until then (the
   all-reduce's own time is not modelled: it is the same with and without a matched plan).
 
-A pipeline learns the straggler's time from an all-reduce of the pipelines' iteration times, or from a scheduler
-that knows it; freqopt's runtime does not do either yet, so a user who knows a straggler's slowdown plans for it
-with ``straggler_plan`` (README, "Stragglers").
+A pipeline learns the straggler's time from an all-reduce of the pipelines' iteration times every N steps, or from
+a scheduler that knows it: freqopt.apply.torch_pipeline_runtime.StragglerFollower, over plans from
+``matched_requests`` (torch.distributed.pipelining) or freqopt.apply.pipeline_runtime.straggler_schedules
+(DeepSpeed); a user who knows a straggler's slowdown plans for it with ``straggler_plan`` (README, "Stragglers").
 """
 
 from __future__ import annotations
