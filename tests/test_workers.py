@@ -1,6 +1,7 @@
-"""Many workers, one search (issue 6, item 5): `freqopt worker` processes join a search through its Optuna
-storage (a real PostgreSQL server on loopback, and a journal file), and `--jobs` runs units in joblib processes.
-The result is the one-process result, and every measurement is taken exactly once across all processes."""
+"""Many workers, one search (issue 6, item 5; issue 38, item 1): `freqopt worker` processes join a search through its
+Optuna storage (a real PostgreSQL server that pgserver starts, and a journal file), one of them killed mid-study, and
+`--jobs` runs units in joblib processes. The result is the one-process result, and every measurement is taken
+exactly once across all processes."""
 
 import json
 import os
@@ -41,10 +42,12 @@ def one_process(kernel_search_cli):
 
 
 def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
+    """The first worker names the search; the others join the one running in the storage (no --study), as the
+    workers of a launch script do."""
     workers = [
-        subprocess.Popen(_freqopt("worker", "--storage", storage, "--study", one_process["name"], "--wait-s", "300",
-                                  "--json", f"w{k}.json"), cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(_freqopt("worker", "--storage", storage, *(["--study", one_process["name"]] if k == 0 else []),
+                                  "--wait-s", "300", "--json", f"w{k}.json"), cwd=tmp_path, env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
         for k in range(n_workers)
     ]
     leader = subprocess.run(_freqopt("search", *one_process["args"], "--storage", storage, "--out", "out", "--json", "r.json"),
@@ -61,12 +64,94 @@ def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
     assert n_new + sum(r["n_new_measurements"] for r in reports) == one_process["n_new"]
     assert all(not r["idle_timeout"] for r in reports)
     assert sum(r["units"] for r in reports) > 0, "no worker got a unit: the test did not exercise sharing"
+    # A fresh search: what it read back is the workers' work, not a resumed run's.
+    assert "shared with workers: " in leader.stderr and "resumed" not in leader.stderr, leader.stderr
     return reports
 
 
 def test_workers_share_a_search_through_postgresql(tmp_path, one_process):
     with server() as url:
         _search_with_workers(tmp_path, url, one_process)
+
+
+def _records_by_owner(url: str, name: str, traces: dict) -> dict[int, tuple[int, bool]]:
+    """Per process id: the measurements recorded in the studies of every unit it claimed in search ``name``, and
+    whether it holds a unit now (RUNNING) with at least one measurement in it. ``traces`` caches the search's trace
+    (traced again from its job, as a worker does) between calls."""
+    import socket
+
+    import optuna
+
+    from freqopt.search.units import search_units
+    from freqopt.search.workers import UnitQueue, load_job, trace_from_job
+
+    storage = optuna.storages.RDBStorage(url)
+    if name not in traces:
+        state = load_job(storage, name)
+        if state is None:
+            return {}
+        traces[name] = trace_from_job(state["job"])
+    host = socket.gethostname()
+    owned: dict[int, tuple[int, bool]] = {}
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if "-queue-" not in summary.study_name:
+            continue
+        queue = UnitQueue(storage, summary.study_name)
+        units = search_units(traces[name], queue.work.granularity, queue.work.share_families)
+        for trial in queue.study.get_trials(deepcopy=False):
+            owner_host, _, pid = str(trial.user_attrs.get("owner", "")).rpartition(":")
+            if owner_host != host or not pid.isdigit():
+                continue
+            try:
+                study = optuna.load_study(study_name=queue.work.study_name(units[trial.user_attrs["unit"]]),
+                                          storage=storage)  # fmt: skip
+            except KeyError:  # claimed, its study not made yet
+                continue
+            n = sum(key.startswith("m:") for key in study.user_attrs)
+            total, busy = owned.get(int(pid), (0, False))
+            owned[int(pid)] = (total + n, busy or (trial.state == optuna.trial.TrialState.RUNNING and n > 0))
+    return owned
+
+
+def test_three_workers_and_one_killed_mid_study_through_postgresql(tmp_path, one_process):
+    """Three workers on a PostgreSQL storage; the first of them seen holding a unit with measurements in it is
+    frozen (SIGSTOP, so that what it recorded can be counted before anyone takes its unit over) and killed
+    (SIGKILL). The search still ends with the one-process tables, and the measurements taken by the leader, the two
+    survivors and the killed worker before it died add up to the one-process run's: none taken twice, none lost."""
+    with server() as url:
+        workers = [
+            subprocess.Popen(_freqopt("worker", "--storage", url, "--study", one_process["name"], "--wait-s", "300",
+                                      "--json", f"w{k}.json", "--device", str(k)), cwd=tmp_path, env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            for k in range(3)
+        ]
+        leader = subprocess.Popen(_freqopt("search", *one_process["args"], "--storage", url, "--out", "out", "--json",
+                                           "r.json"), cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        by_pid, killed, killed_records, traces = {w.pid: k for k, w in enumerate(workers)}, None, None, {}
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and leader.poll() is None and killed is None:
+            busy = [pid for pid, (_, holds) in _records_by_owner(url, one_process["name"], traces).items()
+                    if holds and pid in by_pid]  # fmt: skip
+            if busy:
+                killed = by_pid[busy[0]]
+                workers[killed].send_signal(signal.SIGSTOP)
+                killed_records, _ = _records_by_owner(url, one_process["name"], traces)[busy[0]]
+                workers[killed].send_signal(signal.SIGKILL)
+                workers[killed].wait()
+            time.sleep(0.1)
+        out, err = leader.communicate(timeout=1200)
+        assert leader.returncode == 0, err
+        assert killed_records, "no worker was seen holding a unit with a measurement: nothing was killed mid-study"
+        survivors = []
+        for k, w in enumerate(workers):
+            if k != killed:
+                _, werr = w.communicate(timeout=120)
+                assert w.returncode == 0, werr
+                survivors.append(json.loads((tmp_path / f"w{k}.json").read_text()))
+    results, baseline, n_new = _results(tmp_path / "r.json")
+    assert results == one_process["results"] and baseline == one_process["baseline"]
+    assert n_new + sum(r["n_new_measurements"] for r in survivors) + killed_records == one_process["n_new"]
 
 
 def test_workers_share_a_search_through_a_journal_file(tmp_path, one_process):
@@ -110,6 +195,8 @@ def test_a_killed_workers_unit_is_taken_over(tmp_path):
     (["--storage", "journal:{tmp}/none.log", "--study", "nothing", "--wait-s", "0"], "no freqopt search named"),
     (["--storage", "sqlite:///{tmp}/missing/x.db", "--study", "s"], "cannot open Optuna storage"),
     (["--storage", "journal:{tmp}/none.log", "--study", "s", "--backend", "gpu9"], "unknown backend"),
+    (["--storage", "journal:{tmp}/none.log", "--wait-s", "0"], "no freqopt search is running in journal:"),
+    (["--storage", "journal:{tmp}/none.log", "--study", "s", "--device", "-1"], "--device must be a GPU index >= 0"),
 ])  # fmt: skip
 def test_worker_bad_input_is_one_line(tmp_path, args, message):
     proc = subprocess.run(_freqopt("worker", *[a.format(tmp=tmp_path) for a in args]), capture_output=True,
@@ -125,3 +212,75 @@ def test_a_worker_must_measure_with_the_searchs_backend():
     assert check_worker_backend({"backend": "sim"}, None) == "sim"
     with pytest.raises(InvalidSettingError, match="not .nvml."):
         check_worker_backend({"backend": "sim"}, "nvml")
+
+
+def test_a_worker_measures_on_the_gpu_it_is_given_or_its_local_rank(fake_gpu, monkeypatch):
+    """--device, else LOCAL_RANK (torchrun; SLURM_LOCALID under Slurm), else 0: an index among the visible GPUs; one
+    that is not visible, or a LOCAL_RANK that is not an index, is refused in one line."""
+    from freqopt.errors import InvalidSettingError
+    from freqopt.gpu.backends import get_backend, local_device
+    from freqopt.gpu.nvml import NVMLError
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert local_device() == 0 and local_device(3) == 3
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert local_device() == 2 and local_device(0) == 0
+    with pytest.raises(NVMLError, match="device 2 is not visible: 1 GPU"):
+        get_backend("nvml", None)  # LOCAL_RANK 2 on a machine with one GPU
+    backend = get_backend("nvml", None, device=0)
+    assert backend.device.uuid == "GPU-test"
+    backend.close()
+    assert get_backend("sim", None).simulated  # each process its own simulated GPU, whatever the rank
+    monkeypatch.setenv("LOCAL_RANK", "x")
+    with pytest.raises(InvalidSettingError, match="LOCAL_RANK must be an integer >= 0, not 'x'"):
+        local_device()
+    with pytest.raises(InvalidSettingError, match="device must be a GPU index >= 0"):
+        local_device(-1)
+
+
+def test_optuna_dashboard_serves_a_freqopt_search(tmp_path):
+    """The README's `optuna-dashboard OUT/freqopt.journal` (or the search's --storage URL): optuna-dashboard's own
+    storage lookup opens a freqopt search's journal and its API lists the search's studies with their trials (the
+    WSGI app the dashboard serves, called in-process)."""
+    import io
+
+    import freqopt
+    import optuna_dashboard
+
+    result = freqopt.search("gpt3-small", max_slowdown="2%", granularity="iteration", micro_batch_size=1, seq_len=64,
+                            n_trials=3, out=tmp_path / "out")  # fmt: skip
+    app = optuna_dashboard.wsgi(str(tmp_path / "out" / "freqopt.journal"))
+
+    def get(path):
+        status = []
+        body = app({"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "localhost",
+                    "SERVER_PORT": "8080", "wsgi.input": io.BytesIO(), "wsgi.url_scheme": "http",
+                    "SERVER_PROTOCOL": "HTTP/1.1"}, lambda s, headers, exc=None: status.append(s))  # fmt: skip
+        return status[0], json.loads(b"".join(body))
+
+    status, listing = get("/api/studies")
+    assert status.startswith("200")
+    names = {s["study_name"]: s["study_id"] for s in listing["study_summaries"]}
+    units = [n for n in result.results["iteration"].study_names if n in names]
+    assert units, names
+    status, study = get(f"/api/studies/{names[units[0]]}")
+    assert status.startswith("200") and len(study["trials"]) >= 3
+
+
+def test_a_worker_without_a_name_refuses_to_pick_among_several_running_searches(tmp_path):
+    import optuna
+
+    from freqopt.errors import StorageError
+    from freqopt.search.workers import _JOB, _STATE, running_searches
+    from freqopt.worker import join_search
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "j.log")))
+    for name, state in (("a", "running"), ("b", "running"), ("c", "done")):
+        study = optuna.create_study(study_name=name, storage=storage)
+        study.set_user_attr(_JOB, {"model": "gpt3-small"})
+        study.set_user_attr(_STATE, state)
+    optuna.create_study(study_name="not-a-search", storage=storage)
+    assert running_searches(storage) == ["a", "b"]
+    with pytest.raises(StorageError, match=r"study must name the search to join: 2 freqopt searches are running in "
+                                           r".* \(a, b\)"):  # fmt: skip
+        join_search(f"journal:{tmp_path / 'j.log'}", wait_s=0)

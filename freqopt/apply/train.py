@@ -450,7 +450,11 @@ class TrainingPlan:
         from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
 
         spec = self.gpu if self.backend == "nvml" else self.gpu or get_gpu(DEFAULT_GPU)
-        measuring = _rank_backend(self.backend, spec, seed=self.seed, read_only=self.read_only)
+        # On nvml, in a rank the launcher started, the visible GPU of index LOCAL_RANK (local_device), as DeepSpeed
+        # gives that rank cuda:LOCAL_RANK.
+        from freqopt.gpu.backends import get_backend
+
+        measuring = get_backend(self.backend, spec, seed=self.seed, read_only=self.read_only)
         try:
             with switch_latency(measuring, self.switch_s):
                 if self.table is not None:
@@ -460,34 +464,6 @@ class TrainingPlan:
                              partition_method=self.partition_method)  # fmt: skip
         finally:
             measuring.close()
-
-
-def _rank_backend(name: str, spec, *, seed: int, read_only: bool) -> Backend:
-    """This process's backend (freqopt.gpu.backends.get_backend); on nvml, in a rank the launcher started (LOCAL_RANK
-    set), the visible GPU of index LOCAL_RANK, as DeepSpeed gives that rank cuda:LOCAL_RANK.
-
-    Raises:
-        NVMLError: fewer visible GPUs than this machine's ranks.
-        InvalidSettingError: as get_backend.
-    """
-    from freqopt.gpu.backends import get_backend
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if name != "nvml" or local == 0:
-        return get_backend(name, spec, seed=seed, read_only=read_only)
-    from freqopt.gpu.backends.nvml import NVMLBackend
-    from freqopt.gpu.nvml import NVMLError, open_devices
-
-    devices = open_devices(read_only=read_only)
-    if local >= len(devices):
-        raise NVMLError(f"rank {local} of this machine has no GPU of its own: {len(devices)} visible "
-                        "(CUDA_VISIBLE_DEVICES); start as many ranks per machine as it has GPUs")  # fmt: skip
-    backend = NVMLBackend(devices[local], torch_device=f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    if spec is not None and backend.spec.name != spec.name:
-        backend.close()
-        raise InvalidSettingError(f"gpu {spec.name} was asked for, but GPU {local} is a {backend.spec.name}; give no "
-                                  "gpu with backend nvml")  # fmt: skip
-    return backend
 
 
 def _table_sizes(table: ClockTable, workload: Workload, sizes: dict) -> dict:

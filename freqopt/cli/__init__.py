@@ -32,7 +32,7 @@ FLAGS = {
     "micro_batches": "--micro-batches", "schedule": "--schedule", "blocking_power_w": "--blocking-power-w",
     "n_points": "--frontier-points", "partition_method": "--partition-method", "backend": "--backend",
     "gpu": "--gpu", "time_limit_s": "--time-limit-s", "confidence": "--confidence",
-    "virtual_stages": "--virtual-stages",
+    "virtual_stages": "--virtual-stages", "study": "--study",
 }  # fmt: skip
 
 

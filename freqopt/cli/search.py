@@ -151,7 +151,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     if result.table_paths and not result.figure_paths:
         console.print("no figures: install matplotlib (pip install 'freqopt[plots]') for them")
     if result.n_stored_measurements:
-        console.print(f"resumed: {result.n_stored_measurements} measurements read back from "
+        what = "resumed" if result.resumed else "shared with workers"
+        console.print(f"{what}: {result.n_stored_measurements} measurements read back from "
                       f"{absolute_storage(result.storage)}, {result.n_new_measurements} new", soft_wrap=True)  # fmt: skip
     console.print(f"done in {time.monotonic() - started:.0f} s; studies in {absolute_storage(result.storage)}",
                   soft_wrap=True)  # fmt: skip
@@ -257,7 +258,8 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
         console.print(f"apply it to training with: freqopt train --model {w.model} --layout {w.layout} --micro-batches "
                       f"{result.micro_batches} --table {absolute_path(result.table_path)}", soft_wrap=True)  # fmt: skip
     if result.n_stored_measurements:
-        console.print(f"resumed: {result.n_stored_measurements} measurements read back from "
+        what = "resumed" if result.resumed else "shared with workers"
+        console.print(f"{what}: {result.n_stored_measurements} measurements read back from "
                       f"{absolute_storage(result.storage)}, {result.n_new_measurements} new", soft_wrap=True)  # fmt: skip
     console.print(f"done in {time.monotonic() - started:.0f} s; studies in {absolute_storage(result.storage)}",
                   soft_wrap=True)  # fmt: skip
@@ -352,14 +354,18 @@ def _pipeline_notes(result) -> list[str]:
 
 @cli.command(short_help="Join a running search from another process or machine.")
 @click.option("--storage", required=True, help="The search's Optuna storage URL (as `freqopt search` printed it).")
-@click.option("--study", "name", required=True, help="The search's name (printed by `freqopt search`).")
+@click.option("--study", "name", default=None,
+              help="The search's name (printed by `freqopt search`); default: the one search running in the storage.")
 @click.option("--backend", default=None,
               help="Measurement backend; default (and required): the search's own, sim or nvml.")
 @click.option("--wait-s", default=600.0, show_default=True, type=float,
               help="Give up after this long with nothing to claim (or no search of that name).")
 @click.option("--json", "json_path", default=None, help="Also write what this worker did as JSON to this file.")
+@click.option("--device", type=int, default=None,
+              help="The GPU to measure on, an index among the visible ones (CUDA_VISIBLE_DEVICES order); default "
+                   "LOCAL_RANK (torchrun; under Slurm export LOCAL_RANK=$SLURM_LOCALID), else 0.")
 @verbose_option
-def worker(storage, name, backend, wait_s, json_path, verbose) -> None:
+def worker(storage, name, backend, wait_s, json_path, device, verbose) -> None:
     """Join a running search: claim its tuning units from the shared storage and run their studies, until the
     search is done. One worker per GPU; several may run on one machine with the simulated GPU."""
     from rich.console import Console
@@ -369,10 +375,11 @@ def worker(storage, name, backend, wait_s, json_path, verbose) -> None:
     check_json_path(json_path)
     console = Console(stderr=True)
 
-    def on_join(job, spec, backend_name) -> None:
-        console.print(f"joined {name}: {job['model']} on {spec.name} ({backend_name})")
+    def on_join(joined, job, spec, backend_name, index) -> None:
+        where = "simulated" if backend_name == "sim" else f"GPU {index}"
+        console.print(f"joined {joined}: {job['model']} on {spec.name} ({where})")
 
-    report = join_search(storage, name, backend=backend, wait_s=wait_s, on_join=on_join,
+    report = join_search(storage, name, backend=backend, wait_s=wait_s, on_join=on_join, device=device,
                          on_unit=lambda g, unit: console.print(f"{g}: {unit} done"), verbose=verbose)  # fmt: skip
     ending = f"nothing to claim for {wait_s:g} s" if report.idle_timeout else "the search is done"
     console.print(f"worker stopped ({ending}): {report.units} units, {report.n_new_measurements} measurements")

@@ -118,7 +118,10 @@ class SearchResult:
         storage: the Optuna storage URL (None: in memory).
         n_new_measurements: measurements this process took (the rest were read back, or taken by other workers).
         n_stored_measurements: distinct measurements read back from what the storage held when their study was
-            opened: a resumed search's earlier runs' (or, in a shared storage, other workers'); 0 for a fresh one.
+            opened: a resumed search's earlier runs' and, in a shared storage, other workers'; 0 for a fresh search
+            that no worker joined.
+        resumed: whether the storage held this search when it began (an earlier run, stopped or finished), so that
+            what was read back is that run's work (with False, other workers').
         backend_name: "sim", "nvml", ... (None: not known); seed: the samplers' seed.
         table_paths: granularity -> clock-table JSON file written by ``freqopt.search(..., out=...)``.
         figure_paths: "energy-time" and "clocks" -> the PNGs written beside them (freqopt.search.plots).
@@ -143,6 +146,7 @@ class SearchResult:
     figure_paths: dict = field(default_factory=dict)
     host_wait_pct: float | None = None
     confidence: float | None = None
+    resumed: bool = False
 
     def __repr__(self) -> str:
         """One line: workload, GPU, budget, baseline and each granularity's validated saving (not the trace and

@@ -532,8 +532,7 @@ def run_search(
     ideal_validator = (Validator.for_search(trace, backend, config, log=validator.log, switching=False,
                                             baseline_from=validator)
                        if validator.switching and config.free_switching else None)  # fmt: skip
-    if is_persistent(storage):
-        publish_job(storage, prefix, trace, backend, config.seed)
+    resumed = is_persistent(storage) and publish_job(storage, prefix, trace, backend, config.seed)
     before = (validator.n_measurements, validator.cost_gpu_s)
     baseline = validator.baseline()
     baseline_cost = (validator.n_measurements - before[0], validator.cost_gpu_s - before[1])
@@ -579,4 +578,5 @@ def run_search(
     n_stored = validator.log.n_stored + sum(u.n_stored_measurements for r in ran.values() for u in r.unit_searches)
     return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
                         n_stored_measurements=n_stored, spec=backend.spec, backend_name=backend.name, seed=config.seed,
-                        host_wait_pct=validator.host_wait_pct(), confidence=validator.confidence)  # fmt: skip
+                        host_wait_pct=validator.host_wait_pct(), confidence=validator.confidence,
+                        resumed=resumed)  # fmt: skip

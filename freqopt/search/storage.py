@@ -43,7 +43,7 @@ def open_storage(url: str | None):
     URLs: None (in memory); journal:PATH for optuna.storages.JournalStorage on a JournalFile (an append-only
     file that the processes of one machine share through its lock; no server needed; the default of a search
     with an output folder, default_storage_url); or an SQLAlchemy URL for optuna.storages.RDBStorage
-    (sqlite:///path.db, postgresql+psycopg2://user@host/db, mysql+pymysql://...; SQLite waits up to 60 s for
+    (sqlite:///path.db, postgresql+psycopg://user@host/db, mysql+pymysql://...; SQLite waits up to 60 s for
     another process's lock), which a database server shares across machines.
 
     Raises:
@@ -76,7 +76,7 @@ def open_storage(url: str | None):
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StorageError(
             f"cannot open Optuna storage {url!r} ({reason}); give a URL like journal:path/to/freqopt.journal, "
-            "sqlite:///path/to/freqopt.db or postgresql+psycopg2://user@host/db"
+            "sqlite:///path/to/freqopt.db or postgresql+psycopg://user@host/db"
         ) from e
 
 

@@ -94,9 +94,10 @@ def _job_study(storage, prefix: str) -> optuna.Study:
     return optuna.create_study(study_name=prefix, storage=storage, load_if_exists=True)
 
 
-def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int) -> None:
+def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int) -> bool:
     """Record the search's workload, GPU type (and the clock-switch latency it searches with), backend kind and seed,
-    and mark it running."""
+    and mark it running. Returns whether the storage held the search already (a run of it that was stopped, or one
+    that finished): the search resumes."""
     w = trace.workload
     job = {
         "model": w.model, "config": dataclasses.asdict(w.config), "micro_batch_size": w.micro_batch_size,
@@ -105,8 +106,10 @@ def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int)
         "clock_switch_s": backend.spec.clock_switch_s,  # a search may override its GPU file's (switch_latency)
     }  # fmt: skip
     study = _job_study(storage, prefix)
+    resumed = _JOB in study.user_attrs
     study.set_user_attr(_JOB, job)
     study.set_user_attr(_STATE, "running")
+    return resumed
 
 
 def finish_job(storage, prefix: str) -> None:
@@ -122,6 +125,16 @@ def load_job(storage, prefix: str) -> dict | None:
     if _JOB not in attrs:
         return None
     return {"job": attrs[_JOB], "state": attrs.get(_STATE), "queue": attrs.get(_QUEUE)}
+
+
+def running_searches(storage) -> list[str]:
+    """The names of the searches in ``storage`` that have started and not finished (publish_job, finish_job)."""
+    names = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        attrs = summary.user_attrs
+        if _JOB in attrs and attrs.get(_STATE) == "running":
+            names.append(summary.study_name)
+    return sorted(names)
 
 
 def trace_from_job(job: dict) -> Trace:
