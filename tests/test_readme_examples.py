@@ -1,6 +1,6 @@
-"""The README's "Your training loop" examples, run as written: each code block after a ``<!-- test: NAME -->``
-comment is extracted from README.md and executed in one folder, the later blocks continuing the first one's
-session (its names, and the table it wrote), as the README says."""
+"""The documentation's "Your training loop" examples (docs/training-loop.md), run as written: each code block after a
+``<!-- test: NAME -->`` comment is extracted and executed in one folder, the later blocks continuing the first one's
+session (its names, and the table it wrote), as the page says."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from freqopt.gpu.backends.base import DEFAULT_SETTING
 from freqopt.workload.phases import _HOOK_WARNING
 
-README = Path(__file__).parent.parent / "README.md"
+README = Path(__file__).parent.parent / "docs" / "training-loop.md"
 BLOCK = re.compile(r"<!-- test: (?P<name>[\w-]+) -->\s*```(?P<lang>\w+)\n(?P<code>.*?)```", re.DOTALL)
 
 
@@ -23,7 +23,7 @@ def examples() -> dict[str, tuple[str, str]]:
 
 
 def run_python(name: str, folder: Path, namespace: dict) -> list:
-    """Run the README's block ``name`` in ``folder`` and ``namespace``; returns the warnings it raised."""
+    """Run the page's block ``name`` in ``folder`` and ``namespace``; returns the warnings it raised."""
     lang, code = examples()[name]
     assert lang == "python"
     cwd = os.getcwd()
@@ -31,7 +31,7 @@ def run_python(name: str, folder: Path, namespace: dict) -> list:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            exec(compile(code, f"README.md:{name}", "exec"), namespace)
+            exec(compile(code, f"docs/training-loop.md:{name}", "exec"), namespace)
     finally:
         os.chdir(cwd)
     return caught

@@ -149,7 +149,7 @@ def test_figures_compare_to_a_relative_1e_9_so_other_cpus_pass_and_real_changes_
 @pytest.mark.slow
 def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(tmp_path):
     """The README's main command prints experiments/main_job.json's figures exactly (the same seed gives the same
-    result, in another process, through joblib's processes; README "The same figures on any machine"), each within
+    result, in another process, through joblib's processes; docs/search.md "The same figures on any machine"), each within
     1 % validated. With the H100's 26 ms switches this 27 ms step realizes one clock only, so the pass, kernel and
     phase levels keep the iteration level's clock and say why (issue 25), while the pass and kernel levels search
     their free-switching figures (issue 35, item 3: kernel > pass > iteration there, issue 2's criterion); issue 2's

@@ -239,7 +239,7 @@ def test_a_worker_measures_on_the_gpu_it_is_given_or_its_local_rank(fake_gpu, mo
 
 
 def test_optuna_dashboard_serves_a_freqopt_search(tmp_path):
-    """The README's `optuna-dashboard OUT/freqopt.journal` (or the search's --storage URL): optuna-dashboard's own
+    """docs/search.md's `optuna-dashboard OUT/freqopt.journal` (or the search's --storage URL): optuna-dashboard's own
     storage lookup opens a freqopt search's journal and its API lists the search's studies with their trials (the
     WSGI app the dashboard serves, called in-process)."""
     import io

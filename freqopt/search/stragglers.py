@@ -17,7 +17,7 @@ the straggler's: the same throughput, less energy. Here:
 A pipeline learns the straggler's time from an all-reduce of the pipelines' iteration times every N steps, or from
 a scheduler that knows it: freqopt.apply.torch_pipeline_runtime.StragglerFollower, over plans from
 ``matched_requests`` (torch.distributed.pipelining) or freqopt.apply.pipeline_runtime.straggler_schedules
-(DeepSpeed); a user who knows a straggler's slowdown plans for it with ``straggler_plan`` (README, "Stragglers").
+(DeepSpeed); a user who knows a straggler's slowdown plans for it with ``straggler_plan`` (docs/pipelines.md, "Stragglers").
 """
 
 from __future__ import annotations

@@ -1,0 +1,42 @@
+"""The documentation (issue 38, item 2): the MkDocs site builds with --strict (no broken link to a page, an
+experiment's report or a heading; every API reference resolves to a docstring; the command reference is the CLI's
+own help, mkdocs-click), and the README stays short enough to read: what freqopt does, the two commands, what the
+main job prints, where to go next."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_site_builds_strict(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    commands = (tmp_path / "site" / "commands" / "index.html").read_text()
+    # Every command of the CLI is in the generated reference, with its options.
+    from freqopt.cli import cli
+
+    for name, command in cli.commands.items():
+        assert f"freqopt {name}" in commands, name
+        for option in command.params:
+            for flag in option.opts:
+                if flag.startswith("--"):
+                    assert flag in commands, (name, flag)
+    assert (tmp_path / "site" / "experiments" / "schedules" / "report" / "index.html").is_file()
+    reference = (tmp_path / "site" / "reference" / "index.html").read_text()
+    assert "straggler_schedules" in reference and "PipelinePlanner" in reference
+
+
+def test_the_readme_is_short_and_its_two_commands_are_the_ci_s():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    test_command = "pip install torch==2.13.0 && DS_BUILD_OPS=0 pip install -c constraints.txt -e '.[test]' && python -m pytest"
+    assert f"    {test_command}\n" in readme and (ROOT / ".ci" / "run").read_text().rstrip().endswith(test_command)
+    assert "    pip install torch==2.13.0 && DS_BUILD_OPS=0 pip install -c constraints.txt -e '.[plots]' && freqopt search " \
+           "--model gpt3-small --max-slowdown 1%\n" in readme  # fmt: skip
