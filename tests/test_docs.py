@@ -40,3 +40,14 @@ def test_the_readme_is_short_and_its_two_commands_are_the_ci_s():
     assert f"    {test_command}\n" in readme and (ROOT / ".ci" / "run").read_text().rstrip().endswith(test_command)
     assert "    pip install torch==2.13.0 && DS_BUILD_OPS=0 pip install -c constraints.txt -e '.[plots]' && freqopt search " \
            "--model gpt3-small --max-slowdown 1%\n" in readme  # fmt: skip
+
+
+def test_every_model_option_says_it_takes_a_hugging_face_config():
+    """Every command's --model takes a model name or hf:PATH (resolve_trace_or_workload), and its help says so."""
+    from freqopt.cli import cli
+
+    with_model = {name: next(p for p in c.params if "--model" in p.opts) for name, c in cli.commands.items()
+                  if any("--model" in p.opts for p in c.params)}  # fmt: skip
+    assert {"search", "transfer", "train", "profile"} <= set(with_model)
+    for name, option in with_model.items():
+        assert "hf:PATH" in option.help, name

@@ -75,7 +75,7 @@ def gpus() -> None:
 
 @cli.command(short_help="Apply a clock table to another model or layout.")
 @click.option("--table", "table_path", required=True, help="A clock table written by `freqopt search`.")
-@click.option("--model", required=True, help="Target model (see `freqopt models`).")
+@click.option("--model", required=True, help="Target model (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--gpu", default=None, help="GPU type; must be the table's (default: the table's).")
 @click.option("--max-slowdown", default=None, help="Budget on the target (default: the table's).")
 @click.option("--backend", default="sim", show_default=True, help="Measurement backend: sim (simulated GPU).")
