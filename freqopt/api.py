@@ -153,7 +153,7 @@ def _granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
         UnknownNameError: a name that is not a granularity (the message lists them).
         InvalidSettingError: an empty sequence, "all" among other names, or something that is not a name.
     """
-    from freqopt.search.units import GRANULARITIES, check_granularity
+    from freqopt.granularities import GRANULARITIES, check_granularity
 
     choices = ", ".join(GRANULARITIES)
     if isinstance(granularity, str):
@@ -254,18 +254,14 @@ def search(
     from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_trace_or_workload
     from freqopt.budget import parse_slowdown
     from freqopt.gpu.specs import check_switch_latency_ms
-    from freqopt.search.study import optuna_logging
-    from freqopt.workload.memory import check_step_fits
+    from freqopt.workload.model_names import check_model_name
 
-    # Every check before any work or any file is touched, in the CLI's order.
+    # Every check before any work or any file is touched; those that need no model built (nor PyTorch imported)
+    # first, so that a wrong argument is refused at once (issue 38, item 4).
     slowdown = parse_slowdown(max_slowdown)
     confidence = check_confidence(confidence)
-    trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                                n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
-    if workload.layout.is_pipeline:
-        raise InvalidSettingError(f"layout {workload.layout}: freqopt.search searches one GPU's iteration; search a "
-                                  "pipeline (pp > 1) with freqopt.search_pipeline(..., micro_batches=M)",
-                                  argument="layout")  # fmt: skip
+    if isinstance(model_or_trace, str):
+        check_model_name(model_or_trace)
     requested = resolve_gpu(gpu)
     backend = resolve_backend(backend)
     granularities = _granularities(granularity)
@@ -277,6 +273,15 @@ def search(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidSettingError(f"seed must be an integer, not {seed!r}", argument="seed")
     switch_s = check_switch_latency_ms(switch_latency_ms)
+    trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                                n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    if workload.layout.is_pipeline:
+        raise InvalidSettingError(f"layout {workload.layout}: freqopt.search searches one GPU's iteration; search a "
+                                  "pipeline (pp > 1) with freqopt.search_pipeline(..., micro_batches=M)",
+                                  argument="layout")  # fmt: skip
+    from freqopt.search.study import optuna_logging
+    from freqopt.workload.memory import check_step_fits
+
     # A real GPU is opened (and its permissions checked) before anything is written.
     measuring, opened = open_backend(backend, requested, seed=seed)
     try:

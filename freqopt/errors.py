@@ -89,3 +89,9 @@ def check_positive_int(name: str, value, *, optional: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidSettingError(f"{name} must be a positive integer, not {value!r}", argument=name)
+
+
+class GPUMemoryWarning(UserWarning):
+    """A simulated step was profiled although it does not fit one GPU (freqopt.workload.memory.check_gpu_memory's
+    message, and what the figures then mean). Defined here, with the errors, so that a caller can filter it without
+    importing the memory model (and PyTorch)."""

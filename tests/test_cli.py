@@ -397,3 +397,20 @@ def test_train_and_transfer_refuse_a_negative_switch_latency(command, capsys):
     assert main([*command, "--switch-latency-ms", "-1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'--switch-latency-ms'" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["search", "--model", "nope", "--max-slowdown", "1%"], "unknown model 'nope'"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "abc"], "--max-slowdown"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--gpu", "nope"], "unknown GPU"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "foo"], "unknown granularity"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "--trials must be"),
+])  # fmt: skip
+def test_a_search_refuses_a_bad_argument_before_loading_pytorch_or_optuna(args, message):
+    """Issue 38, item 4: a bad argument of the main job is refused in one line before the seconds that importing
+    PyTorch and Optuna take (checked by what was imported, not by timing, which is flaky on a shared machine)."""
+    code = ("import sys; from freqopt.cli import main; rc = main(sys.argv[1:]); "
+            "print('loaded:', sorted(m for m in ('torch', 'optuna') if m in sys.modules)); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "loaded: []" in proc.stdout

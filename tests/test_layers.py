@@ -19,9 +19,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
 LAYERS: list[tuple[str, ...]] = [
     # Foundations: errors, the atomic file write that everything writing a file uses, the slowdown budget's parser.
     # The package root only names its lazy exports (strings, imported on first use).
-    ("freqopt", "freqopt.errors", "freqopt.files", "freqopt.budget"),
+    # The names a search takes that need nothing built: its granularities.
+    ("freqopt", "freqopt.errors", "freqopt.files", "freqopt.budget", "freqopt.granularities"),
     # The workload. Parallel layouts and the kernel data classes;
-    ("freqopt.workload.layout", "freqopt.workload.kernels"),
+    # the built-in models' names;
+    ("freqopt.workload.layout", "freqopt.workload.kernels", "freqopt.workload.model_names"),
     # the models (PyTorch modules and their custom operators), the phase hooks on them, and the module-structure
     # fingerprint a trace carries;
     ("freqopt.workload.models", "freqopt.workload.phases", "freqopt.workload.fingerprint"),
@@ -156,9 +158,10 @@ def _without_package_reexports(graph: dict[str, set[str]]) -> dict[str, set[str]
 def test_the_graph_sees_known_imports():
     """The graph builder itself: a module-level import, a function-level one, and a TYPE_CHECKING one."""
     graph = import_graph()
-    assert "freqopt.workload.kernels" in graph["freqopt.gpu.backends.base"]  # module level
+    assert "freqopt.gpu.specs" in graph["freqopt.gpu.backends.base"]  # module level
     assert "freqopt.gpu.backends.simulated" in graph["freqopt.gpu.backends"]  # inside get_backend
     assert "freqopt.workload.models" not in graph["freqopt.workload.kernels"]  # under TYPE_CHECKING only
+    assert "freqopt.workload.kernels" not in graph["freqopt.gpu.backends.base"]  # likewise
 
 
 def test_find_cycle_finds_one():

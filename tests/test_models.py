@@ -150,3 +150,12 @@ def test_loss_takes_targets_sliced_from_a_token_batch(micro_batch):
         loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         assert torch.isfinite(loss)
+
+
+def test_the_light_list_of_model_names_is_the_models_own():
+    """freqopt.workload.model_names (checked before PyTorch is imported) names exactly the built-in models, in
+    their order."""
+    from freqopt.workload.model_names import MODEL_NAMES
+    from freqopt.workload.models import list_models
+
+    assert list(MODEL_NAMES) == list_models()

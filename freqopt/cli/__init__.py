@@ -42,7 +42,7 @@ def memory_warnings_as_lines():
     search, not after it); other warnings as Python shows them."""
     import warnings
 
-    from freqopt.workload.memory import GPUMemoryWarning
+    from freqopt.errors import GPUMemoryWarning
 
     shown = warnings.showwarning
 

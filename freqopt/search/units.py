@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from freqopt.errors import UnknownNameError
+from freqopt.granularities import GRANULARITIES, check_granularity
 from freqopt.workload.kernels import Kernel, Trace
 
 __all__ = ["GRANULARITIES", "TuningUnit", "partition", "check_granularity", "kernel_families", "family_units",
            "search_units"]
 
-# Coarse to fine. power-cap tunes the whole-GPU power limit; the others lock (SM, memory) clock pairs. phase is
-# the realizable phase schedule (freqopt.search.schedule): runs of phases a runtime can switch between.
-GRANULARITIES = ("power-cap", "iteration", "pass", "kernel", "phase")
+# GRANULARITIES (freqopt.granularities), coarse to fine: power-cap tunes the whole-GPU power limit; the others lock
+# (SM, memory) clock pairs; phase is the realizable phase schedule (freqopt.search.schedule): runs of phases a runtime
+# can switch between.
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,6 @@ class TuningUnit:
 
     def kernels(self, trace: Trace) -> list[Kernel]:
         return [trace.kernels[i] for i in self.kernel_indices]
-
-
-def check_granularity(granularity: str) -> str:
-    if granularity not in GRANULARITIES:
-        raise UnknownNameError(
-            f"unknown granularity {granularity!r}; choose from all, {', '.join(GRANULARITIES)}"
-        )
-    return granularity
 
 
 def partition(trace: Trace, granularity: str) -> list[TuningUnit]:

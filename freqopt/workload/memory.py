@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import GPUMemoryWarning, InvalidSettingError
 from freqopt.workload.models import Workload, build_model
 from freqopt.workload.models.meta_checks import MetaChecks
 from freqopt.workload.models.parallel import shard_tensor_parallel
@@ -125,11 +125,6 @@ def estimate_step_memory(workload: Workload, *, dtype: torch.dtype = torch.bfloa
         model(idx, idx)
     return StepMemory(weights, gradients, optimizer, sum(saved.values()), sum(p.numel() for p in params),
                       str(dtype).removeprefix("torch."))  # fmt: skip
-
-
-class GPUMemoryWarning(UserWarning):
-    """A simulated step was profiled although it does not fit one GPU (check_gpu_memory's message, and what the
-    figures then mean)."""
 
 
 def workload_label(workload: Workload) -> str:

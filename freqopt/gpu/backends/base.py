@@ -7,11 +7,14 @@ import math
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from freqopt.gpu.specs import GPUSpec
-from freqopt.workload.kernels import Kernel
+
+if TYPE_CHECKING:  # annotations only: the backends' protocol loads no PyTorch (fast errors, issue 38, item 4)
+    from freqopt.workload.kernels import Kernel
 
 __all__ = ["ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "Backend", "switch_latency"]
 

@@ -19,6 +19,7 @@ from freqopt.workload.layout import SINGLE_GPU, Layout
 from freqopt.workload.models.bert import BERT_CONFIGS, BertConfig, BertModel
 from freqopt.workload.models.gpt3 import GPT3_CONFIGS, GPTConfig, GPTModel
 from freqopt.workload.models.hf import HFConfig, build_hf_model, is_hf_model, load_hf_config
+from freqopt.workload.model_names import check_model_name
 
 __all__ = ["GPTConfig", "GPTModel", "BertConfig", "BertModel", "HFConfig", "ModelConfig", "Workload", "MODELS",
            "DEFAULT_MICRO_BATCH_SIZE", "get_workload", "list_models", "build_model", "count_parameters",
@@ -78,8 +79,7 @@ def get_workload(
     """
     if is_hf_model(model):
         return _hf_workload(model, micro_batch_size, seq_len, n_heads, layout, vocab_multiple)
-    if model not in MODELS:
-        raise UnknownNameError(f"unknown model {model!r}; known models: {', '.join(MODELS)} (see `freqopt models`)")
+    check_model_name(model)
     config = MODELS[model]
     for name, value in (("micro_batch_size", micro_batch_size), ("seq_len", seq_len), ("n_heads", n_heads),
                         ("vocab_multiple", vocab_multiple)):  # fmt: skip

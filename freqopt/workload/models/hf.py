@@ -31,7 +31,7 @@ from freqopt.errors import InvalidSettingError, UnknownNameError
 __all__ = ["HF_PREFIX", "DEFAULT_HF_SEQ_LEN", "HFConfig", "HFCausalLM", "is_hf_model", "load_hf_config",
            "build_hf_model"]
 
-HF_PREFIX = "hf:"
+from freqopt.workload.model_names import HF_PREFIX  # noqa: E402  (one spelling of the prefix)
 # Tokens per sequence when the config allows more: 2048, GPT-3's context (freqopt's default workload size), so
 # that a model with a 128k context is not traced at 128k tokens unless asked (seq_len=...).
 DEFAULT_HF_SEQ_LEN = 2048
