@@ -463,6 +463,9 @@ def test_cli_train_runs_data_parallel_under_deepspeed(tmp_path):
     doc = json.loads(out.read_text())
     assert len(doc["steps"]) == 2 and doc["default"]["energy_j_per_step"] > 0
     assert "(dp=2,tp=1) training" in done.stdout
+    # DeepSpeed's launcher lines and its CPU-fallback warning are not freqopt's output (issue 38, item 4).
+    for line in ("[INFO]", "[WARNING]", "Setting accelerator to CPU", "Unable to find hostfile"):
+        assert line not in done.stdout + done.stderr, (line, done.stderr[-2000:])
 
 
 def test_train_refuses_ranks_that_cannot_fit_the_machines_memory(monkeypatch, capsys):

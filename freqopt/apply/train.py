@@ -27,6 +27,8 @@ conditions; the measured saving is the difference of their mean energy per step.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import time
 from dataclasses import dataclass
@@ -365,7 +367,11 @@ def _pipeline_job(workload: Workload, model: torch.nn.Module, backend: Backend, 
     micro_batches, partition_method = _pipeline_defaults(table, layout, micro_batches, partition_method)
     deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
     layers = [type(layer.type_name, (_StageLayer,), {})(model, layer) for layer in pipeline_layers(model)]
-    module = PipelineModule(layers=layers, num_stages=layout.pp, loss_fn=_lm_loss, partition_method=partition_method)
+    # PipelineModule prints its seed settings and the partition, layer by layer, on rank 0 (bare prints in DeepSpeed
+    # 0.19's pipe/module.py): not freqopt's output; the stages are freqopt's own partition (pipeline_layers).
+    with contextlib.redirect_stdout(io.StringIO()):
+        module = PipelineModule(layers=layers, num_stages=layout.pp, loss_fn=_lm_loss,
+                                partition_method=partition_method)  # fmt: skip
     config = {**deepspeed_config(workload.micro_batch_size, 1, bf16=on_cuda),
               "gradient_accumulation_steps": micro_batches, "steps_per_print": 2**31 - 1}  # no progress lines
     engine, *_ = deepspeed.initialize(model=module, optimizer=adamw_factory(fused=on_cuda),

@@ -83,11 +83,17 @@ def _relaunch_under_deepspeed(plan) -> None:
     # As a module (-m freqopt.cli.rank, which runs -m freqopt.cli), not a script: a script's folder would come
     # first on sys.path, where a freqopt module could shadow the standard library's (as freqopt/workload/trace.py
     # would shadow trace).
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(plan.workload.layout.world_size),
-           "--no_local_rank", "--module", "freqopt.cli.rank", *sys.argv[1:]]  # fmt: skip
+    # The launcher's own INFO lines (its command, world info, each rank spawned and exiting) and its warnings (no
+    # hostfile) are not freqopt's output: --log_level error, which it hands on to each node's launch. On a CPU,
+    # DS_ACCELERATOR=cpu says what DeepSpeed would otherwise warn, in every process, that it fell back to.
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--log_level", "error", "--num_gpus",
+           str(plan.workload.layout.world_size), "--no_local_rank", "--module", "freqopt.cli.rank", *sys.argv[1:]]  # fmt: skip
     status_dir = tempfile.mkdtemp(prefix="freqopt-ranks-")
+    env = {**os.environ, STATUS_DIR_ENV: status_dir}
+    if str(plan.device or "cpu").startswith("cpu"):
+        env.setdefault("DS_ACCELERATOR", "cpu")
     try:
-        code = subprocess.call(cmd, env={**os.environ, STATUS_DIR_ENV: status_dir})
+        code = subprocess.call(cmd, env=env)
         killed = killed_ranks(status_dir) if code else {}
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
