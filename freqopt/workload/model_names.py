@@ -14,12 +14,18 @@ HF_PREFIX = "hf:"  # a Hugging Face config: hf:PATH (freqopt.workload.models.hf)
 
 
 def check_model_name(model: str) -> str:
-    """``model`` if it is a built-in model's name or an ``hf:PATH``.
+    """``model`` if it is a built-in model's name (freqopt.workload.models.MODELS where that module is loaded, else
+    MODEL_NAMES) or an ``hf:PATH``.
 
     Raises:
         UnknownNameError: any other name; the message lists the known ones.
     """
-    if not (isinstance(model, str) and (model in MODEL_NAMES or model.startswith(HF_PREFIX))):
-        raise UnknownNameError(f"unknown model {model!r}; known models: {', '.join(MODEL_NAMES)} (see `freqopt "
+    import sys
+
+    # Once the models are loaded their registry is the authority (a model registered at run time included).
+    loaded = sys.modules.get("freqopt.workload.models")
+    names = tuple(loaded.MODELS) if loaded is not None and hasattr(loaded, "MODELS") else MODEL_NAMES
+    if not (isinstance(model, str) and (model in names or model.startswith(HF_PREFIX))):
+        raise UnknownNameError(f"unknown model {model!r}; known models: {', '.join(names)} (see `freqopt "
                                "models`)")  # fmt: skip
     return model
