@@ -405,10 +405,16 @@ def test_train_and_transfer_refuse_a_negative_switch_latency(command, capsys):
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--gpu", "nope"], "unknown GPU"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "foo"], "unknown granularity"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--trials", "0"], "--trials must be"),
+    (["train", "--model", "nope"], "unknown model 'nope'"),
+    (["train", "--model", "gpt3-small", "--gpu", "nope"], "unknown GPU 'nope'"),
+    (["profile", "--model", "nope"], "unknown model 'nope'"),
+    (["profile", "--model", "gpt3-small", "--gpu", "nope"], "unknown GPU 'nope'"),
+    (["transfer", "--model", "nope", "--table", "x.json"], "unknown model 'nope'"),
 ])  # fmt: skip
 def test_a_search_refuses_a_bad_argument_before_loading_pytorch_or_optuna(args, message):
-    """Issue 38, item 4: a bad argument of the main job is refused in one line before the seconds that importing
-    PyTorch and Optuna take (checked by what was imported, not by timing, which is flaky on a shared machine)."""
+    """Issue 38, item 4: a bad argument of the main job (and a mistyped model or GPU name of train, profile and
+    transfer) is refused in one line before the seconds that importing PyTorch and Optuna take (checked by what was
+    imported, not by timing, which is flaky on a shared machine)."""
     code = ("import sys; from freqopt.cli import main; rc = main(sys.argv[1:]); "
             "print('loaded:', sorted(m for m in ('torch', 'optuna') if m in sys.modules)); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)

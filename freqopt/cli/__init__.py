@@ -16,7 +16,7 @@ import click
 from freqopt.budget import parse_slowdown
 from freqopt.errors import FreqoptError
 
-__all__ = ["main", "cli", "parse_slowdown", "FLAGS"]
+__all__ = ["main", "cli", "parse_slowdown", "FLAGS", "check_names_first"]
 
 # The library's argument names (FreqoptError.argument) -> the flags of this command line, so that an error speaks
 # of what the user typed (``--trials``, not ``n_trials``). Every command gives each of these the same meaning.
@@ -56,6 +56,20 @@ def memory_warnings_as_lines():
         warnings.simplefilter("always", GPUMemoryWarning)
         warnings.showwarning = show
         yield
+
+
+def check_names_first(model: str | None = None, gpu: str | None = None) -> None:
+    """The library's name checks (freqopt.workload.model_names.check_model_name, freqopt.gpu.specs.get_gpu), run
+    before a command imports the modules that load PyTorch, so that a mistyped name is refused at once; the library
+    checks them again where it resolves them."""
+    if model is not None:
+        from freqopt.workload.model_names import check_model_name
+
+        check_model_name(model)
+    if gpu is not None:
+        from freqopt.gpu.specs import get_gpu
+
+        get_gpu(gpu)
 
 
 def check_json_path(json_path: str | None) -> None:

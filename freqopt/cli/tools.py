@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from freqopt.cli import check_json_path, cli, model_options, stdout_console, verbose_option, write_json
+from freqopt.cli import (check_json_path, check_names_first, cli, model_options, stdout_console, verbose_option,
+                         write_json)  # fmt: skip
 from freqopt.cli.search import slowdown_cell, switch_latency_option
 
 @cli.command(short_help="List the models and their parameter counts.")
@@ -97,6 +98,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     from rich.console import Console
     from rich.table import Table
 
+    check_names_first(model)
     from freqopt.apply.transfer import transfer as run_transfer
     from freqopt.budget import DEFAULT_CONFIDENCE
 

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from freqopt.cli import check_json_path, cli, memory_warnings_as_lines, model_options, stdout_console, write_json
+from freqopt.cli import (check_json_path, check_names_first, cli, memory_warnings_as_lines, model_options,
+                         stdout_console, write_json)  # fmt: skip
 from freqopt.cli.search import switch_latency_option
 
 @cli.command(short_help="Train under the DVFS runtime; report time and energy per step.")
@@ -37,6 +38,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     (granularity instruction) sets each stage's SM clock at every forward and backward pass."""
     from rich.table import Table
 
+    check_names_first(model, gpu)
     from freqopt.apply.train import plan_training
 
     check_json_path(json_path)
@@ -151,6 +153,7 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     and one step under torch.profiler beside the trace, kind by kind."""
     from rich.table import Table
 
+    check_names_first(model, gpu)
     from freqopt.gpu.backends.base import DEFAULT_SETTING
     from freqopt.workload.layout import parse_layout
     from freqopt.measure.profile import profile as run_profile
