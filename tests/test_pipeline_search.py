@@ -202,6 +202,9 @@ def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
     assert [c.sm_clock_mhz for c in stage_schedule(table, 1)] == [
         requests[(i.stage, i.kind, i.micro_batch)] for i in stage_order(2, 4, 1)]
     assert (out / doc["table"].rsplit("/", 1)[1]).with_suffix(".csv").exists()
+    # The same command again reads every measurement back and says so.
+    assert main([*CLI, "--out", str(out)]) == 0
+    assert "resumed: " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [

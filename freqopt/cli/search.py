@@ -257,9 +257,8 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
         w = result.workload
         console.print(f"apply it to training with: freqopt train --model {w.model} --layout {w.layout} --micro-batches "
                       f"{result.micro_batches} --table {absolute_path(result.table_path)}", soft_wrap=True)  # fmt: skip
-    if result.n_stored_measurements:
-        what = "resumed" if result.resumed else "shared with workers"
-        console.print(f"{what}: {result.n_stored_measurements} measurements read back from "
+    if result.n_stored_measurements:  # a pipeline's studies take no workers: what was read back is an earlier run's
+        console.print(f"resumed: {result.n_stored_measurements} measurements read back from "
                       f"{absolute_storage(result.storage)}, {result.n_new_measurements} new", soft_wrap=True)  # fmt: skip
     console.print(f"done in {time.monotonic() - started:.0f} s; studies in {absolute_storage(result.storage)}",
                   soft_wrap=True)  # fmt: skip
