@@ -94,8 +94,9 @@ def run(config) -> dict:
     for s in LADDER:
         _, requests = matched_requests(planner, result.profile, base_s * (1 + s), lambda r: pipe.true_run(r).time_s,
                                        switch_s=spec.clock_switch_s, tail_s=tail_s)  # fmt: skip
-        if pipe.true_run(requests).time_s > base_s:  # else nothing slower fitted: matched_requests' fastest plan
-            ladder.append((pipe.true_run(requests).time_s, requests))
+        time_s = pipe.true_run(requests).time_s
+        if time_s > base_s:  # else nothing slower fitted: matched_requests' fastest plan
+            ladder.append((time_s, requests))
     follow = [follow_run(pipe, ladder, clock_ceiling(pipe, None, 0, ceiling), every) for every in EVERY]
     for f in follow:
         print(f"{label}, follower every {f['every_n_steps']}: others save {f['others_saved_pct']:.2f} %, run time "

@@ -261,8 +261,9 @@ def _all_reduce_max(group):
     if not (dist.is_available() and dist.is_initialized()):
         return lambda value: value
 
+    nccl = dist.get_backend(group) == "nccl"
+
     def reduce(value: float) -> float:
-        nccl = dist.get_backend(group) == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         tensor = torch.tensor([value], dtype=torch.float64, device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)

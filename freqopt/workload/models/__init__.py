@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from freqopt.errors import InvalidSettingError, UnknownNameError, check_positive_int
+from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.workload.layout import SINGLE_GPU, Layout
 from freqopt.workload.models.bert import BERT_CONFIGS, BertConfig, BertModel
 from freqopt.workload.models.gpt3 import GPT3_CONFIGS, GPTConfig, GPTModel
@@ -123,8 +123,7 @@ def config_from_dict(model: str, data: dict) -> ModelConfig:
     names, else the built-in config's type."""
     if is_hf_model(model):
         return HFConfig(**data)
-    if model not in MODELS:
-        raise UnknownNameError(f"unknown model {model!r}; known models: {', '.join(MODELS)} (see `freqopt models`)")
+    check_model_name(model)
     return type(MODELS[model])(**data)
 
 
