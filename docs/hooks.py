@@ -1,15 +1,23 @@
-"""MkDocs hook: the experiments' reports (experiments/**: Markdown, figures, JSON) become pages and files of the
-site under experiments/, so that the documentation links to them by the same relative paths as the README does,
-and ``mkdocs build --strict`` checks those links too."""
+"""MkDocs hooks.
+
+- The experiments' reports (experiments/**: Markdown, figures, JSON) become pages and files of the site under
+  experiments/, so that the documentation links to them by the same relative paths as the README does, and
+  ``mkdocs build --strict`` checks those links too.
+- A page's ``<!-- wings -->`` line becomes a Mermaid diagram of freqopt's wings (a sub-package or a top-level
+  module each) and the imports between them, drawn at every build from the code by the same import reader and
+  layer list that tests/test_layers.py holds the code to, so the picture cannot drift from the code.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = {".md", ".png", ".json"}
+WINGS_MARK = "<!-- wings -->"
 
 
 def on_files(files, config):
@@ -18,3 +26,60 @@ def on_files(files, config):
             files.append(File(str(path.relative_to(ROOT)), src_dir=str(ROOT), dest_dir=config["site_dir"],
                               use_directory_urls=config["use_directory_urls"]))
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    return markdown.replace(WINGS_MARK, wings_diagram()) if WINGS_MARK in markdown else markdown
+
+
+def _layers_module():
+    spec = importlib.util.spec_from_file_location("freqopt_layers", ROOT / "tests" / "test_layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wing(module: str) -> str | None:
+    """freqopt.search.runner -> "search/", freqopt.api -> "api.py"; the package root itself -> None."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    return parts[1] + "/" if (ROOT / "freqopt" / parts[1]).is_dir() else parts[1] + ".py"
+
+
+def wings_diagram() -> str:
+    """A Mermaid flowchart: a box per wing, highest layer on top, an arrow A --> B where a module of A imports one
+    of B (including imports under ``if TYPE_CHECKING:``) and no longer way through other wings implies it."""
+    layers = _layers_module()
+    graph = layers.import_graph(type_checking=True)
+    edges: dict[str, set[str]] = {}
+    level: dict[str, int] = {}
+    for module, targets in graph.items():
+        wing = _wing(module)
+        if wing is None:
+            continue
+        level[wing] = min(level.get(wing, len(layers.LAYERS)), layers.layer_of(module))
+        edges.setdefault(wing, set()).update(w for t in targets if (w := _wing(t)) not in (None, wing))
+
+    def reaches(a: str, b: str, skip: tuple[str, str]) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            node = todo.pop()
+            for nxt in edges.get(node, ()):
+                if (node, nxt) != skip and nxt not in seen:
+                    if nxt == b:
+                        return True
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
+
+    ids = {wing: "w" + "".join(c if c.isalnum() else "_" for c in wing) for wing in level}
+    lines = ["```mermaid", "flowchart TD"]
+    for wing in sorted(level, key=lambda w: (-level[w], w)):
+        lines.append(f'    {ids[wing]}["{wing}"]')
+    for wing in sorted(edges, key=lambda w: (-level[w], w)):
+        for target in sorted(edges[wing], key=lambda w: (-level[w], w)):
+            if not reaches(wing, target, skip=(wing, target)):
+                lines.append(f"    {ids[wing]} --> {ids[target]}")
+    lines.append("```")
+    return "\n".join(lines)

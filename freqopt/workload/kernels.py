@@ -15,14 +15,11 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:  # the models sit above this module; only the annotation needs the type
-    from freqopt.workload.models import Workload
-
-__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "record_call", "DEVICE", "PASSES", "COLLECTIVE_KINDS",
+__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "TracedWorkload", "record_call", "DEVICE", "PASSES", "COLLECTIVE_KINDS",
            "GPUPathWarning"]
 
 PASSES = ("forward", "backward", "optimizer")
@@ -206,11 +203,20 @@ class Kernel:
         return self.flops / self.mem_bytes if self.mem_bytes else math.inf
 
 
+class TracedWorkload(Protocol):
+    """What a Trace needs of the workload it was traced from: the model's name. freqopt.workload.models.Workload
+    satisfies it (a built-in or Hugging Face model, or a user's step: freqopt.workload.step_trace) and carries more
+    (config, micro_batch_size, layout), which Trace's repr reads where present. A protocol, not that class, because
+    the models stand above the kernel data classes (tests/test_layers.py)."""
+
+    model: str
+
+
 @dataclass(frozen=True)
 class Trace:
     """The ordered kernels of one training iteration on one GPU (one rank of the workload's layout)."""
 
-    workload: Workload
+    workload: TracedWorkload
     kernels: tuple[Kernel, ...]
     meta: dict = field(default_factory=dict)
 
