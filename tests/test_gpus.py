@@ -122,3 +122,22 @@ def test_replace_toml_block_replaces_one_marked_block_and_refuses_none_or_two():
     with pytest.raises(ValueError, match="found 2"):
         replace_toml_block(text + text, "fit", [], writer="w")
 
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[gpu]\nmarketing_name = "x"\n[clocks\n', "is not valid TOML (Expected ']'"),  # corrupt
+    ('[gpu]\nmarketing_name = "x"\n', "lacks 'clocks'"),  # another program's TOML, or a partial copy
+    ("HEADER_ONLY", "lacks 'gpu'"),  # no tables at all
+    (None, "is not a GPU file freqopt can read (invalid literal for int()"),  # a figure of the wrong kind
+])  # fmt: skip
+def test_a_corrupt_or_foreign_gpu_file_is_refused_in_one_line_naming_it(tmp_path, text, says):
+    path = tmp_path / "mine.toml"
+    if text is None:  # a shipped file with one figure made a word
+        text = (search_spaces_dir() / "h100-sxm.toml").read_text().replace("n_sms = 132", 'n_sms = "many"', 1)
+        assert 'n_sms = "many"' in text
+    path.write_text("" if text == "HEADER_ONLY" else text)
+    with pytest.raises(InvalidSettingError) as raised:
+        get_gpu(str(path))
+    message = str(raised.value)
+    assert str(path) in message and says in message and "\n" not in message
+    assert "copy a GPU file of" in message

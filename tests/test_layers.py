@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     # and a pipeline layout's stages, each traced by the tracer's recorder.
     ("freqopt.workload.pipeline_trace",),
     # The GPU. Its types;
-    ("freqopt.gpu.specs",),
+    ("freqopt.gpu.spec_parts", "freqopt.gpu.specs"),
     # NVML device access, and traced kernels re-run on a device;
     ("freqopt.gpu.nvml", "freqopt.gpu.replay"),
     # where measurements come from: the simulated GPU and the real one;
