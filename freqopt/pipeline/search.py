@@ -1,4 +1,4 @@
-"""The clock search of a pipeline-parallel iteration on the simulated pipeline (freqopt.search.pipeline_sim): one SM
+"""The clock search of a pipeline-parallel iteration on the simulated pipeline (freqopt.pipeline.sim): one SM
 clock for the whole iteration ("iteration"), one per stage that never switches ("stage") and one per instruction
 ("instruction").
 
@@ -17,7 +17,7 @@ its own Bayesian study (search_unit), each measurement the instruction's kernels
 are locked, so an instruction's time and energy do not depend on its neighbours' clocks: the studies do not couple
 (the power limit is per GPU, and a locked clock below it leaves the firmware nothing to shift between stages), and
 the stages' studies could run on their S GPUs at once. The fronts make a StageProfile (with each (stage, kind)'s
-measured default) for freqopt.search.pipeline_plan.PipelinePlanner, which minimizes the iteration's energy
+measured default) for freqopt.pipeline.planner.PipelinePlanner, which minimizes the iteration's energy
 (Perseus's accounting, the blocked power at the default clock) subject to its critical path within a deadline:
 exact (HiGHS's MILP) where it is small, provably near-exact otherwise; and its whole time-energy frontier.
 
@@ -63,10 +63,10 @@ from freqopt.gpu.backends.base import ClockSetting, Measurement
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.search.journal import MeasurementLog, digest
-from freqopt.search.pipeline import ALL_KINDS, PipelineDAG
-from freqopt.search.pipeline_plan import (FrontierPoint, InstructionOptions, PipelinePlan, PipelinePlanner,
+from freqopt.pipeline.dag import ALL_KINDS, PipelineDAG
+from freqopt.pipeline.planner import (FrontierPoint, InstructionOptions, PipelinePlan, PipelinePlanner,
                                           StageProfile)  # fmt: skip
-from freqopt.search.pipeline_sim import SimulatedPipeline, perseus_blocking_power_w
+from freqopt.pipeline.sim import SimulatedPipeline, perseus_blocking_power_w
 from freqopt.search.study import Option, UnitSearch, search_unit
 from freqopt.budget import first_confirmed
 from freqopt.search.validate import DEFAULT_CONFIDENCE, PairedReadings, check_confidence
@@ -122,7 +122,7 @@ class PipelineSearchConfig:
             sensitivity check against Perseus's measured figure; None: the physics'.
         seed: seeds the samplers and the simulated GPUs' noise.
         storage: Optuna storage URL; None keeps studies in memory.
-        schedule, virtual_stages: the pipeline schedule (freqopt.search.pipeline.SCHEDULES: DeepSpeed's "1f1b", or
+        schedule, virtual_stages: the pipeline schedule (freqopt.pipeline.dag.SCHEDULES: DeepSpeed's "1f1b", or
             one of torch.distributed.pipelining's) and, for the looped ones, its model stages per GPU; the stage
             traces are then one per model stage (SimulatedPipeline).
     """
@@ -456,7 +456,7 @@ class PipelineSearchResult:
     def _stages_of(self, clocks: Sequence[int | None]) -> list[dict]:
         """Per GPU ("stage": its pipeline rank), its instructions in the order it runs them; where the schedule
         runs several model stages per GPU, each instruction also names its "model_stage"."""
-        from freqopt.search.pipeline import one_f_one_b
+        from freqopt.pipeline.dag import one_f_one_b
 
         dag = self.dag if self.dag is not None else one_f_one_b(self.stages, self.micro_batches)
         out: list[dict] = [{"stage": s, "instructions": []} for s in range(self.stages)]
@@ -654,7 +654,7 @@ def _profile(fronts: dict, spec: GPUSpec, stages: int) -> StageProfile:
     for key, opts in fronts.items():
         options[key] = InstructionOptions(np.asarray([_clock(spec, o.setting) for o in opts], dtype=int),
                                           np.asarray([o.time_s for o in opts]), np.asarray([o.energy_j for o in opts]))
-    return StageProfile(stages, options, "freqopt.search.pipeline_search")
+    return StageProfile(stages, options, "freqopt.pipeline.search")
 
 
 def _planned_times(profile: StageProfile, dag: PipelineDAG, clocks: Sequence[int]) -> np.ndarray:

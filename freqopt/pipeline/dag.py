@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from freqopt.errors import InvalidSettingError, check_positive_int
-from freqopt.search.schedules import (BACKWARD_INPUT, BACKWARD_WEIGHT, deepspeed_1f1b_order, rank_of_stage,
+from freqopt.pipeline.schedules import (BACKWARD_INPUT, BACKWARD_WEIGHT, deepspeed_1f1b_order, rank_of_stage,
                                       rank_orders, stages_per_rank)
 
 __all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instruction", "PipelineDAG", "stage_order",
@@ -53,11 +53,11 @@ __all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instructio
 FORWARD = "forward"
 BACKWARD = "backward"
 KINDS = (FORWARD, BACKWARD)
-# The zero-bubble schedules split a backward into its input gradient and its weight gradient (freqopt.search.schedules):
+# The zero-bubble schedules split a backward into its input gradient and its weight gradient (freqopt.pipeline.schedules):
 # BACKWARD_INPUT, BACKWARD_WEIGHT.
 ALL_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 # "1f1b" is DeepSpeed's TrainSchedule (one_f_one_b, the default); the others are torch.distributed.pipelining's
-# schedules, their orders taken from the classes (freqopt.search.schedules, issue 37).
+# schedules, their orders taken from the classes (freqopt.pipeline.schedules, issue 37).
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb-v", "dualpipe-v")
 
 
@@ -206,9 +206,9 @@ def one_f_one_b(stages: int, micro_batches: int) -> PipelineDAG:
 
 def schedule_dag(schedule: str, stages: int, micro_batches: int, *, virtual_stages: int | None = None) -> PipelineDAG:
     """The DAG of one iteration of ``schedule`` on ``stages`` GPUs: "1f1b" is DeepSpeed's (one_f_one_b); the
-    others' per-GPU orders are torch.distributed.pipelining's own (freqopt.search.schedules.rank_orders), with
+    others' per-GPU orders are torch.distributed.pipelining's own (freqopt.pipeline.schedules.rank_orders), with
     ``virtual_stages`` model stages per GPU for the looped ones (default 2), 2 for the V-shaped ones. Edges as
-    freqopt.search.schedules's module docstring says.
+    freqopt.pipeline.schedules's module docstring says.
 
     Raises:
         InvalidSettingError: an unknown schedule, a bad count, or a combination torch's schedule refuses.

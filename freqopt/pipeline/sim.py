@@ -1,9 +1,9 @@
 """A pipeline-parallel training iteration as S simulated GPUs run it: DeepSpeed's 1F1B schedule (or one of
-torch.distributed.pipelining's: SimulatedPipeline's ``schedule``, freqopt.search.schedules), P2P waits and the power
+torch.distributed.pipelining's: SimulatedPipeline's ``schedule``, freqopt.pipeline.schedules), P2P waits and the power
 each GPU draws while it waits.
 
 One simulated GPU (freqopt.gpu.backends.simulated.SimulatedGPU, its physics) per pipeline stage runs that stage's
-instructions (freqopt.search.pipeline: the forward or backward of one micro-batch; DeepSpeed's non-interleaved 1F1B
+instructions (freqopt.pipeline.dag: the forward or backward of one micro-batch; DeepSpeed's non-interleaved 1F1B
 ``TrainSchedule``) in the stage's order. An instruction is its stage's forward or backward kernels for one
 micro-batch (freqopt.workload.pipeline_trace.StageTrace), P2P receives and sends included and timed as the physics
 times any collective (a group of two: bytes over the link plus its latency). It is issued as a training step issues
@@ -73,8 +73,8 @@ from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import ENERGY_NOISE_REL, TIME_NOISE_REL, SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
-from freqopt.search.pipeline import Instruction, PipelineDAG, schedule_dag
-from freqopt.search.schedules import stages_per_rank
+from freqopt.pipeline.dag import Instruction, PipelineDAG, schedule_dag
+from freqopt.pipeline.schedules import stages_per_rank
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["SimulatedPipeline", "PipelineRun", "StageRun", "PERSEUS_BLOCKING_POWER_W", "perseus_blocking_power_w",
@@ -237,7 +237,7 @@ class _Timeline:
 
 class SimulatedPipeline:
     """S simulated GPUs running a pipeline iteration (module docstring): DeepSpeed's 1F1B, or one of
-    torch.distributed.pipelining's schedules (``schedule``, freqopt.search.schedules), the instructions of several
+    torch.distributed.pipelining's schedules (``schedule``, freqopt.pipeline.schedules), the instructions of several
     model stages per GPU where the schedule interleaves them.
 
     Args:
@@ -252,7 +252,7 @@ class SimulatedPipeline:
         protocol: warm-up and window of a measurement (its GPU-second cost).
         blocked_power_w: a constant blocked power (W) at every clock in place of the physics' (e.g. Perseus's
             measured PERSEUS_BLOCKING_POWER_W), to see how much a figure depends on it; None: the physics'.
-        schedule, virtual_stages: the schedule (freqopt.search.pipeline.SCHEDULES) and, for the looped ones, its
+        schedule, virtual_stages: the schedule (freqopt.pipeline.dag.SCHEDULES) and, for the looped ones, its
             model stages per GPU; ``stage_traces`` then holds one trace per model stage (S x v: trace_pipeline_stages
             with model_stages), and the zero-bubble schedules run each backward as its input and weight gradients
             (StageTrace.pass_kernels, split_backward). ``stages`` is the model stages, ``gpus`` the GPUs.

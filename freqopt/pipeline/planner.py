@@ -5,8 +5,8 @@ the time (s) and energy (J) of one instruction at each locked SM clock (MHz), as
 and Zeus write them: CSV columns ``stage, instruction, frequency, time, energy``.
 
 The planner (``PipelinePlanner``, ``plan_pipeline``) chooses one clock per instruction of a 1F1B iteration
-(freqopt.search.pipeline) to minimize the iteration's energy subject to its time (the DAG's critical path) being at
-most a deadline. The energy is Perseus's accounting (freqopt.search.pipeline): the instructions' own energies plus a
+(freqopt.pipeline.dag) to minimize the iteration's energy subject to its time (the DAG's critical path) being at
+most a deadline. The energy is Perseus's accounting (freqopt.pipeline.dag): the instructions' own energies plus a
 constant P2P-blocking power for every GPU-second spent outside an instruction. Written with each option's
 *effective* energy e' = energy - blocking_power_w * time, the iteration's energy is sum_i e'_i + S * p * T, so:
 
@@ -16,7 +16,7 @@ clocks that the plain (time, energy) Pareto filter drops: running slower instead
 The kept options of an instruction, fastest first, have falling effective energies: slower is cheaper.
 
 Every plan starts from the hull LP and heuristics (steps 1 and 2 below); the MILP (step 3) only polishes it. All
-solves go through HiGHS's own Python interface (freqopt.search.pipeline_solver): the LP is kept between deadlines
+solves go through HiGHS's own Python interface (freqopt.pipeline.solver): the LP is kept between deadlines
 and hot-started from its last basis, every MILP has a time limit (``time_limit_s``, default DEFAULT_TIME_LIMIT_S)
 and a proven bound, and Ctrl-C stops any solve within a fraction of a second.
 
@@ -106,9 +106,9 @@ from pathlib import Path
 import numpy as np
 
 from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
-from freqopt.search.pipeline import ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, SCHEDULES, PipelineDAG, schedule_dag
-from freqopt.search.pipeline_solver import MilpResult, PipelineModel
-from freqopt.search.schedules import stages_per_rank
+from freqopt.pipeline.dag import ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, SCHEDULES, PipelineDAG, schedule_dag
+from freqopt.pipeline.solver import MilpResult, PipelineModel
+from freqopt.pipeline.schedules import stages_per_rank
 
 __all__ = ["InstructionOptions", "StageProfile", "load_stage_profile", "stage_profile_from_rows", "PipelinePlan",
            "PipelinePlanner", "FrontierPoint", "PipelineFrontier", "plan_pipeline", "blocking_power_w_for",
@@ -170,7 +170,7 @@ class InstructionOptions:
 class StageProfile:
     """A pipeline's measured stage profile: ``options[(stage, kind)]`` for stage in 0..stages-1 and kind in
     ("forward", "backward"), or with the backward split ("backward_input", "backward_weight") for the zero-bubble
-    schedules (freqopt.search.schedules); with virtual stages, the stages are the model's (several per GPU).
+    schedules (freqopt.pipeline.schedules); with virtual stages, the stages are the model's (several per GPU).
 
     Attributes:
         stages: the number of stages profiled.
@@ -286,7 +286,7 @@ class PipelinePlan:
     """A clock per instruction of one pipeline iteration, with its time and energy.
 
     Attributes:
-        dag: the instruction DAG (freqopt.search.pipeline.PipelineDAG); arrays below follow dag.instructions.
+        dag: the instruction DAG (freqopt.pipeline.dag.PipelineDAG); arrays below follow dag.instructions.
         sm_clock_mhz: the SM clock (MHz) of each instruction, int array of shape (N,).
         time_s: the iteration time (s): the critical path with those clocks.
         energy_j: the iteration's energy (J), Perseus's accounting.
@@ -401,7 +401,7 @@ class PipelinePlanner:
             A40, measured on P2P-blocked GPUs, lowtime/scripts/perseus.py).
         gpu: the GPU's freqopt name (search_spaces/), for its measured blocking power; one of the two is required.
         schedule: the pipeline schedule, one of SCHEDULES: "1f1b" (DeepSpeed's, the default) or one of
-            torch.distributed.pipelining's (freqopt.search.schedules), whose per-GPU orders are the classes' own.
+            torch.distributed.pipelining's (freqopt.pipeline.schedules), whose per-GPU orders are the classes' own.
             With several model stages per GPU (the interleaved, looped and V-shaped ones) the profile's stages are
             the model's, ``virtual_stages`` (default 2; 2 for the V-shaped) per GPU; the zero-bubble ones need the
             backward profiled split (backward_input, backward_weight rows).

@@ -1,6 +1,6 @@
 """The pipeline planner's linear programs, solved by HiGHS through its own Python interface (highspy).
 
-One model, built once per planner (freqopt.search.pipeline_plan): variables x[i, k] (instruction i takes its kept
+One model, built once per planner (freqopt.pipeline.planner): variables x[i, k] (instruction i takes its kept
 option k), a start time s_i per instruction and the iteration time T; rows sum_k x[i, k] = 1, one precedence row per
 DAG edge and one per sink. A deadline D is the upper bound of every start time and of T, so moving along the
 time-energy frontier changes only column bounds:
