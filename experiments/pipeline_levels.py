@@ -39,7 +39,8 @@ from pathlib import Path
 
 from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import get_gpu
-from freqopt.pipeline.search import PipelineSearchConfig, run_pipeline_search
+from freqopt.pipeline.config import PipelineSearchConfig
+from freqopt.pipeline.search import run_pipeline_search
 from freqopt.pipeline.sim import SimulatedPipeline
 from freqopt.search.storage import open_storage
 from freqopt.search.study import optuna_logging
@@ -171,7 +172,7 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
               + ", and at the A100's fitted power curve (experiments/dvfs_fit.md) slowing them into that wait saves "
               "most of their energy for no time. A longer switch costs the instruction level more: each switch is "
               "asked for one latency ahead and the faster clock is held over its neighbours (freqopt.pipeline."
-              "search.realize_requests)"
+              "realize.realize_requests)"
               + (f", and the free-switching column is {min(gaps):.1f}-{max(gaps):.1f} points above the realized one"
                  if gaps else "") + ".",
               "", "## Blocked power", "",

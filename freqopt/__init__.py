@@ -59,7 +59,7 @@ _LAZY = {
     "NVMLError": "freqopt.gpu.nvml",
     "plan_pipeline": "freqopt.pipeline.planner",
     "PipelinePlanner": "freqopt.pipeline.planner",
-    "load_stage_profile": "freqopt.pipeline.planner",
+    "load_stage_profile": "freqopt.pipeline.profile",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -416,7 +416,7 @@ def search_pipeline(
         micro_batch_size, seq_len, n_heads, vocab_multiple: get_workload overrides, model names only.
         switch_latency_ms: the GPU's clock-switch latency (ms) in place of its file's.
         confidence: the one-sided confidence, in [0.5, 1), at which each level's slowdown is held to the budget
-            (freqopt.pipeline.search.PipelineValidator).
+            (freqopt.pipeline.validate.PipelineValidator).
         on_unit: called as on_unit(granularity, done, total) after each study.
         on_start: called once with a SearchStart (its ``trace`` the first stage's StageTrace) before measuring.
         verbose: Optuna's own INFO log lines.
@@ -441,9 +441,9 @@ def search_pipeline(
     from freqopt.budget import parse_slowdown
     from freqopt.gpu.specs import DEFAULT_GPU, check_switch_latency_ms, get_gpu
     from freqopt.resolve import resolve_gpu, resolve_workload
-    from freqopt.pipeline.search import (PipelineSearchConfig, pipeline_granularities,
-                                                pipeline_study_prefix, result_pipeline_table,
-                                                run_pipeline_search)  # fmt: skip
+    from freqopt.pipeline.config import PipelineSearchConfig, pipeline_granularities
+    from freqopt.pipeline.result import result_pipeline_table
+    from freqopt.pipeline.search import pipeline_study_prefix, run_pipeline_search
     from freqopt.search.storage import open_storage
     from freqopt.search.study import optuna_logging
     from freqopt.workload.pipeline_trace import trace_pipeline_stages

@@ -31,7 +31,7 @@ its ``"front"`` (every measured SM clock: time and energy of one instruction), f
 
 ``plan[s]["forward"][m]`` is the SM clock (MHz) of micro-batch m's forward on stage s (M clocks per pass). An
 optional ``"requests"`` of the same form holds the clock the runtime asks for at each instruction's start, where that
-differs from the plan because a switch takes effect one latency later (freqopt.pipeline.search's realized
+differs from the plan because a switch takes effect one latency later (freqopt.pipeline.realize's realized
 schedule: a switch to a faster clock asked for one instruction early, so that no instruction runs slower than
 planned); it is what the search validated, any clock the GPU supports, and it is applied only at the plan's own
 micro-batch count. The plan
@@ -67,7 +67,8 @@ from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import GPUSpec
 
 if TYPE_CHECKING:  # the search's types, above this module: only their attributes are read
-    from freqopt.pipeline.planner import PipelinePlan, StageProfile
+    from freqopt.pipeline.plan import PipelinePlan
+    from freqopt.pipeline.profile import StageProfile
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "INSTRUCTION", "PASSES", "ClockTable", "workload_doc",
            "describe_workload", "table_from_result", "result_table", "pipeline_table", "budget_tag", "table_stem",
@@ -478,10 +479,10 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
     Args:
         workload: the pipeline's freqopt.workload.models.Workload (layout pp > 1 stages).
         spec: the GPU type every stage runs on; each plan and front clock must be one it supports.
-        profile: the freqopt.pipeline.planner.StageProfile the plan was made from: per (stage, pass) the
+        profile: the freqopt.pipeline.profile.StageProfile the plan was made from: per (stage, pass) the
             measured SM clocks (MHz) with one instruction's time (s) and energy (J) at each; written as the
             entries' fronts (fastest first), from which another micro-batch count is re-planned.
-        plan: the freqopt.pipeline.planner.PipelinePlan to apply (its DAG's stages and micro-batches).
+        plan: the freqopt.pipeline.plan.PipelinePlan to apply (its DAG's stages and micro-batches).
         max_slowdown: the budget it was planned for, against the fastest plan (0.01 or "1%").
         blocking_power_w: the power (W) a GPU draws while it waits on its neighbours, as the plan counted it (the
             plan's planner's, where it has one).

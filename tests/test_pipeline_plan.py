@@ -14,8 +14,9 @@ import pytest
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
 from freqopt.pipeline.dag import BACKWARD, FORWARD, Instruction, one_f_one_b, stage_order
-from freqopt.pipeline.planner import (_FRONTIER_TIME_RESOLUTION, PipelinePlanner, _Sweep, load_stage_profile, plan_pipeline,
-                                          stage_profile_from_rows)  # fmt: skip
+from freqopt.pipeline.frontier import _FRONTIER_TIME_RESOLUTION, _Sweep
+from freqopt.pipeline.planner import PipelinePlanner, plan_pipeline
+from freqopt.pipeline.profile import load_stage_profile, stage_profile_from_rows
 
 # Perseus's stage profiles, copied into the repository with their source (experiments/data/perseus/README.md).
 PERSEUS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "perseus"

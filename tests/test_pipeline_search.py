@@ -12,7 +12,8 @@ import freqopt
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError, UnknownNameError
 from freqopt.pipeline.dag import KINDS, one_f_one_b
-from freqopt.pipeline.planner import PipelinePlanner, stage_profile_from_rows
+from freqopt.pipeline.planner import PipelinePlanner
+from freqopt.pipeline.profile import stage_profile_from_rows
 
 # A tiny pipeline: gpt3-small in 2 stages, 2 sequences of 256 tokens per micro-batch, 4 micro-batches.
 TINY = dict(micro_batch_size=2, seq_len=256, layout="pp=2", micro_batches=4, gpu="a100-sxm4-80gb", n_trials=5,
@@ -64,10 +65,11 @@ def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
 def test_each_level_reports_its_busiest_gpus_switches_per_second_beside_the_gpus_limit(tiny):
     """Issue 35, item 6 (its report): the instruction level's busiest stage asks for its switches per iteration
     over the iteration time, held against the most one runtime thread can issue (1 / the NVML call's 20 ms)."""
-    from freqopt.pipeline.search import _n_switches
+    from freqopt.pipeline.validate import _n_switches
 
     from freqopt.search.journal import MeasurementLog
-    from freqopt.pipeline.search import PipelineValidator, realize_plan
+    from freqopt.pipeline.realize import realize_plan
+    from freqopt.pipeline.validate import PipelineValidator
     from freqopt.pipeline.sim import SimulatedPipeline
     from freqopt.workload.layout import parse_layout
     from freqopt.workload.models import get_workload

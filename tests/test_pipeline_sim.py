@@ -13,7 +13,7 @@ from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import get_gpu
 from freqopt.pipeline.dag import KINDS
-from freqopt.pipeline.search import realize_requests
+from freqopt.pipeline.realize import realize_requests
 from freqopt.pipeline.sim import SimulatedPipeline, perseus_blocking_power_w
 from freqopt.workload.layout import parse_layout
 from freqopt.workload.models import get_workload

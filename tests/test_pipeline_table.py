@@ -14,7 +14,7 @@ from freqopt.errors import ClockTableError, InvalidSettingError, TableWorkloadEr
 from freqopt.gpu.backends.base import ClockSetting
 from freqopt.pipeline.dag import stage_order
 from freqopt.pipeline.planner import PipelinePlanner
-from freqopt.pipeline.search import realize_requests
+from freqopt.pipeline.realize import realize_requests
 from freqopt.tables import ClockTable, load_table, table_stem, workload_doc, write_table, write_table_csv
 from freqopt.workload.layout import Layout
 from freqopt.workload.models import get_workload

@@ -66,8 +66,9 @@ import torch
 from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError, check_positive_int
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.pipeline.dag import BACKWARD, FORWARD, KINDS, stage_order
-from freqopt.pipeline.planner import InstructionOptions, PipelinePlanner, StageProfile
-from freqopt.pipeline.search import realize_plan
+from freqopt.pipeline.planner import PipelinePlanner
+from freqopt.pipeline.profile import InstructionOptions, StageProfile
+from freqopt.pipeline.realize import realize_plan
 from freqopt.tables import INSTRUCTION, ClockTable
 from freqopt.apply.runtime import _Worker, _stop_worker
 
@@ -126,7 +127,7 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
         micro_batches: micro-batches per iteration (DeepSpeed's gradient_accumulation_steps); None or the table's
             own: the table's plan. Another count re-plans the whole pipeline from the table's fronts with
             PipelinePlanner at the table's max_slowdown and blocking power (module docstring), without measuring,
-            and asks for each clock one switch latency ahead (freqopt.pipeline.search.realize_plan, with
+            and asks for each clock one switch latency ahead (freqopt.pipeline.realize.realize_plan, with
             the table's switch_s), as the search's validated requests do.
 
     Raises:

@@ -50,7 +50,7 @@ def straggler_plan(planner, straggler_time_s: float, *, tail_s: float = 0.0):
 
 def matched_requests(planner, profile, straggler_time_s: float, measure_s, *, switch_s: float, tail_s: float = 0.0,
                      rounds: int = 8, plan_with=None):  # fmt: skip
-    """The clock requests (per instruction, MHz: freqopt.pipeline.search.realize_plan) of the least-energy
+    """The clock requests (per instruction, MHz: freqopt.pipeline.realize.realize_plan) of the least-energy
     plan whose iteration, as the switches realize it, still ends within ``straggler_time_s``: the planner's
     prediction assumes clocks land at once, so its deadline is bisected (``rounds`` times, between the fastest
     plan's time and the straggler's less ``tail_s``) on ``measure_s(requests)``, the iteration time (s) a run with
@@ -58,7 +58,7 @@ def matched_requests(planner, profile, straggler_time_s: float, measure_s, *, sw
     plans at a deadline (``deadline_s=``; default planner.plan; planner.plan_stage_clocks for one clock per GPU);
     a deadline it finds no plan for (FreqoptError) counts as one that does not fit. Returns (plan, requests); the
     fastest plan's where nothing slower fits."""
-    from freqopt.pipeline.search import realize_plan
+    from freqopt.pipeline.realize import realize_plan
 
     fastest = planner.fastest()
     best = (fastest, realize_plan(profile, fastest, switch_s, tail_s=tail_s))
