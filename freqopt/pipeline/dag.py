@@ -48,7 +48,7 @@ from freqopt.pipeline.schedules import (BACKWARD_INPUT, BACKWARD_WEIGHT, deepspe
                                       rank_orders, stages_per_rank)
 
 __all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instruction", "PipelineDAG", "stage_order",
-           "one_f_one_b", "schedule_dag"]
+           "one_f_one_b", "schedule_dag", "effective_energy_j"]
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -177,6 +177,14 @@ class PipelineDAG:
             cached = [np.asarray(p, dtype=int) for p in lists]
             object.__setattr__(self, "_preds_cache", cached)
         return cached
+
+
+def effective_energy_j(energy_j, time_s, blocking_power_w: float):
+    """An instruction's *effective* energy (J), energy_j - blocking_power_w * time_s: its own energy less what its
+    GPU would have drawn blocked for its time (numbers or arrays of one shape, J and s; W). The iteration's energy
+    (PipelineDAG.iteration_energy_j) is the instructions' effective energies plus blocking_power_w for every GPU
+    over the whole iteration, S * p * T: the form the pipeline planner's model and heuristic count it in."""
+    return energy_j - blocking_power_w * time_s
 
 
 def one_f_one_b(stages: int, micro_batches: int) -> PipelineDAG:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from freqopt.pipeline.dag import PipelineDAG
+from freqopt.pipeline.dag import PipelineDAG, effective_energy_j
 
 __all__ = ["PlanHeuristics", "KeptOptions"]
 
@@ -68,7 +68,8 @@ class PlanHeuristics:
         self._group = [keys.index((i.stage, i.kind)) for i in self.dag.instructions]
         self._kept_clocks = [options[key].sm_clock_mhz for key in keys]
         self._kept_times = [options[key].time_s for key in keys]
-        self._kept_effective = [options[key].energy_j - self.blocking_power_w * options[key].time_s for key in keys]
+        self._kept_effective = [effective_energy_j(options[key].energy_j, options[key].time_s, self.blocking_power_w)
+                                for key in keys]  # fmt: skip
         self._graph = _Graph(self.dag)
         self._by_micro_batch = sorted(range(self.dag.n), key=lambda i: (self._group[i], self.dag.instructions[i].micro_batch))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from freqopt.errors import InvalidSettingError
-from freqopt.pipeline.dag import ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
+from freqopt.pipeline.dag import ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, effective_energy_j
 
 __all__ = ["InstructionOptions", "StageProfile", "load_stage_profile", "stage_profile_from_rows",
            "blocking_power_w_for", "check_number", "MEASURED_BLOCKING_POWER_W", "PROFILE_COLUMNS"]  # fmt: skip
@@ -52,7 +52,7 @@ class InstructionOptions:
         module docstring, "Dominated clocks"). Of equal
         options, the higher clock is kept.
         """
-        effective = self.energy_j - blocking_power_w * self.time_s
+        effective = effective_energy_j(self.energy_j, self.time_s, blocking_power_w)
         order = np.lexsort((-self.sm_clock_mhz, effective, self.time_s))  # by time, then effective energy
         kept: list[int] = []
         best = math.inf

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from freqopt.errors import FreqoptError, InvalidSettingError
+from freqopt.pipeline.dag import effective_energy_j
 from freqopt.pipeline.plan import PipelinePlan
 from freqopt.pipeline.solver import PipelineModel, precedence_rows
 
@@ -86,7 +87,7 @@ def _build_stage_model(planner: PipelinePlanner) -> StageClockModel:
         if planner.time_quantum_s is not None:
             t = np.floor(t / planner.time_quantum_s + 1e-9) * planner.time_quantum_s
         times.append(t)
-        cost[offsets[gpu]:offsets[gpu + 1]] += opts.energy_j[index] - planner.blocking_power_w * t
+        cost[offsets[gpu]:offsets[gpu + 1]] += effective_energy_j(opts.energy_j[index], t, planner.blocking_power_w)
     matrix, lower, upper = precedence_rows(planner.dag, planner.gpus, offsets, owner, times, n_y)
     objective = np.concatenate([cost, np.zeros(n), [planner.gpus * planner.blocking_power_w]])
     return StageClockModel(clocks, offsets, PipelineModel(matrix, lower, upper, objective, n_y))
