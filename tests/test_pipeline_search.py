@@ -69,8 +69,8 @@ def test_each_level_reports_its_busiest_gpus_switches_per_second_beside_the_gpus
 
     from freqopt.search.journal import MeasurementLog
     from freqopt.pipeline.realize import realize_plan
-    from freqopt.pipeline.validate import PipelineValidator
     from freqopt.pipeline.sim import SimulatedPipeline
+    from freqopt.pipeline.validate import PipelineValidator
     from freqopt.workload.layout import parse_layout
     from freqopt.workload.models import get_workload
     from freqopt.workload.pipeline_trace import trace_pipeline_stages

@@ -8,7 +8,7 @@ import pytest
 
 from freqopt.errors import InvalidSettingError
 from freqopt.pipeline.dag import (ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, SCHEDULES,
-                                     Instruction, one_f_one_b, schedule_dag, stage_order)
+                                  Instruction, one_f_one_b, schedule_dag, stage_order)
 from freqopt.pipeline.planner import PipelinePlanner
 from freqopt.pipeline.profile import stage_profile_from_rows
 from freqopt.pipeline.schedules import TORCH_SCHEDULES, rank_orders

@@ -12,7 +12,7 @@ from freqopt.pipeline.profile import stage_profile_from_rows
 from freqopt.pipeline.realize import realize_plan
 from freqopt.pipeline.sim import SimulatedPipeline
 from freqopt.pipeline.stragglers import (clock_ceiling, matched_requests, run_data_parallel, straggler_ceiling,
-                                       straggler_plan)
+                                         straggler_plan)
 
 A100 = get_gpu("a100-sxm4-80gb")
 M = 8

@@ -45,7 +45,7 @@ import numpy as np
 
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.pipeline.schedules import (BACKWARD_INPUT, BACKWARD_WEIGHT, deepspeed_1f1b_order, rank_of_stage,
-                                      rank_orders, stages_per_rank)
+                                        rank_orders, stages_per_rank)
 
 __all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instruction", "PipelineDAG", "stage_order",
            "one_f_one_b", "schedule_dag", "effective_energy_j"]
