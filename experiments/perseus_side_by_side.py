@@ -55,7 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from freqopt.files import atomic_write_text  # noqa: E402
-from freqopt.search.pipeline_plan import MEASURED_BLOCKING_POWER_W, PipelinePlanner, load_stage_profile  # noqa: E402
+from freqopt.pipeline.planner import PipelinePlanner  # noqa: E402
+from freqopt.pipeline.profile import MEASURED_BLOCKING_POWER_W, load_stage_profile  # noqa: E402
 
 DATA = ROOT / "experiments" / "data" / "perseus"
 OUT = ROOT / "experiments" / "perseus"

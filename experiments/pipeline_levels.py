@@ -3,7 +3,7 @@
     nice -n 10 python experiments/pipeline_levels.py           # writes experiments/pipeline/report.md and results.json
     python experiments/pipeline_levels.py --quick              # a tiny pipeline, few trials, into a temporary folder
 
-For each configuration, freqopt's pipeline search (freqopt.search.pipeline_search.run_pipeline_search, what
+For each configuration, freqopt's pipeline search (freqopt.pipeline.search.run_pipeline_search, what
 ``freqopt search --layout ...,pp=S --micro-batches M`` runs) at a 1 % budget on the simulated GPU named, with its own
 clock-switch latency (search_spaces/*.toml: the A100's cautious 170 ms, the H100's 26 ms):
 
@@ -39,8 +39,9 @@ from pathlib import Path
 
 from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import get_gpu
-from freqopt.search.pipeline_search import PipelineSearchConfig, run_pipeline_search
-from freqopt.search.pipeline_sim import SimulatedPipeline
+from freqopt.pipeline.config import PipelineSearchConfig
+from freqopt.pipeline.search import run_pipeline_search
+from freqopt.pipeline.sim import SimulatedPipeline
 from freqopt.search.storage import open_storage
 from freqopt.search.study import optuna_logging
 from freqopt.workload.layout import parse_layout
@@ -102,8 +103,8 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
     lines = ["# One clock per pipeline instruction against one per stage and one for the iteration (simulated "
              "pipeline)", "",
              f"Written by `experiments/pipeline_levels.py` ({command}; {total_s / 60:.0f} min on 2 shared CPU "
-             "cores). Every figure is validated: the whole simulated pipeline's iteration (freqopt.search."
-             "pipeline_sim: S simulated GPUs running DeepSpeed's 1F1B schedule, P2P transfers timed by the "
+             "cores). Every figure is validated: the whole simulated pipeline's iteration (freqopt.pipeline."
+             "sim: S simulated GPUs running DeepSpeed's 1F1B schedule, P2P transfers timed by the "
              "physics, each GPU drawing its blocked power while it waits, the optimizer step after the last "
              "backward) measured with the schedule a runtime realizes (each clock asked for at an "
              "instruction's start, served one at a time by the stage's runtime thread, 20 ms per NVML set call, a waiting request "
@@ -170,8 +171,8 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
                  f"{max(idle(big, s) for s in range(7)):.0f} % less than it" if big else "")
               + ", and at the A100's fitted power curve (experiments/dvfs_fit.md) slowing them into that wait saves "
               "most of their energy for no time. A longer switch costs the instruction level more: each switch is "
-              "asked for one latency ahead and the faster clock is held over its neighbours (freqopt.search."
-              "pipeline_search.realize_requests)"
+              "asked for one latency ahead and the faster clock is held over its neighbours (freqopt.pipeline."
+              "realize.realize_requests)"
               + (f", and the free-switching column is {min(gaps):.1f}-{max(gaps):.1f} points above the realized one"
                  if gaps else "") + ".",
               "", "## Blocked power", "",
@@ -213,7 +214,7 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
                          f"{100 * (p['time_s'] / default['time_s'] - 1):+.1f} % time, "
                          f"{100 * (1 - p['energy_j'] / default['energy_j']):.1f} % saved" for p in unique))  # fmt: skip
     lines += ["", "## What is not modelled", "",
-              "The simulated pipeline's own list (freqopt/search/pipeline_sim.py): the two ends of a P2P transfer "
+              "The simulated pipeline's own list (freqopt/pipeline/sim.py): the two ends of a P2P transfer "
               "are timed one after the other; the data-parallel and tied-embedding gradient all-reduces (dp = 1 here; "
               "the tied gradient is under 1 ms on NVLink); the power limit's control window across an instruction's "
               "neighbours; the host's issue of one instruction overlapping the previous; activation recomputation. "

@@ -12,7 +12,7 @@ tensor parallelism, 8 or 16 model stages), 16 micro-batches of 1 x 2048 tokens. 
 2. the planner (PipelinePlanner on those fronts, the schedule's own DAG) plans at one common deadline: 1 % over the
    slowest of the schedules' noiseless default iterations (the search's own budget), so every schedule is held to
    the same iteration time, and even the slowest has the slack a switch latency on its critical path needs; its switches are realized one latency ahead (realize_plan) and the deadline bisected
-   on the realized iteration until it fits (freqopt.search.stragglers.matched_requests);
+   on the realized iteration until it fits (freqopt.pipeline.stragglers.matched_requests);
 3. against the same schedule with one clock per GPU (plan_stage_clocks at the same deadline) and with one clock
    for all (the least-energy single clock whose iteration fits).
 
@@ -41,8 +41,8 @@ QUICK = {}  # --quick: gpt3-small, micro-batch 1 of 128 tokens, 4 trials per stu
 
 def run(config: tuple, schedule: str) -> dict:
     import freqopt
-    from freqopt.search.pipeline_plan import PipelinePlanner
-    from freqopt.search.pipeline_sim import SimulatedPipeline
+    from freqopt.pipeline.planner import PipelinePlanner
+    from freqopt.pipeline.sim import SimulatedPipeline
     from freqopt.workload.layout import parse_layout
     from freqopt.workload.models import get_workload
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
@@ -67,7 +67,7 @@ def run(config: tuple, schedule: str) -> dict:
 
 
 def at_deadline(d: dict, deadline_s: float) -> dict:
-    from freqopt.search.stragglers import matched_requests
+    from freqopt.pipeline.stragglers import matched_requests
 
     pipe, planner, profile, spec = d["_pipe"], d["_planner"], d["_profile"], d["_pipe"].spec
     measure = lambda r: pipe.true_run(r).time_s  # noqa: E731

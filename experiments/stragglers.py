@@ -4,7 +4,7 @@
 
 For each configuration, freqopt's pipeline search (freqopt.search_pipeline, instruction level, 1 % budget, seed 0)
 gives the instruction fronts a real search would measure; then four data-parallel copies of the pipeline run on
-the simulated GPU without noise (freqopt.search.stragglers.run_data_parallel): pipeline 0 is a straggler, its first
+the simulated GPU without noise (freqopt.pipeline.stragglers.run_data_parallel): pipeline 0 is a straggler, its first
 GPU held under the clock ceiling that slows its default iteration closest to 1.1x or 1.2x (as a thermal or
 power-brake slowdown would: straggler_ceiling), and the other three either
 
@@ -51,9 +51,9 @@ CONFIGS = (
 
 def run(config) -> dict:
     import freqopt
-    from freqopt.search.pipeline_plan import PipelinePlanner
-    from freqopt.search.pipeline_sim import SimulatedPipeline
-    from freqopt.search.stragglers import clock_ceiling, matched_requests, run_data_parallel, straggler_ceiling
+    from freqopt.pipeline.planner import PipelinePlanner
+    from freqopt.pipeline.sim import SimulatedPipeline
+    from freqopt.pipeline.stragglers import clock_ceiling, matched_requests, run_data_parallel, straggler_ceiling
     from freqopt.workload.layout import parse_layout
     from freqopt.workload.models import get_workload
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
@@ -114,7 +114,7 @@ def follow_run(pipe, ladder, slow_ceiling, every: int) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from freqopt.apply.torch_pipeline_runtime import StragglerFollower
-    from freqopt.search.stragglers import run_data_parallel
+    from freqopt.pipeline.stragglers import run_data_parallel
 
     barrier, reports = threading.Barrier(DP), {}
 

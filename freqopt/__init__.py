@@ -57,9 +57,9 @@ _LAZY = {
     "GPUPermissionError": "freqopt.errors",
     "TraceMismatchError": "freqopt.errors",
     "NVMLError": "freqopt.gpu.nvml",
-    "plan_pipeline": "freqopt.search.pipeline_plan",
-    "PipelinePlanner": "freqopt.search.pipeline_plan",
-    "load_stage_profile": "freqopt.search.pipeline_plan",
+    "plan_pipeline": "freqopt.pipeline.planner",
+    "PipelinePlanner": "freqopt.pipeline.planner",
+    "load_stage_profile": "freqopt.pipeline.profile",
 }
 
 __all__ = ["__version__", *_LAZY]

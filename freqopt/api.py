@@ -392,7 +392,7 @@ def search_pipeline(
     one SM clock for the whole iteration ("iteration"), one per stage never switching ("stage") and one per
     instruction ("instruction": each stage's forward and backward fronts by Bayesian search, then one plan over
     DeepSpeed's 1F1B schedule; the stage level plans on the same fronts), each validated on
-    the noisy simulated pipeline with clock-switch latency (freqopt.search.pipeline_search).
+    the noisy simulated pipeline with clock-switch latency (freqopt.pipeline.search).
 
     Args:
         model: a built-in model name (freqopt.workload.models.list_models) or a Workload whose layout has pp > 1.
@@ -416,12 +416,12 @@ def search_pipeline(
         micro_batch_size, seq_len, n_heads, vocab_multiple: get_workload overrides, model names only.
         switch_latency_ms: the GPU's clock-switch latency (ms) in place of its file's.
         confidence: the one-sided confidence, in [0.5, 1), at which each level's slowdown is held to the budget
-            (freqopt.search.pipeline_search.PipelineValidator).
+            (freqopt.pipeline.validate.PipelineValidator).
         on_unit: called as on_unit(granularity, done, total) after each study.
         on_start: called once with a SearchStart (its ``trace`` the first stage's StageTrace) before measuring.
         verbose: Optuna's own INFO log lines.
         schedule: the pipeline schedule: "1f1b" (DeepSpeed's, the default) or one of torch.distributed.pipelining's
-            (freqopt.search.pipeline.SCHEDULES; their per-GPU orders are the classes' own); those that run several
+            (freqopt.pipeline.dag.SCHEDULES; their per-GPU orders are the classes' own); those that run several
             model stages per GPU trace the model as pp x that many stages, and the zero-bubble ones run each
             backward as its input and weight gradients. Only 1F1B writes a pipeline clock table so far.
         virtual_stages: model stages per GPU for the looped schedules (default 2).
@@ -441,9 +441,9 @@ def search_pipeline(
     from freqopt.budget import parse_slowdown
     from freqopt.gpu.specs import DEFAULT_GPU, check_switch_latency_ms, get_gpu
     from freqopt.resolve import resolve_gpu, resolve_workload
-    from freqopt.search.pipeline_search import (PipelineSearchConfig, pipeline_granularities,
-                                                pipeline_study_prefix, result_pipeline_table,
-                                                run_pipeline_search)  # fmt: skip
+    from freqopt.pipeline.config import PipelineSearchConfig, pipeline_granularities
+    from freqopt.pipeline.result import result_pipeline_table
+    from freqopt.pipeline.search import pipeline_study_prefix, run_pipeline_search
     from freqopt.search.storage import open_storage
     from freqopt.search.study import optuna_logging
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
@@ -471,7 +471,7 @@ def search_pipeline(
     switch_s = check_switch_latency_ms(switch_latency_ms)
     if switch_s is not None:
         spec = spec.with_switch_latency(switch_s)
-    from freqopt.search.pipeline import schedule_dag
+    from freqopt.pipeline.dag import schedule_dag
 
     dag = schedule_dag(schedule, workload.layout.pp, micro_batches, virtual_stages=virtual_stages)  # checks both
     stage_traces = trace_pipeline_stages(workload, partition_method=partition_method,

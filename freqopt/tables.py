@@ -19,7 +19,7 @@ checked by its model's name and the rest.
 
 **Pipelines.** A table for a pipeline layout (``pp`` > 1, recorded in ``workload.layout``) has granularity
 ``"instruction"``: one SM clock per instruction, the forward or backward of one micro-batch on one stage
-(freqopt.search.pipeline). Its entries are one per (stage, pass), unit ``"stage1.backward"``, each with ``"stage"``,
+(freqopt.pipeline.dag). Its entries are one per (stage, pass), unit ``"stage1.backward"``, each with ``"stage"``,
 ``"pass"``, its measured ``"default"`` (time, energy and samples of one instruction at the GPU's default clocks) and
 its ``"front"`` (every measured SM clock: time and energy of one instruction), from which freqopt.apply re-plans
 (PipelinePlanner) for another micro-batch count without new measurements; they carry no setting of their own. Its
@@ -31,12 +31,12 @@ its ``"front"`` (every measured SM clock: time and energy of one instruction), f
 
 ``plan[s]["forward"][m]`` is the SM clock (MHz) of micro-batch m's forward on stage s (M clocks per pass). An
 optional ``"requests"`` of the same form holds the clock the runtime asks for at each instruction's start, where that
-differs from the plan because a switch takes effect one latency later (freqopt.search.pipeline_search's realized
+differs from the plan because a switch takes effect one latency later (freqopt.pipeline.realize's realized
 schedule: a switch to a faster clock asked for one instruction early, so that no instruction runs slower than
 planned); it is what the search validated, any clock the GPU supports, and it is applied only at the plan's own
 micro-batch count. The plan
 is kept by micro-batch rather than in each stage's 1F1B order: this module sits below the search, whose
-freqopt.search.pipeline.stage_order gives that order (freqopt.apply.pipeline_runtime.stage_schedule puts the clocks
+freqopt.pipeline.dag.stage_order gives that order (freqopt.apply.pipeline_runtime.stage_schedule puts the clocks
 in it), so that the file can be checked clock by clock here without a second copy of the schedule. Memory clocks and
 power limits stay at the default (A100 and H100 memory clocks do not change at run time). ``max_slowdown`` is the
 budget against the fastest plan (every instruction at its fastest clock), as PipelinePlanner.plan takes it.
@@ -67,7 +67,8 @@ from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import GPUSpec
 
 if TYPE_CHECKING:  # the search's types, above this module: only their attributes are read
-    from freqopt.search.pipeline_plan import PipelinePlan, StageProfile
+    from freqopt.pipeline.plan import PipelinePlan
+    from freqopt.pipeline.profile import StageProfile
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "CLOCK_TABLE_SCHEMA", "INSTRUCTION", "PASSES", "ClockTable", "workload_doc",
            "describe_workload", "table_from_result", "result_table", "pipeline_table", "budget_tag", "table_stem",
@@ -92,7 +93,7 @@ _measured = {  # a unit's measured option: its setting, mean time and energy per
                    "n_samples": {"type": "integer", "minimum": 1}},
 }  # fmt: skip
 INSTRUCTION = "instruction"  # the pipeline granularity: one SM clock per (stage, micro-batch, pass)
-PASSES = ("forward", "backward")  # freqopt.search.pipeline.KINDS, the instruction kinds
+PASSES = ("forward", "backward")  # freqopt.pipeline.dag.KINDS, the instruction kinds
 _clock_list = {"type": "array", "items": {"type": "integer"}}
 _pipeline = {  # a pipeline table's pipeline and plan (module docstring, "Pipelines")
     "type": "object",
@@ -478,10 +479,10 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
     Args:
         workload: the pipeline's freqopt.workload.models.Workload (layout pp > 1 stages).
         spec: the GPU type every stage runs on; each plan and front clock must be one it supports.
-        profile: the freqopt.search.pipeline_plan.StageProfile the plan was made from: per (stage, pass) the
+        profile: the freqopt.pipeline.profile.StageProfile the plan was made from: per (stage, pass) the
             measured SM clocks (MHz) with one instruction's time (s) and energy (J) at each; written as the
             entries' fronts (fastest first), from which another micro-batch count is re-planned.
-        plan: the freqopt.search.pipeline_plan.PipelinePlan to apply (its DAG's stages and micro-batches).
+        plan: the freqopt.pipeline.plan.PipelinePlan to apply (its DAG's stages and micro-batches).
         max_slowdown: the budget it was planned for, against the fastest plan (0.01 or "1%").
         blocking_power_w: the power (W) a GPU draws while it waits on its neighbours, as the plan counted it (the
             plan's planner's, where it has one).

@@ -13,8 +13,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
 
 # Lowest first. A module may import modules of its own layer and of the layers below, never of a layer above.
-# The package is grouped into wings (workload/, gpu/, search/, apply/, measure/, integrations/, cli/), each one
-# layer or a few consecutive ones, so that imports between wings run one way; the package root holds only the
+# The package is grouped into wings (workload/, gpu/, search/, pipeline/, apply/, measure/, integrations/, cli/),
+# each one layer or a few consecutive ones, so that imports between wings run one way; the package root holds only the
 # foundations, the table format and the name resolver that the wings above the GPU share, and the search's API.
 LAYERS: list[tuple[str, ...]] = [
     # Foundations: errors, the atomic file write that everything writing a file uses, the slowdown budget's parser.
@@ -47,6 +47,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.tables", "freqopt.resolve"),
     # The search, on a backend and a trace, and the figures of one.
     ("freqopt.search",),
+    # The pipeline, on the search's studies and validation: its DAG and schedules, the clock planner, the simulated
+    # pipeline, the pipeline's search and stragglers.
+    ("freqopt.pipeline",),
     # The search's API functions: one call (api), and joining a running search (worker).
     ("freqopt.api", "freqopt.worker"),
     # Applying a table: transfer, the runtime, training, the energy statement.

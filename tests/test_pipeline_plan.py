@@ -13,9 +13,10 @@ import pytest
 
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
-from freqopt.search.pipeline import BACKWARD, FORWARD, Instruction, one_f_one_b, stage_order
-from freqopt.search.pipeline_plan import (_FRONTIER_TIME_RESOLUTION, PipelinePlanner, _Sweep, load_stage_profile, plan_pipeline,
-                                          stage_profile_from_rows)  # fmt: skip
+from freqopt.pipeline.dag import BACKWARD, FORWARD, Instruction, one_f_one_b, stage_order
+from freqopt.pipeline.frontier import _FRONTIER_TIME_RESOLUTION, _Sweep
+from freqopt.pipeline.planner import PipelinePlanner, plan_pipeline
+from freqopt.pipeline.profile import load_stage_profile, stage_profile_from_rows
 
 # Perseus's stage profiles, copied into the repository with their source (experiments/data/perseus/README.md).
 PERSEUS = Path(__file__).resolve().parents[1] / "experiments" / "data" / "perseus"
@@ -500,7 +501,7 @@ def test_a_milp_answer_past_the_deadline_is_repaired(monkeypatch):
     # HiGHS's incumbent may overstep the deadline by its feasibility tolerance (issue 34's crash: 1.8e-7 s over on
     # BLOOM/A100 at M = 12). The planner repairs whatever the MILP returns before it is kept; here the MILP answers
     # every instruction at its slowest option, far past the deadline.
-    from freqopt.search.pipeline_solver import MilpResult
+    from freqopt.pipeline.solver import MilpResult
 
     planner = PipelinePlanner(smooth_profile(), 4, blocking_power_w=80.0, method="exact")
     deadline = 1.02 * planner.fastest().time_s

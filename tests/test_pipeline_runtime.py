@@ -222,7 +222,7 @@ def test_the_simulated_step_is_the_simulated_pipeline_at_the_requested_clocks(ta
     latency late) with this rank's requested clocks and the table's on the others, stage by stage in 1F1B order;
     the latency counts (the same clocks landing at once give another iteration), and the table's clocks save
     energy against the default ones."""
-    from freqopt.search.pipeline_sim import SimulatedPipeline
+    from freqopt.pipeline.sim import SimulatedPipeline
 
     workload = get_workload("gpt3-small", micro_batch_size=1, seq_len=16, layout=Layout(pp=3))
     traces = trace_pipeline_stages(workload)

@@ -11,8 +11,9 @@ import pytest
 import freqopt
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError, UnknownNameError
-from freqopt.search.pipeline import KINDS, one_f_one_b
-from freqopt.search.pipeline_plan import PipelinePlanner, stage_profile_from_rows
+from freqopt.pipeline.dag import KINDS, one_f_one_b
+from freqopt.pipeline.planner import PipelinePlanner
+from freqopt.pipeline.profile import stage_profile_from_rows
 
 # A tiny pipeline: gpt3-small in 2 stages, 2 sequences of 256 tokens per micro-batch, 4 micro-batches.
 TINY = dict(micro_batch_size=2, seq_len=256, layout="pp=2", micro_batches=4, gpu="a100-sxm4-80gb", n_trials=5,
@@ -64,11 +65,12 @@ def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
 def test_each_level_reports_its_busiest_gpus_switches_per_second_beside_the_gpus_limit(tiny):
     """Issue 35, item 6 (its report): the instruction level's busiest stage asks for its switches per iteration
     over the iteration time, held against the most one runtime thread can issue (1 / the NVML call's 20 ms)."""
-    from freqopt.search.pipeline_search import _n_switches
+    from freqopt.pipeline.validate import _n_switches
 
     from freqopt.search.journal import MeasurementLog
-    from freqopt.search.pipeline_search import PipelineValidator, realize_plan
-    from freqopt.search.pipeline_sim import SimulatedPipeline
+    from freqopt.pipeline.realize import realize_plan
+    from freqopt.pipeline.sim import SimulatedPipeline
+    from freqopt.pipeline.validate import PipelineValidator
     from freqopt.workload.layout import parse_layout
     from freqopt.workload.models import get_workload
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
@@ -190,7 +192,7 @@ def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
     # The instruction level's pipeline clock table: written, loadable, and what the runtime applies is what was
     # validated (the requests, in each stage's 1F1B order).
     from freqopt.apply.pipeline_runtime import stage_schedule
-    from freqopt.search.pipeline import stage_order
+    from freqopt.pipeline.dag import stage_order
     from freqopt.tables import load_table
 
     assert doc["table"] and doc["table"].endswith("-instruction.json") and "instruction table:" in printed

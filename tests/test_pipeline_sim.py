@@ -1,4 +1,4 @@
-"""The simulated pipeline (freqopt.search.pipeline_sim): S simulated GPUs running a 1F1B iteration (issue 24, item 2)."""
+"""The simulated pipeline (freqopt.pipeline.sim): S simulated GPUs running a 1F1B iteration (issue 24, item 2)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from freqopt.gpu.backends.base import ClockSetting
 from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import get_gpu
-from freqopt.search.pipeline import KINDS
-from freqopt.search.pipeline_search import realize_requests
-from freqopt.search.pipeline_sim import SimulatedPipeline, perseus_blocking_power_w
+from freqopt.pipeline.dag import KINDS
+from freqopt.pipeline.realize import realize_requests
+from freqopt.pipeline.sim import SimulatedPipeline, perseus_blocking_power_w
 from freqopt.workload.layout import parse_layout
 from freqopt.workload.models import get_workload
 from freqopt.workload.pipeline_trace import trace_pipeline_stages

@@ -12,9 +12,9 @@ import pytest
 
 from freqopt.errors import ClockTableError, InvalidSettingError, TableWorkloadError
 from freqopt.gpu.backends.base import ClockSetting
-from freqopt.search.pipeline import stage_order
-from freqopt.search.pipeline_plan import PipelinePlanner
-from freqopt.search.pipeline_search import realize_requests
+from freqopt.pipeline.dag import stage_order
+from freqopt.pipeline.planner import PipelinePlanner
+from freqopt.pipeline.realize import realize_requests
 from freqopt.tables import ClockTable, load_table, table_stem, workload_doc, write_table, write_table_csv
 from freqopt.workload.layout import Layout
 from freqopt.workload.models import get_workload

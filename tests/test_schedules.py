@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from freqopt.errors import InvalidSettingError
-from freqopt.search.pipeline import (ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, SCHEDULES,
-                                     Instruction, one_f_one_b, schedule_dag, stage_order)
-from freqopt.search.pipeline_plan import PipelinePlanner, stage_profile_from_rows
-from freqopt.search.schedules import TORCH_SCHEDULES, rank_orders
+from freqopt.pipeline.dag import (ALL_KINDS, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, SCHEDULES,
+                                  Instruction, one_f_one_b, schedule_dag, stage_order)
+from freqopt.pipeline.planner import PipelinePlanner
+from freqopt.pipeline.profile import stage_profile_from_rows
+from freqopt.pipeline.schedules import TORCH_SCHEDULES, rank_orders
 
 TORCH = [s for s in SCHEDULES if s != "1f1b"]
 
@@ -77,7 +78,7 @@ def test_torchs_1f1b_is_deepspeeds_and_torchs_own_dry_run_accepts_every_order():
     """torch's Schedule1F1B orders each rank as DeepSpeed's TrainSchedule does (one_f_one_b, the default); and
     torch's own dry run of each schedule (its communication added: _add_send_recv, _simulate_comms_compute)
     finds no deadlock."""
-    from freqopt.search.schedules import torch_rank_orders
+    from freqopt.pipeline.schedules import torch_rank_orders
 
     for ranks, m in ((2, 4), (4, 8), (4, 4)):
         torch_orders = torch_rank_orders("1f1b", ranks, m)
@@ -94,7 +95,7 @@ def test_torchs_1f1b_is_deepspeeds_and_torchs_own_dry_run_accepts_every_order():
         assert a.instructions == b.instructions and np.array_equal(a.edges, b.edges)
     from torch.distributed.pipelining import schedules as ts
 
-    from freqopt.search.schedules import _StageStandIn, rank_of_stage, stages_per_rank
+    from freqopt.pipeline.schedules import _StageStandIn, rank_of_stage, stages_per_rank
     import torch
 
     for schedule in ("gpipe", "interleaved-1f1b", "zb-v"):
@@ -192,8 +193,8 @@ def test_the_simulated_pipeline_runs_a_schedule_as_its_own_order_times_it(schedu
     schedule's own action order replayed on the same instruction times, and its energy is the instructions' plus
     every GPU's blocked power while it waits (one StageRun per GPU)."""
     from freqopt.gpu.specs import get_gpu
-    from freqopt.search.pipeline_sim import SimulatedPipeline
-    from freqopt.search.schedules import stages_per_rank
+    from freqopt.pipeline.sim import SimulatedPipeline
+    from freqopt.pipeline.schedules import stages_per_rank
 
     a100 = get_gpu("a100-sxm4-80gb")
     traces = chunk_traces[2 * stages_per_rank(schedule)]

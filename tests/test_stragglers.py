@@ -7,11 +7,12 @@ import pytest
 
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.specs import get_gpu
-from freqopt.search.pipeline_plan import PipelinePlanner, stage_profile_from_rows
-from freqopt.search.pipeline_search import realize_plan
-from freqopt.search.pipeline_sim import SimulatedPipeline
-from freqopt.search.stragglers import (clock_ceiling, matched_requests, run_data_parallel, straggler_ceiling,
-                                       straggler_plan)
+from freqopt.pipeline.planner import PipelinePlanner
+from freqopt.pipeline.profile import stage_profile_from_rows
+from freqopt.pipeline.realize import realize_plan
+from freqopt.pipeline.sim import SimulatedPipeline
+from freqopt.pipeline.stragglers import (clock_ceiling, matched_requests, run_data_parallel, straggler_ceiling,
+                                         straggler_plan)
 
 A100 = get_gpu("a100-sxm4-80gb")
 M = 8

@@ -14,7 +14,7 @@ import pytest
 
 from freqopt.apply.torch_pipeline_runtime import TorchPipelineRuntime, rank_plan
 from freqopt.errors import InvalidSettingError
-from freqopt.search.schedules import rank_orders
+from freqopt.pipeline.schedules import rank_orders
 
 RANK_SCRIPT = Path(__file__).parent / "torch_pipeline_rank.py"
 CLOCKS = (1410, 1200, 1005, 810)

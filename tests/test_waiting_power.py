@@ -12,7 +12,7 @@ from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.physics import KernelPhysics, waiting_power_w
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import WAITING_CLOCK_SCALES, get_gpu, list_gpus, search_spaces_dir
-from freqopt.search.pipeline_sim import perseus_blocking_power_w
+from freqopt.pipeline.sim import perseus_blocking_power_w
 from freqopt.workload.kernels import Kernel
 
 IDLE = Kernel("idle", "memcpy", "forward", 0.0, 0.0, "bfloat16", ())

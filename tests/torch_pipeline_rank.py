@@ -41,7 +41,7 @@ def main() -> None:
     from freqopt.apply.torch_pipeline_runtime import TorchPipelineRuntime
     from freqopt.gpu.backends.simulated import SimulatedGPU
     from freqopt.gpu.specs import get_gpu
-    from freqopt.search.schedules import rank_of_stage
+    from freqopt.pipeline.schedules import rank_of_stage
 
     class RecordingGPU(SimulatedGPU):
         def __init__(self, *a, **k):

@@ -7,10 +7,10 @@
 
 **The plan per stage.** A pipeline table (freqopt.tables, granularity "instruction") holds per stage the SM clock of
 every micro-batch's forward and backward pass. ``stage_schedule`` puts one stage's clocks in the order that stage
-runs its instructions, DeepSpeed's 1F1B ``TrainSchedule`` (freqopt.search.pipeline.stage_order). For another number
+runs its instructions, DeepSpeed's 1F1B ``TrainSchedule`` (freqopt.pipeline.dag.stage_order). For another number
 of micro-batches than the table was planned for (DeepSpeed's ``gradient_accumulation_steps``), the plan is made
 again from the table's fronts (its measured (clock, time, energy) per stage and pass, table_stage_profile) by
-freqopt.search.pipeline_plan.PipelinePlanner with the table's budget (``max_slowdown``, against the fastest plan)
+freqopt.pipeline.planner.PipelinePlanner with the table's budget (``max_slowdown``, against the fastest plan)
 and blocking power: no new measurement. Every rank plans the whole pipeline the same way and keeps its own stage.
 HiGHS is deterministic, so the ranks agree wherever the solve finishes; on pipelines so large that the planner's
 "hull" method stops at its time limit (hundreds of instructions, see PipelinePlanner), ranks could keep different
@@ -32,7 +32,7 @@ milliseconds, a switch on an H100 6-26 ms (search_spaces/h100-sxm.toml, [actuati
 reduction and the optimizer step run at the clock of the pass before them.
 
 **Stragglers.** ``straggler_schedules`` plans, from the table's fronts, the pipeline's plans for a straggler
-1.05x to 1.3x as slow (freqopt.search.stragglers says why); a StragglerFollower (freqopt.apply.torch_pipeline_runtime)
+1.05x to 1.3x as slow (freqopt.pipeline.stragglers says why); a StragglerFollower (freqopt.apply.torch_pipeline_runtime)
 over them, fed each iteration's ``compute_time_s`` (this pipeline's time up to its gradient reduction, so the wait
 for a straggler at the reduction is not counted), picks one every N iterations, and ``follow`` runs it from the next
 iteration on:
@@ -48,7 +48,7 @@ freqopt.gpu.nvml.GPUStateGuard), the queue is drained, the worker stopped and th
 
 **The simulated backend.** There is no GPU to switch: the worker records each setting on the simulated GPU, and
 ``step_measurement()`` gives the iteration the stages' requested clocks make on the simulated pipeline the search
-validates on (freqopt.search.pipeline_sim.SimulatedPipeline, noiseless): each instruction is its stage's forward or
+validates on (freqopt.pipeline.sim.SimulatedPipeline, noiseless): each instruction is its stage's forward or
 backward kernels (freqopt.workload.pipeline_trace.trace_pipeline_stages), each request lands one switch latency
 after the instruction that asked for it begins, the iteration is the critical path of the 1F1B instruction graph
 and each stage's optimizer step, and every GPU draws the physics' blocked power at the clock in force while it
@@ -65,9 +65,10 @@ import torch
 
 from freqopt.errors import ClockTableError, FreqoptError, InvalidSettingError, check_positive_int
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.search.pipeline import BACKWARD, FORWARD, KINDS, stage_order
-from freqopt.search.pipeline_plan import InstructionOptions, PipelinePlanner, StageProfile
-from freqopt.search.pipeline_search import realize_plan
+from freqopt.pipeline.dag import BACKWARD, FORWARD, KINDS, stage_order
+from freqopt.pipeline.planner import PipelinePlanner
+from freqopt.pipeline.profile import InstructionOptions, StageProfile
+from freqopt.pipeline.realize import realize_plan
 from freqopt.tables import INSTRUCTION, ClockTable
 from freqopt.apply.runtime import _Worker, _stop_worker
 
@@ -126,7 +127,7 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
         micro_batches: micro-batches per iteration (DeepSpeed's gradient_accumulation_steps); None or the table's
             own: the table's plan. Another count re-plans the whole pipeline from the table's fronts with
             PipelinePlanner at the table's max_slowdown and blocking power (module docstring), without measuring,
-            and asks for each clock one switch latency ahead (freqopt.search.pipeline_search.realize_plan, with
+            and asks for each clock one switch latency ahead (freqopt.pipeline.realize.realize_plan, with
             the table's switch_s), as the search's validated requests do.
 
     Raises:
@@ -167,7 +168,7 @@ def straggler_schedules(table: ClockTable, slowdowns: Sequence[float] = STRAGGLE
                         micro_batches: int | None = None) -> list[tuple[float, list[list[ClockSetting]]]]:
     """The plans a pipeline picks among to end with a straggler (a StragglerFollower's ``plans``; module
     docstring): the table's own plan (pipeline_schedules) and, for each slowdown s, the least-energy plan of the
-    table's fronts whose iteration fits (1 + s) times the table's plan's time (freqopt.search.stragglers.
+    table's fronts whose iteration fits (1 + s) times the table's plan's time (freqopt.pipeline.stragglers.
     straggler_plan; PipelinePlanner, no new measurement), each asked for one switch latency ahead.
 
     Args:
@@ -184,7 +185,7 @@ def straggler_schedules(table: ClockTable, slowdowns: Sequence[float] = STRAGGLE
         ClockTableError: not a pipeline table. InvalidSettingError: a slowdown that is not a number > 0, or
             micro_batches not a positive integer. FreqoptError: the planner failed.
     """
-    from freqopt.search.stragglers import straggler_plan
+    from freqopt.pipeline.stragglers import straggler_plan
 
     check_pipeline_table(table)
     for s in slowdowns:
@@ -453,7 +454,7 @@ class PipelineRuntime:
                             "the step and read the GPU's energy counter")  # fmt: skip
         if not self.requested:
             raise InvalidSettingError("no training iteration has run yet: call engine.train_batch() first")
-        from freqopt.search.pipeline_sim import SimulatedPipeline
+        from freqopt.pipeline.sim import SimulatedPipeline
 
         last = self.requested[-1]
         settings = [list(last) if s == self.stage else (self._schedules if self.use_table else self._defaults)[s]

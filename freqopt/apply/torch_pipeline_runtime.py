@@ -1,7 +1,7 @@
 """The DVFS runtime inside a ``torch.distributed.pipelining`` schedule (issue 37, item 2).
 
 PyTorch's pipeline schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble, ...;
-freqopt.search.schedules) run each action of a rank on its PipelineStage objects: ``forward_one_chunk`` for a
+freqopt.pipeline.schedules) run each action of a rank on its PipelineStage objects: ``forward_one_chunk`` for a
 forward, ``backward_one_chunk`` for a backward (``full_backward=False``: its input gradient alone, in the
 zero-bubble schedules) and ``backward_weight_one_chunk`` for a weight gradient. TorchPipelineRuntime wraps those
 three methods on the rank's own stage instances (nothing global is patched): as an action begins it asks for the
@@ -182,7 +182,7 @@ def _setting(value) -> ClockSetting:
 
 class StragglerFollower:
     """Which of a pipeline's plans to run so that it ends with the slowest data-parallel pipeline (issue 37, item
-    3; freqopt.search.stragglers says why): every ``every_n_steps`` steps each pipeline reports the iteration time
+    3; freqopt.pipeline.stragglers says why): every ``every_n_steps`` steps each pipeline reports the iteration time
     it would take on its fastest plan - its measured time scaled by the fastest plan's predicted time over the
     running plan's - and the reports are all-reduced to their maximum, the slowest pipeline's own pace; each
     pipeline then runs the least-energy plan (the slowest of ``plans``) predicted to fit that pace, and returns to
@@ -190,7 +190,7 @@ class StragglerFollower:
 
     Args:
         plans: (predicted iteration time s, plan) pairs from one pipeline's frontier (e.g. each from
-            freqopt.search.stragglers.matched_requests and rank_plan at a deadline), any order; the fastest is run
+            freqopt.pipeline.stragglers.matched_requests and rank_plan at a deadline), any order; the fastest is run
             first.
         every_n_steps: steps between reductions (an all-reduce of one float; default 10).
         reduce_max: maps this pipeline's report (s) to the maximum over the data-parallel pipelines; default: a

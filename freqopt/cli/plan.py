@@ -1,4 +1,4 @@
-"""``freqopt plan``: one SM clock per pipeline instruction from a measured stage profile (freqopt.search.pipeline_plan)."""
+"""``freqopt plan``: one SM clock per pipeline instruction from a measured stage profile (freqopt.pipeline.planner)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     each with its clocks and a proven lower bound. Ctrl-C stops the planner within a second and writes nothing."""
     from rich.table import Table
 
-    from freqopt.search.pipeline_plan import PipelinePlanner
+    from freqopt.pipeline.planner import PipelinePlanner
 
     check_json_path(json_path)
     planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w, gpu=gpu,

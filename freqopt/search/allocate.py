@@ -24,7 +24,7 @@ def quiet_native_stdout():
     """Silence HiGHS, which prints debugging lines from C++ straight to file descriptor 1 even with disp=False
     ("HighsMipSolverData::transformNewIntegerFeasibleSolution ..."), by pointing fd 1 at /dev/null meanwhile.
     Every scipy.optimize.milp call of freqopt runs inside it (this allocation), and every HiGHS solve of the
-    pipeline planner (freqopt.search.pipeline_solver)."""
+    pipeline planner (freqopt.pipeline.solver)."""
     try:
         sys.stdout.flush()
         saved = os.dup(1)

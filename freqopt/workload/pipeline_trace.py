@@ -2,7 +2,7 @@
 
 A pipeline iteration (DeepSpeed's PipelineEngine, 1F1B) is, per stage, M forward and M backward instructions of one
 micro-batch each, joined by P2P transfers between neighbouring stages; the schedule and the planner on top of it are
-freqopt.search.pipeline's. This module gives what one stage runs for one micro-batch (a ``StageTrace``):
+freqopt.pipeline.dag's. This module gives what one stage runs for one micro-batch (a ``StageTrace``):
 
 * the stage's layers (freqopt.workload.pipeline_partition: DeepSpeed's partition methods over the model's layer
   list), traced by freqopt.workload.trace's recorder as a whole iteration is: stage 0 starts from the token ids at
@@ -45,7 +45,7 @@ from freqopt.workload.trace import _KernelRecorder
 __all__ = ["StageTrace", "trace_pipeline_stages", "P2P_KINDS", "SPLIT_PASSES", "split_backward"]
 
 P2P_KINDS = ("send", "recv")
-# The zero-bubble schedules' two halves of a backward (freqopt.search.schedules): the input gradient, which the
+# The zero-bubble schedules' two halves of a backward (freqopt.pipeline.schedules): the input gradient, which the
 # previous stage waits for, and the weight gradient, which nothing waits for but the optimizer step.
 SPLIT_PASSES = ("backward_input", "backward_weight")
 
@@ -155,7 +155,7 @@ def trace_pipeline_stages(workload: Workload, *, partition_method: str = DEFAULT
             "type:REGEX" (freqopt.workload.pipeline_partition).
         dtype: parameter and activation dtype (the transfers' too).
         model_stages: model stages to partition into (default ``layout.pp``): a multiple of it for the schedules
-            that run several per GPU (freqopt.search.schedules; interleaved: 2 x pp).
+            that run several per GPU (freqopt.pipeline.schedules; interleaved: 2 x pp).
 
     Returns:
         One StageTrace per (model) stage, stage 0 first.

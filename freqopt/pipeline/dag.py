@@ -44,20 +44,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from freqopt.errors import InvalidSettingError, check_positive_int
-from freqopt.search.schedules import (BACKWARD_INPUT, BACKWARD_WEIGHT, deepspeed_1f1b_order, rank_of_stage,
-                                      rank_orders, stages_per_rank)
+from freqopt.pipeline.schedules import (BACKWARD_INPUT, BACKWARD_WEIGHT, deepspeed_1f1b_order, rank_of_stage,
+                                        rank_orders, stages_per_rank)
 
 __all__ = ["FORWARD", "BACKWARD", "KINDS", "ALL_KINDS", "SCHEDULES", "Instruction", "PipelineDAG", "stage_order",
-           "one_f_one_b", "schedule_dag"]
+           "one_f_one_b", "schedule_dag", "effective_energy_j"]
 
 FORWARD = "forward"
 BACKWARD = "backward"
 KINDS = (FORWARD, BACKWARD)
-# The zero-bubble schedules split a backward into its input gradient and its weight gradient (freqopt.search.schedules):
+# The zero-bubble schedules split a backward into its input gradient and its weight gradient (freqopt.pipeline.schedules):
 # BACKWARD_INPUT, BACKWARD_WEIGHT.
 ALL_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 # "1f1b" is DeepSpeed's TrainSchedule (one_f_one_b, the default); the others are torch.distributed.pipelining's
-# schedules, their orders taken from the classes (freqopt.search.schedules, issue 37).
+# schedules, their orders taken from the classes (freqopt.pipeline.schedules, issue 37).
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb-v", "dualpipe-v")
 
 
@@ -179,6 +179,14 @@ class PipelineDAG:
         return cached
 
 
+def effective_energy_j(energy_j, time_s, blocking_power_w: float):
+    """An instruction's *effective* energy (J), energy_j - blocking_power_w * time_s: its own energy less what its
+    GPU would have drawn blocked for its time (numbers or arrays of one shape, J and s; W). The iteration's energy
+    (PipelineDAG.iteration_energy_j) is the instructions' effective energies plus blocking_power_w for every GPU
+    over the whole iteration, S * p * T: the form the pipeline planner's model and heuristic count it in."""
+    return energy_j - blocking_power_w * time_s
+
+
 def one_f_one_b(stages: int, micro_batches: int) -> PipelineDAG:
     """The DAG of one 1F1B iteration with ``stages`` stages and ``micro_batches`` micro-batches (module docstring).
 
@@ -206,9 +214,9 @@ def one_f_one_b(stages: int, micro_batches: int) -> PipelineDAG:
 
 def schedule_dag(schedule: str, stages: int, micro_batches: int, *, virtual_stages: int | None = None) -> PipelineDAG:
     """The DAG of one iteration of ``schedule`` on ``stages`` GPUs: "1f1b" is DeepSpeed's (one_f_one_b); the
-    others' per-GPU orders are torch.distributed.pipelining's own (freqopt.search.schedules.rank_orders), with
+    others' per-GPU orders are torch.distributed.pipelining's own (freqopt.pipeline.schedules.rank_orders), with
     ``virtual_stages`` model stages per GPU for the looped ones (default 2), 2 for the V-shaped ones. Edges as
-    freqopt.search.schedules's module docstring says.
+    freqopt.pipeline.schedules's module docstring says.
 
     Raises:
         InvalidSettingError: an unknown schedule, a bad count, or a combination torch's schedule refuses.

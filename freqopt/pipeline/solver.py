@@ -1,6 +1,6 @@
 """The pipeline planner's linear programs, solved by HiGHS through its own Python interface (highspy).
 
-One model, built once per planner (freqopt.search.pipeline_plan): variables x[i, k] (instruction i takes its kept
+One model, built once per planner (freqopt.pipeline.planner): variables x[i, k] (instruction i takes its kept
 option k), a start time s_i per instruction and the iteration time T; rows sum_k x[i, k] = 1, one precedence row per
 DAG edge and one per sink. A deadline D is the upper bound of every start time and of T, so moving along the
 time-energy frontier changes only column bounds:
@@ -20,14 +20,16 @@ Every solve runs in HiGHS's solver thread (``Highs.startSolve``) while this thre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from freqopt.errors import FreqoptError
+from freqopt.pipeline.dag import PipelineDAG
 from freqopt.search.allocate import quiet_native_stdout
 
-__all__ = ["PipelineModel", "MilpResult"]
+__all__ = ["PipelineModel", "MilpResult", "precedence_rows"]
 
 # How long (s) one wait for the solver thread lasts before Python looks at signals again.
 _POLL_S = 0.05
@@ -173,3 +175,34 @@ class PipelineModel:
         x = np.asarray(h.getSolution().col_value) if info.primal_solution_status == 2 else None  # 2: feasible
         bound = float(info.mip_dual_bound)
         return MilpResult(x, bound if np.isfinite(bound) else -np.inf, h.modelStatusToString(h.getModelStatus()))
+
+
+def precedence_rows(dag: PipelineDAG, n_choices: int, offsets: np.ndarray, owner: Sequence[int],
+                    times: Sequence[np.ndarray], n_x: int):  # fmt: skip
+    """The model's rows (module docstring) for ``dag`` over n_x choice columns, N start times and T: one assignment row
+    per choice group (group c owns columns offsets[c]:offsets[c + 1]); per DAG edge a -> b, s_b - s_a -
+    sum_k times[a][k] x[owner[a], k] >= 0; per sink, the same with T. Returns (csr matrix, lower, upper)."""
+    from scipy.sparse import coo_matrix
+
+    n = dag.n
+    s0, t_var = n_x, n_x + n
+    has_successor = np.zeros(n, dtype=bool)
+    has_successor[dag.edges[:, 0]] = True
+    sinks = np.flatnonzero(~has_successor)
+    rows, cols, vals = [], [], []
+    for c in range(n_choices):
+        k = np.arange(offsets[c], offsets[c + 1])
+        rows.append(np.full(len(k), c)); cols.append(k); vals.append(np.ones(len(k)))  # noqa: E702
+    r = n_choices
+    for a, b in list(map(tuple, dag.edges)) + [(int(a), -1) for a in sinks]:
+        k = np.arange(offsets[owner[a]], offsets[owner[a] + 1])
+        later = t_var if b == -1 else s0 + b
+        rows.append(np.full(len(k) + 2, r))
+        cols.append(np.concatenate([k, [later, s0 + a]]))
+        vals.append(np.concatenate([-times[a], [1.0, -1.0]]))
+        r += 1
+    matrix = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                        shape=(r, t_var + 1)).tocsr()  # fmt: skip
+    lower = np.concatenate([np.ones(n_choices), np.zeros(r - n_choices)])
+    upper = np.concatenate([np.ones(n_choices), np.full(r - n_choices, np.inf)])
+    return matrix, lower, upper

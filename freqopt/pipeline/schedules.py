@@ -11,7 +11,7 @@ Names (``SCHEDULES``) and what they run, S ranks (GPUs) and M micro-batches:
 ======================  ====================================  ==========================  =======================
 name                    torch class                           model stages per rank       backward
 ======================  ====================================  ==========================  =======================
-``1f1b``                (DeepSpeed's TrainSchedule; freqopt.search.pipeline.one_f_one_b: see below)
+``1f1b``                (DeepSpeed's TrainSchedule; freqopt.pipeline.dag.one_f_one_b: see below)
 ``gpipe``               ScheduleGPipe                         1                           whole
 ``interleaved-1f1b``    ScheduleInterleaved1F1B               v (looped: r, r + S, ...)   whole
 ``looped-bfs``          ScheduleLoopedBFS                     v (looped)                  whole
@@ -20,7 +20,7 @@ name                    torch class                           model stages per r
 ``dualpipe-v``          ScheduleDualPipeV                     2 (V)                       whole, and I, W
 ======================  ====================================  ==========================  =======================
 
-``1f1b`` keeps DeepSpeed's order (deepspeed_1f1b_order; freqopt.search.pipeline.stage_order), which torch's Schedule1F1B also runs: its
+``1f1b`` keeps DeepSpeed's order (deepspeed_1f1b_order; freqopt.pipeline.dag.stage_order), which torch's Schedule1F1B also runs: its
 runtime loop is written by hand, and the IR it exposes (``pipeline_order``, which its dry run and visualizer read)
 matches DeepSpeed's on every rank but the last, whose forwards it numbers from 1 to M instead of 0 to M - 1 in
 torch 2.13 (tests/test_schedules.py watches this; every other schedule's IR is what its runtime executes, and is
@@ -32,7 +32,7 @@ stage's optimizer step). A DualPipeV OVERLAP_F_B action (one micro-batch's forwa
 backward on two streams) is taken as its forward then its backward, one after the other: the overlap is not
 modelled, so the time is an upper bound there.
 
-The DAG's edges (freqopt.search.pipeline.PipelineDAG): each rank's own order (one GPU runs one instruction at a
+The DAG's edges (freqopt.pipeline.dag.PipelineDAG): each rank's own order (one GPU runs one instruction at a
 time); forward(k, m) after forward(k - 1, m); the backward (or backward_input) of (k, m) after the backward or
 backward_input of (k + 1, m), and after forward(k, m); backward_weight(k, m) after backward_input(k, m). The edges
 are those of torch's own dry run (``_simulate_comms_compute``: an action is ready when the action it receives from
@@ -125,7 +125,7 @@ def rank_orders(schedule: str, ranks: int, micro_batches: int,
 
 def deepspeed_1f1b_order(stages: int, micro_batches: int, stage: int) -> tuple[tuple[int, str, int], ...]:
     """The (stage, kind, micro-batch) instructions stage ``stage`` of DeepSpeed's non-interleaved 1F1B
-    ``TrainSchedule`` runs, in order (freqopt.search.pipeline's module docstring): the forwards of micro-batches
+    ``TrainSchedule`` runs, in order (freqopt.pipeline.dag's module docstring): the forwards of micro-batches
     0 .. w-1 (w = min(stages - stage, micro_batches)), then backward m and forward m + w alternately, then the
     backwards left."""
     warmup = min(stages - stage, micro_batches)

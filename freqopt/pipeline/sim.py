@@ -1,9 +1,9 @@
 """A pipeline-parallel training iteration as S simulated GPUs run it: DeepSpeed's 1F1B schedule (or one of
-torch.distributed.pipelining's: SimulatedPipeline's ``schedule``, freqopt.search.schedules), P2P waits and the power
+torch.distributed.pipelining's: SimulatedPipeline's ``schedule``, freqopt.pipeline.schedules), P2P waits and the power
 each GPU draws while it waits.
 
 One simulated GPU (freqopt.gpu.backends.simulated.SimulatedGPU, its physics) per pipeline stage runs that stage's
-instructions (freqopt.search.pipeline: the forward or backward of one micro-batch; DeepSpeed's non-interleaved 1F1B
+instructions (freqopt.pipeline.dag: the forward or backward of one micro-batch; DeepSpeed's non-interleaved 1F1B
 ``TrainSchedule``) in the stage's order. An instruction is its stage's forward or backward kernels for one
 micro-batch (freqopt.workload.pipeline_trace.StageTrace), P2P receives and sends included and timed as the physics
 times any collective (a group of two: bytes over the link plus its latency). It is issued as a training step issues
@@ -64,25 +64,28 @@ import math
 import zlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from freqopt.errors import InvalidSettingError, check_positive_int
-from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement, MeasurementProtocol
-from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
+from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, MeasurementProtocol
+from freqopt.gpu.backends.physics import KernelPhysics
 from freqopt.gpu.backends.simulated import ENERGY_NOISE_REL, TIME_NOISE_REL, SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
-from freqopt.search.pipeline import Instruction, PipelineDAG, schedule_dag
-from freqopt.search.schedules import stages_per_rank
+from freqopt.pipeline.dag import Instruction, PipelineDAG, schedule_dag
+from freqopt.pipeline.profile import MEASURED_BLOCKING_POWER_W
+from freqopt.pipeline.runs import PipelineRun, StageRun
+from freqopt.pipeline.schedules import stages_per_rank
+from freqopt.pipeline.timeline import ClockTimeline
 from freqopt.workload.kernels import Kernel
 
-__all__ = ["SimulatedPipeline", "PipelineRun", "StageRun", "PERSEUS_BLOCKING_POWER_W", "perseus_blocking_power_w",
+__all__ = ["SimulatedPipeline", "PERSEUS_BLOCKING_POWER_W", "perseus_blocking_power_w",
            "stage_optimizer_kernels"]  # fmt: skip
 
 # P2P-blocking power Perseus measured (W), by GPU type: lowtime/scripts/perseus.py (ml-energy/zeus, branch kronos):
 # "Raw P2P blocking power consumption, in Watts. A40: 70.38 W, A100: 83.64 W" (an A100 SXM, Chung et al. SOSP'24).
-PERSEUS_BLOCKING_POWER_W = {"a100-sxm4-80gb": 83.64, "a40": 70.38}
+# The planner's default blocking power, the same figures (freqopt.pipeline.profile).
+PERSEUS_BLOCKING_POWER_W = MEASURED_BLOCKING_POWER_W
 OPTIMIZER = "optimizer"
 
 
@@ -124,120 +127,9 @@ def stage_optimizer_kernels(stage_trace) -> tuple[Kernel, ...]:
     return tuple(recorder.kernels)
 
 
-@dataclass(frozen=True)
-class StageRun:
-    """One stage's GPU over one iteration.
-
-    Attributes:
-        stage: the stage's index.
-        busy_s: time (s) it ran instructions and its optimizer step.
-        blocked_s: the rest of the iteration (s): waiting on P2P, in bubbles, at barriers.
-        instruction_energy_j: energy (J) of its 2M instructions.
-        optimizer_energy_j: energy (J) of its optimizer step (0 without one).
-        blocked_energy_j: energy (J) drawn while blocked (blocked power at the clock in force).
-        energy_j: the stage's whole energy (J) over the iteration, as its energy counter read it (noisy in ``run``).
-        n_switches: clock changes the runtime asked for during the iteration.
-    """
-
-    stage: int
-    busy_s: float
-    blocked_s: float
-    instruction_energy_j: float
-    optimizer_energy_j: float
-    blocked_energy_j: float
-    energy_j: float
-    n_switches: int
-
-    @property
-    def blocked_power_w(self) -> float:
-        """Average power (W) while blocked (0 when never blocked)."""
-        return self.blocked_energy_j / self.blocked_s if self.blocked_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class PipelineRun:
-    """One iteration of the simulated pipeline.
-
-    Attributes:
-        time_s: the iteration's time (s): the instructions' critical path, then the optimizer step.
-        energy_j: all stages' energy (J) over the iteration.
-        stages: per-stage breakdown (StageRun), stage 0 first.
-        start_s, end_s: each instruction's start and end (s, noiseless), shape (N,), in dag.instructions order.
-        instruction_time_s, instruction_energy_j: each instruction's own time (s) and energy (J), shape (N,).
-        cost_gpu_s: GPU-seconds the measurement took (S GPUs, each for the protocol's warm-up and window); 0 for
-            ``true_run``.
-    """
-
-    time_s: float
-    energy_j: float
-    stages: tuple[StageRun, ...]
-    start_s: np.ndarray
-    end_s: np.ndarray
-    instruction_time_s: np.ndarray
-    instruction_energy_j: np.ndarray
-    cost_gpu_s: float = 0.0
-
-    @property
-    def avg_power_w(self) -> float:
-        """All stages' average power over the iteration (W)."""
-        return self.energy_j / self.time_s
-
-    def as_measurement(self) -> Measurement:
-        """time_s, energy_j and cost_gpu_s as a Measurement (what a study logs)."""
-        return Measurement(self.time_s, self.energy_j, self.cost_gpu_s)
-
-
-class _Timeline:
-    """One stage's clock over time: the setting in force from each landing on (times in s, ascending), the
-    requests served by one runtime thread whose set calls take ``call_s`` each, one at a time (SetCallQueue)."""
-
-    def __init__(self, setting: ClockSetting, call_s: float = 0.0):
-        self.times = [-math.inf]
-        self.settings = [setting]
-        self.requested = setting
-        self.n_requests = 0
-        self.queue = SetCallQueue(call_s)
-        self._queued = False  # whether the latest request submitted to the queue holds the last landing
-        self._counted_from = 1  # index of the first landing asked for since the origin last moved (n_requests)
-
-    def request(self, at_s: float, setting: ClockSetting, latency_s: float) -> None:
-        if setting == self.requested:
-            return
-        self.requested = setting
-        start_s, dropped = self.queue.submit(at_s)
-        if dropped and self._queued:  # the request before, still waiting, is not served
-            self.times.pop()
-            self.settings.pop()
-            if len(self.times) >= self._counted_from:  # it was asked for in this iteration, and counted there
-                self.n_requests -= 1
-        # Back to the setting already landing: nothing to switch (the thread's turn is taken all the same).
-        self._queued = setting != self.settings[-1]
-        if self._queued:
-            self.n_requests += 1
-            self.times.append(start_s + latency_s)
-            self.settings.append(setting)
-
-    def index_at(self, t: float) -> int:
-        """Index of the setting in force at time t (the last landing at or before t)."""
-        i = len(self.times) - 1
-        while self.times[i] > t:
-            i -= 1
-        return i
-
-    def shifted(self, by_s: float) -> None:
-        """Move the origin: every time decreases by ``by_s``; landings before the new origin collapse into one."""
-        self.times = [t - by_s for t in self.times]
-        keep = self.index_at(0.0)
-        self.times = [-math.inf] + self.times[keep + 1:]
-        self.settings = self.settings[keep:]
-        self.n_requests = 0
-        self._counted_from = len(self.times)
-        self.queue.shift(by_s)
-
-
 class SimulatedPipeline:
     """S simulated GPUs running a pipeline iteration (module docstring): DeepSpeed's 1F1B, or one of
-    torch.distributed.pipelining's schedules (``schedule``, freqopt.search.schedules), the instructions of several
+    torch.distributed.pipelining's schedules (``schedule``, freqopt.pipeline.schedules), the instructions of several
     model stages per GPU where the schedule interleaves them.
 
     Args:
@@ -252,7 +144,7 @@ class SimulatedPipeline:
         protocol: warm-up and window of a measurement (its GPU-second cost).
         blocked_power_w: a constant blocked power (W) at every clock in place of the physics' (e.g. Perseus's
             measured PERSEUS_BLOCKING_POWER_W), to see how much a figure depends on it; None: the physics'.
-        schedule, virtual_stages: the schedule (freqopt.search.pipeline.SCHEDULES) and, for the looped ones, its
+        schedule, virtual_stages: the schedule (freqopt.pipeline.dag.SCHEDULES) and, for the looped ones, its
             model stages per GPU; ``stage_traces`` then holds one trace per model stage (S x v: trace_pipeline_stages
             with model_stages), and the zero-bubble schedules run each backward as its input and weight gradients
             (StageTrace.pass_kernels, split_backward). ``stages`` is the model stages, ``gpus`` the GPUs.
@@ -426,11 +318,10 @@ class SimulatedPipeline:
         digest = zlib.crc32(repr((key, _digest(per_instruction), switching, sample + 1)).encode())
         rng = np.random.default_rng([self.seed, digest])
         time_s = true.time_s * (1.0 + TIME_NOISE_REL * rng.standard_normal())
-        stages = tuple(StageRun(r.stage, r.busy_s, r.blocked_s, r.instruction_energy_j, r.optimizer_energy_j,
-                                r.blocked_energy_j, r.energy_j * (1.0 + ENERGY_NOISE_REL * rng.standard_normal()),
-                                r.n_switches) for r in true.stages)  # fmt: skip
-        return PipelineRun(float(time_s), float(sum(r.energy_j for r in stages)), stages, true.start_s, true.end_s,
-                           true.instruction_time_s, true.instruction_energy_j, cost)  # fmt: skip
+        stages = tuple(dataclasses.replace(r, energy_j=r.energy_j * (1.0 + ENERGY_NOISE_REL * rng.standard_normal()))
+                       for r in true.stages)  # fmt: skip
+        return dataclasses.replace(true, time_s=float(time_s), energy_j=float(sum(r.energy_j for r in stages)),
+                                   stages=stages, cost_gpu_s=cost)  # fmt: skip
 
     def _simulate(self, settings: list[ClockSetting], latency_s: float) -> PipelineRun:
         dag, S = self.dag, self.gpus
@@ -438,7 +329,7 @@ class SimulatedPipeline:
         for inst, setting in zip(dag.instructions, settings):
             last[dag.gpu_of(inst)] = setting
         call_s = self.spec.nvml_call_s if latency_s > 0 else 0.0  # free switching: no queue either
-        lines = [_Timeline(last[s], call_s) for s in range(S)]
+        lines = [ClockTimeline(last[s], call_s) for s in range(S)]
         result = None
         for iteration in range(2):  # the first sets the clocks (and switches in flight) the second starts with
             result = self._iteration(settings, lines, latency_s)
@@ -446,7 +337,11 @@ class SimulatedPipeline:
                 line.shifted(result.time_s)
         return result
 
-    def _iteration(self, settings: list[ClockSetting], lines: list[_Timeline], latency_s: float) -> PipelineRun:
+    def _iteration(self, settings: list[ClockSetting], lines: list[ClockTimeline], latency_s: float) -> PipelineRun:
+        """One iteration on the clock timelines ``lines``. Its energy is not PipelineDAG.iteration_energy_j's
+        arithmetic but the timeline's: each GPU's blocked power at the clock in force, integrated piece by piece
+        between switch landings, plus switch stalls and the optimizer step (module docstring, "Blocked power"); with
+        a constant blocked power, no optimizer step and no switching, it is the same accounting."""
         dag, S = self.dag, self.gpus
         n = dag.n
         start, end = np.zeros(n), np.zeros(n)
@@ -485,12 +380,14 @@ class SimulatedPipeline:
             self._block(s, lines[s], finish[s], total, blocked_j, blocked_s)
             opt_s = finish[s] - (instruction_end if self.optimizer_step else finish[s])
             stage_energy = inst_j[s] + opt_j[s] + blocked_j[s]
-            stages.append(StageRun(s, float(inst_s[s] + opt_s), float(blocked_s[s]), float(inst_j[s]), float(opt_j[s]),
-                                   float(blocked_j[s]), float(stage_energy), lines[s].n_requests))  # fmt: skip
-        return PipelineRun(float(total), float(sum(r.energy_j for r in stages)), tuple(stages), start, end,
-                           end - start, energy)  # fmt: skip
+            stages.append(StageRun(stage=s, busy_s=float(inst_s[s] + opt_s), blocked_s=float(blocked_s[s]),
+                                   instruction_energy_j=float(inst_j[s]), optimizer_energy_j=float(opt_j[s]),
+                                   blocked_energy_j=float(blocked_j[s]), energy_j=float(stage_energy),
+                                   n_switches=lines[s].n_requests))  # fmt: skip
+        return PipelineRun(time_s=float(total), energy_j=float(sum(r.energy_j for r in stages)), stages=tuple(stages),
+                           start_s=start, end_s=end, instruction_time_s=end - start, instruction_energy_j=energy)  # fmt: skip
 
-    def _block(self, s: int, line: _Timeline, a: float, b: float, blocked_j: list, blocked_s: list) -> None:
+    def _block(self, s: int, line: ClockTimeline, a: float, b: float, blocked_j: list, blocked_s: list) -> None:
         """Stage s blocked from a to b (s): its blocked power at the clock in force, piece by piece."""
         if b <= a:
             return
@@ -504,7 +401,7 @@ class SimulatedPipeline:
             i += 1
         blocked_s[s] += b - a
 
-    def _execute(self, s: int, kind: str, line: _Timeline, t0: float) -> tuple[float, float]:
+    def _execute(self, s: int, kind: str, line: ClockTimeline, t0: float) -> tuple[float, float]:
         """Run one instruction of model stage s (or, kind "optimizer", GPU s's optimizer step) on the GPU whose
         clock line is ``line``, from t0: each kernel at the clock in force when it starts. Returns (end time s,
         energy J)."""

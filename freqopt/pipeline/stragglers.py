@@ -6,7 +6,7 @@ Energy Bloat in Large Model Training", SOSP 2024) calls the energy the others bu
 and removes it by putting every other pipeline on the plan of its time-energy frontier whose iteration time matches
 the straggler's: the same throughput, less energy. Here:
 
-- ``straggler_plan``: that plan, from a pipeline's planner (its measured fronts: freqopt.search.pipeline_plan) and
+- ``straggler_plan``: that plan, from a pipeline's planner (its measured fronts: freqopt.pipeline.planner) and
   the straggler's iteration time, the once-per-iteration tail (the optimizer step) taken off the deadline;
 - ``clock_ceiling`` and ``straggler_ceiling``: a straggler to simulate, one GPU held under a clock ceiling (as a
   thermal or power-brake slowdown holds it) until the pipeline's iteration is the slowdown asked for;
@@ -50,7 +50,7 @@ def straggler_plan(planner, straggler_time_s: float, *, tail_s: float = 0.0):
 
 def matched_requests(planner, profile, straggler_time_s: float, measure_s, *, switch_s: float, tail_s: float = 0.0,
                      rounds: int = 8, plan_with=None):  # fmt: skip
-    """The clock requests (per instruction, MHz: freqopt.search.pipeline_search.realize_plan) of the least-energy
+    """The clock requests (per instruction, MHz: freqopt.pipeline.realize.realize_plan) of the least-energy
     plan whose iteration, as the switches realize it, still ends within ``straggler_time_s``: the planner's
     prediction assumes clocks land at once, so its deadline is bisected (``rounds`` times, between the fastest
     plan's time and the straggler's less ``tail_s``) on ``measure_s(requests)``, the iteration time (s) a run with
@@ -58,7 +58,7 @@ def matched_requests(planner, profile, straggler_time_s: float, measure_s, *, sw
     plans at a deadline (``deadline_s=``; default planner.plan; planner.plan_stage_clocks for one clock per GPU);
     a deadline it finds no plan for (FreqoptError) counts as one that does not fit. Returns (plan, requests); the
     fastest plan's where nothing slower fits."""
-    from freqopt.search.pipeline_search import realize_plan
+    from freqopt.pipeline.realize import realize_plan
 
     fastest = planner.fastest()
     best = (fastest, realize_plan(profile, fastest, switch_s, tail_s=tail_s))
