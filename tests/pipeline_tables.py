@@ -7,9 +7,9 @@ import numpy as np
 
 from freqopt.gpu.backends.base import Measurement
 from freqopt.gpu.specs import get_gpu
+from freqopt.pipeline.table import pipeline_table
 from freqopt.search.pipeline import KINDS
 from freqopt.search.pipeline_plan import InstructionOptions, PipelinePlanner, StageProfile
-from freqopt.tables import pipeline_table
 from freqopt.workload.layout import Layout
 from freqopt.workload.models import get_workload
 

@@ -47,6 +47,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.tables", "freqopt.resolve"),
     # The search, on a backend and a trace, and the figures of one.
     ("freqopt.search",),
+    # The pipeline wing: its clock table (a plan as a table), built on the search's pipeline planner.
+    ("freqopt.pipeline",),
     # The search's API functions: one call (api), and joining a running search (worker).
     ("freqopt.api", "freqopt.worker"),
     # Applying a table: transfer, the runtime, training, the energy statement.
@@ -58,7 +60,11 @@ LAYERS: list[tuple[str, ...]] = [
 ]  # fmt: skip
 
 # (importer, imported): upward imports that remain, each with the reason. Keep this list short and explained.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    # Until freqopt/search/pipeline_search.py moves into freqopt/pipeline/ (another branch of issue 38, item 3):
+    # the pipeline search writes its table with freqopt.pipeline.table. Remove when the two branches meet.
+    ("freqopt.search.pipeline_search", "freqopt.pipeline.table"): "pipeline_search moves into freqopt.pipeline",
+}
 
 
 def module_name(path: Path) -> str:

@@ -1,0 +1,1 @@
+"""The pipeline wing: planning, simulating and searching a pipeline-parallel layout's clocks, and its clock table."""
