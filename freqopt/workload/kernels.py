@@ -15,15 +15,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:  # the models sit above this module; only the annotation needs the type
-    from freqopt.workload.models import Workload
-
-__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "record_call", "DEVICE", "PASSES", "COLLECTIVE_KINDS",
-           "GPUPathWarning"]
+__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "TracedWorkload", "record_call", "DEVICE", "PASSES",
+           "COLLECTIVE_KINDS", "GPUPathWarning"]
 
 PASSES = ("forward", "backward", "optimizer")
 COLLECTIVE_KINDS = ("all-reduce", "send", "recv")  # send, recv: pipeline P2P (freqopt.workload.pipeline_trace)
@@ -206,11 +203,36 @@ class Kernel:
         return self.flops / self.mem_bytes if self.mem_bytes else math.inf
 
 
+class TracedWorkload(Protocol):
+    """The workload a Trace was traced from: a freqopt.workload.models.Workload (the models sit above this module,
+    which imports nothing of freqopt, so it names the attributes a trace's readers take rather than the type).
+
+    Attributes:
+        model: the model's name ("gpt3-small", "hf:NAME").
+        config: its architecture (freqopt.workload.models.ModelConfig, or a user's own step's StepConfig): seq_len
+            (tokens per sequence) and, for the built-in models, n_layers, d_model, n_heads.
+        micro_batch_size: sequences per model replica per step.
+        layout: the parallel layout (freqopt.workload.layout.Layout) the trace is one rank of.
+    """
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def config(self) -> Any: ...
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+    @property
+    def layout(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Trace:
     """The ordered kernels of one training iteration on one GPU (one rank of the workload's layout)."""
 
-    workload: Workload
+    workload: TracedWorkload
     kernels: tuple[Kernel, ...]
     meta: dict = field(default_factory=dict)
 
