@@ -10,7 +10,7 @@ from freqopt.gpu.specs import get_gpu
 from freqopt.pipeline.dag import KINDS
 from freqopt.pipeline.planner import PipelinePlanner
 from freqopt.pipeline.profile import InstructionOptions, StageProfile
-from freqopt.tables import pipeline_table
+from freqopt.pipeline.table import pipeline_table
 from freqopt.workload.layout import Layout
 from freqopt.workload.models import get_workload
 

@@ -48,7 +48,7 @@ LAYERS: list[tuple[str, ...]] = [
     # The search, on a backend and a trace, and the figures of one.
     ("freqopt.search",),
     # The pipeline, on the search's studies and validation: its DAG and schedules, the clock planner, the simulated
-    # pipeline, the pipeline's search and stragglers.
+    # pipeline, the pipeline's search and stragglers, and its clock table.
     ("freqopt.pipeline",),
     # The search's API functions: one call (api), and joining a running search (worker).
     ("freqopt.api", "freqopt.worker"),

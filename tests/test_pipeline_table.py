@@ -167,7 +167,7 @@ def test_pipeline_table_refuses_what_does_not_match():
     with pytest.raises(InvalidSettingError, match="defaults lacks stage0.backward"):
         from freqopt.gpu.backends.base import Measurement
         from freqopt.gpu.specs import get_gpu
-        from freqopt.tables import pipeline_table
+        from freqopt.pipeline.table import pipeline_table
 
         profile = synthetic_profile(2)
         plan = PipelinePlanner(profile, 2, blocking_power_w=0.0).plan()

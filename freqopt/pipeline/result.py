@@ -293,7 +293,7 @@ def result_pipeline_table(result: PipelineSearchResult):
         A ClockTable, or None where the instruction level was not searched or no plan won its validation (a
         candidate, the iteration level's clock or the defaults, validated better: nothing per instruction to apply).
     """
-    from freqopt.tables import pipeline_table
+    from freqopt.pipeline.table import pipeline_table
 
     level = result.levels.get("instruction")
     if level is None or level.plan is None or result.profile is None or result.schedule != "1f1b":

@@ -15,12 +15,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "TracedWorkload", "record_call", "DEVICE", "PASSES", "COLLECTIVE_KINDS",
-           "GPUPathWarning"]
+__all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "TracedWorkload", "record_call", "DEVICE", "PASSES",
+           "COLLECTIVE_KINDS", "GPUPathWarning"]
 
 PASSES = ("forward", "backward", "optimizer")
 COLLECTIVE_KINDS = ("all-reduce", "send", "recv")  # send, recv: pipeline P2P (freqopt.workload.pipeline_trace)
@@ -204,12 +204,28 @@ class Kernel:
 
 
 class TracedWorkload(Protocol):
-    """What a Trace needs of the workload it was traced from: the model's name. freqopt.workload.models.Workload
-    satisfies it (a built-in or Hugging Face model, or a user's step: freqopt.workload.step_trace) and carries more
-    (config, micro_batch_size, layout), which Trace's repr reads where present. A protocol, not that class, because
-    the models stand above the kernel data classes (tests/test_layers.py)."""
+    """The workload a Trace was traced from: a freqopt.workload.models.Workload (the models sit above this module,
+    which imports nothing of freqopt, so it names the attributes a trace's readers take rather than the type).
 
-    model: str
+    Attributes:
+        model: the model's name ("gpt3-small", "hf:NAME").
+        config: its architecture (freqopt.workload.models.ModelConfig, or a user's own step's StepConfig): seq_len
+            (tokens per sequence) and, for the built-in models, n_layers, d_model, n_heads.
+        micro_batch_size: sequences per model replica per step.
+        layout: the parallel layout (freqopt.workload.layout.Layout) the trace is one rank of.
+    """
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def config(self) -> Any: ...
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+    @property
+    def layout(self) -> Any: ...
 
 
 @dataclass(frozen=True)

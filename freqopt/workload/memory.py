@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -38,10 +38,24 @@ from freqopt.workload.models.meta_checks import MetaChecks
 from freqopt.workload.models.parallel import shard_tensor_parallel
 from freqopt.workload.models.sdpa import FusedSDPA
 
-if TYPE_CHECKING:  # the GPU's wing stands above the workload's; a step's memory needs only spec.memory_gb
-    from freqopt.gpu.specs import GPUSpec
+__all__ = ["StepMemory", "estimate_step_memory", "check_gpu_memory", "workload_label", "GPUMemoryWarning",
+           "GPUMemory"]
 
-__all__ = ["StepMemory", "estimate_step_memory", "check_gpu_memory", "workload_label", "GPUMemoryWarning"]
+
+class GPUMemory(Protocol):
+    """What a step's memory check reads of a GPU type: a freqopt.gpu.specs.GPUSpec (the GPU's wing stands above
+    the workload's, so this module names the two attributes it needs rather than importing the type).
+
+    Attributes:
+        name: the GPU type's name ("h100-sxm"), for the message.
+        memory_gb: device memory, GB as the data sheet states it; None where the GPU type's file gives none.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def memory_gb(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,7 @@ def workload_label(workload: Workload) -> str:
             f"{workload.layout})")  # fmt: skip
 
 
-def check_gpu_memory(workload: Workload, spec: GPUSpec, memory: StepMemory | None = None) -> StepMemory:
+def check_gpu_memory(workload: Workload, spec: GPUMemory, memory: StepMemory | None = None) -> StepMemory:
     """Refuse a training step that does not fit one GPU of type ``spec``.
 
     The estimate (``memory``, else estimate_step_memory in BF16) is held against ``spec.memory_gb`` read as
@@ -160,7 +174,7 @@ def check_gpu_memory(workload: Workload, spec: GPUSpec, memory: StepMemory | Non
     return memory
 
 
-def check_step_fits(workload: Workload, spec: GPUSpec, *, simulated: bool, what: str,
+def check_step_fits(workload: Workload, spec: GPUMemory, *, simulated: bool, what: str,
                     memory: StepMemory | None = None) -> StepMemory:  # fmt: skip
     """check_gpu_memory where a job will run: on a real GPU a step that does not fit is refused; on the simulated
     GPU it is a what-if, run all the same with a GPUMemoryWarning (one pipeline stage of gpt3-175b, say, run as the
