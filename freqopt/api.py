@@ -297,11 +297,11 @@ def search(
 
 
 def _n_units(trace, granularity: str, backend, config, one_clock: bool = False) -> int:
-    """Tuning units of one granularity as the search runs them (runner.run_unit_studies): the kernel level's
+    """Tuning units of one granularity as the search runs them (unit_studies.run_unit_studies): the kernel level's
     families of classes (search_units), the phase level's blocks from the backend's kernel times; where one clock
     is all a runtime can realize (``one_clock``: runner.one_clock_reason), none for the phase level and the pass
-    and kernel levels' units searched for their free-switching figure only (runner.FREE_SWITCHING_SEARCHED)."""
-    from freqopt.search.runner import FREE_SWITCHING_SEARCHED
+    and kernel levels' units searched for their free-switching figure only (free_switching.FREE_SWITCHING_SEARCHED)."""
+    from freqopt.search.free_switching import FREE_SWITCHING_SEARCHED
     from freqopt.search.schedule import search_blocks
     from freqopt.search.units import search_units
 
