@@ -47,8 +47,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.tables", "freqopt.resolve"),
     # The search, on a backend and a trace, and the figures of one.
     ("freqopt.search",),
-    # The search's API functions: one call (api), and joining a running search (worker).
-    ("freqopt.api", "freqopt.worker"),
+    # The search's API functions: one call (api), and joining a running search (worker); a run's output checked
+    # before any work (output).
+    ("freqopt.api", "freqopt.output", "freqopt.worker"),
     # Applying a table: transfer, the runtime, training, the energy statement.
     ("freqopt.apply",),
     # On top of applying, side by side (neither imports the other): training frameworks' hooks (the Hugging Face
