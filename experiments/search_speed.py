@@ -18,8 +18,9 @@ that the machine's drift hits them alike:
   writes no tables or figures, about 2 s);
 - "every level searched, a study per class": "now" without issue 25's measurement savings: the pass, kernel and
   phase levels searched although the step realizes one clock (runner.one_clock_reason answers ""), one
-  study per kernel class instead of per family (runner.search_units without share_families), and every class
-  searched, those that lead no phase too (runner._unsearched answers ()).
+  study per kernel class instead of per family (search_units without share_families, where runner, unit_studies
+  and free_switching call it), and every class searched, those that lead no phase too (unit_studies._unsearched
+  answers ()).
 
 Every variant must print the same search result; the script checks it (the last variant, which measures more,
 must validate the same energy and time at every level).
@@ -46,8 +47,10 @@ VARIANTS = {  # variant: (code run first, storage URL: None for the default)
     "now, in memory": ("", None),
     "every level searched, a study per class": (
         "runner = sys.modules['freqopt.search.runner']; units = sys.modules['freqopt.search.units']; "
-        "runner.one_clock_reason = lambda *a: ''; runner._unsearched = lambda *a: (); "
-        "runner.search_units = lambda trace, granularity, share=False: units.search_units(trace, granularity)", None),
+        "studies = sys.modules['freqopt.search.unit_studies']; free = sys.modules['freqopt.search.free_switching']; "
+        "runner.one_clock_reason = lambda *a: ''; studies._unsearched = lambda *a: (); "
+        "runner.search_units = studies.search_units = free.search_units = "
+        "lambda trace, granularity, share=False: units.search_units(trace, granularity)", None),
 }
 SAME_FIGURES_ONLY = {"every level searched, a study per class"}  # measures more by design: compare the figures
 RUN = """

@@ -11,14 +11,16 @@ one-line messages begin with the argument's name (``n_trials``, ``out``), which 
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from freqopt.budget import DEFAULT_CONFIDENCE, check_confidence
-from freqopt.errors import InvalidSettingError, OutputError, check_positive_int
+from freqopt.errors import InvalidSettingError, check_positive_int
+from freqopt.output import check_writable_dir, check_writable_file, open_output
 
+# The output checks (check_writable_dir, check_writable_file, open_output) live in freqopt.output; they are
+# re-exported here, where callers have always imported them from.
 __all__ = ["search", "search_pipeline", "SearchStart", "check_writable_dir", "check_writable_file", "open_output"]
 
 
@@ -42,108 +44,6 @@ class SearchStart:
     study_name: str
     storage: str | None
     n_units: int
-
-
-def check_writable_dir(path: str | Path, *, argument: str = "out") -> Path:
-    """Make folder ``path`` (with its parents) and prove it writable by creating and removing a file in it.
-
-    Raises:
-        OutputError: ``path`` is a file, or cannot be created or written; the message names ``argument``.
-    """
-    path = _check_dir_can_be_made(path, argument)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise _unwritable(path, argument, e) from e
-    _probe(path, path, argument)
-    return path
-
-
-def _unwritable(path: Path, argument: str, e: OSError) -> OutputError:
-    return OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose another directory",
-                       argument=argument)  # fmt: skip
-
-
-def _probe(folder: Path, path: Path, argument: str) -> None:
-    """Create and remove a file in ``folder``, which proves what permission bits cannot (a root user, a read-only
-    file system); OutputError about ``path`` if that fails."""
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".freqopt-write-check-"):
-            pass
-    except OSError as e:
-        raise _unwritable(path, argument, e) from e
-
-
-def _check_dir_can_be_made(path: str | Path, argument: str) -> Path:
-    """Check, creating nothing (a file made and removed at once aside), that folder ``path`` exists and is
-    writable, or can be made: its nearest existing ancestor is a writable folder. Raises OutputError as
-    check_writable_dir."""
-    path = Path(path)
-    try:
-        if path.exists() and not path.is_dir():
-            raise OutputError(f"{argument} {path} is a file; give a directory", argument=argument)
-        existing = path.absolute()
-        while not existing.exists():
-            existing = existing.parent
-    except OSError as e:
-        raise _unwritable(path, argument, e) from e
-    if not existing.is_dir():
-        raise OutputError(f"{argument} {path}: cannot write there ({existing} is a file); choose another "
-                          "directory", argument=argument)  # fmt: skip
-    _probe(existing, path, argument)
-    return path
-
-
-def open_output(out: str | Path | None, storage: str | None, *, argument: str = "out") -> tuple[Path | None, str | None]:
-    """Open a run's Optuna storage and make its output folder, in the order that leaves nothing behind when
-    either is bad: ``out`` is checked without being made, a given ``storage`` is opened, and only then is ``out``
-    made and, when no storage was given, the default one opened in it (journal:OUT/freqopt.journal, absolute:
-    freqopt.search.storage.default_storage_url).
-
-    Returns:
-        (the folder as a Path, or None without ``out``; the storage URL, None for in memory).
-
-    Raises:
-        OutputError: ``out`` is a file, or cannot be made or written (the message names ``argument``).
-        StorageError: the storage cannot be opened (freqopt.search.storage.open_storage).
-    """
-    from freqopt.search.storage import default_storage_url, open_storage
-
-    if out is not None:
-        _check_dir_can_be_made(out, argument)
-    if storage is not None:
-        open_storage(storage)
-    if out is not None:
-        out = check_writable_dir(out, argument=argument)
-        if storage is None:
-            storage = default_storage_url(out)
-            open_storage(storage)
-    return out, storage
-
-
-def check_writable_file(path: str | Path, *, argument: str) -> Path:
-    """Check that file ``path`` can be written before any work is done, so a long run does not fail at its very
-    end: by creating (and removing) a file beside it, which proves what permission bits cannot (a root user, a
-    read-only or pseudo file system such as /proc). Nothing is left behind.
-
-    Raises:
-        OutputError: ``path`` is a directory, or its folder is missing or not writable; the message names
-            ``argument``.
-    """
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise OutputError(f"{argument} {path} is a directory; give a file path", argument=argument)
-    if not parent.is_dir():
-        raise OutputError(f"{argument} {path}: cannot write there ({parent} is not a directory); create it or "
-                          "choose another path", argument=argument)  # fmt: skip
-    try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check"):
-            pass
-    except OSError as e:
-        raise OutputError(f"{argument} {path}: cannot write there ({e.strerror or e}); choose a writable path",
-                          argument=argument) from e  # fmt: skip
-    return path
 
 
 def _granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
@@ -251,13 +151,66 @@ def search(
             same, as a what-if.
     """
     from freqopt.gpu.backends.base import switch_latency
-    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_trace_or_workload
+    from freqopt.resolve import open_backend, resolve_trace_or_workload
+
+    # Every check before any work or any file is touched; those that need no model built (nor PyTorch imported)
+    # first, so that a wrong argument is refused at once (issue 38, item 4).
+    checked = _check_arguments(model_or_trace, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity,
+                               backend=backend, seed=seed, n_trials=n_trials, n_jobs=n_jobs,
+                               switch_latency_ms=switch_latency_ms, confidence=confidence)  # fmt: skip
+    trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                                n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    if workload.layout.is_pipeline:
+        raise InvalidSettingError(f"layout {workload.layout}: freqopt.search searches one GPU's iteration; search a "
+                                  "pipeline (pp > 1) with freqopt.search_pipeline(..., micro_batches=M)",
+                                  argument="layout")  # fmt: skip
+    from freqopt.search.study import optuna_logging
+    from freqopt.workload.memory import check_step_fits
+
+    # A real GPU is opened (and its permissions checked) before anything is written.
+    measuring, opened = open_backend(checked.backend, checked.gpu, seed=seed)
+    try:
+        if trace is None:  # a model (not a step traced already): its memory per rank, as profile checks it
+            check_step_fits(workload, measuring.spec, simulated=measuring.simulated, what="searched anyway")
+        # The override replaces the GPU file's latency for this search (and its storage name).
+        with switch_latency(measuring, checked.switch_s), optuna_logging(verbose):
+            return _search(trace, workload, measuring, checked.slowdown, checked.granularities, storage, out, seed,
+                           n_trials, n_jobs, on_unit, on_start, checked.confidence)  # fmt: skip
+    finally:
+        if opened:
+            measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """search's arguments that need no model built, checked (_check_arguments).
+
+    Attributes:
+        slowdown: the budget, a fraction of the iteration's time.
+        confidence: the one-sided confidence the slowdown is held to the budget at.
+        gpu: the GPU type asked for (GPUSpec), or None for the backend's default.
+        backend: the backend's name ("sim", "nvml") or the Backend object given.
+        granularities: the granularities to search, coarse to fine.
+        switch_s: the clock-switch latency in place of the GPU file's, s; None: the file's.
+    """
+
+    slowdown: float
+    confidence: float
+    gpu: object = field(repr=False)
+    backend: object
+    granularities: tuple[str, ...]
+    switch_s: float | None
+
+
+def _check_arguments(model_or_trace, *, max_slowdown, gpu, granularity, backend, seed, n_trials, n_jobs,
+                     switch_latency_ms, confidence) -> _Checked:  # fmt: skip
+    """search's checks that need no model built (nor PyTorch imported), in the order search makes them: the
+    model's name where one is given, and every argument but the model's overrides (search's Raises)."""
+    from freqopt.resolve import resolve_backend, resolve_gpu
     from freqopt.budget import parse_slowdown
     from freqopt.gpu.specs import check_switch_latency_ms
     from freqopt.workload.model_names import check_model_name
 
-    # Every check before any work or any file is touched; those that need no model built (nor PyTorch imported)
-    # first, so that a wrong argument is refused at once (issue 38, item 4).
     slowdown = parse_slowdown(max_slowdown)
     confidence = check_confidence(confidence)
     if isinstance(model_or_trace, str):
@@ -273,35 +226,15 @@ def search(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidSettingError(f"seed must be an integer, not {seed!r}", argument="seed")
     switch_s = check_switch_latency_ms(switch_latency_ms)
-    trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                                n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
-    if workload.layout.is_pipeline:
-        raise InvalidSettingError(f"layout {workload.layout}: freqopt.search searches one GPU's iteration; search a "
-                                  "pipeline (pp > 1) with freqopt.search_pipeline(..., micro_batches=M)",
-                                  argument="layout")  # fmt: skip
-    from freqopt.search.study import optuna_logging
-    from freqopt.workload.memory import check_step_fits
-
-    # A real GPU is opened (and its permissions checked) before anything is written.
-    measuring, opened = open_backend(backend, requested, seed=seed)
-    try:
-        if trace is None:  # a model (not a step traced already): its memory per rank, as profile checks it
-            check_step_fits(workload, measuring.spec, simulated=measuring.simulated, what="searched anyway")
-        # The override replaces the GPU file's latency for this search (and its storage name).
-        with switch_latency(measuring, switch_s), optuna_logging(verbose):
-            return _search(trace, workload, measuring, slowdown, granularities, storage, out, seed, n_trials,
-                           n_jobs, on_unit, on_start, confidence)  # fmt: skip
-    finally:
-        if opened:
-            measuring.close()  # a real GPU goes back to the clocks and power limit it was found with
+    return _Checked(slowdown, confidence, requested, backend, granularities, switch_s)
 
 
 def _n_units(trace, granularity: str, backend, config, one_clock: bool = False) -> int:
-    """Tuning units of one granularity as the search runs them (runner.run_unit_studies): the kernel level's
+    """Tuning units of one granularity as the search runs them (unit_studies.run_unit_studies): the kernel level's
     families of classes (search_units), the phase level's blocks from the backend's kernel times; where one clock
     is all a runtime can realize (``one_clock``: runner.one_clock_reason), none for the phase level and the pass
-    and kernel levels' units searched for their free-switching figure only (runner.FREE_SWITCHING_SEARCHED)."""
-    from freqopt.search.runner import FREE_SWITCHING_SEARCHED
+    and kernel levels' units searched for their free-switching figure only (free_switching.FREE_SWITCHING_SEARCHED)."""
+    from freqopt.search.free_switching import FREE_SWITCHING_SEARCHED
     from freqopt.search.schedule import search_blocks
     from freqopt.search.units import search_units
 
@@ -450,10 +383,7 @@ def search_pipeline(
 
     slowdown = parse_slowdown(max_slowdown)
     confidence = check_confidence(confidence)
-    if micro_batches is None:
-        raise InvalidSettingError("micro_batches is required for a pipeline: the micro-batches per iteration "
-                                  "(DeepSpeed's gradient_accumulation_steps), e.g. 8", argument="micro_batches")  # fmt: skip
-    check_positive_int("micro_batches", micro_batches)
+    _check_micro_batches(micro_batches)
     workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     if not workload.layout.is_pipeline:
@@ -461,13 +391,7 @@ def search_pipeline(
                                   "search one GPU's iteration with freqopt.search", argument="layout")  # fmt: skip
     spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
     levels = pipeline_granularities(granularities)
-    if backend != "sim":
-        raise InvalidSettingError(f"backend {backend!r}: a pipeline is searched on the simulated GPU (backend "
-                                  "'sim'); plan a measured pipeline with freqopt.plan_pipeline", argument="backend")  # fmt: skip
-    check_positive_int("n_trials", n_trials, optional=True)
-    check_positive_int("validation_repeats", validation_repeats, optional=True)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InvalidSettingError(f"seed must be an integer, not {seed!r}", argument="seed")
+    _check_pipeline_run(backend, n_trials, validation_repeats, seed)
     switch_s = check_switch_latency_ms(switch_latency_ms)
     if switch_s is not None:
         spec = spec.with_switch_latency(switch_s)
@@ -490,17 +414,56 @@ def search_pipeline(
     if on_start is not None:
         prefix = pipeline_study_prefix(workload, spec, partition_method, seed)
         fronts = "stage" in levels or "instruction" in levels  # both plan on the instructions' fronts
-        n_units = (1 if "iteration" in levels else 0) + (len({(i.stage, i.kind) for i in dag.instructions})
-                                                         if fronts else 0)  # fmt: skip
-        on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, n_units))
+        on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, _pipeline_n_units(levels, dag, fronts)))
     with optuna_logging(verbose):
         result = run_pipeline_search(stage_traces, spec, micro_batches, config, storage=open_storage(storage),
                                      on_unit=on_unit, partition_method=partition_method)  # fmt: skip
     table = result_pipeline_table(result) if table_path is not None else None
     if table is not None:
-        from freqopt.tables import write_table, write_table_csv
-
-        write_table(table, table_path)
-        write_table_csv(table, table_path.with_suffix(".csv"))
-        result = replace(result, table_path=table_path)
+        result = _with_pipeline_table(result, table, table_path)
     return result
+
+
+def _check_micro_batches(micro_batches) -> None:
+    """search_pipeline's ``micro_batches``: given, and a positive integer.
+
+    Raises:
+        InvalidSettingError: it is None, or not a positive integer.
+    """
+    if micro_batches is None:
+        raise InvalidSettingError("micro_batches is required for a pipeline: the micro-batches per iteration "
+                                  "(DeepSpeed's gradient_accumulation_steps), e.g. 8", argument="micro_batches")  # fmt: skip
+    check_positive_int("micro_batches", micro_batches)
+
+
+def _check_pipeline_run(backend, n_trials: int | None, validation_repeats: int | None, seed) -> None:
+    """search_pipeline's checks of how the pipeline is searched, in its order: on the simulated GPU, with positive
+    counts (None: the defaults) and an integer seed.
+
+    Raises:
+        InvalidSettingError: a backend other than "sim", a count that is not a positive integer, or a seed that is
+            not an integer.
+    """
+    if backend != "sim":
+        raise InvalidSettingError(f"backend {backend!r}: a pipeline is searched on the simulated GPU (backend "
+                                  "'sim'); plan a measured pipeline with freqopt.plan_pipeline", argument="backend")  # fmt: skip
+    check_positive_int("n_trials", n_trials, optional=True)
+    check_positive_int("validation_repeats", validation_repeats, optional=True)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidSettingError(f"seed must be an integer, not {seed!r}", argument="seed")
+
+
+def _pipeline_n_units(levels, dag, fronts: bool) -> int:
+    """The studies a pipeline search of ``levels`` runs on schedule ``dag``: the iteration level's one, and with
+    ``fronts`` (the stage or instruction level) one per stage and kind of instruction."""
+    return (1 if "iteration" in levels else 0) + (len({(i.stage, i.kind) for i in dag.instructions})
+                                                  if fronts else 0)  # fmt: skip
+
+
+def _with_pipeline_table(result, table, table_path: Path):
+    """``result`` with its pipeline clock table written to ``table_path`` (JSON) and beside it as .csv."""
+    from freqopt.tables import write_table, write_table_csv
+
+    write_table(table, table_path)
+    write_table_csv(table, table_path.with_suffix(".csv"))
+    return replace(result, table_path=table_path)

@@ -50,7 +50,7 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
     from freqopt.gpu.specs import get_gpu
     from freqopt.search.storage import open_storage, study_prefix
     from freqopt.search.study import optuna_logging
-    from freqopt.search.workers import check_worker_backend, load_job, running_searches, serve, trace_from_job
+    from freqopt.search.workers import check_worker_backend, serve, trace_from_job
 
     if backend is not None:
         check_backend(backend)
@@ -58,6 +58,38 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
         raise InvalidSettingError(f"wait_s must not be negative, not {wait_s:g}", argument="wait_s")
     device = local_device(device)
     opened = open_storage(storage)
+    name, job = _wait_for_search(opened, storage, name, wait_s, poll_s)
+    backend_name = check_worker_backend(job, backend)
+    measuring = get_backend(backend_name, get_gpu(job["gpu"]) if backend_name == "sim" else None, seed=job["seed"],
+                            device=device)  # fmt: skip
+    try:
+        trace = trace_from_job(job)
+        if job.get("clock_switch_s") is not None:  # the search's switch latency, where it overrode its GPU file's
+            measuring.spec = measuring.spec.with_switch_latency(job["clock_switch_s"])
+        if study_prefix(trace, measuring.spec, job["seed"]) != name:
+            raise StorageError(f"this worker's trace or GPU differs from search {name!r}'s (another freqopt version, "
+                               f"or a GPU of type {measuring.spec.name} against the search's {job['gpu']}); run the "
+                               "same freqopt on the same GPU type")  # fmt: skip
+        if on_join is not None:
+            on_join(name, job, measuring.spec, backend_name, device)
+        with optuna_logging(verbose):
+            return serve(opened, name, trace, measuring, idle_s=wait_s, poll_s=poll_s, on_unit=on_unit)
+    finally:
+        measuring.close()
+
+
+def _wait_for_search(opened, storage: str, name: str | None, wait_s: float, poll_s: float) -> tuple[str, dict]:
+    """Wait for search ``name`` in the opened storage (None: the one search running there) to be published,
+    looking every ``poll_s`` seconds for at most ``wait_s``; ``storage`` is its URL, for the messages.
+
+    Returns:
+        (the search's name, its published job dict).
+
+    Raises:
+        StorageError: no such search within ``wait_s``, or several running where ``name`` is None.
+    """
+    from freqopt.search.workers import load_job, running_searches
+
     started = time.monotonic()
     while name is None:
         running = running_searches(opened)
@@ -76,21 +108,4 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
             raise StorageError(f"no freqopt search named {name!r} in {storage} after {wait_s:g} s; start it with "
                                f"`freqopt search --storage {storage}` and pass the name it prints")  # fmt: skip
         time.sleep(poll_s)
-    job = state["job"]
-    backend_name = check_worker_backend(job, backend)
-    measuring = get_backend(backend_name, get_gpu(job["gpu"]) if backend_name == "sim" else None, seed=job["seed"],
-                            device=device)  # fmt: skip
-    try:
-        trace = trace_from_job(job)
-        if job.get("clock_switch_s") is not None:  # the search's switch latency, where it overrode its GPU file's
-            measuring.spec = measuring.spec.with_switch_latency(job["clock_switch_s"])
-        if study_prefix(trace, measuring.spec, job["seed"]) != name:
-            raise StorageError(f"this worker's trace or GPU differs from search {name!r}'s (another freqopt version, "
-                               f"or a GPU of type {measuring.spec.name} against the search's {job['gpu']}); run the "
-                               "same freqopt on the same GPU type")  # fmt: skip
-        if on_join is not None:
-            on_join(name, job, measuring.spec, backend_name, device)
-        with optuna_logging(verbose):
-            return serve(opened, name, trace, measuring, idle_s=wait_s, poll_s=poll_s, on_unit=on_unit)
-    finally:
-        measuring.close()
+    return name, state["job"]

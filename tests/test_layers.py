@@ -50,8 +50,9 @@ LAYERS: list[tuple[str, ...]] = [
     # The pipeline, on the search's studies and validation: its DAG and schedules, the clock planner, the simulated
     # pipeline, the pipeline's search and stragglers, and its clock table.
     ("freqopt.pipeline",),
-    # The search's API functions: one call (api), and joining a running search (worker).
-    ("freqopt.api", "freqopt.worker"),
+    # The search's API functions: one call (api), and joining a running search (worker); a run's output checked
+    # before any work (output).
+    ("freqopt.api", "freqopt.output", "freqopt.worker"),
     # Applying a table: transfer, the runtime, training, the energy statement.
     ("freqopt.apply",),
     # On top of applying, side by side (neither imports the other): training frameworks' hooks (the Hugging Face

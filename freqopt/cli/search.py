@@ -83,11 +83,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                          seq_len, n_heads, vocab_multiple, layout, verbose, confidence, schedule or "1f1b",
                          virtual_stages)  # fmt: skip
         return
-    for name, value in (("micro_batches", micro_batches), ("partition_method", partition_method),
-                        ("schedule", schedule), ("virtual_stages", virtual_stages)):
-        if value is not None:
-            raise InvalidSettingError(f"{name} applies to a pipeline layout (pp > 1, e.g. --layout pp=4)",
-                                      argument=name)  # fmt: skip
+    _refuse_pipeline_options(micro_batches=micro_batches, partition_method=partition_method, schedule=schedule,
+                             virtual_stages=virtual_stages)  # fmt: skip
     console = Console(stderr=True)
     started = time.monotonic()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -131,6 +128,28 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
         status.stop()
         if progress.task_ids:  # started (stopping one never started prints a blank line)
             progress.stop()
+    _print_search(result, console, started, model, n_heads, vocab_multiple)
+    write_json(json_path, result.summary())
+
+
+def _refuse_pipeline_options(**options) -> None:
+    """Refuse, on a one-GPU layout, the options that apply to a pipeline layout only (given: not None).
+
+    Raises:
+        InvalidSettingError: the first such option given, by name.
+    """
+    from freqopt.errors import InvalidSettingError
+
+    for name, value in options.items():
+        if value is not None:
+            raise InvalidSettingError(f"{name} applies to a pipeline layout (pp > 1, e.g. --layout pp=4)",
+                                      argument=name)  # fmt: skip
+
+
+def _print_search(result, console, started: float, model: str, n_heads, vocab_multiple) -> None:
+    """A one-GPU search's result rendered: its table on stdout (_search_table), with the tables and figures
+    written; on ``console`` (stderr) the levels' notes, the switching and waiting statements, what was read back,
+    the time since ``started`` (time.monotonic), and the command that applies the table that saved the most."""
     out = stdout_console()
     out.print(_search_table(result))
     notes: dict[str, list[str]] = {}
@@ -165,7 +184,6 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                       f"{absolute_model(model)} --micro-batch-size {w.micro_batch_size} --seq-len {w.config.seq_len} "
                       + "".join(overrides) + ("" if w.layout.is_single_gpu else f"--layout {w.layout} ")
                       + f"--table {absolute_path(result.table_paths[best])}", soft_wrap=True)  # fmt: skip
-    write_json(json_path, result.summary())
 
 
 def slowdown_cell(row: dict) -> str:

@@ -7,9 +7,9 @@ each phase takes the setting its kernels spend most time in, and a switch is mad
 phases wanting the same setting that lasts at least the switch cost (shorter runs keep the clocks already set).
 Since a switch lands one latency after it is asked for, the runtime asks for each run's setting ahead of it
 (``requested_settings``): at the last phase boundary at least one switch latency of kernel time before the run,
-as the phase-schedule granularity plans its requests (freqopt.search.schedule.lookahead_requests). A backend then
-measures those requests (the simulated GPU applies each switch one switch latency late), so a search validates
-what DVFSRuntime issues.
+as the phase-schedule granularity plans its requests (freqopt.search.phase_requests.lookahead_requests). A
+backend then measures those requests (the simulated GPU applies each switch one switch latency late), so a search
+validates what DVFSRuntime issues.
 
 The kernel times that weigh these choices come from the backend the search or the runtime is given
 (``Backend.kernel_times_s`` at the default setting): the simulated GPU's physics on the simulated backend, each
@@ -25,7 +25,7 @@ import numpy as np
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting
 from freqopt.workload.kernels import Trace
 from freqopt.workload.phases import phase_spans
-from freqopt.search.schedule import lookahead_requests, requests_per_kernel
+from freqopt.search.phase_requests import lookahead_requests, requests_per_kernel
 
 __all__ = ["realizable_settings", "requested_settings", "Realizer", "phase_leaders"]
 
@@ -111,8 +111,8 @@ def requested_settings(marks: Sequence[tuple[str, int]], realized: Sequence[Cloc
                        switch_s: float) -> list[ClockSetting]:  # fmt: skip
     """The per-kernel settings a runtime requests so that the ``realized`` schedule's switches land where its runs
     begin: each run's setting is asked for at the last phase boundary at least ``switch_s`` of kernel time before
-    the run (freqopt.search.schedule.lookahead_requests, as the phase-schedule granularity does), and held up to
-    the next request, cyclically over back-to-back iterations.
+    the run (freqopt.search.phase_requests.lookahead_requests, as the phase-schedule granularity does), and held up
+    to the next request, cyclically over back-to-back iterations.
 
     Args:
         marks: the trace's phase marks (Trace.meta["marks"]).

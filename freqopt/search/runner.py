@@ -6,9 +6,10 @@ schedule (allocate_validated). Units measured alone do not add up exactly to the
 averages power over neighbouring kernels; measurements are noisy), so the allocator's budget is calibrated by
 validation until the validated slowdown meets the limit (freqopt.search.allocation).
 
-This module drives the search (run_search, one granularity after another) and each granularity's unit studies
-(run_unit_studies); the configuration, the result types, the storage, validation and allocation live in their
-own modules of freqopt.search.
+This module drives the search (run_search, one granularity after another, each finer one never ending worse than
+the coarser ones it chose among); each granularity's unit studies (freqopt.search.unit_studies), the
+free-switching figures (freqopt.search.free_switching), the configuration, the result types, the storage,
+validation and allocation live in their own modules of freqopt.search.
 """
 
 from __future__ import annotations
@@ -16,166 +17,29 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from freqopt.gpu.backends.base import Backend, ClockSetting, DEFAULT_SETTING, Measurement
+from freqopt.gpu.backends.base import Backend, DEFAULT_SETTING, Measurement
 from freqopt.workload.kernels import Trace
 from freqopt.workload.phases import phase_spans
 from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated,
                                        candidate_schedules, coarser_settings, settings_on)
 from freqopt.search.config import SearchConfig
-from freqopt.search.realize import phase_leaders
+from freqopt.search.free_switching import (FREE_SWITCHING_SEARCHED, _at_least_the_coarser_free, _free_allocation,
+                                           _free_switching, _free_switching_as_realized)
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.schedule import phase_blocks, request_schedule, search_phase_schedule
-from freqopt.search.storage import _storage_here, open_storage, study_prefix, validation_log
-from freqopt.search.study import UnitSearch
-from freqopt.search.units import GRANULARITIES, TuningUnit, partition, search_units
+from freqopt.search.storage import open_storage, study_prefix, validation_log
+from freqopt.search.unit_studies import (_at_job_mem_clock, _n_trials, _slack, _warm_starts, job_mem_clock_mhz,
+                                         run_unit_studies)
+from freqopt.search.units import GRANULARITIES, partition, search_units
 from freqopt.search.validate import Validator, _per_kernel_settings
-from freqopt.search.workers import UnitQueue, UnitWork, finish_job, is_persistent, publish_job, run_unit
+from freqopt.search.workers import finish_job, is_persistent, publish_job
 
-# The names below live in the modules of their jobs (config, result, storage, validate, allocation); they are
-# re-exported here, where callers have always imported them from.
+# The names below live in the modules of their jobs (config, result, storage, validate, allocation, unit_studies,
+# free_switching); they are re-exported here, where callers have always imported them from (freqopt.apply.transfer
+# shares the unit studies' _slack).
 __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "levels_to_run", "study_prefix",
-           "open_storage", "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated"]
-
-
-def _slack(max_slowdown: float, n_units: int) -> float:
-    """How much slower than its default a unit's options may be (the region its study samples, and where its
-    finalists are re-measured). A lone unit (the whole iteration) can only ever spend the budget, plus timing
-    noise; one of many may spend more where others spend less."""
-    return 1.5 * max_slowdown + 0.005 if n_units == 1 else max(0.05, 3 * max_slowdown)
-
-
-def _unit_task(trace: Trace, backend: Backend, work: UnitWork, i: int, unit: TuningUnit, storage, url: str | None,
-               queue_name: str | None, warm: list[ClockSetting], verbosity: int) -> tuple[int, UnitSearch | None]:  # fmt: skip
-    """One unit as a joblib task: claimed from the queue first when the storage is shared (None: a worker has it).
-    ``verbosity`` is the calling process's Optuna verbosity, which joblib's worker processes do not inherit."""
-    import optuna
-
-    optuna.logging.set_verbosity(verbosity)
-    if storage is None and url is not None:
-        storage = _storage_here(url)
-    if queue_name is None:
-        return i, run_unit(trace, backend, work, unit, storage, warm)
-    queue = UnitQueue(storage, queue_name)
-    claimed = queue.claim(i)
-    if claimed is None:
-        return i, None
-    with queue.owning(claimed[1]):
-        return i, run_unit(trace, backend, work, unit, storage, warm)
-
-
-def _run_units(trace: Trace, backend: Backend, config: SearchConfig, work: UnitWork, units: list[TuningUnit],
-               which: list[int], warm: list[list[ClockSetting]], storage, progress: Callable[[], None]
-               ) -> dict[int, UnitSearch]:  # fmt: skip
-    """Run units ``which`` (indices into ``units``) with their warm starts: through a queue that workers share when
-    the storage is persistent, in ``config.n_jobs`` joblib processes."""
-    import optuna
-    from joblib import Parallel, delayed
-
-    queue = UnitQueue.create(storage, work, which, warm) if is_persistent(storage) else None
-    parallel = config.n_jobs > 1
-    tasks = (delayed(_unit_task)(trace, backend, work, i, units[i], None if parallel else storage,
-                                 config.storage if parallel else None, queue.name if queue else None, w,
-                                 optuna.logging.get_verbosity())
-             for i, w in zip(which, warm))  # fmt: skip
-    results: dict[int, UnitSearch] = {}
-    for i, result in Parallel(n_jobs=config.n_jobs, return_as="generator_unordered")(tasks):
-        if result is not None:
-            results[i] = result
-            progress()
-    if queue is not None:
-        queue.settle()  # units other workers hold: wait for them, or take them over if their worker is gone
-        for i, w in zip(which, warm):
-            if i not in results:
-                results[i] = run_unit(trace, backend, work, units[i], storage, w)
-                progress()
-    return results
-
-
-def job_mem_clock_mhz(spec, n_units: int) -> int | None:
-    """The memory clock the units of a granularity with ``n_units`` units are searched at: None (searched, a
-    dimension) where the GPU can change its memory clock while a job runs (GPUSpec.mem_clock_runtime) or the unit
-    is the whole iteration (one setting for the job); else the GPU's highest, its default (issue 22, item 2: on
-    such a GPU the memory clock is a per-job setting, so a finer schedule may not change it)."""
-    if n_units == 1 or len(spec.mem_clocks_mhz) == 1 or spec.mem_clock_runtime:
-        return None
-    return max(spec.mem_clocks_mhz)
-
-
-def _at_job_mem_clock(settings, mem_clock_mhz: int | None) -> bool:
-    """Every setting keeps the job's memory clock (always, where the memory clock is searched)."""
-    return mem_clock_mhz is None or all(s is None or s.mem_clock_mhz in (None, mem_clock_mhz) for s in settings)
-
-
-def _n_trials(config: SearchConfig, backend: Backend, space: str, mem_searched: bool = True) -> int:
-    """Trials per unit: config.n_trials_1d, and more where the memory clock is a second dimension."""
-    n_mem = len(backend.spec.mem_clocks_mhz) if space == "clocks" and mem_searched else 1
-    if n_mem > 1:
-        return config.n_trials_2d or config.n_trials_1d + config.n_trials_per_mem_clock * (n_mem - 1)
-    return config.n_trials_1d
-
-
-def _unsearched(trace: Trace, units: list[TuningUnit], kernel_time_s) -> tuple[str, ...]:
-    """The names of the units a phase-switching runtime never gives their own setting (realize.phase_leaders;
-    none without ``kernel_time_s``, or for a single unit)."""
-    if kernel_time_s is None or len(units) < 2:
-        return ()
-    leaders = phase_leaders(trace.meta.get("marks", ()), units, kernel_time_s)
-    return tuple(u.name for j, u in enumerate(units) if j not in leaders)
-
-
-def run_unit_studies(
-    trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
-    warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
-    kernel_time_s=None,
-) -> tuple[list[TuningUnit], list[UnitSearch]]:  # fmt: skip
-    """Partition the trace (search_units) and run (or resume) each tuning unit's study.
-
-    Kernel level, with ``config.share_classes``: each family of kernel classes (kernel_families: kind, group
-    size and arithmetic intensity) is one unit, with one study and one setting (issue 25: 11 studies in place of
-    gpt3-small's 54 classes).
-
-    With a storage other processes can see, the units are a queue that ``freqopt worker`` processes join
-    (freqopt.search.workers); units they ran are read back from the storage, units whose worker died are resumed
-    here. ``config.n_jobs`` > 1 runs this process's share in that many joblib processes.
-
-    Args:
-        warm_start: per unit (of search_units), a setting, or a list of settings, to enqueue first and always
-            offer (the coarser granularities' choices).
-        kernel_time_s: every kernel's time at the default setting, shape (K,), s, where a phase-switching runtime
-            realizes the schedule (Validator.kernel_time_s, with switching costs): units that lead no phase
-            (realize.phase_leaders) are then not searched, only measured at their warm starts (issue 25). None:
-            every unit is searched.
-
-    Returns:
-        The units and, per unit, its study's outcome (in unit order, whoever ran it).
-    """
-    share = config.share_classes and granularity == "kernel"
-    units = search_units(trace, granularity, share)
-    space = "power" if granularity == "power-cap" else "clocks"
-    mem = job_mem_clock_mhz(backend.spec, len(units)) if space == "clocks" else None
-    work = UnitWork(
-        prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
-        n_trials=_n_trials(config, backend, space, mem is None), finalist_repeats=config.finalist_repeats,
-        finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
-        whole_step=len(units) == 1, mem_clock_mhz=mem, share_families=share, patience=config.patience,
-        edge_slowdown=config.max_slowdown if len(units) == 1 else None,
-        unsearched=_unsearched(trace, units, kernel_time_s),
-    )  # fmt: skip
-    inherited = []  # per unit: its warm settings, without the default (every study measures it), repeats, or
-    for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed
-        settings = w if isinstance(w, (list, tuple)) else [w]  # ClockSetting is a dataclass, not a tuple
-        inherited.append([x for x in dict.fromkeys(settings)
-                          if x not in (None, DEFAULT_SETTING) and _at_job_mem_clock([x], mem)])  # fmt: skip
-    done = 0
-
-    def progress() -> None:
-        nonlocal done
-        done += 1
-        if on_unit:
-            on_unit(granularity, done, len(units))
-
-    results = _run_units(trace, backend, config, work, units, list(range(len(units))), inherited, storage, progress)
-    return units, [results[i] for i in range(len(units))]
+           "open_storage", "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated",
+           "job_mem_clock_mhz", "FREE_SWITCHING_SEARCHED", "_slack"]
 
 
 # The coarser schedules each clock granularity chooses among beside its own allocation (issue 22, item 1): one clock
@@ -280,14 +144,6 @@ def _predicted_as_it_runs(result: GranularityResult, coarser: list[GranularityRe
                                     "phase, so the phase level's block model predicts it")  # fmt: skip
 
 
-def _warm_starts(trace: Trace, coarser: list[GranularityResult], units: list[TuningUnit],
-                 schedules: list[list[ClockSetting]], kernel_time_s=None) -> list[list[ClockSetting]]:  # fmt: skip
-    """Per unit, the settings its study starts from: the nearest coarser level's (even when it saved nothing),
-    then each of ``schedules``' (one setting per unit); see run_unit_studies's ``warm_start``."""
-    warm = [[c[i] for c in schedules] for i in range(len(units))]
-    if coarser:
-        warm = [[s, *w] for s, w in zip(coarser_settings(trace, coarser[-1], units, kernel_time_s), warm)]
-    return warm
 
 
 def _search_granularity(
@@ -409,92 +265,6 @@ def _one_clock(trace: Trace, iteration: GranularityResult, granularity: str, ker
                              requests=requests, note=f"held to one clock: {reason}")  # fmt: skip
 
 
-# The levels whose free-switching figure is a search of its own: their units' settings allocated as if switching
-# were free and validated so (the papers' figure: Spaan et al. 2026 switch at no cost). The others' is their own
-# schedule with free switches (_free_switching_as_realized): one setting (power cap, iteration), or the phase
-# level's blocks, each block's setting landing as it is asked for.
-FREE_SWITCHING_SEARCHED = ("pass", "kernel")
-
-
-def _free_switching(trace: Trace, backend: Backend, config: SearchConfig, result: GranularityResult,
-                    coarser: list[GranularityResult], ideal_validator: Validator, baseline: Measurement, on_unit,
-                    storage) -> GranularityResult:  # fmt: skip
-    """``result`` (a level held to one clock: one_clock_reason) with its free-switching figure: the level's units
-    searched and their settings allocated as if switching were free, validated so (issue 35, item 3: the main
-    job's gpt3-small shows what pass- and kernel-level DVFS would save with free switching beside what a runtime
-    can realize). Its measurements are charged to it; its table still holds the iteration level's clock."""
-    g = result.granularity
-    units = search_units(trace, g, config.share_classes and g == "kernel")
-    mem = job_mem_clock_mhz(backend.spec, len(units))
-    candidates = [c for c in candidate_schedules(trace, coarser, units, baseline) if _at_job_mem_clock(c, mem)]
-    offered = candidates + _free_candidates(trace, coarser, units, baseline, mem)  # each studied, so allocatable
-    warm = _warm_starts(trace, coarser, units, offered)
-    before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s)
-    units, searches = run_unit_studies(trace, backend, config, g, storage=storage, warm_start=warm, on_unit=on_unit)
-    ideal, ideal_units = _free_allocation(trace, units, searches, ideal_validator, baseline, config, g, candidates,
-                                          coarser, mem)  # fmt: skip
-    return dataclasses.replace(
-        result, ideal=ideal, ideal_units=ideal_units, unit_searches=tuple(searches),
-        n_measurements=sum(s.n_measurements for s in searches) + ideal_validator.n_measurements - before[0],
-        search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + ideal_validator.cost_gpu_s - before[1],
-    )  # fmt: skip
-
-
-def _free_candidates(trace: Trace, coarser: list[GranularityResult], units: list[TuningUnit], baseline: Measurement,
-                     mem: int | None) -> list[list[ClockSetting]]:  # fmt: skip
-    """The coarser levels' own free-switching schedules (GranularityResult.ideal_units) laid onto ``units``."""
-    free = [dataclasses.replace(r, units=r.ideal_units, validated=r.ideal) for r in coarser if r.ideal_units]
-    return [c for c in candidate_schedules(trace, free, units, baseline) if _at_job_mem_clock(c, mem)]
-
-
-def _free_allocation(trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], ideal_validator: Validator,
-                     baseline: Measurement, config: SearchConfig, granularity: str, candidates: list,
-                     coarser: list[GranularityResult], mem: int | None) -> tuple[Measurement, tuple]:  # fmt: skip
-    """The free-switching schedule of ``units`` (allocate_validated on ``ideal_validator``, which measures without
-    switch latency) and its per-unit settings, against the same baseline (the defaults have no switch to realize
-    differently). Beside the realizable coarser schedules (``candidates``) it is offered the coarser levels' own
-    free-switching schedules, so a finer level's figure is never below a coarser one's."""
-    measured = [{o.setting for o in s.options} for s in searches]
-    more = [c for c in _free_candidates(trace, coarser, units, baseline, mem)
-            if all(x in m for x, m in zip(c, measured))]  # only schedules of measured options can be allocated  # fmt: skip
-    allocation = allocate_validated(units, searches, ideal_validator, baseline, config.max_slowdown,
-                                    rounds=config.max_validation_rounds, key=f"{granularity}-ideal",
-                                    candidates=[*candidates, *(c for c in more if c not in candidates)])  # fmt: skip
-    return allocation.validated, tuple(zip(units, (o.setting for o in allocation.chosen)))
-
-
-def _at_least_the_coarser_free(result: GranularityResult, coarser: list[GranularityResult]) -> GranularityResult:
-    """``result`` with a coarser level's free-switching schedule (a one-setting level's validated one) as its own
-    where that validated less energy: the kernel level allocates over families of classes that may span passes, so
-    the pass level's free-switching schedule is not always among its allocations, though a per-class schedule
-    expresses it (as _at_least_the_coarser_schedules does for the realizable figure)."""
-    for r in coarser:
-        if result.ideal is not None and r.ideal_units and r.ideal.energy_j < result.ideal.energy_j:
-            result = dataclasses.replace(result, ideal=r.ideal, ideal_units=r.ideal_units)
-        # One setting switches nothing: its free-switching figure is its validated one (_free_switching_as_realized),
-        # which the free allocation, measuring the same schedule on its own readings, may have read less well.
-        elif result.ideal is not None and r.n_settings == 1 and r.validated.energy_j < result.ideal.energy_j:
-            result = dataclasses.replace(result, ideal=r.validated, ideal_units=r.units)
-    return result
-
-
-def _free_switching_as_realized(result: GranularityResult, validator: Validator,
-                                ideal_validator: Validator) -> GranularityResult:  # fmt: skip
-    """``result`` with a free-switching figure where it has none: its own schedule with every switch landing as it
-    is asked for. One setting (power cap, iteration, a level held to one clock) has no switch to be free of, so
-    its figure is its validated one; a phase schedule's is each block's setting on the block's own kernels, measured
-    without switch latency (its requests, made one latency ahead, would land that much early)."""
-    if result.ideal is not None:
-        return result
-    if result.n_settings == 1:
-        return dataclasses.replace(result, ideal=result.validated)
-    if result.granularity != "phase":
-        return result
-    before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s)
-    ideal = ideal_validator.requests(tuple(_per_kernel_settings(validator.trace, result.units)), key="phase-ideal")
-    return dataclasses.replace(result, ideal=ideal,
-                               n_measurements=result.n_measurements + ideal_validator.n_measurements - before[0],
-                               search_cost_gpu_s=result.search_cost_gpu_s + ideal_validator.cost_gpu_s - before[1])  # fmt: skip
 
 
 def run_search(
@@ -536,6 +306,29 @@ def run_search(
     before = (validator.n_measurements, validator.cost_gpu_s)
     baseline = validator.baseline()
     baseline_cost = (validator.n_measurements - before[0], validator.cost_gpu_s - before[1])
+    ran = _search_levels(trace, backend, config, validator, ideal_validator, baseline, on_unit, storage)
+    results = _as_shown(ran, config, validator, baseline_cost)
+    if is_persistent(storage):
+        finish_job(storage, prefix)
+    n_new = validator.log.n_new + sum(u.n_new_measurements for r in ran.values() for u in r.unit_searches)
+    n_stored = validator.log.n_stored + sum(u.n_stored_measurements for r in ran.values() for u in r.unit_searches)
+    return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
+                        n_stored_measurements=n_stored, spec=backend.spec, backend_name=backend.name, seed=config.seed,
+                        host_wait_pct=validator.host_wait_pct(), confidence=validator.confidence,
+                        resumed=resumed)  # fmt: skip
+
+
+def _search_levels(trace: Trace, backend: Backend, config: SearchConfig, validator: Validator,
+                   ideal_validator: Validator | None, baseline: Measurement, on_unit,
+                   storage) -> dict[str, GranularityResult]:  # fmt: skip
+    """Every level the search runs (levels_to_run), coarse to fine: each finer clock level starting from the
+    coarser ones it chooses among (CANDIDATES) and never ending worse than them; where one clock is all a runtime
+    can realize (one_clock_reason), the finer levels held to the iteration level's clock. With ``ideal_validator``
+    (switching costs in the validation), each level's free-switching figure too (freqopt.search.free_switching).
+
+    Returns:
+        granularity -> its result, in the order run.
+    """
     ran: dict[str, GranularityResult] = {}
     one_clock = one_clock_reason(trace, backend, config, validator.kernel_time_s) if validator.switching else ""
     for g in levels_to_run(config.granularities, validator.switching):
@@ -562,6 +355,13 @@ def run_search(
             ran[g] = _at_least_the_coarser_free(ran[g], coarser)
     if ideal_validator is not None:
         ran = {g: _free_switching_as_realized(r, validator, ideal_validator) for g, r in ran.items()}
+    return ran
+
+
+def _as_shown(ran: dict[str, GranularityResult], config: SearchConfig, validator: Validator,
+              baseline_cost: tuple[int, float]) -> dict[str, GranularityResult]:  # fmt: skip
+    """The results of the levels asked for (_charge_candidates), each with the validator's waiting and switching
+    figures; the first shown is charged with the baseline's readings, ``baseline_cost`` (measurements, GPU-s)."""
     results = _charge_candidates(ran, config.granularities)
     results = {g: dataclasses.replace(r, waiting_saved_pct=validator.waiting_saved_pct(r.validated),
                                       saving_pct_waiting_range=validator.waiting_range_saved_pct(r.validated),
@@ -572,11 +372,5 @@ def run_search(
         results[first] = dataclasses.replace(results[first],
                                              n_measurements=results[first].n_measurements + baseline_cost[0],
                                              search_cost_gpu_s=results[first].search_cost_gpu_s + baseline_cost[1])
-    if is_persistent(storage):
-        finish_job(storage, prefix)
-    n_new = validator.log.n_new + sum(u.n_new_measurements for r in ran.values() for u in r.unit_searches)
-    n_stored = validator.log.n_stored + sum(u.n_stored_measurements for r in ran.values() for u in r.unit_searches)
-    return SearchResult(trace, backend.spec.name, config.max_slowdown, baseline, results, config.storage, n_new,
-                        n_stored_measurements=n_stored, spec=backend.spec, backend_name=backend.name, seed=config.seed,
-                        host_wait_pct=validator.host_wait_pct(), confidence=validator.confidence,
-                        resumed=resumed)  # fmt: skip
+    return results
+

@@ -39,24 +39,26 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
 from freqopt.budget import first_confirmed
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.errors import ClockTableError, InvalidSettingError
+from freqopt.errors import InvalidSettingError
 from freqopt.workload.kernels import Trace
 from freqopt.workload.phases import phase_spans
 from freqopt.search.allocate import allocate
+from freqopt.search.phase_requests import (lookahead_requests, request_phases, requested_per_phase,
+                                           requests_per_kernel, settings_per_phase)
 from freqopt.search.smooth import smoothed_changes
 from freqopt.search.study import UnitSearch, search_unit, _tag
 from freqopt.search.units import TuningUnit
 
-T = TypeVar("T")
-
+# The phase requests (lookahead_requests, settings_per_phase, request_phases, requested_per_phase) live in
+# freqopt.search.phase_requests; they are re-exported here, where callers have always imported them from.
 __all__ = ["PhaseBlock", "BlockModel", "phase_blocks", "lookahead_requests", "search_blocks", "request_schedule",
-           "n_switches", "settings_per_phase", "PhaseScheduleResult", "search_phase_schedule"]
+           "n_switches", "settings_per_phase", "PhaseScheduleResult", "search_phase_schedule", "request_phases",
+           "requested_per_phase"]
 
 
 @dataclass(frozen=True)
@@ -141,36 +143,6 @@ def phase_blocks(trace: Trace, kernel_time_s: np.ndarray, switch_s: float, *, ma
     return out
 
 
-def lookahead_requests(start_s: np.ndarray, total_s: float, firsts: Sequence[int], switch_s: float) -> list[int]:
-    """Where a runtime asks for each of a sequence of settings so that each lands about where its run of phases
-    begins (module docstring, "Look-ahead requests"): for the run starting at phase ``firsts[j]``, the last phase
-    starting at least ``switch_s`` before it, counted over back-to-back iterations (in the previous iteration for
-    the first runs); then strictly increasing and never after the run's own first phase. A single run is asked
-    for at its own start (it is set once and never switched).
-
-    Args:
-        start_s: each phase's start within the iteration, shape (P,), s (kernel time, Backend.kernel_times_s).
-        total_s: the iteration's duration, s.
-        firsts: the first phase of each run, ascending, at least one.
-        switch_s: the clock-switch latency, s (GPUSpec.clock_switch_s).
-
-    Returns:
-        The request phase of each run, in run order, indices into ``start_s``.
-    """
-    n_phases = len(start_s)
-    unrolled = []
-    for first in firsts:
-        when = start_s[first] - switch_s if len(firsts) > 1 else start_s[first]
-        wrap = 0
-        while when < 0 and total_s > 0:
-            when += total_s
-            wrap -= n_phases
-        unrolled.append(int(np.searchsorted(start_s, max(when, 0.0), side="right")) - 1 + wrap)
-    for j in range(1, len(unrolled)):
-        unrolled[j] = min(max(unrolled[j], unrolled[j - 1] + 1), firsts[j])
-    return [u % n_phases for u in unrolled]
-
-
 def search_blocks(trace: Trace, backend: Backend, *, max_blocks: int = 8) -> list[PhaseBlock]:
     """The blocks a phase-level search on ``backend`` studies: phase_blocks with the kernels' times at the default
     setting (Backend.kernel_times_s) and the GPU type's clock-switch latency."""
@@ -188,74 +160,6 @@ def request_schedule(trace: Trace, blocks: Sequence[PhaseBlock], settings: Seque
     """
     spans = phase_spans(trace.meta.get("marks", ()), len(trace))
     return requests_per_kernel(spans, [(b.request, s) for b, s in zip(blocks, settings)])
-
-
-def requests_per_kernel(spans: Sequence[tuple[str, int, int]], requests: Sequence[tuple[int, ClockSetting]]) -> tuple:
-    """The per-kernel schedule of (phase index, setting) ``requests``, each asked for at its phase's start and held
-    up to the next (settings_per_phase, cyclically); ``spans`` the trace's phases (freqopt.workload.phases.phase_spans).
-
-    Returns:
-        One ClockSetting per kernel, shape (K,), constant within each phase.
-    """
-    out: list[ClockSetting] = []
-    for (_, first, end), setting in zip(spans, settings_per_phase(len(spans), requests)):
-        out.extend([setting] * (end - first))
-    return tuple(out)
-
-
-def settings_per_phase(n_phases: int, requests: Sequence[tuple[int, T]]) -> tuple[T, ...]:
-    """The setting in force in each phase when each (phase index, setting) of ``requests`` is asked for at that
-    phase's start: the latest request at or before the phase, cyclically (the phases before the first request run
-    with the last one's setting, left by the previous iteration). Requests at the same phase take effect in the
-    order given. Any value may stand for the setting (freqopt.apply.transfer passes the requesting entry's index).
-
-    Returns:
-        One setting per phase, shape (n_phases,).
-    """
-    ordered = sorted(requests, key=lambda r: r[0])
-    current = ordered[-1][1]
-    out, i = [], 0
-    for phase in range(n_phases):
-        while i < len(ordered) and ordered[i][0] <= phase:
-            current = ordered[i][1]
-            i += 1
-        out.append(current)
-    return tuple(out)
-
-
-def request_phases(table, labels: Sequence[str]) -> list[int]:
-    """Where a phase-level clock table asks for each entry's setting on a trace: the index, in ``labels``, of each
-    entry's ``request_phase``, in entry order. Every layout and micro-batch of one model has the same phases.
-
-    Args:
-        table: a phase-level freqopt.tables.ClockTable (its entries carry ``request_phase``).
-        labels: the trace's phase labels in order (freqopt.workload.phases.phase_spans).
-
-    Raises:
-        ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
-    """
-    index = {label: i for i, label in enumerate(labels)}
-    for entry in table.entries:
-        if entry["request_phase"] not in index:
-            raise ClockTableError(f"the phase-level table requests a setting at phase {entry['request_phase']!r}, "
-                                  "which this model does not have; search this model with granularity 'phase'")  # fmt: skip
-    return [index[entry["request_phase"]] for entry in table.entries]
-
-
-def requested_per_phase(table, labels: Sequence[str]) -> tuple[ClockSetting, ...]:
-    """A phase-level clock table's settings per phase of a trace, as it stands (it is realizable already): each
-    entry's setting from its request phase (request_phases) up to the next entry's, cyclically over the iteration
-    (settings_per_phase). This is what DVFSRuntime applies, on the trace the table was searched on or on any
-    other layout or micro-batch of the same model.
-
-    Returns:
-        One ClockSetting per phase, shape (len(labels),).
-
-    Raises:
-        ClockTableError: an entry's request phase is not a phase of this trace (a table of another model).
-    """
-    phases = request_phases(table, labels)
-    return settings_per_phase(len(labels), [(p, ClockSetting.of_entry(e)) for p, e in zip(phases, table.entries)])
 
 
 @dataclass(frozen=True)
@@ -398,19 +302,10 @@ def search_phase_schedule(
         raise InvalidSettingError(f"max_slowdown must be in [0, 1), not {max_slowdown!r}")
     blocks = tuple(search_blocks(trace, backend, max_blocks=max_blocks))
     finalist_slowdown = 1.5 * max_slowdown + 0.005  # where each block's study samples and repeats its finalists
-    ref_tag = _tag(reference)
-    searches = []
-    for i, block in enumerate(blocks):
-        digest = hashlib.sha1(f"{block.name}|{block.request}|{ref_tag}".encode()).hexdigest()[:10]
-        warm = [] if reference == DEFAULT_SETTING else [reference]
-        searches.append(search_unit(
-            _InSitu(backend, trace, blocks, i, reference, switching), (), name=f"phase {block.name} ref {ref_tag}",
-            study_name=f"{study_prefix}-phase-{digest}", storage=storage, n_trials=n_trials,
-            finalist_repeats=finalist_repeats, finalist_slowdown=finalist_slowdown, seed=seed,
-            warm_start=warm, mem_clock_mhz=mem_clock_mhz, patience=patience, constrained=True,
-        ))  # fmt: skip
-        if on_block:
-            on_block(i + 1, len(blocks))
+    searches = _block_studies(trace, backend, blocks, reference, switching, study_prefix=study_prefix, storage=storage,
+                              n_trials=n_trials, finalist_repeats=finalist_repeats,
+                              finalist_slowdown=finalist_slowdown, seed=seed, mem_clock_mhz=mem_clock_mhz,
+                              patience=patience, on_block=on_block)  # fmt: skip
 
     # Each block's options as changes from the reference schedule, each taken one standard error worse in time and
     # in energy than its estimate, so that a lucky reading does not win the allocation; the prediction sums the
@@ -429,6 +324,53 @@ def search_phase_schedule(
         accepted.append((tuple([reference] * len(blocks)), uniform))
 
     budget = limit_s - uniform.time_s  # the time the blocks' changes may add, s
+    accepted += _validated_allocations(trace, blocks, choices, deltas, measure, budget, limit_s, baseline,
+                                       max_slowdown, rounds, confirm, ok)  # fmt: skip
+    best_settings, best = _confirmed(accepted, confirm, baseline, limit_s)
+    model = BlockModel(blocks, uniform, tuple({s: (dt, de) for s, dt, de in c} for c in choices))
+    predicted = model.predict(best_settings)
+    if best_settings == tuple([DEFAULT_SETTING] * len(blocks)):
+        predicted = baseline
+    return PhaseScheduleResult(
+        blocks=blocks, settings=best_settings, reference=reference, validated=best, predicted=predicted,
+        searches=tuple(searches), n_switches=n_switches(best_settings), model=model,
+    )  # fmt: skip
+
+
+def _block_studies(trace: Trace, backend: Backend, blocks: tuple[PhaseBlock, ...], reference: ClockSetting,
+                   switching: bool, *, study_prefix: str, storage, n_trials: int, finalist_repeats: int,
+                   finalist_slowdown: float, seed: int, mem_clock_mhz: int | None, patience: int | None,
+                   on_block: Callable[[int, int], None] | None) -> list[UnitSearch]:  # fmt: skip
+    """Each block's in-situ study (module docstring), in block order: search_unit measuring the whole iteration
+    with the block changed from the reference (_InSitu), named from the search's ``study_prefix``, the block and the
+    reference so that a resumed search reads it back; the arguments as search_phase_schedule's."""
+    ref_tag = _tag(reference)
+    searches = []
+    for i, block in enumerate(blocks):
+        digest = hashlib.sha1(f"{block.name}|{block.request}|{ref_tag}".encode()).hexdigest()[:10]
+        warm = [] if reference == DEFAULT_SETTING else [reference]
+        searches.append(search_unit(
+            _InSitu(backend, trace, blocks, i, reference, switching), (), name=f"phase {block.name} ref {ref_tag}",
+            study_name=f"{study_prefix}-phase-{digest}", storage=storage, n_trials=n_trials,
+            finalist_repeats=finalist_repeats, finalist_slowdown=finalist_slowdown, seed=seed,
+            warm_start=warm, mem_clock_mhz=mem_clock_mhz, patience=patience, constrained=True,
+        ))  # fmt: skip
+        if on_block:
+            on_block(i + 1, len(blocks))
+    return searches
+
+
+def _validated_allocations(trace: Trace, blocks: tuple[PhaseBlock, ...], choices: list, deltas: list,
+                           measure: Callable[..., Measurement], budget: float, limit_s: float, baseline: Measurement,
+                           max_slowdown: float, rounds: int, confirm, ok: Callable[[Measurement], bool]) -> list:  # fmt: skip
+    """The budget calibrated by validation (module docstring, "Allocation"): up to ``rounds`` allocations of
+    ``budget`` (the time the blocks' changes may add, s) over the blocks' options (``choices``: per block, (setting,
+    change of time_s, change of energy_j); ``deltas`` the same changes alone), each schedule measured as the
+    runtime requests it, the budget then moved by the validated overshoot (bisected between the largest budget
+    that met ``limit_s`` and the smallest that broke it) until a schedule uses it to within a tenth of the slowdown
+    budget. Returns the schedules that met ``limit_s``, saved energy and are ``ok`` (deliverable), as (settings,
+    validated), in the order measured."""
+    accepted = []
     meets, breaks = None, None
     for _ in range(rounds):
         try:
@@ -459,15 +401,7 @@ def search_phase_schedule(
             if not meets < step < breaks:
                 step = 0.5 * (meets + breaks)
         budget = step
-    best_settings, best = _confirmed(accepted, confirm, baseline, limit_s)
-    model = BlockModel(blocks, uniform, tuple({s: (dt, de) for s, dt, de in c} for c in choices))
-    predicted = model.predict(best_settings)
-    if best_settings == tuple([DEFAULT_SETTING] * len(blocks)):
-        predicted = baseline
-    return PhaseScheduleResult(
-        blocks=blocks, settings=best_settings, reference=reference, validated=best, predicted=predicted,
-        searches=tuple(searches), n_switches=n_switches(best_settings), model=model,
-    )  # fmt: skip
+    return accepted
 
 
 def _confirmed(accepted: list, confirm, baseline: Measurement, limit_s: float) -> tuple:

@@ -384,55 +384,84 @@ def search_unit(
                                     load_if_exists=True)  # fmt: skip
         log = MeasurementLog(study)
         objective = _Objective(backend, kernels, name, space, log, whole_step, mem_clock_mhz)
-        # Resume. A trial left running by a killed run is failed; its measurement, if it finished, is in the log
-        # and the trial asked in its place (same index, same seed, same history) reads it back.
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study.tell(trial.number, state=TrialState.FAIL)
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            objective.first(ClockSetting(*trial.user_attrs["setting"]))
+        _resume(study, objective)
         # The default first: its mean time bounds the region worth sampling (when constrained).
         for _ in range(1 + finalist_repeats - len(objective.samples[DEFAULT_SETTING])):
             objective.measure(DEFAULT_SETTING)
         limit_s = objective.option(DEFAULT_SETTING).time_s * (1.0 + finalist_slowdown)
 
-        while True:
-            trials = study.get_trials(deepcopy=False)  # one read of the storage per trial
-            states = [t.state for t in trials]
-            done = states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED)
-            if done >= n_trials or (patience and _stalled(trials, len(warm), limit_s, patience)):
-                break
-            # A fresh sampler per trial, seeded by the trial's index: the n-th suggestion depends only on the
-            # study's history, not on how many processes the search took to get there.
-            study.sampler = GridGPSampler(
-                seed=zlib.crc32(f"{seed}:{done}".encode()), n_startup_trials=len(warm), deterministic_objective=False
-            )
-            if done < len(warm) and TrialState.WAITING not in states:
-                study.enqueue_trial(warm[done])
-            trial = study.ask()
-            setting = objective.suggest(trial)
-            if setting is None:  # a clock pair the GPU does not support
-                study.tell(trial, state=TrialState.PRUNED)
-                continue
-            trial.set_user_attr("setting", [setting.sm_clock_mhz, setting.mem_clock_mhz, setting.power_limit_w])
-            values = objective.first(setting)
-            if constrained:  # feasible (<= 0): within the limit; constrained LogEHVI samples where that holds
-                trial.set_constraint("within_limit", values[0] / limit_s - 1.0)
-            study.tell(trial, values)
-        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        pareto = {ClockSetting(*t.user_attrs["setting"]) for t in _pareto_front(complete)}
-        extra = list(warm_start)
-        if edge_slowdown is not None:
-            extra += _budget_edges(objective, space, objective.option(DEFAULT_SETTING).time_s * (1.0 + edge_slowdown))
-        for setting in extra:
-            objective.first(setting)
-            pareto.add(setting)
+        _run_trials(study, objective, warm, n_trials=n_trials, patience=patience, limit_s=limit_s, seed=seed,
+                    constrained=constrained)  # fmt: skip
+        pareto = _offered(study, objective, space, warm_start, edge_slowdown)
 
     default = objective.option(DEFAULT_SETTING)
-    for setting in sorted(pareto, key=lambda s: objective.option(s).time_s):
-        if objective.option(setting).time_s <= default.time_s * (1 + finalist_slowdown):
-            for _ in range(finalist_repeats):
-                objective.measure(setting)
+    _repeat_finalists(objective, pareto, default, finalist_repeats, finalist_slowdown)
     options = (default,) + tuple(sorted((objective.option(s) for s in pareto), key=lambda o: o.time_s))
     readings = tuple(sorted((objective.option(s) for s, v in objective.samples.items() if v), key=lambda o: o.time_s))
     return UnitSearch(name, study_name, default, options, objective.n_measurements, objective.cost_gpu_s, log.n_new,
                       log.n_stored, readings)  # fmt: skip
+
+
+def _resume(study: optuna.Study, objective: _Objective) -> None:
+    """Resume ``study``. A trial left running by a killed run is failed; its measurement, if it finished, is in the
+    log and the trial asked in its place (same index, same seed, same history) reads it back. Each complete trial's
+    first reading is read back from the log."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        objective.first(ClockSetting(*trial.user_attrs["setting"]))
+
+
+def _run_trials(study: optuna.Study, objective: _Objective, warm: list[dict], *, n_trials: int,
+                patience: int | None, limit_s: float, seed: int, constrained: bool) -> None:  # fmt: skip
+    """Ask and tell ``study``'s trials until ``n_trials`` are done (complete or pruned) or, with ``patience``, the
+    study has stalled (_stalled): the ``warm`` points (Optuna parameters) enqueued first; with ``constrained``,
+    each trial's time held to ``limit_s``, s (search_unit's arguments)."""
+    while True:
+        trials = study.get_trials(deepcopy=False)  # one read of the storage per trial
+        states = [t.state for t in trials]
+        done = states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED)
+        if done >= n_trials or (patience and _stalled(trials, len(warm), limit_s, patience)):
+            break
+        # A fresh sampler per trial, seeded by the trial's index: the n-th suggestion depends only on the
+        # study's history, not on how many processes the search took to get there.
+        study.sampler = GridGPSampler(
+            seed=zlib.crc32(f"{seed}:{done}".encode()), n_startup_trials=len(warm), deterministic_objective=False
+        )
+        if done < len(warm) and TrialState.WAITING not in states:
+            study.enqueue_trial(warm[done])
+        trial = study.ask()
+        setting = objective.suggest(trial)
+        if setting is None:  # a clock pair the GPU does not support
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        trial.set_user_attr("setting", [setting.sm_clock_mhz, setting.mem_clock_mhz, setting.power_limit_w])
+        values = objective.first(setting)
+        if constrained:  # feasible (<= 0): within the limit; constrained LogEHVI samples where that holds
+            trial.set_constraint("within_limit", values[0] / limit_s - 1.0)
+        study.tell(trial, values)
+
+
+def _offered(study: optuna.Study, objective: _Objective, space: str, warm_start: Sequence[ClockSetting],
+             edge_slowdown: float | None) -> set[ClockSetting]:  # fmt: skip
+    """The settings offered to the allocator beside the default: the study's Pareto front, the warm starts and,
+    with ``edge_slowdown``, the budget's edges (_budget_edges), each measured at least once."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    pareto = {ClockSetting(*t.user_attrs["setting"]) for t in _pareto_front(complete)}
+    extra = list(warm_start)
+    if edge_slowdown is not None:
+        extra += _budget_edges(objective, space, objective.option(DEFAULT_SETTING).time_s * (1.0 + edge_slowdown))
+    for setting in extra:
+        objective.first(setting)
+        pareto.add(setting)
+    return pareto
+
+
+def _repeat_finalists(objective: _Objective, pareto: set[ClockSetting], default: Option, finalist_repeats: int,
+                      finalist_slowdown: float) -> None:  # fmt: skip
+    """Measure each finalist (a setting of ``pareto`` within ``finalist_slowdown`` of the ``default``'s time)
+    ``finalist_repeats`` more times, fastest first, so that the allocator sees means, not lucky samples."""
+    for setting in sorted(pareto, key=lambda s: objective.option(s).time_s):
+        if objective.option(setting).time_s <= default.time_s * (1 + finalist_slowdown):
+            for _ in range(finalist_repeats):
+                objective.measure(setting)
