@@ -376,7 +376,7 @@ def search_pipeline(
     from freqopt.resolve import resolve_gpu, resolve_workload
     from freqopt.pipeline.config import PipelineSearchConfig, pipeline_granularities
     from freqopt.pipeline.result import result_pipeline_table
-    from freqopt.pipeline.search import pipeline_study_prefix, run_pipeline_search
+    from freqopt.pipeline.search import fronts_prefix, run_pipeline_search
     from freqopt.search.storage import open_storage
     from freqopt.search.study import optuna_logging
     from freqopt.workload.pipeline_trace import trace_pipeline_stages
@@ -412,7 +412,7 @@ def search_pipeline(
         table_path = _check_table_targets(workload, spec.name, "sim", slowdown, ("instruction",), seed,
                                           out)["instruction"]  # fmt: skip
     if on_start is not None:
-        prefix = pipeline_study_prefix(workload, spec, partition_method, seed)
+        prefix = fronts_prefix(workload, spec, partition_method, seed, dag.stages)  # the name workers join by
         fronts = "stage" in levels or "instruction" in levels  # both plan on the instructions' fronts
         on_start(SearchStart(stage_traces[0], spec, "sim", prefix, storage, _pipeline_n_units(levels, dag, fronts)))
     with optuna_logging(verbose):

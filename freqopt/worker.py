@@ -1,6 +1,7 @@
 """Join a running search from another process or machine: ``freqopt.worker.join_search(storage, name)`` claims
-the search's tuning units from its shared Optuna storage and runs their studies until the search is done
-(freqopt.search.workers holds the queue; one worker per GPU)."""
+the search's tuning units (a pipeline search's: its instruction studies) from its shared Optuna storage and runs
+their studies until the search is done (freqopt.search.workers holds the queue, freqopt.pipeline.workers a
+pipeline's; one worker per GPU)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
     opened = open_storage(storage)
     name, job = _wait_for_search(opened, storage, name, wait_s, poll_s)
     backend_name = check_worker_backend(job, backend)
+    if job.get("kind") == "pipeline":  # a pipeline search's instruction studies (freqopt.pipeline.workers)
+        from freqopt.pipeline.workers import serve_pipeline
+
+        def ready(spec) -> None:
+            if on_join is not None:
+                on_join(name, job, spec, backend_name, device)
+
+        with optuna_logging(verbose):
+            return serve_pipeline(opened, name, job, idle_s=wait_s, poll_s=poll_s, on_unit=on_unit, on_ready=ready)
     measuring = get_backend(backend_name, get_gpu(job["gpu"]) if backend_name == "sim" else None, seed=job["seed"],
                             device=device)  # fmt: skip
     try:

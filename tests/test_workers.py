@@ -284,3 +284,53 @@ def test_a_worker_without_a_name_refuses_to_pick_among_several_running_searches(
     with pytest.raises(StorageError, match=r"study must name the search to join: 2 freqopt searches are running in "
                                            r".* \(a, b\)"):  # fmt: skip
         join_search(f"journal:{tmp_path / 'j.log'}", wait_s=0)
+
+
+PIPELINE = ["search", "--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "256", "--gpu", "a100-sxm4-80gb",
+            "--layout", "pp=4", "--micro-batches", "4", "--max-slowdown", "5%", "--trials", "10",
+            "--switch-latency-ms", "0.2"]  # fmt: skip
+
+
+def _pipeline_results(path):
+    """A pipeline search's JSON without what depends on which process measured what, or on the wall clock."""
+    summary = json.loads(path.read_text())
+    for level in summary["results"].values():
+        level.pop("search_wall_s")
+    return summary["results"], summary["baseline"], summary.pop("n_new_measurements")
+
+
+@pytest.mark.slow
+def test_workers_take_a_pipeline_searchs_instruction_studies(tmp_path):
+    """Issue 38, item 1: a pipeline search publishes its instruction studies (one per stage and pass) as a queue
+    from its start; two workers rebuild the pipeline from the job and take studies while the leader validates the
+    default and searches the iteration level. The result is the one-process result, every measurement taken once."""
+    alone = subprocess.run(_freqopt(*PIPELINE, "--out", "alone", "--json", "alone.json"), cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    name = alone.stderr.split("--study ")[1].split()[0]
+    results, baseline, n_new = _pipeline_results(tmp_path / "alone.json")
+    assert set(results) == {"iteration", "stage", "instruction"} and n_new > 0
+
+    storage = f"journal:{tmp_path / 'shared.log'}"
+    workers = [subprocess.Popen(_freqopt("worker", "--storage", storage, *(["--study", name] if k == 0 else []),
+                                         "--wait-s", "300", "--json", f"w{k}.json"), cwd=tmp_path, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+               for k in range(2)]
+    leader = subprocess.run(_freqopt(*PIPELINE, "--storage", storage, "--out", "out", "--json", "r.json"), cwd=tmp_path,
+                            env=ENV, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert leader.returncode == 0, leader.stderr
+    assert f"freqopt worker --storage {storage} --study {name}" in leader.stderr, leader.stderr
+    for w in workers:
+        _, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err
+    reports = [json.loads((tmp_path / f"w{k}.json").read_text()) for k in range(2)]
+    shared_results, shared_baseline, leader_new = _pipeline_results(tmp_path / "r.json")
+    assert shared_results == results and shared_baseline == baseline
+    assert leader_new + sum(r["n_new_measurements"] for r in reports) == n_new
+    assert sum(r["units"] for r in reports) > 0, "no worker got a study: the test did not exercise sharing"
+    assert "shared with workers: " in leader.stderr and "resumed" not in leader.stderr, leader.stderr
+    # The tables are the one process's (their creation time and storage aside).
+    tables = [json.loads(next((tmp_path / d).glob("*-instruction.json")).read_text()) for d in ("out", "alone")]
+    for table in tables:
+        table["provenance"].pop("created_utc"), table["provenance"].pop("storage")
+    assert tables[0] == tables[1]

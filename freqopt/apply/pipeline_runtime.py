@@ -123,7 +123,7 @@ def pipeline_schedules(table: ClockTable, micro_batches: int | None = None) -> l
     the plan picked (memory clock and power limit at the default).
 
     Args:
-        table: a pipeline table (freqopt.tables.pipeline_table, load_table).
+        table: a pipeline table (freqopt.pipeline.table.pipeline_table, load_table).
         micro_batches: micro-batches per iteration (DeepSpeed's gradient_accumulation_steps); None or the table's
             own: the table's plan. Another count re-plans the whole pipeline from the table's fronts with
             PipelinePlanner at the table's max_slowdown and blocking power (module docstring), without measuring,

@@ -242,7 +242,12 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
         w = start.trace.workload
         console.print(f"traced {w.model} ({w.layout}): {w.layout.pp} stages, {micro_batches} micro-batches per "
                       f"iteration ({schedule}); GPU {start.spec.name} (simulated)")  # fmt: skip
-        console.print(f"search {start.study_name}; studies in {absolute_storage(start.storage)}", soft_wrap=True)
+        if set(levels) != {"iteration"}:  # instruction studies to share: a work queue (freqopt.pipeline.workers)
+            console.print(f"search {start.study_name}; other processes take its instruction studies with: freqopt "
+                          f"worker --storage {absolute_storage(start.storage)} --study {start.study_name}",
+                          soft_wrap=True)  # fmt: skip
+        else:
+            console.print(f"search {start.study_name}; studies in {absolute_storage(start.storage)}", soft_wrap=True)
         progress.add_task("searching", total=start.n_units)
         progress.start()
 
@@ -275,8 +280,9 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
         w = result.workload
         console.print(f"apply it to training with: freqopt train --model {w.model} --layout {w.layout} --micro-batches "
                       f"{result.micro_batches} --table {absolute_path(result.table_path)}", soft_wrap=True)  # fmt: skip
-    if result.n_stored_measurements:  # a pipeline's studies take no workers: what was read back is an earlier run's
-        console.print(f"resumed: {result.n_stored_measurements} measurements read back from "
+    if result.n_stored_measurements:
+        what = "shared with workers" if result.resumed is False else "resumed"
+        console.print(f"{what}: {result.n_stored_measurements} measurements read back from "
                       f"{absolute_storage(result.storage)}, {result.n_new_measurements} new", soft_wrap=True)  # fmt: skip
     console.print(f"done in {time.monotonic() - started:.0f} s; studies in {absolute_storage(result.storage)}",
                   soft_wrap=True)  # fmt: skip

@@ -109,6 +109,9 @@ class PipelineSearchResult:
         wall_s: the whole search's wall time (s).
         table_path: the pipeline clock table written (freqopt.api.search_pipeline with ``out``), else None.
         confidence: the one-sided confidence level at which each level's slowdown was held to the budget.
+        resumed: whether the storage held the instruction studies' job already (a resumed search: what was read
+            back is an earlier run's); False: a new one, whose read-back measurements are its workers'
+            (freqopt.pipeline.workers); None: nothing shared (in memory, or no instruction studies).
     """
 
     workload: object
@@ -134,6 +137,7 @@ class PipelineSearchResult:
     table_path: object = None
     confidence: float | None = None
     dag: PipelineDAG | None = field(default=None, repr=False)
+    resumed: bool | None = None
 
     @property
     def stages(self) -> int:
@@ -285,8 +289,8 @@ def clock_mhz(spec: GPUSpec, setting: ClockSetting) -> int:
 
 
 def result_pipeline_table(result: PipelineSearchResult):
-    """The pipeline clock table (freqopt.tables.pipeline_table) of a search's instruction level: its fronts, its
-    plan, the requests that were validated (switches asked for ahead) and the validated figures against the
+    """The pipeline clock table (freqopt.pipeline.table.pipeline_table) of a search's instruction level: its fronts,
+    its plan, the requests that were validated (switches asked for ahead) and the validated figures against the
     validated default iteration.
 
     Returns:

@@ -41,7 +41,6 @@ the same fronts without measuring them again.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time as _time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,11 +48,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from freqopt.gpu.backends.base import ClockSetting, Measurement
-from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.pipeline.calibrate import Candidate, calibrated
 from freqopt.pipeline.config import PipelineSearchConfig
-from freqopt.pipeline.dag import ALL_KINDS, PipelineDAG
+from freqopt.pipeline.dag import PipelineDAG
 from freqopt.pipeline.plan import PipelinePlan
 from freqopt.pipeline.planner import PipelinePlanner
 from freqopt.pipeline.profile import InstructionOptions, StageProfile
@@ -61,20 +59,12 @@ from freqopt.pipeline.realize import realize_plan
 from freqopt.pipeline.result import PipelineLevelResult, PipelineSearchResult, clock_mhz
 from freqopt.pipeline.sim import SimulatedPipeline, perseus_blocking_power_w
 from freqopt.pipeline.validate import PipelineValidator, Validated
+from freqopt.pipeline.workers import (SharedStudies, fronts_prefix, instruction_keys, instruction_studies,
+                                      pipeline_study_prefix, share_instruction_studies)  # fmt: skip
 from freqopt.search.journal import MeasurementLog
 from freqopt.search.study import Option, UnitSearch, search_unit
 
-__all__ = ["run_pipeline_search", "pipeline_study_prefix"]
-
-
-def pipeline_study_prefix(workload, spec: GPUSpec, partition_method: str, seed: int) -> str:
-    """A study-name prefix unique to the workload (model, sizes, micro-batch, layout), the stages' partition, the GPU
-    type (all its constants, the switch latency included) and the seed; not the micro-batch count, which only the
-    iteration level's and the validations' names hold (the instruction fronts do not depend on it)."""
-    ident = f"{workload.model}|{workload.config}|{workload.micro_batch_size}|{workload.layout!r}|{partition_method}|{spec!r}|{seed}"
-    layout = workload.layout
-    return (f"{workload.model}-dp{layout.dp}tp{layout.tp}pp{layout.pp}-{spec.name}-"
-            f"{hashlib.sha1(ident.encode()).hexdigest()[:8]}")
+__all__ = ["run_pipeline_search", "pipeline_study_prefix", "fronts_prefix"]
 
 
 class _WholePipeline:
@@ -126,7 +116,8 @@ def _profile(fronts: dict, spec: GPUSpec, stages: int) -> StageProfile:
 class _Search:
     """What every level of one pipeline search shares: its inputs, the simulated pipeline, the studies' name
     prefixes (``prefix``: the instruction fronts'; ``whole``: the whole iteration's, with the micro-batch count), the
-    validator and the validated default iteration."""
+    validator, the validated default iteration, and the instruction studies as shared with workers (``shared``: None
+    where nothing is shared, freqopt.pipeline.workers)."""
 
     stage_traces: Sequence
     spec: GPUSpec
@@ -140,6 +131,7 @@ class _Search:
     log: MeasurementLog
     validator: PipelineValidator
     baseline: Validated
+    shared: SharedStudies | None
 
     @property
     def dag(self) -> PipelineDAG:
@@ -156,6 +148,8 @@ class _Fronts:
 
     Attributes:
         searches: the studies, one per (model stage, kind).
+        resumed: whether the storage held these studies' job already (a resumed search); None where the storage
+            is not shared (freqopt.pipeline.workers.instruction_studies).
         defaults, fronts: (stage, kind) -> its measured default (Option) and its front (Options, the default first).
         profile: the StageProfile made of the fronts.
         blocking_power_w: the constant blocked power the planner counts (W): the physics' at the default clock.
@@ -166,6 +160,7 @@ class _Fronts:
     """
 
     searches: tuple[UnitSearch, ...]
+    resumed: bool | None
     defaults: dict
     fronts: dict
     profile: StageProfile
@@ -180,26 +175,28 @@ class _Fronts:
 
 def _start(stage_traces: Sequence, spec: GPUSpec, micro_batches: int, config: PipelineSearchConfig, storage,
            on_unit, partition_method: str) -> _Search:  # fmt: skip
-    """The simulated pipeline, the studies' names, the validator and the validated default iteration."""
+    """The simulated pipeline, the studies' names, the instruction studies shared with workers (a persistent
+    storage), the validator and the validated default iteration."""
     import optuna
 
     workload = stage_traces[0].workload
     pipeline = SimulatedPipeline(stage_traces, spec, micro_batches, seed=config.seed,
                                  blocked_power_w=config.blocked_power_w, schedule=config.schedule,
                                  virtual_stages=config.virtual_stages)  # fmt: skip
-    prefix = pipeline_study_prefix(workload, spec, partition_method, config.seed)
-    if pipeline.stages != workload.layout.pp:  # traced as more model stages than GPUs: other instructions
-        prefix += f"-x{pipeline.stages}"
+    prefix = fronts_prefix(workload, spec, partition_method, config.seed, pipeline.stages)
     whole = (f"{prefix}-m{micro_batches}" + ("" if config.blocked_power_w is None else f"-p{config.blocked_power_w:g}")
              + ("" if config.schedule == "1f1b" else f"-{config.schedule}"))
     log = MeasurementLog(optuna.create_study(study_name=f"{whole}-validation", storage=storage,
                                              load_if_exists=True))  # fmt: skip
     validator = PipelineValidator(pipeline, config.validation_repeats, log, confidence=config.confidence,
                                   max_repeats=config.validation_max_repeats)  # fmt: skip
+    shared = None
+    if {"stage", "instruction"} & set(config.granularities):  # workers take instruction studies from the start
+        shared = share_instruction_studies(pipeline, spec, config, prefix, storage, partition_method=partition_method)
     baseline = validator((None,) * pipeline.dag.n, key="baseline")
     return _Search(stage_traces=stage_traces, spec=spec, micro_batches=micro_batches, config=config, storage=storage,
                    on_unit=on_unit, pipeline=pipeline, prefix=prefix, whole=whole, log=log, validator=validator,
-                   baseline=baseline)  # fmt: skip
+                   baseline=baseline, shared=shared)  # fmt: skip
 
 
 def _iteration_level(run: _Search) -> PipelineLevelResult:
@@ -239,25 +236,14 @@ def _iteration_level(run: _Search) -> PipelineLevelResult:
 def _instruction_fronts(run: _Search) -> _Fronts:
     """One study per model stage and instruction kind (module docstring, "Instruction level"), the StageProfile
     they make and the planner on it."""
-    config, spec, b = run.config, run.spec, run.max_slowdown
+    config, spec = run.config, run.spec
     t0 = _time.perf_counter()
-    gpu = SimulatedGPU(spec, seed=config.seed)
-    searches = []
-    defaults, fronts = {}, {}
-    keys = sorted({(i.stage, i.kind) for i in run.dag.instructions}, key=lambda key: (key[0], ALL_KINDS.index(key[1])))
-    total = len(keys)
-    for s, kind in keys:  # one study per model stage and instruction kind
-        unit = f"stage{s}.{kind}"
-        search = search_unit(gpu, run.pipeline.instruction_kernels(s, kind), name=unit,
-                             study_name=f"{run.prefix}-instruction-{unit}", storage=run.storage,
-                             n_trials=config.n_trials, finalist_repeats=config.finalist_repeats,
-                             finalist_slowdown=max(0.05, 3 * b), seed=config.seed, whole_step=True,
-                             mem_clock_mhz=spec.max_mem_clock_mhz)  # fmt: skip
-        searches.append(search)
-        defaults[(s, kind)] = search.default
-        fronts[(s, kind)] = _options_of(search, spec)
-        if run.on_unit:
-            run.on_unit("instruction", len(searches), total)
+    on_study = (lambda done, total: run.on_unit("instruction", done, total)) if run.on_unit else None
+    searches = instruction_studies(run.pipeline, spec, config, run.prefix, run.storage, run.shared,
+                                   on_study=on_study)  # fmt: skip
+    keys = instruction_keys(run.dag)
+    defaults = {key: search.default for key, search in zip(keys, searches)}
+    fronts = {key: _options_of(search, spec) for key, search in zip(keys, searches)}
     profile = _profile(fronts, spec, run.dag.stages)
     blocking_w = run.pipeline.blocked_power_w()
     planner = PipelinePlanner(profile, run.micro_batches, blocking_power_w=blocking_w,
@@ -266,7 +252,7 @@ def _instruction_fronts(run: _Search) -> _Fronts:
     fastest = planner.fastest()
     # The once-per-iteration tail (optimizer step): the validated default iteration beyond the planned one.
     tail_s = max(0.0, run.baseline.time_s - fastest.time_s)
-    return _Fronts(searches=tuple(searches), defaults=defaults, fronts=fronts, profile=profile,
+    return _Fronts(searches=tuple(searches), resumed=run.shared.resumed if run.shared is not None else None, defaults=defaults, fronts=fronts, profile=profile,
                    blocking_power_w=blocking_w, planner=planner, fastest=fastest, tail_s=tail_s,
                    n_measurements=sum(s.n_measurements for s in searches),
                    cost_gpu_s=sum(s.cost_gpu_s for s in searches), wall_s=_time.perf_counter() - t0)  # fmt: skip
@@ -380,7 +366,7 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
         perseus_blocking_power_w=perseus_blocking_power_w(spec), switch_s=spec.clock_switch_s, levels=levels,
         storage=config.storage, seed=config.seed, n_new_measurements=n_new, n_stored_measurements=n_stored,
         wall_s=_time.perf_counter() - started, schedule=config.schedule, confidence=config.confidence,
-        dag=run.dag)  # fmt: skip
+        dag=run.dag, resumed=fronts.resumed if fronts is not None else None)  # fmt: skip
 
 
 def _with_waiting_range(levels: dict, stage_traces: Sequence, spec: GPUSpec, micro_batches: int,

@@ -37,8 +37,8 @@ from freqopt.search.journal import digest
 from freqopt.search.study import UnitSearch, search_unit
 from freqopt.search.units import TuningUnit
 
-__all__ = ["UnitWork", "UnitQueue", "WorkerReport", "publish_job", "finish_job", "load_job", "trace_from_job",
-           "run_unit", "serve", "is_persistent", "HEARTBEAT_S", "STALE_S"]
+__all__ = ["UnitWork", "UnitQueue", "WorkerReport", "publish_job", "publish_job_doc", "finish_job", "load_job",
+           "trace_from_job", "run_unit", "serve", "is_persistent", "HEARTBEAT_S", "STALE_S"]
 
 HEARTBEAT_S = 5.0  # how often an owner stamps its unit
 STALE_S = 60.0  # a unit not stamped for this long has lost its owner
@@ -105,6 +105,13 @@ def publish_job(storage, prefix: str, trace: Trace, backend: Backend, seed: int)
         "backend": backend.name, "seed": seed,
         "clock_switch_s": backend.spec.clock_switch_s,  # a search may override its GPU file's (switch_latency)
     }  # fmt: skip
+    return publish_job_doc(storage, prefix, job)
+
+
+def publish_job_doc(storage, prefix: str, job: dict) -> bool:
+    """Record ``job`` (a JSON-serializable dict that lets a worker rebuild the search: publish_job's, or a pipeline
+    search's, freqopt.pipeline.workers.pipeline_job) as search ``prefix``'s and mark it running. Returns whether the
+    storage held the search already (the search resumes)."""
     study = _job_study(storage, prefix)
     resumed = _JOB in study.user_attrs
     study.set_user_attr(_JOB, job)
@@ -292,8 +299,10 @@ class WorkerReport:
     idle_timeout: bool = False
 
 
-def serve(storage, prefix: str, trace: Trace, backend: Backend, *, idle_s: float, poll_s: float = 0.5,
-          on_unit: Callable[[str, str], None] | None = None) -> WorkerReport:  # fmt: skip
+def serve(storage, prefix: str, trace: Trace | None, backend: Backend, *, idle_s: float, poll_s: float = 0.5,
+          on_unit: Callable[[str, str], None] | None = None,
+          run_claimed: Callable[[UnitWork, int, list[ClockSetting]], tuple[str, UnitSearch]] | None = None
+          ) -> WorkerReport:  # fmt: skip
     """Claim and run units of search ``prefix`` until it is done, or until nothing was claimable for ``idle_s``.
 
     Args:
@@ -301,11 +310,20 @@ def serve(storage, prefix: str, trace: Trace, backend: Backend, *, idle_s: float
         prefix: the search's name (runner.study_prefix of its trace, GPU and seed).
         trace, backend: the search's trace (trace_from_job) and this worker's GPU.
         on_unit: called as on_unit(granularity, unit name) after each unit this worker ran.
+        run_claimed: runs a claimed unit as run_claimed(work, unit index, warm starts) -> (unit name, its
+            UnitSearch); None: a one-GPU search's unit of ``trace`` (run_unit). A pipeline search's workers give
+            their own (freqopt.pipeline.workers.serve_pipeline; ``trace`` None).
     """
     from freqopt.search.units import search_units
 
-    report = WorkerReport()
     units: dict[str, list[TuningUnit]] = {}
+
+    def run_trace_unit(work: UnitWork, i: int, warm: list[ClockSetting]) -> tuple[str, UnitSearch]:
+        unit = units.setdefault(work.granularity, search_units(trace, work.granularity, work.share_families))[i]
+        return unit.name, run_unit(trace, backend, work, unit, storage, warm)
+
+    run_claimed = run_claimed or run_trace_unit
+    report = WorkerReport()
     idle_since = time.monotonic()
     while True:
         state = load_job(storage, prefix)
@@ -315,13 +333,12 @@ def serve(storage, prefix: str, trace: Trace, backend: Backend, *, idle_s: float
             if claimed is not None:
                 i, trial_id, warm = claimed
                 work = queue.work
-                unit = units.setdefault(work.granularity, search_units(trace, work.granularity, work.share_families))[i]
                 with queue.owning(trial_id):
-                    result = run_unit(trace, backend, work, unit, storage, warm)
+                    name, result = run_claimed(work, i, warm)
                 report.units += 1
                 report.n_new_measurements += result.n_new_measurements
                 if on_unit:
-                    on_unit(work.granularity, unit.name)
+                    on_unit(work.granularity, name)
                 idle_since = time.monotonic()
                 continue
         if state and state["state"] == "done":
