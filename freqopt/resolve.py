@@ -9,7 +9,8 @@ from freqopt.errors import InvalidSettingError
 from freqopt.gpu.specs import DEFAULT_GPU, GPUSpec, get_gpu
 from freqopt.workload.layout import Layout, parse_layout
 
-__all__ = ["resolve_workload", "check_workload_arguments", "resolve_trace_or_workload", "resolve_gpu", "resolve_backend", "open_backend"]
+__all__ = ["resolve_workload", "check_workload_arguments", "resolve_trace_or_workload", "resolve_gpu",
+           "resolve_backend", "open_backend"]
 
 
 def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int | None = None,

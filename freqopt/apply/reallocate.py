@@ -163,7 +163,8 @@ def _target_units(schedule: TransferredSchedule, config: SearchConfig) -> tuple[
 
 
 def _measure_units(schedule: TransferredSchedule, table: ClockTable, backend: Backend, config: SearchConfig,
-                   units: list, matches: list[Match], inherited: list, storage, on_unit) -> list[UnitSearch]:  # fmt: skip
+                   units: list, matches: list[Match], inherited: list, storage,
+                   on_unit) -> list[UnitSearch]:  # fmt: skip
     """Each target unit measured on the target, warm-started at the ``inherited`` (coarser) settings: a matched unit
     at its default and those settings (no trials), offered its table entry's front scaled to it (_with_front); an
     unmatched one searched in a study of its own, as natively. on_unit("transfer", done, total) after each."""
