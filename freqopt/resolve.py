@@ -9,7 +9,8 @@ from freqopt.errors import InvalidSettingError
 from freqopt.gpu.specs import DEFAULT_GPU, GPUSpec, get_gpu
 from freqopt.workload.layout import Layout, parse_layout
 
-__all__ = ["resolve_workload", "resolve_trace_or_workload", "resolve_gpu", "resolve_backend", "open_backend"]
+__all__ = ["resolve_workload", "check_workload_arguments", "resolve_trace_or_workload", "resolve_gpu",
+           "resolve_backend", "open_backend"]
 
 
 def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int | None = None,
@@ -29,18 +30,55 @@ def resolve_workload(model, *, micro_batch_size: int | None = None, seq_len: int
     from freqopt.workload.models import Workload, get_workload
 
     overrides = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
-                 "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+                 "vocab_multiple": vocab_multiple}  # fmt: skip
+    layout = check_workload_arguments(model, **overrides, layout=layout)
     if isinstance(model, Workload):
+        return model
+    return get_workload(model, **overrides, layout=layout)
+
+
+def check_workload_arguments(model, *, micro_batch_size: int | None = None, seq_len: int | None = None,
+                             n_heads: int | None = None, vocab_multiple: int | None = None,
+                             layout: Layout | str | None = None) -> Layout:  # fmt: skip
+    """The checks of resolve_workload's arguments that need no model built (nor PyTorch imported), in its order:
+    overrides given with a Workload, a model that is neither a name nor a Workload, the layout's text, the model's
+    name (freqopt.workload.model_names.check_model_name; an ``hf:PATH`` passes, its config is read later) and the
+    overrides that must be positive integers (for ``hf:PATH`` the micro-batch and sequence length). resolve_workload
+    runs them first; a caller that refuses a wrong argument before importing PyTorch runs them alone (issue 38, item
+    4), and the checks that need the model's configuration (heads dividing d_model and tp) come when it is resolved.
+
+    Returns:
+        The layout the workload takes: a Workload's own, else ``layout`` parsed (one GPU where None).
+
+    Raises:
+        UnknownNameError, InvalidSettingError: as resolve_workload.
+    """
+    from freqopt.errors import check_positive_int
+    from freqopt.workload.layout import SINGLE_GPU
+    from freqopt.workload.model_names import HF_PREFIX, check_model_name
+
+    overrides = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+                 "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    if not isinstance(model, str):
+        from freqopt.workload.models import Workload  # a Workload is built already, and PyTorch with it
+
+        if not isinstance(model, Workload):
+            raise InvalidSettingError(f"model must be a model name or a Workload, not {type(model).__name__}")
         given = [name for name, value in overrides.items() if value is not None]
         if given:
             raise InvalidSettingError(f"{', '.join(given)} apply to a model name, not to a Workload (already sized); "
                                       "pass them to freqopt.get_workload instead")  # fmt: skip
-        return model
-    if not isinstance(model, str):
-        raise InvalidSettingError(f"model must be a model name or a Workload, not {type(model).__name__}")
+        return model.layout
     if layout is not None and not isinstance(layout, Layout):
         layout = parse_layout(layout)
-    return get_workload(model, **{**overrides, "layout": layout})
+    # get_workload's own checks, in its order (for hf:PATH, _hf_workload's that need no config read).
+    sizes = ("micro_batch_size", "seq_len") if model.startswith(HF_PREFIX) else \
+        ("micro_batch_size", "seq_len", "n_heads", "vocab_multiple")  # fmt: skip
+    if not model.startswith(HF_PREFIX):
+        check_model_name(model)
+    for name in sizes:
+        check_positive_int(name, overrides[name], optional=True)
+    return layout or SINGLE_GPU
 
 
 def resolve_trace_or_workload(model_or_trace, **sizes):

@@ -9,6 +9,10 @@ from freqopt.cli import main, parse_slowdown
 from freqopt.errors import InvalidSettingError
 from freqopt.tables import load_table, write_table
 
+# A kernel-level table of gpt3-xl on h100-sxm (experiments/transfer), read by the commands that take one.
+TRANSFER_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments", "transfer",
+                              "source-kernel-table.json")
+
 
 @pytest.mark.parametrize("text,value", [("1%", 0.01), ("0.01", 0.01), ("2.5 %", 0.025), ("0", 0.0), ("99%", 0.99)])
 def test_parse_slowdown(text, value):
@@ -410,6 +414,34 @@ def test_train_and_transfer_refuse_a_negative_switch_latency(command, capsys):
     (["profile", "--model", "nope"], "unknown model 'nope'"),
     (["profile", "--model", "gpt3-small", "--gpu", "nope"], "unknown GPU 'nope'"),
     (["transfer", "--model", "nope", "--table", "x.json"], "unknown model 'nope'"),
+    # Issue 38, item 4: train's, profile's and transfer's other arguments that need no model built.
+    (["train", "--model", "gpt3-small", "--steps", "0"], "--steps must be a positive integer, not 0"),
+    (["train", "--model", "gpt3-small", "--seq-len", "0"], "--seq-len must be a positive integer"),
+    (["train", "--model", "gpt3-small", "--layout", "dp=x"], "--layout 'dp=x': dp must be a positive integer"),
+    (["train", "--model", "gpt3-small", "--backend", "nope"], "unknown backend 'nope'"),
+    (["train", "--model", "gpt3-small", "--compare"], "--compare needs a table"),
+    (["train", "--model", "gpt3-small", "--table", "no-such-table.json"], "cannot read clock table no-such-table.json"),
+    (["train", "--model", "gpt3-small", "--table", TRANSFER_TABLE, "--read-only"], "--read-only cannot apply a table"),
+    (["train", "--model", "gpt3-small", "--layout", "dp=2", "--micro-batches", "4"],
+     "--micro-batches applies to a pipeline layout"),
+    (["profile", "--model", "gpt3-small", "--steps", "0"], "--steps must be a positive integer, not 0"),
+    (["profile", "--model", "gpt3-small", "--micro-batch-size", "0"], "--micro-batch-size must be a positive integer"),
+    (["profile", "--model", "gpt3-small", "--layout", "pp=2"], "the profile does not handle pipelines"),
+    (["profile", "--model", "gpt3-small", "--backend", "nope"], "unknown backend 'nope'"),
+    (["profile", "--model", "gpt3-small", "--device", "cpu"], "--device applies to backend nvml"),
+    (["profile", "--model", "gpt3-small", "--sm-clock", "5"], "h100-sxm does not support SM 5 MHz"),
+    (["profile", "--model", "gpt3-small", "--backend", "nvml", "--power-limit", "300"],
+     "--power-limit applies to the simulated GPU"),
+    (["transfer", "--model", "gpt3-small", "--table", "no-such-table.json"], "cannot read clock table"),
+    (["transfer", "--model", "gpt3-small", "--table", TRANSFER_TABLE, "--max-slowdown", "abc"],
+     "--max-slowdown 'abc' is not a slowdown"),
+    (["transfer", "--model", "gpt3-small", "--table", TRANSFER_TABLE, "--max-slowdown", "-5%"],
+     "--max-slowdown '-5%' is negative"),
+    (["transfer", "--model", "gpt3-small", "--table", TRANSFER_TABLE, "--trials", "0"], "--trials must be"),
+    (["transfer", "--model", "gpt3-small", "--table", TRANSFER_TABLE, "--gpu", "a100-sxm4-80gb"],
+     "was searched on h100-sxm, not a100-sxm4-80gb"),
+    (["transfer", "--model", "gpt3-small", "--table", TRANSFER_TABLE, "--backend", "nope"], "unknown backend"),
+    (["transfer", "--model", "gpt3-small", "--table", TRANSFER_TABLE, "--layout", "dp=0"], "--layout 'dp=0'"),
 ])  # fmt: skip
 def test_a_search_refuses_a_bad_argument_before_loading_pytorch_or_optuna(args, message):
     """Issue 38, item 4: a bad argument of the main job (and a mistyped model or GPU name of train, profile and

@@ -16,8 +16,9 @@ from freqopt.workload.trace import trace_training_iteration
 from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
 from freqopt.apply.train import plan_training
 from freqopt.search.study import Option
-from freqopt.apply.transfer import (BY_KIND, EXACT, UNMATCHED, _with_front, evaluate_transfer, has_fronts, reallocate,
-                              transfer_table)
+from freqopt.apply.reallocate import _with_front
+from freqopt.apply.transfer import (BY_KIND, EXACT, UNMATCHED, evaluate_transfer, has_fronts, reallocate,
+                                    transfer_table)
 
 H100 = get_gpu("h100-sxm")
 SMALL = {"micro_batch_size": 1, "seq_len": 256}

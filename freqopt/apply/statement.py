@@ -103,20 +103,7 @@ def energy_statement(
     stages = int(table.pipeline["stages"]) if table.is_pipeline else 1
     if gpus is None:
         gpus = stages
-    for name, value in (("iterations", iterations), ("gpus", gpus)):
-        if value < 1:
-            raise InvalidSettingError(f"{name} must be a positive integer, not {value}", argument=name)
-    if pue is not None and profile is not None:
-        raise InvalidSettingError("give a PUE or a site PUE profile, not both")
-    if pue is not None and pue < 1.0:
-        raise InvalidSettingError(f"pue {pue:g} is below 1; PUE is facility energy over IT energy, at least 1",
-                                  argument="pue")  # fmt: skip
-    if grid_gco2_per_kwh < 0:
-        raise InvalidSettingError(f"grid_gco2_per_kwh must not be negative, not {grid_gco2_per_kwh:g}",
-                                  argument="grid_gco2_per_kwh")  # fmt: skip
-    if gpus % stages:
-        raise InvalidSettingError(f"gpus {gpus} is not a multiple of the pipeline's {stages} stages; each replica "
-                                  f"of the pipeline runs on {stages} GPUs", argument="gpus")  # fmt: skip
+    _check_statement_arguments(iterations, gpus, stages, pue, profile, grid_gco2_per_kwh)
     d = table.data
     base, tuned = d["baseline"], d["validated"]
     scale = iterations * gpus // stages  # a pipeline table's iteration energy covers its S GPUs
@@ -153,19 +140,45 @@ def energy_statement(
               + (" (world average 2022, Ember 2023; give your grid's intensity)."
                  if grid_gco2_per_kwh == DEFAULT_GRID_GCO2_PER_KWH else " (given).")]  # fmt: skip
     if profile is not None:
-        duration_h = runs[list(runs)[1]][1] / 3600
-        facility = [list(kwh.values())[1] * profile.mean_over(s, duration_h) for s in range(len(profile.values))]
-        first = 0 if profile.period == "hour" else 1
-        best, worst = int(np.argmin(facility)), int(np.argmax(facility))
-        lines += ["", f"## When to start ({profile.period}ly site PUE)", "",
-                  f"The tuned run lasts {duration_h:,.2f} h. Its facility energy by start {profile.period}:", "",
-                  f"| start {profile.period} | mean PUE over the run | facility energy (kWh) |", "|---:|---:|---:|"]
-        for s, e in enumerate(facility):
-            lines.append(f"| {s + first} | {e / list(kwh.values())[1]:.3f} | {e:,.3f} |")
-        lines += ["", f"Starting at {profile.period} {best + first} instead of {worst + first} saves "
-                      f"{facility[worst] - facility[best]:,.3f} kWh ({100 * (1 - facility[best] / facility[worst]):.1f} %) "
-                      "at the facility."]  # fmt: skip
+        lines += _when_to_start(profile, list(kwh.values())[1], runs[list(runs)[1]][1] / 3600)
     return "\n".join(lines) + "\n"
+
+
+def _check_statement_arguments(iterations: int, gpus: int, stages: int, pue: float | None,
+                               profile: PueProfile | None, grid_gco2_per_kwh: float) -> None:  # fmt: skip
+    """energy_statement's checks (its Raises), in its order."""
+    for name, value in (("iterations", iterations), ("gpus", gpus)):
+        if value < 1:
+            raise InvalidSettingError(f"{name} must be a positive integer, not {value}", argument=name)
+    if pue is not None and profile is not None:
+        raise InvalidSettingError("give a PUE or a site PUE profile, not both")
+    if pue is not None and pue < 1.0:
+        raise InvalidSettingError(f"pue {pue:g} is below 1; PUE is facility energy over IT energy, at least 1",
+                                  argument="pue")  # fmt: skip
+    if grid_gco2_per_kwh < 0:
+        raise InvalidSettingError(f"grid_gco2_per_kwh must not be negative, not {grid_gco2_per_kwh:g}",
+                                  argument="grid_gco2_per_kwh")  # fmt: skip
+    if gpus % stages:
+        raise InvalidSettingError(f"gpus {gpus} is not a multiple of the pipeline's {stages} stages; each replica "
+                                  f"of the pipeline runs on {stages} GPUs", argument="gpus")  # fmt: skip
+
+
+def _when_to_start(profile: PueProfile, tuned_kwh: float, duration_h: float) -> list[str]:
+    """The statement's "When to start" section (its lines): the tuned run's facility energy, ``tuned_kwh`` of GPU
+    energy lasting ``duration_h`` hours, for each start hour or month of the site's PUE profile, and what the best
+    start saves against the worst."""
+    facility = [tuned_kwh * profile.mean_over(s, duration_h) for s in range(len(profile.values))]
+    first = 0 if profile.period == "hour" else 1
+    best, worst = int(np.argmin(facility)), int(np.argmax(facility))
+    lines = ["", f"## When to start ({profile.period}ly site PUE)", "",
+             f"The tuned run lasts {duration_h:,.2f} h. Its facility energy by start {profile.period}:", "",
+             f"| start {profile.period} | mean PUE over the run | facility energy (kWh) |", "|---:|---:|---:|"]
+    for s, e in enumerate(facility):
+        lines.append(f"| {s + first} | {e / tuned_kwh:.3f} | {e:,.3f} |")
+    lines += ["", f"Starting at {profile.period} {best + first} instead of {worst + first} saves "
+                  f"{facility[worst] - facility[best]:,.3f} kWh ({100 * (1 - facility[best] / facility[worst]):.1f} %) "
+                  "at the facility."]  # fmt: skip
+    return lines
 
 
 def statement(table, *, iterations: int = 1000, gpus: int | None = None, pue: float | None = None, site_pue_profile=None,

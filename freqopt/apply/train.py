@@ -23,112 +23,30 @@ pass.
 
 ``compare``: blocks of steps alternate between the table and the default settings, so both see the same
 conditions; the measured saving is the difference of their mean energy per step.
+
+The module holds a run's plan (plan_training: every argument checked before a GPU is opened or a rank started;
+TrainingPlan.run) and the host-memory checks; the per-rank loop is freqopt.apply.train_loop, DeepSpeed's engines
+freqopt.apply.train_deepspeed, and the checks that need no model built freqopt.apply.train_checks (their public names
+are importable from here as well).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import time
 from dataclasses import dataclass
 
 import torch
 
-from freqopt.gpu.backends.base import Backend, Measurement, switch_latency
+from freqopt.gpu.backends.base import switch_latency
 from freqopt.errors import InvalidSettingError
 from freqopt.workload.memory import StepMemory, estimate_step_memory, workload_label
-from freqopt.workload.models import Workload, build_model
-from freqopt.workload.models.ops import MixedPrecisionAdamW
-from freqopt.workload.phases import quiet_backward_hooks
-from freqopt.apply.runtime import DVFSRuntime, plan_phases
+from freqopt.workload.models import Workload
+from freqopt.apply.train_checks import check_training_arguments, check_training_device, refuse_pipeline_options
+from freqopt.apply.train_loop import StepRecord, TrainReport, synthetic_batch, train
 from freqopt.tables import ClockTable
-from freqopt.workload.trace import trace_training_iteration
-
-DEFAULT_MICRO_BATCHES_PER_STAGE = 2  # a pipeline without a table trains 2 x pp micro-batches per step: 1F1B's
-# steady state (a forward and a backward alternating) needs more micro-batches than stages
 
 __all__ = ["StepRecord", "TrainReport", "TrainingPlan", "plan_training", "check_training_device", "synthetic_batch",
            "train", "training_memory", "host_memory_bytes", "check_host_memory", "host_memory_report"]
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One step: with the table or not, its GPU time and energy (per step; a block's mean on a real GPU)."""
-
-    step: int
-    with_table: bool
-    time_s: float
-    energy_j: float
-
-
-@dataclass(frozen=True)
-class TrainReport:
-    steps: tuple[StepRecord, ...]
-    loss_first: float
-    loss_last: float
-    switches_per_step: float
-    gpu_name: str = ""  # the GPU type measured on (GPUSpec.name)
-    # A pipeline's: {"stages", "micro_batches", "ranks": [{"rank", "stage", "requested_sm_clock_mhz": per step the
-    # SM clock (MHz, None: the default) each forward and backward pass asked for, in the stage's 1F1B order}]}.
-    pipeline: dict | None = None
-
-    def mean(self, with_table: bool) -> Measurement | None:
-        rows = [s for s in self.steps if s.with_table == with_table]
-        if not rows:
-            return None
-        return Measurement(sum(r.time_s for r in rows) / len(rows), sum(r.energy_j for r in rows) / len(rows))
-
-    def summary(self) -> dict:
-        on, off = self.mean(True), self.mean(False)
-        doc = {"steps": [vars(s) for s in self.steps], "loss_first": self.loss_first, "loss_last": self.loss_last,
-               "switches_per_step": self.switches_per_step}  # fmt: skip
-        for name, m in (("with_table", on), ("default", off)):
-            if m is not None:
-                doc[name] = {"time_s_per_step": m.time_s, "energy_j_per_step": m.energy_j}
-        if on is not None and off is not None:
-            doc["energy_saved_pct"] = 100.0 * (1.0 - on.energy_j / off.energy_j)
-            doc["slowdown_pct"] = 100.0 * (on.time_s / off.time_s - 1.0)
-        if self.pipeline is not None:
-            doc["pipeline"] = self.pipeline
-        return doc
-
-
-def _blocks(steps: int, compare: bool, has_table: bool) -> list[bool]:
-    """Per step, whether the table is applied: all steps, or (compare) alternating blocks of a quarter each."""
-    if not compare:
-        return [has_table] * steps
-    block = max(1, steps // 4)
-    return [(i // block) % 2 == 0 for i in range(steps)]
-
-
-def synthetic_batch(workload: Workload, generator: torch.Generator, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of synthetic language-model data: tokens (B, T) drawn from the tokenizer's vocabulary (not its
-    padding) and their targets (B, T), the next tokens, both on ``device``."""
-    config = workload.config
-    tokens = torch.randint(0, config.vocab_size, (workload.micro_batch_size, config.seq_len + 1), generator=generator)
-    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-
-
-def check_training_device(device: str) -> None:
-    """Check that this torch can train on ``device`` ("cpu", "cuda", "cuda:N").
-
-    Raises:
-        InvalidSettingError: ``device`` is CUDA and this torch is a CPU build (``torch.version.cuda`` is None) or
-            sees no CUDA device; the message says what to install or to train on "cpu".
-    """
-    if not str(device).startswith("cuda"):
-        return
-    if torch.version.cuda is None:
-        raise InvalidSettingError(
-            f"device {device!r}: torch {torch.__version__} is a CPU build; install a CUDA build of torch (on Linux "
-            "x86-64 a plain `pip install 'torch>=2.4,<2.14'` from PyPI is one) or train on device 'cpu'"
-        )
-    if not torch.cuda.is_available():
-        raise InvalidSettingError(
-            f"device {device!r}: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device; check the "
-            "NVIDIA driver and CUDA_VISIBLE_DEVICES, or train on device 'cpu'"
-        )
 
 
 def training_memory(workload: Workload, device: str = "cpu") -> StepMemory:
@@ -192,223 +110,6 @@ def host_memory_report(workload: Workload, device: str = "cpu") -> str:
     each = f"each of the {ranks} ranks needs" if ranks > 1 else "the run needs"
     together = f", {ranks * memory.total_bytes / 1e9:.3g} GB in all," if ranks > 1 else ""
     return f"{each} about {memory.describe()} of host memory{together} against {machine}"
-
-
-def train(workload: Workload, backend: Backend, *, table: ClockTable | None, steps: int, compare: bool = False,
-          device: str = "cpu", seed: int = 0, on_step=None, micro_batches: int | None = None,
-          partition_method: str | None = None) -> TrainReport:  # fmt: skip
-    """Train ``workload`` for ``steps`` steps on synthetic tokens under the DVFS runtime (module docstring).
-
-    The optimizer is the one freqopt's trace models: on one rank ``MixedPrecisionAdamW`` (FP32 master weights,
-    one fused AdamW kernel; BF16 weights on CUDA, FP32 on the CPU), gradients clipped at 1.0; under DeepSpeed
-    torch's AdamW (fused on CUDA, foreach on the CPU) over DeepSpeed's FP32 master weights, with BF16 weights on
-    CUDA and the same clipping.
-
-    Args:
-        workload: model, micro-batch and layout (a layout of more than one rank needs the DeepSpeed launcher's
-            environment: RANK, WORLD_SIZE).
-        backend: SimulatedGPU or NVMLBackend; closed (GPU restored) when training ends, however it ends.
-        table: the clock table, or None for default settings.
-        steps: training steps.
-        compare: alternate blocks with and without the table.
-        device: where the model trains ("cuda" with the nvml backend; "cpu" trains there, the GPU idling).
-        on_step: called with each StepRecord (progress; on the nvml backend at the end of each block).
-        micro_batches: a pipeline's micro-batches per step (DeepSpeed's gradient_accumulation_steps); default the
-            table's, else 2 x pp. Another count than the table's re-plans from its fronts (stage_schedule).
-        partition_method: a pipeline's partition of the layers (DeepSpeed's: "parameters", "uniform",
-            "type:REGEX"); default the table's, else "parameters".
-
-    Returns:
-        TrainReport. On the simulated backend each step's time and energy are the simulated GPU's. On the nvml
-        backend each step's time is its own (CUDA events when training on CUDA, else wall time), and its energy
-        the mean over its block of consecutive steps with the same clocks (the counter's delta over the block),
-        since NVML's energy counter moves only every few tens of milliseconds; a block shorter than that reads
-        a coarse or zero energy.
-
-    Raises:
-        InvalidSettingError: see ``check_training_device``.
-        ClockTableError: a pipeline given a table that is not a pipeline table of pp stages (check_pipeline_table).
-    """
-    check_training_device(device)
-    torch.manual_seed(seed)
-    layout = workload.layout
-    on_cuda = str(device).startswith("cuda")
-    dtype = torch.bfloat16 if on_cuda else torch.float32
-    trace = None if layout.is_pipeline else trace_training_iteration(workload)  # a pipeline's stages: its runtime's
-    model = build_model(workload.config, device=device, dtype=torch.float32)
-    engine = pipeline = None
-    if layout.is_pipeline:
-        engine, runtime = _pipeline_job(workload, model, backend, table, on_cuda=on_cuda, micro_batches=micro_batches,
-                                        partition_method=partition_method)  # fmt: skip
-        pipeline = True
-        data_rank = engine.grid.get_data_parallel_rank()  # the first and last stages load the same micro-batches
-        table_plan = default_plan = None
-    elif layout.world_size > 1:
-        import deepspeed
-
-        from freqopt.workload.deepspeed_profile import adamw_factory, deepspeed_config
-
-        deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
-        config = deepspeed_config(workload.micro_batch_size, layout.tp, bf16=dtype == torch.bfloat16)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=adamw_factory(fused=on_cuda), config=config)
-        runtime = DVFSRuntime.for_deepspeed(engine, table=table, backend=backend, trace=trace)
-        data_rank = int(os.environ.get("RANK", "0")) // layout.tp
-        table_plan, default_plan = runtime.plan, plan_phases(None, trace, backend)
-    else:
-        model = model.to(dtype)
-        optimizer = MixedPrecisionAdamW(model.parameters())  # GPT-3's AdamW settings, clipping at 1.0
-        runtime = DVFSRuntime(model, optimizer, table=table, backend=backend, trace=trace)
-        data_rank = 0
-        table_plan, default_plan = runtime.plan, plan_phases(None, trace, backend)
-    generator = torch.Generator().manual_seed(seed + 1000 * data_rank)
-    schedule = _blocks(steps, compare, table is not None)
-    records, losses = [], []
-    block: list[tuple[int, bool, float]] = []  # (step, with_table, time_s) of the real GPU's current block
-    energy_before = None
-    with runtime:
-        for i, with_table in enumerate(schedule):
-            if pipeline:
-                runtime.use_table = with_table
-                batches = [synthetic_batch(workload, generator, device) for _ in range(runtime.micro_batches)]
-            else:
-                runtime.plan = table_plan if with_table else default_plan
-                idx, targets = synthetic_batch(workload, generator, device)
-            if not runtime.simulated and energy_before is None:
-                if on_cuda:
-                    torch.cuda.synchronize(device)
-                energy_before = backend.energy_j()  # the block starts
-            if on_cuda:
-                start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start_event.record()
-            started = time.perf_counter()
-            if pipeline:
-                loss = engine.train_batch(data_iter=iter(batches))  # M micro-batches, 1F1B, the optimizer step
-            elif engine is not None:
-                loss = engine(idx, targets)
-                with quiet_backward_hooks():
-                    engine.backward(loss)
-                engine.step()
-            else:
-                loss = model(idx, targets)
-                with quiet_backward_hooks():
-                    loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            if on_cuda:
-                end_event.record()
-            losses.append(float(loss.detach()))  # waits for the step on CUDA
-            if runtime.simulated:
-                m = runtime.step_measurement()
-                records.append(StepRecord(i, with_table, m.time_s, m.energy_j))
-                if on_step:
-                    on_step(records[-1])
-                continue
-            if on_cuda:
-                end_event.synchronize()
-                block.append((i, with_table, start_event.elapsed_time(end_event) / 1000.0))
-            else:
-                block.append((i, with_table, time.perf_counter() - started))
-            if i + 1 == len(schedule) or schedule[i + 1] != with_table:  # the block ends
-                energy_j = (backend.energy_j() - energy_before) / len(block)
-                for step, on_table, time_s in block:
-                    records.append(StepRecord(step, on_table, time_s, energy_j))
-                    if on_step:
-                        on_step(records[-1])
-                block, energy_before = [], None
-    pipeline = _gather_requests(runtime) if pipeline else None
-    return TrainReport(tuple(records), losses[0], losses[-1], runtime.switches / max(steps, 1), backend.spec.name,
-                       pipeline)  # fmt: skip
-
-
-class _StageLayer(torch.nn.Module):
-    """One entry of freqopt's layer list of a GPT (pipeline_partition.pipeline_layers) as a layer of DeepSpeed's
-    PipelineModule, holding the freqopt modules it runs; each layer gets a subclass named as its type
-    (EmbeddingPipe, Block, LayerNorm, LMHeadPipe), which DeepSpeed's "type:REGEX" partition matches. The output
-    layer holds its own copy of the tied weight (module docstring)."""
-
-    def __init__(self, model: torch.nn.Module, layer):
-        super().__init__()
-        self.role = layer.name
-        if layer.name == "lm_head":
-            head = model.lm_head
-            self.inner = torch.nn.Linear(head.in_features, head.out_features, bias=False)
-            self.inner.weight.data.copy_(head.weight.data)
-        elif layer.name == "embedding":
-            self.wte, self.wpe = model.wte, model.wpe
-        else:
-            self.inner = model.get_submodule(layer.modules[0])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.role == "embedding":  # x: token ids (B, T)
-            return self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))  # (B, T, d)
-        return self.inner(x)  # a block or the final norm: (B, T, d); the output layer: logits (B, T, V)
-
-
-def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The last stage's loss (PipelineModule's loss_fn): mean cross-entropy of logits (B, T, V) on targets (B, T),
-    as GPTModel.forward computes it."""
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def _pipeline_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None, *,
-                  on_cuda: bool, micro_batches: int | None, partition_method: str | None):  # fmt: skip
-    """This rank's stage of the pipeline (module docstring, "Pipelines"): its PipelineEngine and PipelineRuntime."""
-    import deepspeed
-    from deepspeed.pipe import PipelineModule
-
-    from freqopt.apply.pipeline_runtime import PipelineRuntime, check_pipeline_table
-    from freqopt.workload.deepspeed_profile import adamw_factory, deepspeed_config
-    from freqopt.workload.pipeline_partition import pipeline_layers
-    from freqopt.workload.pipeline_trace import trace_pipeline_stages
-
-    layout = workload.layout
-    if table is not None:
-        check_pipeline_table(table, layout.pp)
-    micro_batches, partition_method = _pipeline_defaults(table, layout, micro_batches, partition_method)
-    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
-    layers = [type(layer.type_name, (_StageLayer,), {})(model, layer) for layer in pipeline_layers(model)]
-    # PipelineModule prints its seed settings and the partition, layer by layer, on rank 0 (bare prints in DeepSpeed
-    # 0.19's pipe/module.py): not freqopt's output; the stages are freqopt's own partition (pipeline_layers).
-    with contextlib.redirect_stdout(io.StringIO()):
-        module = PipelineModule(layers=layers, num_stages=layout.pp, loss_fn=_lm_loss,
-                                partition_method=partition_method)  # fmt: skip
-    config = {**deepspeed_config(workload.micro_batch_size, 1, bf16=on_cuda),
-              "gradient_accumulation_steps": micro_batches, "steps_per_print": 2**31 - 1}  # no progress lines
-    engine, *_ = deepspeed.initialize(model=module, optimizer=adamw_factory(fused=on_cuda),
-                                      model_parameters=[p for p in module.parameters() if p.requires_grad],
-                                      config=config)  # fmt: skip
-    traces = trace_pipeline_stages(workload, partition_method=partition_method) if backend.simulated else None
-    return engine, PipelineRuntime(engine, table=table, backend=backend, stage_traces=traces)
-
-
-def _pipeline_defaults(table: ClockTable | None, layout, micro_batches: int | None,
-                       partition_method: str | None) -> tuple[int, str]:  # fmt: skip
-    """A pipeline's micro-batches per step and partition method: as given, else the table's, else 2 x pp and
-    DeepSpeed's "parameters"."""
-    from freqopt.workload.pipeline_partition import DEFAULT_PARTITION_METHOD
-
-    pipeline = table.pipeline if table is not None else {}
-    if micro_batches is None:
-        micro_batches = pipeline.get("micro_batches", DEFAULT_MICRO_BATCHES_PER_STAGE * layout.pp)
-    if partition_method is None:
-        partition_method = pipeline.get("partition_method", DEFAULT_PARTITION_METHOD)
-    return micro_batches, partition_method
-
-
-def _gather_requests(runtime) -> dict:
-    """What every rank's PipelineRuntime asked for (TrainReport.pipeline), gathered on every rank (gloo or NCCL
-    all_gather_object), then the ranks' process group closed: every rank gets here after its last step, so none
-    tears gloo down while a peer still transfers."""
-    import torch.distributed as dist
-
-    mine = {"rank": dist.get_rank(), "stage": runtime.stage,
-            "requested_sm_clock_mhz": [[s.sm_clock_mhz for s in step] for step in runtime.requested]}  # fmt: skip
-    ranks: list = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, mine)
-    dist.barrier()
-    dist.destroy_process_group()
-    return {"stages": runtime.stages, "micro_batches": runtime.micro_batches,
-            "ranks": sorted(ranks, key=lambda r: r["rank"])}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -532,44 +233,31 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
         TableWorkloadError: the table was found for another model, layout, micro-batch or sequence length; the
             message names the ``freqopt transfer`` command that lays it onto this workload.
     """
-    from freqopt.errors import check_positive_int
-    from freqopt.gpu.specs import check_switch_latency_ms
-    from freqopt.resolve import resolve_gpu, resolve_workload
-    from freqopt.gpu.backends import check_backend
-    from freqopt.tables import load_table
+    from freqopt.resolve import resolve_workload
 
     sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
              "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    # Those that need no model built first, in the order they always had (check_training_arguments, which the
+    # command line runs before it imports PyTorch), then the model's.
+    checked = check_training_arguments(model, table=table, steps=steps, backend=backend, gpu=gpu, compare=compare,
+                                       read_only=read_only, switch_latency_ms=switch_latency_ms,
+                                       micro_batches=micro_batches, partition_method=partition_method,
+                                       **sizes)  # fmt: skip
+    table, source = checked.table, checked.source
     workload = resolve_workload(model, **sizes)
-    check_backend(backend)
-    check_positive_int("steps", steps)
-    switch_s = check_switch_latency_ms(switch_latency_ms)
-    if compare and table is None:
-        raise InvalidSettingError("compare needs a table: it alternates steps with and without the table",
-                                  argument="compare")  # fmt: skip
-    if read_only and table is not None:
-        raise InvalidSettingError("read_only cannot apply a table (that changes clocks); drop one of them",
-                                  argument="read_only")  # fmt: skip
-    if table is not None and not isinstance(table, ClockTable):
-        table = load_table(table)
-    source = "clock table" if table is None else table.source or "the clock table"
     if table is not None and isinstance(model, str) and workload.model == table.workload["model"]:
         workload = resolve_workload(model, **_table_sizes(table, workload, sizes))
     if workload.layout.is_pipeline:
         partition_method = _check_pipeline_training(workload, table, source, micro_batches, partition_method)
-    elif micro_batches is not None or partition_method is not None:
-        name = "micro_batches" if micro_batches is not None else "partition_method"
-        raise InvalidSettingError(f"{name} applies to a pipeline layout (pp > 1), not {workload.layout}",
-                                  argument=name)  # fmt: skip
+    refuse_pipeline_options(workload.layout, micro_batches, partition_method)  # the table's layout, where it set one
     if table is not None:
         table.check_workload(workload, source=source)
-    requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
     device = device or ("cuda" if backend == "nvml" else "cpu")
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
     if not str(device).startswith("cuda"):
         check_host_memory(workload)  # before ranks are started, rather than the out-of-memory killer after
-    return TrainingPlan(workload, table, source, requested, backend, device, steps, compare, read_only, seed,
-                        switch_s, micro_batches, partition_method)  # fmt: skip
+    return TrainingPlan(workload, table, source, checked.gpu, backend, device, steps, compare, read_only, seed,
+                        checked.switch_s, micro_batches, partition_method)  # fmt: skip
 
 
 def _check_pipeline_training(workload: Workload, table: ClockTable | None, source: str, micro_batches: int | None,

@@ -39,9 +39,16 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     from rich.table import Table
 
     check_names_first(model, gpu)
+    check_json_path(json_path)
+    from freqopt.apply.train_checks import check_training_arguments
+
+    # The library's checks that need no model built, before the modules that load PyTorch (issue 38, item 4).
+    check_training_arguments(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
+                             read_only=read_only, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                             vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
+                             micro_batches=micro_batches)  # fmt: skip
     from freqopt.apply.train import plan_training
 
-    check_json_path(json_path)
     plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
                          read_only=read_only, device=device, seed=seed, micro_batch_size=micro_batch_size,
                          seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
@@ -154,11 +161,17 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     from rich.table import Table
 
     check_names_first(model, gpu)
+    check_json_path(json_path)
+    from freqopt.measure.profile_checks import check_profile_arguments
+
+    # The library's checks that need no model built, before the modules that load PyTorch (issue 38, item 4).
+    check_profile_arguments(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
+                            sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
+                            **sizes)  # fmt: skip
     from freqopt.gpu.backends.base import DEFAULT_SETTING
     from freqopt.workload.layout import parse_layout
     from freqopt.measure.profile import profile as run_profile
 
-    check_json_path(json_path)
     with memory_warnings_as_lines():
         report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
                              sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,

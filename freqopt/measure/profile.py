@@ -33,11 +33,12 @@ import numpy as np
 import torch
 
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
-from freqopt.errors import InvalidSettingError, check_positive_int
+from freqopt.errors import InvalidSettingError
 from freqopt.workload.kernels import Trace
 from freqopt.workload.memory import (StepMemory, check_gpu_memory, check_step_fits,
                                      estimate_step_memory)  # fmt: skip
 from freqopt.workload.models import Workload, build_model
+from freqopt.measure.profile_checks import check_profile_arguments
 from freqopt.measure.profiler_compare import STEP_LABEL, ProfilerRow, compare_with_profiler, profiled_kinds
 from freqopt.workload.trace import trace_training_iteration
 
@@ -215,7 +216,7 @@ def check_device(device: str) -> str:
     if parsed.type != "cuda":
         raise InvalidSettingError(f"device {device!r}: profile trains on 'cuda' (the GPU NVML measures) or 'cpu'",
                                   argument="device")  # fmt: skip
-    from freqopt.apply.train import check_training_device
+    from freqopt.apply.train_checks import check_training_device
 
     check_training_device(device)  # a CUDA build of torch that sees a GPU
     if parsed.index not in (None, 0):
@@ -273,48 +274,26 @@ def profile(workload: Workload | str | Trace, backend: Backend | str = "sim", *,
             message): it is profiled all the same, as a what-if (one pipeline stage of gpt3-175b, say, profiled as
             the whole model's ratios to the top clock).
     """
-    from freqopt.resolve import open_backend, resolve_backend, resolve_gpu, resolve_trace_or_workload
+    from freqopt.resolve import open_backend, resolve_trace_or_workload
 
-    traced, workload = resolve_trace_or_workload(workload, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                                 n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
-    if traced is not None and (backend.name if isinstance(backend, Backend) else backend) != "sim":
-        raise InvalidSettingError("backend must be 'sim' for a trace, profiled on the simulated GPU only: on a "
-                                  "real GPU profile a model name or Workload, which freqopt can build and train",
-                                  argument="backend")  # fmt: skip
-    workload.layout.refuse_pipeline("the profile")
-    spec = resolve_gpu(gpu)
-    backend = resolve_backend(backend)
-    check_positive_int("steps", steps)
-    if warmup_steps < 0:
-        raise InvalidSettingError(f"warmup_steps must not be negative, not {warmup_steps}")
-    real = not backend.simulated if isinstance(backend, Backend) else backend == "nvml"
-    setting = ClockSetting(sm_clock_mhz, mem_clock_mhz, power_limit_w)
+    sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+             "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    # Those that need no model built first, in the order they always had (check_profile_arguments, which the command
+    # line runs before it imports PyTorch), then the model's and the device's.
+    checked = check_profile_arguments(workload, backend, gpu=gpu, device=device, steps=steps,
+                                      warmup_steps=warmup_steps, sm_clock_mhz=sm_clock_mhz,
+                                      mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w, **sizes)  # fmt: skip
+    traced, workload = resolve_trace_or_workload(workload, **sizes)
+    backend, real, setting = checked.backend, checked.real, checked.setting
     if real:
-        for name, value in dataclasses.asdict(setting).items():
-            if value is not None:
-                raise InvalidSettingError(f"{name} applies to the simulated GPU; on nvml profile only reads the GPU "
-                                          "at its current settings and never sets one", argument=name)  # fmt: skip
         device = check_device(device or "cuda")
-        if workload.layout.world_size > 1:
-            raise InvalidSettingError(f"profile on a real GPU trains one GPU; pass a single-GPU layout, not "
-                                      f"{workload.layout} (the simulated GPU profiles one rank of any layout)")  # fmt: skip
-    elif device is not None:
-        raise InvalidSettingError("device applies to backend nvml; the simulated GPU trains nothing", argument="device")
-    measuring, opened = open_backend(backend, spec, seed=seed, read_only=backend == "nvml")
+    measuring, opened = open_backend(backend, checked.spec, seed=seed, read_only=backend == "nvml")
     try:
-        on_gpu = not real or torch.device(device).type == "cuda"
         memory = None
         if traced is None:  # a traced step's model cannot be rebuilt to estimate its memory
-            memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
-            if on_gpu:  # an nvml profile training on the CPU is not held to the GPU's memory
-                check_step_fits(workload, measuring.spec, simulated=not real, what="profiled anyway", memory=memory)
+            memory = _step_memory(workload, measuring, real=real, device=device)
         if not real:
-            setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
-            trace = traced if traced is not None else trace_training_iteration(workload)
-            total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
-            return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
-                                 trace.total_flops, by_kind, by_pass, setting, memory=memory,
-                                 gpu_memory_gb=measuring.spec.memory_gb)  # fmt: skip
+            return _profile_simulated(workload, traced, measuring, setting, memory)
         # The GPU is only read, through the backend's energy counter (Backend.energy_j); nothing is applied, and a
         # backend the caller opened is left as it was opened.
         report = _profile_real(workload, measuring, device, steps, warmup_steps, seed)
@@ -322,6 +301,29 @@ def profile(workload: Workload | str | Trace, backend: Backend | str = "sim", *,
     finally:
         if opened:
             measuring.close()
+
+
+def _profile_simulated(workload: Workload, traced: Trace | None, measuring: Backend, setting: ClockSetting,
+                       memory: StepMemory | None) -> ProfileReport:  # fmt: skip
+    """The step on the simulated GPU at ``setting`` for every kernel (simulate_iteration): ``traced`` as it was
+    traced, else ``workload``'s iteration traced here."""
+    setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
+    trace = traced if traced is not None else trace_training_iteration(workload)
+    total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
+    return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
+                         trace.total_flops, by_kind, by_pass, setting, memory=memory,
+                         gpu_memory_gb=measuring.spec.memory_gb)  # fmt: skip
+
+
+def _step_memory(workload: Workload, measuring: Backend, *, real: bool, device: str | None) -> StepMemory:
+    """The step's memory on one rank (estimate_step_memory: BF16 on a GPU, FP32 when an nvml profile trains on the
+    CPU); one that does not fit the GPU's memory is refused on a real GPU and warned of on the simulated one
+    (check_step_fits; an nvml profile training on the CPU is not held to the GPU's memory)."""
+    on_gpu = not real or torch.device(device).type == "cuda"
+    memory = estimate_step_memory(workload, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    if on_gpu:
+        check_step_fits(workload, measuring.spec, simulated=not real, what="profiled anyway", memory=memory)
+    return memory
 
 
 class _Trainer:

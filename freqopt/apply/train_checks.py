@@ -1,0 +1,113 @@
+"""The checks of a training run's arguments that need no model built (nor PyTorch imported), and its table read:
+freqopt.apply.train.plan_training runs them first, and the command line runs them before it imports the modules that
+load PyTorch, so that a wrong argument is refused at once (issue 38, item 4). Also the check that this torch can
+train on a device (check_training_device), which imports PyTorch when it is called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freqopt.errors import InvalidSettingError
+from freqopt.gpu.specs import GPUSpec
+from freqopt.tables import ClockTable
+from freqopt.workload.layout import Layout
+
+__all__ = ["TrainingArguments", "check_training_arguments", "check_training_device", "refuse_pipeline_options"]
+
+
+@dataclass(frozen=True)
+class TrainingArguments:
+    """A training run's arguments, checked (check_training_arguments).
+
+    Attributes:
+        table: the clock table, read, or None; source: where it was read from, for messages.
+        gpu: the GPU type asked for, else the table's, else None.
+        switch_s: the clock-switch latency in place of the GPU file's, s, or None.
+    """
+
+    table: ClockTable | None
+    source: str
+    gpu: GPUSpec | None
+    switch_s: float | None
+
+
+def check_training_arguments(model, *, table=None, steps: int = 8, backend: str = "sim", gpu=None,
+                             compare: bool = False, read_only: bool = False, micro_batch_size: int | None = None,
+                             seq_len: int | None = None, n_heads: int | None = None,
+                             vocab_multiple: int | None = None, layout=None, switch_latency_ms: float | None = None,
+                             micro_batches: int | None = None,
+                             partition_method: str | None = None) -> TrainingArguments:  # fmt: skip
+    """Check the arguments of freqopt.apply.train.plan_training (see there) that need no model built, in the order
+    it always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the backend, steps,
+    the switch latency, compare without a table and read_only with one, the table (read), micro_batches or
+    partition_method without pipeline stages where the layout is known before the table is (given, or a Workload's,
+    or no table to take it from), and the GPU type (given, else the table's). What needs the model (heads, the
+    table's workload, a pipeline's stages, the device and the host's memory) is checked when plan_training resolves
+    it.
+
+    Raises:
+        UnknownNameError: unknown model, backend or GPU type (the table's included).
+        ClockTableError: the table cannot be read.
+        InvalidSettingError: a bad override, layout, steps or switch_latency_ms; compare without a table; read_only
+            with one; micro_batches or partition_method without pipeline stages.
+    """
+    from freqopt.errors import check_positive_int
+    from freqopt.gpu.backends import check_backend
+    from freqopt.gpu.specs import check_switch_latency_ms
+    from freqopt.resolve import check_workload_arguments, resolve_gpu
+    from freqopt.tables import load_table
+
+    given_layout = check_workload_arguments(model, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                            n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    check_backend(backend)
+    check_positive_int("steps", steps)
+    switch_s = check_switch_latency_ms(switch_latency_ms)
+    if compare and table is None:
+        raise InvalidSettingError("compare needs a table: it alternates steps with and without the table",
+                                  argument="compare")  # fmt: skip
+    if read_only and table is not None:
+        raise InvalidSettingError("read_only cannot apply a table (that changes clocks); drop one of them",
+                                  argument="read_only")  # fmt: skip
+    if table is not None and not isinstance(table, ClockTable):
+        table = load_table(table)
+    source = "clock table" if table is None else table.source or "the clock table"
+    if layout is not None or not isinstance(model, str) or table is None:  # no table's layout can replace it
+        refuse_pipeline_options(given_layout, micro_batches, partition_method)
+    requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
+    return TrainingArguments(table, source, requested, switch_s)
+
+
+def refuse_pipeline_options(layout: Layout, micro_batches: int | None, partition_method: str | None) -> None:
+    """Refuse a pipeline's options (micro_batches, partition_method) on a layout without pipeline stages.
+
+    Raises:
+        InvalidSettingError: either given and ``layout`` has pp 1.
+    """
+    if not layout.is_pipeline and (micro_batches is not None or partition_method is not None):
+        name = "micro_batches" if micro_batches is not None else "partition_method"
+        raise InvalidSettingError(f"{name} applies to a pipeline layout (pp > 1), not {layout}",
+                                  argument=name)  # fmt: skip
+
+
+def check_training_device(device: str) -> None:
+    """Check that this torch can train on ``device`` ("cpu", "cuda", "cuda:N").
+
+    Raises:
+        InvalidSettingError: ``device`` is CUDA and this torch is a CPU build (``torch.version.cuda`` is None) or
+            sees no CUDA device; the message says what to install or to train on "cpu".
+    """
+    if not str(device).startswith("cuda"):
+        return
+    import torch
+
+    if torch.version.cuda is None:
+        raise InvalidSettingError(
+            f"device {device!r}: torch {torch.__version__} is a CPU build; install a CUDA build of torch (on Linux "
+            "x86-64 a plain `pip install 'torch>=2.4,<2.14'` from PyPI is one) or train on device 'cpu'"
+        )
+    if not torch.cuda.is_available():
+        raise InvalidSettingError(
+            f"device {device!r}: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device; check the "
+            "NVIDIA driver and CUDA_VISIBLE_DEVICES, or train on device 'cpu'"
+        )
