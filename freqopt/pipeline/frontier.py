@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time as _time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -29,8 +29,18 @@ from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.pipeline.plan import FrontierPoint, PipelineFrontier, PipelinePlan
 from freqopt.pipeline.profile import check_number
 
-if TYPE_CHECKING:  # the planner whose deadlines are swept, beside this module in the same wing
-    from freqopt.pipeline.planner import PipelinePlanner
+
+class FrontierPlanner(Protocol):
+    """What the sweep asks of the planner whose deadlines it sweeps (freqopt.pipeline.planner.PipelinePlanner, which
+    hands itself to sweep_frontier): its fastest plan, the deadline past which no plan saves more, and a plan at
+    one deadline from the hull LP, warm-started from a plan's option indices (shape (N,)) and the ``extra`` ones."""
+
+    def fastest(self) -> PipelinePlan: ...
+
+    def slowest_time_s(self) -> float: ...
+
+    def _solve(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None, *,
+               polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]: ...
 
 __all__ = ["FRONTIER_ENERGY_STEP", "sweep_frontier"]
 
@@ -41,7 +51,7 @@ FRONTIER_ENERGY_STEP = 1e-3
 _FRONTIER_TIME_RESOLUTION = 1e-5
 
 
-def sweep_frontier(planner: PipelinePlanner, n_points: int | None = None, *,
+def sweep_frontier(planner: FrontierPlanner, n_points: int | None = None, *,
                    deadlines_s: Sequence[float] | None = None,
                    energy_step: float = FRONTIER_ENERGY_STEP) -> PipelineFrontier:  # fmt: skip
     """PipelinePlanner.frontier (its docstring says what the arguments and the result are)."""
@@ -84,7 +94,7 @@ class _Found(NamedTuple):
 class _Sweep:
     """The frontier's deadlines and the plans found at them (PipelinePlanner.frontier; module docstring)."""
 
-    def __init__(self, planner: PipelinePlanner, fastest: PipelinePlan) -> None:
+    def __init__(self, planner: FrontierPlanner, fastest: PipelinePlan) -> None:
         self.planner, self.fastest = planner, fastest
         self.plans: list[_Found] = []  # every plan found, with its option indices
         self.solved: dict[float, float] = {}  # deadline (s) -> the hull LP's optimum there (J)

@@ -4,17 +4,21 @@ energy and proven bound), and the iteration time-energy frontier, point by point
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from freqopt.errors import InvalidSettingError
 from freqopt.pipeline.dag import PipelineDAG
 
-if TYPE_CHECKING:  # the planner that made a plan, beside this module in the same wing
-    from freqopt.pipeline.planner import PipelinePlanner
+__all__ = ["PipelinePlan", "FrontierPoint", "PipelineFrontier", "FrontierSource"]
 
-__all__ = ["PipelinePlan", "FrontierPoint", "PipelineFrontier"]
+
+class FrontierSource(Protocol):
+    """What a plan keeps of the planner that made it (freqopt.pipeline.planner.PipelinePlanner): the frontier of the
+    same pipeline, for PipelinePlan.frontier."""
+
+    def frontier(self, n_points: int | None = None) -> PipelineFrontier: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class PipelinePlan:
     default_time_s: float
     default_energy_j: float
     solve_s: float = 0.0
-    planner: PipelinePlanner | None = field(default=None, repr=False, compare=False)
+    planner: FrontierSource | None = field(default=None, repr=False, compare=False)
 
     @property
     def gap(self) -> float:

@@ -82,7 +82,7 @@ from freqopt.pipeline.profile import (InstructionOptions, StageProfile, blocking
                                       load_stage_profile)  # fmt: skip
 from freqopt.pipeline.schedules import stages_per_rank
 from freqopt.pipeline.solver import MilpResult, PipelineModel, precedence_rows
-from freqopt.pipeline.stage_clocks import StageClockModel, plan_stage_clocks
+from freqopt.pipeline.stage_clocks import StageClockModel, StageClockPlanning
 
 __all__ = ["PipelinePlanner", "plan_pipeline"]
 
@@ -94,7 +94,7 @@ EXACT_MAX_BINARIES = 1500
 DEFAULT_TIME_LIMIT_S = 2.0
 
 
-class PipelinePlanner(PlanHeuristics):
+class PipelinePlanner(PlanHeuristics, StageClockPlanning):
     """The clock planner of one pipeline (module docstring): a stage profile, a schedule, a blocking power.
 
     Args:
@@ -271,7 +271,7 @@ class PipelinePlanner(PlanHeuristics):
             InvalidSettingError: as ``plan``; a GPU whose instructions share no profiled clock.
             FreqoptError: HiGHS found no plan within its time limit.
         """
-        return plan_stage_clocks(self, deadline_s, max_slowdown=max_slowdown)
+        return self._plan_stage_clocks(deadline_s, max_slowdown=max_slowdown)
 
     def _deadline(self, fastest: PipelinePlan, deadline_s: float | None, max_slowdown) -> float | None:
         """The deadline (s) of plan()'s arguments, checked; None for the fastest plan."""
