@@ -7,8 +7,9 @@
 The package is grouped into wings by layer, each importing only the ones before it (tests/test_layers.py): the
 foundations (errors, files, budget) -> workload/ (layouts, models, the traced kernels) -> gpu/ (GPU types, NVML,
 the simulated and the real GPU, calibration) -> the clock-table format and names resolved (tables, resolve) ->
-search/ (Optuna studies, budget allocation, validation) -> api, worker -> apply/ (transfer, the runtime, train,
-statement) -> integrations/ and measure/ (profile, benchmark, power capping) -> cli/.
+search/ (Optuna studies, budget allocation, validation) -> pipeline/ (the pipeline's DAG, planner, simulation,
+search and clock table) -> api, output, worker -> apply/ (transfer, the runtime, train, statement) ->
+integrations/ and measure/ (profile, benchmark, power capping) -> cli/.
 
 The names below are imported lazily, on first use (PEP 562 module ``__getattr__``, as SciPy and Optuna do), so
 ``import freqopt`` loads neither torch nor optuna.
