@@ -61,9 +61,9 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
     opened = open_storage(storage)
     name, job = _wait_for_search(opened, storage, name, wait_s, poll_s)
     backend_name = check_worker_backend(job, backend)
-    if job.get("kind") == "pipeline":  # a pipeline search's instruction studies (freqopt.pipeline.workers)
-        from freqopt.pipeline.workers import serve_pipeline
+    from freqopt.pipeline.workers import PIPELINE_JOB, serve_pipeline
 
+    if job.get("kind") == PIPELINE_JOB:  # a pipeline search's instruction studies (freqopt.pipeline.workers)
         def ready(spec) -> None:
             if on_join is not None:
                 on_join(name, job, spec, backend_name, device)

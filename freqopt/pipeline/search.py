@@ -49,7 +49,7 @@ import numpy as np
 
 from freqopt.gpu.backends.base import ClockSetting, Measurement
 from freqopt.gpu.specs import GPUSpec
-from freqopt.pipeline.calibrate import Candidate, calibrated
+from freqopt.pipeline.calibrate import Calibrated, Candidate, calibrated
 from freqopt.pipeline.config import PipelineSearchConfig
 from freqopt.pipeline.dag import PipelineDAG
 from freqopt.pipeline.plan import PipelinePlan
@@ -267,50 +267,57 @@ def _as_planned(plan: PipelinePlan) -> tuple[int, ...]:
     return tuple(int(c) for c in plan.sm_clock_mhz)
 
 
+def _level_on_fronts(granularity: str, run: _Search, fronts: _Fronts, chosen: Calibrated,
+                     since: tuple[float, int, float], **extra) -> PipelineLevelResult:  # fmt: skip
+    """A level planned on the instruction fronts (stage, instruction): its calibration's outcome, the planner's
+    prediction of it (the fastest plan's where a candidate without a plan won) and what it cost, the fronts' studies
+    and the validations since ``since`` ((perf_counter, validator.n_measurements, validator.cost_gpu_s) at the
+    level's start); ``extra``: the instruction level's ideal and frontier."""
+    validator, fastest = run.validator, fronts.fastest
+    t1, n_before, cost_before = since
+    predicted = chosen.plan if chosen.plan is not None else fastest
+    return PipelineLevelResult(
+        granularity=granularity, requests=tuple(chosen.requests), planned=_planned(chosen.planned),
+        predicted_time_s=predicted.time_s, predicted_energy_j=predicted.energy_j,
+        predicted_baseline_time_s=fastest.time_s, predicted_baseline_energy_j=fastest.energy_j,
+        validated=chosen.validated, n_measurements=fronts.n_measurements + validator.n_measurements - n_before,
+        search_cost_gpu_s=fronts.cost_gpu_s + validator.cost_gpu_s - cost_before,
+        search_wall_s=fronts.wall_s + _time.perf_counter() - t1, unit_searches=fronts.searches, plan=chosen.plan,
+        **extra)  # fmt: skip
+
+
+def _since(validator: PipelineValidator) -> tuple[float, int, float]:
+    """A level's start: the time, and the validator's measurements and cost so far (_level_on_fronts)."""
+    return _time.perf_counter(), validator.n_measurements, validator.cost_gpu_s
+
+
 def _stage_level(run: _Search, fronts: _Fronts, candidates: list[Candidate]) -> PipelineLevelResult:
     """One clock per stage, never switching: what balancing the stages alone gives (issue 34). Its requests are its
     clocks (nothing to ask ahead); it counts the fronts' measurements as its own."""
-    validator, planner, fastest = run.validator, fronts.planner, fronts.fastest
-    t1, mid = _time.perf_counter(), (validator.n_measurements, validator.cost_gpu_s)
-    stage = calibrated(planner, _as_planned, validator, run.baseline, run.max_slowdown,
+    since = _since(run.validator)
+    stage = calibrated(fronts.planner, _as_planned, run.validator, run.baseline, run.max_slowdown,
                        run.config.max_validation_rounds, candidates, key="stage",
-                       plan_with=planner.plan_stage_clocks)  # fmt: skip
-    predicted = stage.plan if stage.plan is not None else fastest
-    return PipelineLevelResult(
-        granularity="stage", requests=tuple(stage.requests), planned=_planned(stage.planned),
-        predicted_time_s=predicted.time_s, predicted_energy_j=predicted.energy_j,
-        predicted_baseline_time_s=fastest.time_s, predicted_baseline_energy_j=fastest.energy_j,
-        validated=stage.validated, n_measurements=fronts.n_measurements + validator.n_measurements - mid[0],
-        search_cost_gpu_s=fronts.cost_gpu_s + validator.cost_gpu_s - mid[1],
-        search_wall_s=fronts.wall_s + _time.perf_counter() - t1, unit_searches=fronts.searches, ideal=None,
-        plan=stage.plan)  # fmt: skip
+                       plan_with=fronts.planner.plan_stage_clocks)  # fmt: skip
+    return _level_on_fronts("stage", run, fronts, stage, since)
 
 
 def _instruction_level(run: _Search, fronts: _Fronts, candidates: list[Candidate]) -> PipelineLevelResult:
     """One SM clock per instruction (module docstring): the planner's plan realized and calibrated on the
     validated iteration, the free-switching ideal beside it, and the predicted frontier."""
-    config, validator, planner, fastest = run.config, run.validator, fronts.planner, fronts.fastest
+    config, validator, planner = run.config, run.validator, fronts.planner
     profile, switch_s, tail_s = fronts.profile, run.spec.clock_switch_s, fronts.tail_s
 
     def realize(plan: PipelinePlan) -> tuple[int, ...]:
         return tuple(realize_plan(profile, plan, switch_s, tail_s=tail_s))
 
-    t1, mid = _time.perf_counter(), (validator.n_measurements, validator.cost_gpu_s)
+    since = _since(validator)
     best = calibrated(planner, realize, validator, run.baseline, run.max_slowdown, config.max_validation_rounds,
                       candidates, key="instruction")  # fmt: skip
     # The same search with free, instant switching: the plans as they stand (the free-switching ideal).
     ideal = calibrated(planner, _as_planned, validator, run.baseline, run.max_slowdown,
                        config.max_validation_rounds, (), key="instruction-ideal", switching=False)  # fmt: skip
-    predicted = best.plan if best.plan is not None else fastest  # a candidate won: the defaults' prediction
     frontier = tuple(planner.frontier(n_points=config.frontier_points)) if config.frontier_points else ()
-    return PipelineLevelResult(
-        granularity="instruction", requests=tuple(best.requests), planned=_planned(best.planned),
-        predicted_time_s=predicted.time_s, predicted_energy_j=predicted.energy_j,
-        predicted_baseline_time_s=fastest.time_s, predicted_baseline_energy_j=fastest.energy_j,
-        validated=best.validated, n_measurements=fronts.n_measurements + validator.n_measurements - mid[0],
-        search_cost_gpu_s=fronts.cost_gpu_s + validator.cost_gpu_s - mid[1],
-        search_wall_s=fronts.wall_s + _time.perf_counter() - t1, unit_searches=fronts.searches,
-        ideal=ideal.validated, plan=best.plan, frontier=frontier)  # fmt: skip
+    return _level_on_fronts("instruction", run, fronts, best, since, ideal=ideal.validated, frontier=frontier)
 
 
 def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: int, config: PipelineSearchConfig, *,
