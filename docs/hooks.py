@@ -29,7 +29,52 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    return markdown.replace(WINGS_MARK, wings_diagram()) if WINGS_MARK in markdown else markdown
+    if WINGS_MARK in markdown:
+        markdown = markdown.replace(WINGS_MARK, wings_diagram())
+    if PROVENANCE_MARK in markdown:
+        markdown = markdown.replace(PROVENANCE_MARK, provenance_table())
+    if STEPS_MARK in markdown:
+        markdown = markdown.replace(STEPS_MARK, real_steps_table())
+    return markdown
+
+
+PROVENANCE_MARK = "<!-- provenance -->"
+STEPS_MARK = "<!-- real-steps -->"
+
+
+def provenance_table() -> str:
+    """Per GPU type, what each family of its simulated figures rests on: its GPU file's [provenance] table, read at
+    every build (so the page says what the files say)."""
+    from freqopt.gpu.specs import PROVENANCE_FAMILIES, get_gpu, list_gpus
+
+    lines = []
+    for name in list_gpus():
+        spec = get_gpu(name)
+        lines += [f"### {name}", "", f"{spec.marketing_name}; host `{spec.host}`.", "", "| family | rests on |",
+                  "|---|---|"]  # fmt: skip
+        lines += [f"| {family.replace('_', ' ')} | {spec.provenance.get(family, '')} |" for family in PROVENANCE_FAMILIES]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def real_steps_table() -> str:
+    """The shared real whole steps beside the simulated ones, before and after issue 49, from the experiments' results
+    (experiments/h200_check_residuals.json; experiments/h100_whole_steps_residuals.json and its copy at cd5ee2c)."""
+    import json
+
+    exp = ROOT / "experiments"
+    h200 = json.loads((exp / "h200_check_residuals.json").read_text())
+    h100_after = json.loads((exp / "h100_whole_steps_residuals.json").read_text())["steps"]
+    h100_before = {r["step"]: r for r in json.loads((exp / "h100_whole_steps_residuals_cd5ee2c.json").read_text())["steps"]}
+    lines = ["| GPU | step | time: before / after (%) | energy: before / after (%) |", "|---|---|---:|---:|"]
+    for r in h200["steps"]:
+        lines.append(f"| h200-sxm | {r['step']} | {r['time_before_error_pct']:+.1f} / {r['time_error_pct']:+.1f} | "
+                     f"{r['energy_before_error_pct']:+.1f} / {r['energy_error_pct']:+.1f} |")
+    for r in h100_after:
+        b = h100_before[r["step"]]
+        lines.append(f"| h100-sxm | {r['step']} | {b['time_error_pct']:+.1f} / {r['time_error_pct']:+.1f} | "
+                     f"{b['energy_error_pct']:+.1f} / {r['energy_error_pct']:+.1f} |")
+    return "\n".join(lines)
 
 
 def _layers_module():

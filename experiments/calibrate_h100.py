@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from freqopt.gpu.calibration import h100 as cal
+from freqopt.gpu.host import get_host, hosts_dir
 from freqopt.gpu.specs import get_gpu, replace_toml_block, search_spaces_dir
 from freqopt.files import atomic_write_text
 
@@ -37,10 +38,14 @@ def write_toml(spec) -> None:
     fitted = ["# Fitted to experiments/data/h100 (method: freqopt/gpu/calibration/h100.py; residuals: "
               "experiments/h100_calibration.md)."]
     fitted += [f"{k} = {values[k]:.6g}" for k in ("gemm_efficiency", "gemm_k_overhead", "gemm_fixed_us",
-                                                  "attention_efficiency", "mem_efficiency", "layer_norm_bandwidth_rel")]  # fmt: skip
-    fitted.append(f"kernel_fixed_us = {spec.kernel_fixed_s * 1e6:g}  # {cal.ASSUMED['kernel_fixed_us'][1]}")
-    fitted += ["", "[host]", "# Host time to issue one kernel of a training step (fitted: launch-bound points)",
-               f"issue_us = {values['host_issue_us']:.6g}", f"gemm_issue_us = {values['host_gemm_issue_us']:.6g}", ""]
+                                                  "mem_efficiency", "layer_norm_bandwidth_rel")]  # fmt: skip
+    fitted += [f"kernel_fixed_us = {spec.kernel_fixed_s * 1e6:g}  # {cal.ASSUMED['kernel_fixed_us'][1]}", ""]
+    replay = ["# Host time to issue one kernel of a replay loop (fitted: the launch-bound replayed classes of "
+              "experiments/data/h100)", f"issue_us = {values['host_issue_us']:.6g}",
+              f"gemm_issue_us = {values['host_gemm_issue_us']:.6g}"]  # fmt: skip
+    host_path = hosts_dir() / f"{spec.host}.toml"
+    atomic_write_text(host_path, replace_toml_block(host_path.read_text(), "replay", replay,
+                                                    writer="experiments/calibrate_h100.py"))  # fmt: skip
     pm = ["# Fitted to experiments/data/h100 (method: freqopt/gpu/calibration/h100.py); assumed: "
           + "; ".join(f"{k} ({why})" for k, (_, why) in cal.ASSUMED.items() if k in
                       ("p_mem_clock_w", "p_mem_active_w", "p_leak_w", "power_window_s")),
@@ -141,13 +146,13 @@ def carry_knee(spec, points) -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None, *, quiet: bool = False) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="print the committed constants' residuals only")
     parser.add_argument("--carry-knee", action="store_true",
                         help=f"fit with the {FLOOR_FROM}'s knee carried too; print the points' and the whole steps' "
                              "residual summaries, write nothing")  # fmt: skip
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     points = cal.load_points(DATA)
     spec = get_gpu(GPU)
     if args.carry_knee:
@@ -156,11 +161,13 @@ def main() -> int:
         spec = cal.fit(spec, points, fixed=cal.voltage_floor_from(get_gpu(FLOOR_FROM)))
         write_toml(spec)
         get_gpu.cache_clear()
+        get_host.cache_clear()
         spec = get_gpu(GPU)
     rows = cal.residuals(spec, points)
     summary = cal.summarize(rows)
     text = report(rows, summary, spec)
-    print(text)
+    if not quiet:
+        print(text)
     if not args.check:
         RESIDUALS.write_text(json.dumps({"summary": summary, "points": rows}, indent=1) + "\n")
         REPORT.write_text(text)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from freqopt.gpu.calibration import h100_steps as cal
+from freqopt.gpu.host import get_host, hosts_dir
 from freqopt.gpu.specs import get_gpu, replace_toml_block, search_spaces_dir
 from freqopt.files import atomic_write_text
 
@@ -34,19 +35,13 @@ BEFORE = {"gpt3-small-1-2048": (9.10, 4.78), "gpt3-small-8-2048": (38.83, 26.23)
 
 
 def write_toml(spec) -> None:
-    """Replace the file's whole_steps block with the fitted values."""
+    """Replace the GPU file's whole_steps block and the host file's step block with the fitted values."""
     path = search_spaces_dir() / f"{GPU}.toml"
     v = cal.current_values(spec)
     host = ", ".join(f"{p} {us:g} us" for p, us in cal.HOST_SPLIT_US.items())
     body = [
         "# Fitted to whole training steps measured on a real H100 (experiments/data/h100/whole_steps; method:",
         "# freqopt/gpu/calibration/h100_steps.py; residuals: experiments/h100_whole_steps.md).",
-        "[step_host]",
-        "# Host time per kernel of a training step on top of [host] (autograd, module calls, the optimizer's Python):",
-        f"# {v['host_split_scale']:.4g} x the split measured on a CPU ({host}; h100_steps.HOST_SPLIT_US),",
-        "# the factor fitted on the launch-bound gpt3-small step at micro-batch 1.",
-        *(f"{p}_us = {v['host_split_scale'] * us:.4g}" for p, us in cal.HOST_SPLIT_US.items()),
-        "",
         "[operator_bandwidth_rel]",
         "# Device-memory bandwidth relative to a streaming copy's, at rows of 768 elements (fitted on the kernel",
         "# classes torch.profiler timed in the steps): multi_tensor = PyTorch's _foreach_/_fused_ operators",
@@ -55,21 +50,23 @@ def write_toml(spec) -> None:
         "# the residual stream's adds (operands of 3-42 MB measured) read part of an operand the kernel before left",
         "# in the 50 MB L2 (3.36 TB/s measured, above a copy's 2.99).",
         *(f'"{k.removeprefix("bw/")}" = {v[k]:.4g}' for k in cal.CLASS_PARAMETERS if k.startswith("bw/")),
-        f'"aten._log_softmax_backward_data" = {v["bw/aten._log_softmax"]:.4g}',
         "",
         "[row_overhead_elements]",
         "# c0 of a row-wise kernel over rows of C elements: it streams at C / (C + c0), relative to rows of 768",
         "# (fitted: the layer norms and bias-gradient sums of d_model 768, 2048 and 2560).",
         *(f'"{k.removeprefix("row/")}" = {v[k]:.4g}' for k in cal.CLASS_PARAMETERS if k.startswith("row/")),
-        "",
-        "[attention]",
-        "# Fused attention's efficiency at head dimension d (padded to a multiple of 64): d / (d + head_dim_overhead)",
-        "# relative to [model] attention_efficiency at 64; its backward at backward_efficiency_rel of the forward's",
-        "# rate per FLOP (fitted; Dao 2023, arXiv 2307.08691, reports FlashAttention-2's backward at about 0.8x).",
-        f"head_dim_overhead = {v['attention_head_dim_overhead']:.4g}",
-        f"backward_efficiency_rel = {v['attention_backward_efficiency_rel']:.4g}",
     ]
     atomic_write_text(path, replace_toml_block(path.read_text(), MARKER, body, writer="experiments/fit_whole_steps.py"))
+    host_path = hosts_dir() / f"{spec.host}.toml"
+    step = [
+        "[step_us]",
+        "# Host time per kernel of a training step on top of the replay's (autograd, module calls, the optimizer's Python):",
+        f"# {v['host_split_scale']:.4g} x the split measured on a CPU ({host}; h100_steps.HOST_SPLIT_US),",
+        "# the factor fitted on the launch-bound gpt3-small step at micro-batch 1.",
+        *(f"{p} = {v['host_split_scale'] * us:.4g}" for p, us in cal.HOST_SPLIT_US.items()),
+    ]
+    atomic_write_text(host_path, replace_toml_block(host_path.read_text(), "step", step,
+                                                    writer="experiments/fit_whole_steps.py"))  # fmt: skip
 
 
 def report(result: dict, summary: dict, spec) -> str:
@@ -184,11 +181,11 @@ def measure_host_split(repeats: int = 40) -> dict[str, float]:
             "bare_call_us": best[3] * 1e6}  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None, *, quiet: bool = False) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="print the committed constants' residuals only")
     parser.add_argument("--measure-host-split", action="store_true", help="time the passes of a tiny model here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.measure_host_split:
         print(json.dumps(measure_host_split(), indent=1))
         return 0
@@ -199,11 +196,13 @@ def main() -> int:
         spec = cal.fit(spec, steps, traces)
         write_toml(spec)
         get_gpu.cache_clear()
+        get_host.cache_clear()
         spec = get_gpu(GPU)
     result = cal.residuals(spec, steps, traces)
     summary = cal.summarize(result)
     text = report(result, summary, spec)
-    print(text)
+    if not quiet:
+        print(text)
     if not args.check:
         RESIDUALS.write_text(json.dumps({"summary": summary, **result}, indent=1) + "\n")
         REPORT.write_text(text)

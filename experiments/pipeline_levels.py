@@ -31,6 +31,7 @@ to the simulated GPU, whose readings it holds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -38,6 +39,8 @@ import time
 from pathlib import Path
 
 from freqopt.files import atomic_write_text
+from freqopt.gpu.backends.physics import waiting_power_w
+from freqopt.gpu.spec_parts import WaitingPower
 from freqopt.gpu.specs import get_gpu
 from freqopt.pipeline.config import PipelineSearchConfig
 from freqopt.pipeline.search import run_pipeline_search
@@ -86,7 +89,11 @@ def run(config, storage, *, quick: bool) -> dict:
         stall.append({"stall_s": stall_s, "energy_saved_pct": 100 * (1 - run_.energy_j / base.energy_j),
                       "slowdown_pct": 100 * (run_.time_s / base.time_s - 1)})
     busy = [r.busy_s for r in SimulatedPipeline(stages, spec, micro_batches, noise=False).true_run(None).stages]
+    # What the fitted power model says a waiting GPU draws without the file's measured waiting power (its loaded
+    # baseline at the top clocks): the figure to judge by the measurement where the file takes the measurement itself.
+    model_w = float(waiting_power_w(dataclasses.replace(spec, waiting_power=WaitingPower()), spec.max_mem_clock_mhz)[0, -1])
     doc.update(label=label, layout=layout, constant_blocked_power_w=blocked, wall_s=time.perf_counter() - started,
+               model_blocking_power_w=model_w, file_waiting_power_w=spec.waiting_power.top_clocks_w,
                switch_stall=stall, stage_busy_s=busy,
                stage_layers=[[s.stage.layers[0].name, s.stage.layers[-1].name] for s in stages],
                requests=result.stage_requests() if "instruction" in result.levels else None)  # fmt: skip
@@ -184,10 +191,17 @@ def report(docs: list[dict], command: str, total_s: float) -> str:
               "over. The H100 waits at its power model's baseline, fitted to its idle readings (71.6 W at 405 MHz, "
               "119-128 W with a context at 1980 MHz).", ""]  # fmt: skip
     for d in {d["gpu"]: d for d in docs if d["constant_blocked_power_w"] is None}.values():
-        perseus = d["perseus_blocking_power_w"]
-        lines.append(f"- {d['gpu']}: {d['blocking_power_w']:.1f} W at its top clock (the planner's constant)"
-                     + (f"; Perseus measured {perseus:g} W: the physics is "
-                        f"{100 * (d['blocking_power_w'] / perseus - 1):+.1f} %" if perseus else "; no measured figure"))
+        perseus, model_w = d["perseus_blocking_power_w"], d["model_blocking_power_w"]
+        line = f"- {d['gpu']}: {d['blocking_power_w']:.1f} W at its top clock (the planner's constant)"
+        if perseus and d["file_waiting_power_w"] == perseus:
+            line += (f", which is Perseus's measured {perseus:g} W itself (the GPU file takes it: no check); the "
+                     f"fitted power model alone would say {model_w:.1f} W ({100 * (model_w / perseus - 1):+.1f} % of the "
+                     "measurement)")
+        elif perseus:
+            line += f"; Perseus measured {perseus:g} W: the physics is {100 * (d['blocking_power_w'] / perseus - 1):+.1f} %"
+        else:
+            line += "; no measured figure"
+        lines.append(line)
     lines += ["", "How much of that power falls at a lower clock is measured on no GPU with a context open: the "
               "modelled share (0.503 of the top clock's figure, scaling with V^2 f: the H100's idle readings) is "
               "one end of a range whose other end is a blocked power that does not fall at all, Perseus's constant "

@@ -90,6 +90,7 @@ def search(
     layout=None,
     switch_latency_ms: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
+    host=None,
     on_unit: Callable[[str, int, int], None] | None = None,
     on_start: Callable[[SearchStart], None] | None = None,
     verbose: bool = False,
@@ -123,6 +124,9 @@ def search(
         confidence: the one-sided confidence, in [0.5, 1), at which each schedule's slowdown is held to the budget:
             the upper confidence bound of its slowdown, from readings paired with the defaults', must be within it
             (freqopt.search.validate.Validator; 0.5: the paired mean alone).
+        host: the host that issues the kernels on the simulated GPU, in place of the GPU file's (freqopt.gpu.host: a
+            HostSpec, or a host's name or TOML path; ``freqopt gpus`` lists the hosts): a launch-bound step waits
+            on it. Default: the GPU file's host (h100-node, the measured H100's server, unless it names another).
         on_unit: called as on_unit(granularity, units_done, units_total) after each tuning unit's study.
         on_start: called once with a SearchStart after tracing, before the first measurement.
         verbose: let Optuna log at INFO (a line per study it creates); by default its studies run at WARNING,
@@ -136,9 +140,9 @@ def search(
         ``storage``.
 
     Raises:
-        UnknownNameError: unknown model, GPU type, backend or granularity.
+        UnknownNameError: unknown model, GPU type, host, backend or granularity.
         InvalidSettingError: a bad slowdown, override, layout, granularity list, n_trials, n_jobs,
-            switch_latency_ms or confidence, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1): search it with
+            switch_latency_ms, confidence or host file, or n_jobs > 1 on a real GPU; a pipeline layout (pp > 1): search it with
             freqopt.search_pipeline; on a real GPU, a model whose step does not fit its memory
             (freqopt.workload.memory.check_step_fits, as profile checks it).
         OutputError: ``out`` is a file or cannot be made or written, or holds a table of another search (another
@@ -157,7 +161,7 @@ def search(
     # first, so that a wrong argument is refused at once (issue 38, item 4).
     checked = _check_arguments(model_or_trace, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity,
                                backend=backend, seed=seed, n_trials=n_trials, n_jobs=n_jobs,
-                               switch_latency_ms=switch_latency_ms, confidence=confidence)  # fmt: skip
+                               switch_latency_ms=switch_latency_ms, confidence=confidence, host=host)  # fmt: skip
     trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                                 n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     if workload.layout.is_pipeline:
@@ -203,7 +207,7 @@ class _Checked:
 
 
 def _check_arguments(model_or_trace, *, max_slowdown, gpu, granularity, backend, seed, n_trials, n_jobs,
-                     switch_latency_ms, confidence) -> _Checked:  # fmt: skip
+                     switch_latency_ms, confidence, host=None) -> _Checked:  # fmt: skip
     """search's checks that need no model built (nor PyTorch imported), in the order search makes them: the
     model's name where one is given, and every argument but the model's overrides (search's Raises)."""
     from freqopt.resolve import resolve_backend, resolve_gpu
@@ -215,7 +219,7 @@ def _check_arguments(model_or_trace, *, max_slowdown, gpu, granularity, backend,
     confidence = check_confidence(confidence)
     if isinstance(model_or_trace, str):
         check_model_name(model_or_trace)
-    requested = resolve_gpu(gpu)
+    requested = resolve_gpu(gpu, host=host)
     backend = resolve_backend(backend)
     granularities = _granularities(granularity)
     check_positive_int("n_trials", n_trials, optional=True)
@@ -315,6 +319,7 @@ def search_pipeline(
     vocab_multiple: int | None = None,
     switch_latency_ms: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
+    host=None,
     on_unit: Callable[[str, int, int], None] | None = None,
     on_start: Callable[[SearchStart], None] | None = None,
     verbose: bool = False,

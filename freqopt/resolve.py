@@ -99,17 +99,26 @@ def resolve_trace_or_workload(model_or_trace, **sizes):
     return model_or_trace, model_or_trace.workload
 
 
-def resolve_gpu(gpu: GPUSpec | str | None) -> GPUSpec | None:
-    """The GPU type named ``gpu`` (freqopt.gpu.specs.get_gpu), ``gpu`` itself if it is a GPUSpec, or None.
+def resolve_gpu(gpu: GPUSpec | str | None, *, host=None) -> GPUSpec | None:
+    """The GPU type named ``gpu`` (freqopt.gpu.specs.get_gpu), ``gpu`` itself if it is a GPUSpec, or None; with
+    ``host`` (a freqopt.gpu.host.HostSpec, or a host's name or TOML path), that GPU type (default h100-sxm) issued by
+    that host (GPUSpec.with_host).
 
     Raises:
-        UnknownNameError: unknown GPU type.
+        UnknownNameError: unknown GPU type or host.
+        InvalidSettingError: a host file freqopt cannot read.
     """
-    if gpu is None or isinstance(gpu, GPUSpec):
-        return gpu
-    if not isinstance(gpu, str):
+    if gpu is not None and not isinstance(gpu, (GPUSpec, str)):
         raise InvalidSettingError(f"gpu must be a GPU type's name or a GPUSpec, not {type(gpu).__name__}")
-    return get_gpu(gpu)
+    spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    if host is None:
+        return spec
+    from freqopt.gpu.host import HostSpec
+
+    if not isinstance(host, (HostSpec, str)):
+        raise InvalidSettingError(f"host must be a host's name, a host TOML path or a HostSpec, not {type(host).__name__}",
+                                  argument="host")  # fmt: skip
+    return (spec or get_gpu(DEFAULT_GPU)).with_host(host)
 
 
 def resolve_backend(backend: Backend | str) -> Backend | str:

@@ -141,3 +141,15 @@ def test_a_corrupt_or_foreign_gpu_file_is_refused_in_one_line_naming_it(tmp_path
     message = str(raised.value)
     assert str(path) in message and says in message and "\n" not in message
     assert "copy a GPU file of" in message
+
+
+def test_every_gpu_file_says_what_each_family_of_its_figures_rests_on():
+    """Issue 49: per family, measured, carried from another GPU, or assumed, each with its source."""
+    from freqopt.gpu.specs import PROVENANCE_FAMILIES, PROVENANCE_KINDS
+
+    for name in list_gpus():
+        provenance = get_gpu(name).provenance
+        assert set(provenance) == set(PROVENANCE_FAMILIES), name
+        for family, text in provenance.items():
+            kind, _, source = text.partition(" ")
+            assert kind.rstrip(":") in PROVENANCE_KINDS and len(source.strip()) > 10, (name, family, text)

@@ -183,9 +183,13 @@ def test_the_waiting_part_of_a_step_is_its_host_gaps_at_the_baseline_power():
     assert gpu.waiting([GEMM] * 4).time_s < 0.01 * gpu.step([GEMM] * 4).time_s
 
 
-def test_no_host_time_where_a_gpu_type_has_none():
-    v100 = get_gpu("v100-pcie")
-    assert v100.host_issue_s == 0.0
+def test_an_infinitely_fast_host_leaves_no_gaps():
+    """Every GPU type's step is issued by a host (tests/test_host.py); one that issues in no time leaves the kernels'
+    own times."""
+    from freqopt.gpu.host import HostSpec
+
+    v100 = get_gpu("v100-pcie").with_host(HostSpec("instant", 0.0, 0.0, {"forward": 0.0, "backward": 0.0}))
+    assert v100.host_issue_s == 0.0 and v100.host == "instant"
     time_s, _, _ = SimulatedGPU(v100, noise=False).run([TINY] * 5, [ClockSetting()] * 5, loop=False)
     np.testing.assert_allclose(time_s, physics(TINY, v100).time_s[0, -1])
 

@@ -26,15 +26,18 @@ def _h100_baseline_share() -> float:
 
 
 @pytest.mark.parametrize("name", ["a100-sxm4-80gb", "a40"])
-def test_a_blocked_gpu_draws_perseuss_measured_power_at_the_highest_clock(name):
-    """Issue 36's criterion: within 10 % of Perseus's P2P-blocking power (83.64 W on the A100, 70.38 W on the A40),
-    where the loaded power model's baseline said 147 W and 377 W."""
+def test_the_a100_and_a40_files_take_perseuss_measured_blocking_power(name):
+    """Their files set the waiting power at the highest clock to Perseus's P2P-blocking measurement (83.64 W on the
+    A100, 70.38 W on the A40): provenance, not a check of the physics (issue 49, item 4: a figure fitted to a
+    measurement cannot be judged by it). What the measurement does judge is the fitted power model alone, whose
+    loaded baseline the GPU waited at before issue 36: it misses by far (experiments/pipeline/report.md prints it)."""
     spec = get_gpu(name)
     measured = perseus_blocking_power_w(spec)
-    top = waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1]
-    assert abs(top / measured - 1) < 0.10
+    assert spec.waiting_power.top_clocks_w == measured
+    assert waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1] == pytest.approx(measured, rel=1e-9)
+    assert spec.provenance["waiting_power"].startswith("measured") and f"{measured:g} W" in spec.provenance["waiting_power"]
     base = KernelPhysics(spec, [IDLE], np.array([spec.max_mem_clock_mhz], dtype=float)).baseline_power_w[0, -1]
-    assert base > 1.5 * measured  # what the GPU waited at before: the loaded model's baseline
+    assert base > 1.5 * measured
 
 
 def test_the_share_that_falls_with_the_clock_is_carried_from_the_h100s_idle_readings():
@@ -61,12 +64,25 @@ def test_waiting_power_falls_with_the_clock_as_modelled_and_not_at_all_at_the_fl
 
 def test_without_a_waiting_table_the_gpu_waits_at_its_power_models_baseline():
     """The H100's file states no [waiting_power]: its baseline is fitted to its idle readings, and waiting there
-    is unchanged by issue 36."""
+    is unchanged by issue 36. Carried to the H200 (the same die) it predicts that board's measured waiting power,
+    121.5 W with a context open at 1980 MHz (experiments/data/h200/waiting_power.json), within 10 %: the check the
+    H200's file then replaces by the measurement itself."""
     spec = get_gpu("h100-sxm")
     assert spec.waiting_power.top_clocks_w is None
     mem = np.array([[m] for m in spec.mem_clocks_mhz], dtype=float)[:, 0]
     physics = KernelPhysics(spec, [IDLE] * len(mem), mem)
     assert np.allclose(physics.wait_power_w, physics.baseline_power_w)
+    import json
+    from pathlib import Path
+
+    states = json.loads((Path(__file__).parents[1] / "experiments/data/h200/waiting_power.json").read_text())["states"]
+    measured = next(s["power_w"] for s in states if s["state"] == "idle, CUDA context open")
+    pm = spec.power_model
+    h200_memory_idle_w = 42.11  # experiments/data/h200/nvidia-smi-q.txt: GPU Memory Power Readings, average
+    carried = pm.p_const_w + pm.p_leak_w + pm.p_sm_clock_w + h200_memory_idle_w  # at the highest clocks, V = V_max
+    assert abs(carried / measured - 1) < 0.10
+    h200 = get_gpu("h200-sxm")
+    assert h200.waiting_power.top_clocks_w == pytest.approx(measured, abs=0.05)  # the file takes the measurement
 
 
 def test_host_gaps_are_charged_at_the_waiting_power():

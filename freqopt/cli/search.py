@@ -50,12 +50,15 @@ def switch_latency_option(f):
                    "clock table so far).")
 @click.option("--virtual-stages", type=int, default=None,
               help="Model stages per GPU for interleaved-1f1b, looped-bfs and interleaved-zb (default 2).")
+@click.option("--host", default=None,
+              help="The host issuing the kernels on the simulated GPU (a name `freqopt gpus` lists, or a host TOML "
+                   "file); default the GPU file's (h100-node). One-GPU search only.")
 @switch_latency_option
 @model_options
 @verbose_option
 def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, json_path, seed, trials, jobs,
-           micro_batches, partition_method, confidence, schedule, virtual_stages, switch_latency_ms, micro_batch_size,
-           seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
+           micro_batches, partition_method, confidence, schedule, virtual_stages, host, switch_latency_ms,
+           micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """Search clock settings for one training iteration and compare granularities.
 
     With a pipeline layout (--layout ...,pp=S and --micro-batches M) it searches the simulated pipeline's iteration
@@ -75,6 +78,9 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
     check_json_path(json_path)
     levels = [g.strip() for g in granularity.split(",")]
     if parse_layout(layout).is_pipeline:
+        if host is not None:
+            raise InvalidSettingError("host applies to the one-GPU search; a pipeline's GPUs are issued by their GPU "
+                                      "file's host", argument="host")  # fmt: skip
         if jobs != 1:
             raise InvalidSettingError("n_jobs applies to the one-GPU search; a pipeline's studies run in one process",
                                       argument="n_jobs")  # fmt: skip
@@ -100,7 +106,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
         where = "" if w.layout.is_single_gpu else f" ({w.layout}, one rank of {w.layout.world_size})"
         console.print(f"traced {w.model}{where}: {len(start.trace)} kernels, {len(start.trace.kernel_classes())} "
                       f"kernel classes, {start.trace.total_flops / 1e12:.2f} TFLOP per iteration; GPU "
-                      f"{start.spec.name}" + (" (simulated)" if start.backend == "sim" else ""))  # fmt: skip
+                      f"{start.spec.name}" + (f" (simulated, host {start.spec.host})" if start.backend == "sim"
+                                              else ""))  # fmt: skip
         console.print(f"search {start.study_name}; other processes join it with: freqopt worker --storage "
                       f"{absolute_storage(start.storage)} --study {start.study_name}", soft_wrap=True)  # fmt: skip
         progress.add_task("searching tuning units", total=start.n_units)
@@ -118,7 +125,8 @@ def search(model, max_slowdown, gpu, granularity, backend, storage, out_dir, jso
                                 storage=storage, out=out_dir, seed=seed, n_trials=trials, n_jobs=jobs,
                                 micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
-                                confidence=confidence, on_unit=on_unit, on_start=on_start, verbose=verbose)  # fmt: skip
+                                confidence=confidence, host=host, on_unit=on_unit, on_start=on_start,
+                                verbose=verbose)  # fmt: skip
     except KeyboardInterrupt:
         if begun:  # the search had started: its studies are in the storage
             raise KeyboardInterrupt("run the same command to resume: finished measurements are kept in "

@@ -56,12 +56,14 @@ def _parameters_per_gpu(config, layout) -> str:
 
 @cli.command(short_help="List the GPU types in search_spaces/.")
 def gpus() -> None:
-    """List the GPU types in search_spaces/."""
+    """List the GPU types in search_spaces/ and the hosts that issue their kernels (search_spaces/hosts/)."""
     from rich.table import Table
 
+    from freqopt.gpu.host import get_host, list_hosts
     from freqopt.gpu.specs import DEFAULT_GPU, get_gpu, list_gpus
 
-    table = Table("gpu", "name", "SM clocks (MHz)", "memory clocks (MHz)", "power limit (W)", "BF16 peak (TFLOP/s)")
+    table = Table("gpu", "name", "SM clocks (MHz)", "memory clocks (MHz)", "power limit (W)", "BF16 peak (TFLOP/s)",
+                  "host")  # fmt: skip
     for name in list_gpus():
         g = get_gpu(name)
         table.add_row(
@@ -69,9 +71,16 @@ def gpus() -> None:
             f"{g.sm_clocks_mhz[0]}-{g.max_sm_clock_mhz} ({len(g.sm_clocks_mhz)})",
             ", ".join(map(str, g.mem_clocks_mhz)),
             f"{g.power_limit_min_w:g}-{g.power_limit_max_w:g} (default {g.power_limit_default_w:g})",
-            f"{g.tensor_peak_flops / 1e12:,.0f}",
+            f"{g.tensor_peak_flops / 1e12:,.0f}", g.host,
         )  # fmt: skip
+    hosts = Table("host", "machine", "issue a kernel (us)", "a GEMM (us)", "a step's kernel on top: forward, backward, "
+                  "optimizer (us)")  # fmt: skip
+    for name in list_hosts():
+        h = get_host(name)
+        hosts.add_row(name, h.description, f"{h.issue_us:.1f}", f"{h.gemm_issue_us:.1f}",
+                      ", ".join(f"{h.step_us.get(p, 0.0):.1f}" for p in ("forward", "backward", "optimizer")))
     stdout_console().print(table)
+    stdout_console().print(hosts)
 
 
 @cli.command(short_help="Apply a clock table to another model or layout.")

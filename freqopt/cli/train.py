@@ -150,8 +150,11 @@ def _killed_rank_error(plan, rank: int, signum: int):
 @click.option("--power-limit", "power_limit_w", type=float, default=None,
               help="sim: run under this power limit, W (default: the GPU's default limit).")
 @click.option("--json", "json_path", default=None, help="Also write the profile as JSON to this file.")
+@click.option("--host", default=None,
+              help="The host issuing the kernels (a name `freqopt gpus` lists, or a host TOML file); default the GPU "
+                   "file's (h100-node). nvml: the one your machine's host is measured against.")
 @model_options
-def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, power_limit_w, json_path, layout,
+def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, power_limit_w, json_path, host, layout,
             **sizes) -> None:  # fmt: skip
     """Report one training iteration: time, energy, average power, FLOPs and a breakdown by kernel kind and by pass.
 
@@ -167,7 +170,7 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     # The library's checks that need no model built, before the modules that load PyTorch (issue 38, item 4).
     check_profile_arguments(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
                             sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
-                            **sizes)  # fmt: skip
+                            host=host, **sizes)  # fmt: skip
     from freqopt.gpu.backends.base import DEFAULT_SETTING
     from freqopt.workload.layout import parse_layout
     from freqopt.measure.profile import profile as run_profile
@@ -175,7 +178,7 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     with memory_warnings_as_lines():
         report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
                              sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
-                             **sizes)  # fmt: skip
+                             host=host, **sizes)  # fmt: skip
     nvml = report.backend == "nvml"
     console = stdout_console()
     where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else \
@@ -183,6 +186,17 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     console.print(f"{report.model} ({parse_layout(layout)}), one training iteration on {report.gpu} ({where}): "
                   f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
                   f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
+    if report.waiting_s is not None:
+        whose = "measured: the step less torch.profiler's kernel time" if nvml else f"simulated, host {report.host}"
+        line = (f"the GPU waits on the host {1e3 * report.waiting_s:.2f} ms of each step ({100 * report.waiting_share:.0f} %; "
+                f"{whose})")  # fmt: skip
+        if report.waiting_share >= 0.2:
+            line += ": the step is host-bound, its kernels are not what sets its time"
+        console.print(line)
+        if report.host_scale is not None:
+            console.print(f"your host issues kernels {report.host_scale:.3g}x as slowly as {report.host}'s: copy "
+                          f"search_spaces/hosts/{report.host}.toml, multiply its times by {report.host_scale:.3g} "
+                          "and pass the file as --host to freqopt search and profile")  # fmt: skip
     if report.memory is not None:
         of_gpu = f" of the GPU's {report.gpu_memory_gb:g} GB" if report.gpu_memory_gb is not None else ""
         console.print(f"memory per rank (estimated, {report.memory.dtype}): {report.memory.describe()}{of_gpu}")

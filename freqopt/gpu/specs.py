@@ -15,24 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
+
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.gpu.host import DEFAULT_HOST, HostSpec, get_host
+from freqopt.gpu.search_spaces import search_spaces_dir, tomllib
 from freqopt.gpu.spec_parts import WAITING_CLOCK_SCALES, Interconnect, PowerModel, WaitingPower
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 __all__ = ["PowerModel", "WaitingPower", "WAITING_CLOCK_SCALES", "Interconnect", "GPUSpec", "DEFAULT_GPU", "MEM_CLOCK_LOCKS", "get_gpu", "list_gpus",
-           "search_spaces_dir", "check_switch_latency_ms", "replace_toml_block"]
+           "search_spaces_dir", "check_switch_latency_ms", "replace_toml_block", "PROVENANCE_FAMILIES", "PROVENANCE_KINDS"]
 
 DEFAULT_GPU = "h100-sxm"
 
@@ -73,12 +70,13 @@ class GPUSpec:
             idle, s, on top of ``kernel_fixed_s``.
         attention_efficiency: fraction of tensor peak fused attention reaches on its causal work.
         layer_norm_bandwidth_rel: the layer-norm forward kernel's bandwidth relative to a streaming copy's.
-        host_issue_s: host time to issue one kernel of a training step (Python, dispatcher, launch); the GPU
+        host: the name of the host that issues the kernels (freqopt.gpu.host.HostSpec: the file's [host] name,
+            default DEFAULT_HOST; ``with_host`` replaces it); its figures are the three below.
+        host_issue_s: host time to issue one kernel of a replay loop (Python, dispatcher, launch); the GPU
             idles when it outruns the host (0: an infinitely fast host).
         host_gemm_issue_s: the same for a GEMM (cuBLAS's heuristics and launch cost more).
         step_host_s: pass (forward, backward, optimizer) -> host time per kernel of a training step on top of
-            ``host_issue_s`` / ``host_gemm_issue_s`` (autograd, module calls, the optimizer's Python), s; the file's
-            [step_host] table in us; empty: a step's host costs what a replay's does.
+            ``host_issue_s`` / ``host_gemm_issue_s`` (autograd, module calls, the optimizer's Python), s.
         operator_bandwidth_rel: ATen operator name (or "multi_tensor" for the _foreach_ and _fused_ operators) ->
             its device-memory bandwidth relative to a streaming copy's; the file's [operator_bandwidth_rel]
             table; absent operators stream as a copy (freqopt.gpu.backends.physics.bandwidth_rel).
@@ -90,6 +88,24 @@ class GPUSpec:
             to its ``attention_efficiency`` at 64 (0: no dependence); the file's [attention] head_dim_overhead.
         attention_backward_efficiency_rel: fused attention's backward rate per FLOP relative to its forward's;
             [attention] backward_efficiency_rel.
+        attention_key_overhead: L0 of fused attention's efficiency with L keys per query block, L / (L + L0),
+            relative to 1024 (0: no dependence); [attention] key_overhead.
+        attention_fixed_s: (forward, backward) time a fused attention kernel spends besides its tiles, s;
+            [attention] fixed_us.
+        attention_rate_rel: attention operator name -> its rate relative to the fitted model's (another
+            implementation of the same attention: FlashAttention-2, which freqopt's own models call, against cuDNN's
+            fused attention, PyTorch's default on Hopper); the file's [attention_rate_rel] table.
+        gemm_epilogue_rel: how much of a GEMM's output store (its M x N outputs at a copy's bandwidth) adds to its
+            time after its main loop (1: all of it, the tile's epilogue not overlapped; 0: the store overlaps the
+            main loop as any traffic does, the model before issue 49); [model] gemm_epilogue_rel.
+        gemm_unclocked_share: the share of a GEMM's main-loop time at the highest SM clock that does not stretch as
+            the clock falls (waiting on memory and L2); at clock f its main loop takes
+            ``(1 - share) f_max / f + share`` of its time at f_max (0: all of it scales, the model before issue 49);
+            [model] gemm_unclocked_share.
+        conv_efficiency_rel: convolution direction ("forward", "input", "weight") -> its efficiency relative to a
+            GEMM of the same implicit-GEMM shape; the file's [conv_efficiency_rel] table.
+        provenance: what each family of the simulator's figures rests on (the file's [provenance] table: kernel
+            families, power, waiting power, host), each "measured ...", "carried from ..." or "assumed ...".
         clock_switch_s: the effective switch latency, s: from a runtime's request until the new clock holds, as
             the simulated GPU charges it (a schedule's switch lands this late) and as the search's phase blocks are
             sized (at least this long). It is the NVML call's own blocking time plus the transition (request delay
@@ -141,6 +157,7 @@ class GPUSpec:
     gemm_fixed_s: float = 0.0
     attention_efficiency: float | None = None
     layer_norm_bandwidth_rel: float = 1.0
+    host: str = ""
     host_issue_s: float = 0.0
     host_gemm_issue_s: float = 0.0
     step_host_s: dict[str, float] = field(default_factory=dict)
@@ -148,6 +165,13 @@ class GPUSpec:
     row_overhead_elements: dict[str, float] = field(default_factory=dict)
     attention_head_dim_overhead: float = 0.0
     attention_backward_efficiency_rel: float = 1.0
+    attention_key_overhead: float = 0.0
+    attention_fixed_s: tuple[float, float] = (0.0, 0.0)
+    attention_rate_rel: dict[str, float] = field(default_factory=dict)
+    gemm_epilogue_rel: float = 0.0
+    gemm_unclocked_share: float = 0.0
+    conv_efficiency_rel: dict[str, float] = field(default_factory=dict)
+    provenance: dict[str, str] = field(default_factory=dict)
     memory_gb: float | None = None
     nvml_call_s: float = 0.0
     clock_switch_range_s: tuple[float, float] = (0.0, 0.0)
@@ -190,6 +214,16 @@ class GPUSpec:
         if not _finite_non_negative(switch_s):
             raise InvalidSettingError(f"switch latency must be a finite number of seconds >= 0, not {switch_s!r}")
         return dataclasses.replace(self, clock_switch_s=float(switch_s))
+
+    def with_host(self, host: HostSpec | str) -> GPUSpec:
+        """This GPU type issued by another host (freqopt.gpu.host: a HostSpec, or a host's name or TOML path); everything
+        else, the name included, is unchanged.
+
+        Raises:
+            UnknownNameError, InvalidSettingError: no such host, or a host file freqopt cannot read.
+        """
+        host = host if isinstance(host, HostSpec) else get_host(host)
+        return dataclasses.replace(self, **_host_fields(host))
 
     def with_waiting_clock_scale(self, clock_scale: float) -> GPUSpec:
         """This GPU type with its waiting power falling with the clock as much as ``clock_scale`` says
@@ -267,21 +301,6 @@ def replace_toml_block(text: str, marker: str, body: list[str], *, writer: str) 
     if n != 1:
         raise ValueError(f"expected one '# BEGIN {marker}' block, found {n}")
     return new
-
-
-def search_spaces_dir() -> Path:
-    """Folder of the GPU TOML files: $FREQOPT_SEARCH_SPACES, else search_spaces/ of the source tree, else the
-    copy installed with the package (freqopt.search_spaces)."""
-    env = os.environ.get("FREQOPT_SEARCH_SPACES")
-    if env:
-        return Path(env)
-    source_tree = Path(__file__).resolve().parents[2] / "search_spaces"  # freqopt/gpu/specs.py -> the repository
-    if source_tree.is_dir():
-        return source_tree
-    from importlib.util import find_spec
-
-    spec = find_spec("freqopt.search_spaces")  # a namespace package: data only, no __init__.py
-    return Path(list(spec.submodule_search_locations)[0]) if spec else source_tree
 
 
 def list_gpus() -> list[str]:
@@ -396,6 +415,50 @@ def get_gpu(name: str) -> GPUSpec:
         raise InvalidSettingError(f"{path} is not a GPU file freqopt can read ({e}); {fix}") from None
 
 
+def _host_fields(host: HostSpec) -> dict[str, Any]:
+    """GPUSpec's host fields from a host."""
+    return {"host": host.name, "host_issue_s": host.issue_us * 1e-6, "host_gemm_issue_s": host.gemm_issue_us * 1e-6,
+            "step_host_s": {p: us * 1e-6 for p, us in host.step_us.items()}}
+
+
+# [kernel_families] keys (a GPU type's kernel model, written by experiments/h200_check.py where it is fitted or carried)
+# and the GPUSpec field each sets; its subtables merge into the file's tables of the same name.
+_FAMILY_FIELDS = {"gemm_efficiency": "gemm_efficiency", "gemm_k_overhead": "gemm_k_overhead",
+                  "gemm_epilogue_rel": "gemm_epilogue_rel", "gemm_unclocked_share": "gemm_unclocked_share",
+                  "attention_efficiency": "attention_efficiency",
+                  "attention_head_dim_overhead": "attention_head_dim_overhead",
+                  "attention_key_overhead": "attention_key_overhead",
+                  "attention_backward_efficiency_rel": "attention_backward_efficiency_rel",
+                  "layer_norm_bandwidth_rel": "layer_norm_bandwidth_rel", "mem_efficiency": "mem_efficiency"}
+_FAMILY_TABLES = ("attention_rate_rel", "conv_efficiency_rel", "operator_bandwidth_rel", "row_overhead_elements")
+# What a GPU file's [provenance] says, per family of the simulator's figures; each value starts with one of
+# PROVENANCE_KINDS and names its source.
+PROVENANCE_FAMILIES = ("gemm", "attention", "convolution", "memory_bound", "cross_entropy", "batch_norm", "power",
+                       "waiting_power", "host")
+PROVENANCE_KINDS = ("measured", "carried", "assumed")
+
+
+def _kernel_families(data: dict[str, Any]) -> dict[str, Any]:
+    """GPUSpec fields the file's [kernel_families] table sets (over [model], [attention] and the file's tables)."""
+    table = data.get("kernel_families")
+    if not table:
+        return {}
+    out: dict[str, Any] = {field: float(table[key]) for key, field in _FAMILY_FIELDS.items() if key in table}
+    if "gemm_fixed_us" in table:
+        out["gemm_fixed_s"] = float(table["gemm_fixed_us"]) * 1e-6
+    if "attention_fixed_us" in table:
+        fixed = [float(v) * 1e-6 for v in table["attention_fixed_us"]]
+        if len(fixed) != 2:
+            raise ValueError("[kernel_families] attention_fixed_us must be [forward, backward]")
+        out["attention_fixed_s"] = tuple(fixed)
+    for name in _FAMILY_TABLES:
+        merged = {k: float(v) for k, v in data.get(name, {}).items()}
+        merged.update({k: float(v) for k, v in table.get(name, {}).items()})
+        if merged:
+            out[name] = merged
+    return out
+
+
 def _spec_from_toml(data: dict[str, Any], path: Path) -> GPUSpec:
     """The GPUSpec a GPU file's tables describe (get_gpu; its search_spaces/*.toml files name every figure's source).
 
@@ -408,7 +471,9 @@ def _spec_from_toml(data: dict[str, Any], path: Path) -> GPUSpec:
     pm = data["power_model"]
     mem_clocks = _clock_list(c, "mem_clocks_mhz")
     clock_switch_s = float(m["clock_switch_ms"]) / 1e3
-    return GPUSpec(
+    families = _kernel_families(data)
+    host = get_host(str(data.get("host", {}).get("name", DEFAULT_HOST)))
+    spec = GPUSpec(
         name=path.stem,
         marketing_name=g["marketing_name"],
         nvml_names=tuple(g.get("nvml_names", ())),
@@ -424,8 +489,8 @@ def _spec_from_toml(data: dict[str, Any], path: Path) -> GPUSpec:
         cuda_flops_per_clock_per_sm=float(r["cuda_flops_per_clock_per_sm"]),
         l2_bytes_per_clock=float(r["l2_bytes_per_clock"]),
         mem_bandwidth_gbs=float(r["mem_bandwidth_gbs"]),
-        gemm_efficiency=float(m["gemm_efficiency"]),
-        mem_efficiency=float(m["mem_efficiency"]),
+        gemm_efficiency=float(m["gemm_efficiency"] if "gemm_efficiency" not in families else families["gemm_efficiency"]),
+        mem_efficiency=float(m["mem_efficiency"] if "mem_efficiency" not in families else families["mem_efficiency"]),
         overlap_exponent=float(m["overlap_exponent"]),
         kernel_fixed_s=float(m["kernel_fixed_us"]) * 1e-6,
         clock_switch_s=clock_switch_s,
@@ -437,14 +502,20 @@ def _spec_from_toml(data: dict[str, Any], path: Path) -> GPUSpec:
         gemm_fixed_s=float(m.get("gemm_fixed_us", 0.0)) * 1e-6,
         attention_efficiency=float(m["attention_efficiency"]) if "attention_efficiency" in m else None,
         layer_norm_bandwidth_rel=float(m.get("layer_norm_bandwidth_rel", 1.0)),
-        host_issue_s=float(data.get("host", {}).get("issue_us", 0.0)) * 1e-6,
-        host_gemm_issue_s=float(data.get("host", {}).get("gemm_issue_us", 0.0)) * 1e-6,
-        step_host_s={k.removesuffix("_us"): float(v) * 1e-6 for k, v in data.get("step_host", {}).items()},
+        **_host_fields(host),
         operator_bandwidth_rel={k: float(v) for k, v in data.get("operator_bandwidth_rel", {}).items()},
         row_overhead_elements={k: float(v) for k, v in data.get("row_overhead_elements", {}).items()},
         attention_head_dim_overhead=float(data.get("attention", {}).get("head_dim_overhead", 0.0)),
         attention_backward_efficiency_rel=float(data.get("attention", {}).get("backward_efficiency_rel", 1.0)),
+        attention_key_overhead=float(data.get("attention", {}).get("key_overhead", 0.0)),
+        attention_fixed_s=tuple(float(v) * 1e-6 for v in data.get("attention", {}).get("fixed_us", (0.0, 0.0))),
+        attention_rate_rel={k: float(v) for k, v in data.get("attention_rate_rel", {}).items()},
+        gemm_epilogue_rel=float(m.get("gemm_epilogue_rel", 0.0)),
+        gemm_unclocked_share=float(m.get("gemm_unclocked_share", 0.0)),
+        conv_efficiency_rel={k: float(v) for k, v in data.get("conv_efficiency_rel", {}).items()},
+        provenance={k: str(v) for k, v in data.get("provenance", {}).items()},
         memory_gb=float(g["memory_gb"]) if "memory_gb" in g else None,
         waiting_power=_waiting_power(data, path),
         **_actuation(data, path, clock_switch_s),
     )
+    return dataclasses.replace(spec, **families) if families else spec

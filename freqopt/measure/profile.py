@@ -106,6 +106,15 @@ class ProfileReport:
         memory: the step's memory on one rank (freqopt.workload.memory.estimate_step_memory, in the dtype the step runs in:
             BF16 on a GPU, FP32 when an nvml profile trains on the CPU).
         gpu_memory_gb: the GPU type's memory (GPUSpec.memory_gb), GB; None where its file does not say.
+        host: the host the simulated figures were issued by (freqopt.gpu.host: the GPU file's, or one given).
+        waiting_s: per iteration, s, the GPU waiting on the host to issue its kernels: sim, the simulated GPU's
+            (SimulatedGPU.waiting); nvml, the measured step less torch.profiler's kernel time (cuda device time
+            only, else None). A host-bound step shows slow kernels in neither ``by_kind`` nor ``profiler_by_kind``:
+            it shows here.
+        host_scale: nvml only, where the GPU waited on the host at least HOST_BOUND_SHARE of the step: the factor on
+            ``host``'s times that makes the simulated step as long as the measured one (a bisection on
+            HostSpec.scaled): your machine's host against the shipped one, to pass on as
+            ``get_host(host).scaled(host_scale)`` (``freqopt search --host`` takes a host file); else None.
     """
 
     model: str
@@ -126,6 +135,14 @@ class ProfileReport:
     profiler_time: str | None = None
     memory: StepMemory | None = None
     gpu_memory_gb: float | None = None
+    host: str | None = None
+    waiting_s: float | None = None
+    host_scale: float | None = None
+
+    @property
+    def waiting_share(self) -> float | None:
+        """``waiting_s`` over the iteration's time (0-1), or None."""
+        return None if self.waiting_s is None else self.waiting_s / self.time_s
 
     @property
     def avg_power_w(self) -> float:
@@ -146,7 +163,8 @@ class ProfileReport:
         doc = {"model": self.model, "gpu": self.gpu, "backend": self.backend, "setting": setting,
                "time_s": self.time_s, "energy_j": self.energy_j, "avg_power_w": self.avg_power_w, "flops": self.flops,
                "by_kind": {kind: vars(f) for kind, f in self.by_kind.items()},
-               "by_pass": {name: vars(f) for name, f in self.by_pass.items()}}  # fmt: skip
+               "by_pass": {name: vars(f) for name, f in self.by_pass.items()}, "host": self.host,
+               "waiting_s": self.waiting_s, "host_scale": self.host_scale}  # fmt: skip
         if self.memory is not None:
             doc["memory"] = {**self.memory.summary(), "gpu_gb": self.gpu_memory_gb, "dtype": self.memory.dtype}
         if self.predicted is not None:
@@ -229,7 +247,7 @@ def profile(workload: Workload | str | Trace, backend: Backend | str = "sim", *,
             steps: int = 10, warmup_steps: int = 3, seed: int = 0, micro_batch_size: int | None = None,
             seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
             layout=None, sm_clock_mhz: int | None = None, mem_clock_mhz: int | None = None,
-            power_limit_w: float | None = None) -> ProfileReport:  # fmt: skip
+            power_limit_w: float | None = None, host=None) -> ProfileReport:  # fmt: skip
     """Profile one training iteration of ``workload`` (module docstring).
 
     Args:
@@ -254,12 +272,15 @@ def profile(workload: Workload | str | Trace, backend: Backend | str = "sim", *,
             (MHz) and power limit (W) the whole step runs at; None keeps the GPU's default (boost clocks under the
             default power limit, the highest memory clock). The step is the one the search's validation measures
             for that setting (``SimulatedGPU.step(kernels, [setting] * K)``).
+        host: the host that issues the kernels (freqopt.gpu.host: a HostSpec, or a host's name or TOML path), in
+            place of the GPU file's: the simulated step's on sim, the one ``host_scale`` is measured against on nvml.
 
     Returns:
-        ProfileReport.
+        ProfileReport (``waiting_s``: the GPU waiting on the host; on nvml ``host_scale`` where the step is
+        host-bound).
 
     Raises:
-        UnknownNameError: unknown model, GPU type or backend.
+        UnknownNameError: unknown model, GPU type, host or backend.
         InvalidSettingError: a pipeline layout (pp > 1, Layout.refuse_pipeline), a bad override, a non-positive
             ``steps``, a negative ``warmup_steps``, a ``device`` with the simulated GPU or one the model cannot train on (check_device), a layout of more than one
             rank on a real GPU, or a step that does not fit the real GPU's memory (check_gpu_memory; not checked
@@ -282,7 +303,7 @@ def profile(workload: Workload | str | Trace, backend: Backend | str = "sim", *,
     # line runs before it imports PyTorch), then the model's and the device's.
     checked = check_profile_arguments(workload, backend, gpu=gpu, device=device, steps=steps,
                                       warmup_steps=warmup_steps, sm_clock_mhz=sm_clock_mhz,
-                                      mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w, **sizes)  # fmt: skip
+                                      mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w, host=host, **sizes)  # fmt: skip
     traced, workload = resolve_trace_or_workload(workload, **sizes)
     backend, real, setting = checked.backend, checked.real, checked.setting
     if real:
@@ -310,9 +331,11 @@ def _profile_simulated(workload: Workload, traced: Trace | None, measuring: Back
     setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
     trace = traced if traced is not None else trace_training_iteration(workload)
     total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
+    waiting = measuring.waiting(list(trace.kernels), [setting] * len(trace.kernels))
     return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
                          trace.total_flops, by_kind, by_pass, setting, memory=memory,
-                         gpu_memory_gb=measuring.spec.memory_gb)  # fmt: skip
+                         gpu_memory_gb=measuring.spec.memory_gb, host=measuring.spec.host,
+                         waiting_s=waiting.time_s)  # fmt: skip
 
 
 def _step_memory(workload: Workload, measuring: Backend, *, real: bool, device: str | None) -> StepMemory:
@@ -419,9 +442,41 @@ def _profile_real(workload: Workload, backend: Backend, device: str, steps: int,
     energy_j = backend.energy_j() - energy_before
     window_s = start.elapsed_time(end) / 1000.0 if trainer.cuda else wall_s
     rows = compare_with_profiler(trainer.step, by_kind, cuda=trainer.cuda)
-    return ProfileReport(workload.model, backend.spec.name, "nvml", window_s / n, energy_j / n, trace.total_flops,
+    step_s = window_s / n
+    waiting_s = scale = None
+    if trainer.cuda:
+        waiting_s = max(step_s - sum(r.measured_time_s for r in rows.values()), 0.0)
+        if waiting_s >= HOST_BOUND_SHARE * step_s:
+            scale = fit_host_scale(trace, backend.spec, step_s)
+    return ProfileReport(workload.model, backend.spec.name, "nvml", step_s, energy_j / n, trace.total_flops,
                          by_kind, by_pass, None, predicted=predicted, device=device, n_steps=n, window_s=window_s,
                          counter_period_s=period_s, profiler_by_kind=rows,
-                         profiler_time="cuda device time" if trainer.cuda else "cpu time")  # fmt: skip
+                         profiler_time="cuda device time" if trainer.cuda else "cpu time", host=backend.spec.host,
+                         waiting_s=waiting_s, host_scale=scale)  # fmt: skip
+
+
+# A step whose GPU waits on the host this share of its time or more tells the host's speed (ProfileReport.host_scale).
+HOST_BOUND_SHARE = 0.2
+
+
+def fit_host_scale(trace: Trace, spec, step_s: float, *, bounds: tuple[float, float] = (0.1, 20.0)) -> float | None:
+    """The factor on ``spec``'s host (freqopt.gpu.host.HostSpec.scaled) that makes the simulated step of ``trace``
+    (SimulatedGPU.step at default settings) last ``step_s``: bisection (scipy.optimize.brentq) on the factor; None
+    where no factor in ``bounds`` does (a step the GPU, not the host, sets the pace of)."""
+    from scipy.optimize import brentq
+
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.gpu.host import get_host
+
+    host = get_host(spec.host)
+    kernels = list(trace.kernels)
+
+    def gap(factor: float) -> float:
+        return SimulatedGPU(spec.with_host(host.scaled(factor)), noise=False).step(kernels).time_s - step_s
+
+    low, high = bounds
+    if gap(low) > 0 or gap(high) < 0:
+        return None
+    return float(brentq(gap, low, high, xtol=1e-4))
 
 

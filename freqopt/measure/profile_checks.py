@@ -37,7 +37,7 @@ def check_profile_arguments(workload, backend: Backend | str = "sim", *, gpu=Non
                             seq_len: int | None = None, n_heads: int | None = None,
                             vocab_multiple: int | None = None, layout=None, sm_clock_mhz: int | None = None,
                             mem_clock_mhz: int | None = None,
-                            power_limit_w: float | None = None) -> ProfileArguments:  # fmt: skip
+                            power_limit_w: float | None = None, host=None) -> ProfileArguments:  # fmt: skip
     """Check the arguments of freqopt.measure.profile.profile (see there) that need no model built, in the order it
     always had: the model's name and overrides (freqopt.resolve.check_workload_arguments; a Trace with none and on
     the simulated GPU only), no pipeline layout, the GPU type, the backend, steps and warmup_steps; on nvml no
@@ -46,7 +46,7 @@ def check_profile_arguments(workload, backend: Backend | str = "sim", *, gpu=Non
     memory) is checked when profile resolves it.
 
     Raises:
-        UnknownNameError: unknown model, GPU type or backend.
+        UnknownNameError: unknown model, GPU type, host or backend.
         InvalidSettingError: as profile, for the arguments above.
     """
     from freqopt.errors import check_positive_int
@@ -65,7 +65,7 @@ def check_profile_arguments(workload, backend: Backend | str = "sim", *, gpu=Non
                                       argument="backend")  # fmt: skip
         workload_layout = resolved.layout
     workload_layout.refuse_pipeline("the profile")
-    spec = resolve_gpu(gpu)
+    spec = resolve_gpu(gpu, host=host)
     backend = resolve_backend(backend)
     check_positive_int("steps", steps)
     if warmup_steps < 0:

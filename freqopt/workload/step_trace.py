@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -38,12 +37,13 @@ from torch.utils._pytree import tree_flatten
 
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.workload.fingerprint import FINGERPRINT_KEY, module_fingerprint
+from freqopt.workload.autocast import CudaAutocast, enable_cuda_autocast
 from freqopt.workload.layout import SINGLE_GPU
 from freqopt.workload.models import Workload
 from freqopt.workload.models.meta_checks import MetaChecks
 from freqopt.workload.models.sdpa import FusedSDPA
 from freqopt.workload.phases import PhaseHooks, quiet_backward_hooks
-from freqopt.workload.trace import Trace, _KernelRecorder
+from freqopt.workload.trace import Trace, _KernelRecorder, meta_as_cuda_for_optimizers
 
 __all__ = ["StepConfig", "trace_step"]
 
@@ -131,19 +131,6 @@ class _BackwardCalls(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _meta_as_cuda_for_optimizers():
-    """torch.optim treats meta parameters as CUDA ones: foreach by default, fused=True allowed (module docstring)."""
-    import torch.optim.optimizer as optimizer
-
-    with contextlib.ExitStack() as stack:
-        for name in ("_get_foreach_kernels_supported_devices", "_get_fused_kernels_supported_devices"):
-            original = getattr(optimizer, name, None)
-            if original is not None:
-                stack.enter_context(mock.patch.object(optimizer, name, lambda _f=original: [*_f(), "meta"]))
-        yield
-
-
-@contextlib.contextmanager
 def _optimizer_hooks(recorder: _StepRecorder, phase_hooks: PhaseHooks | None):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -166,7 +153,7 @@ def _optimizer_hooks(recorder: _StepRecorder, phase_hooks: PhaseHooks | None):
 def _run(step_fn, recorder: _StepRecorder, phase_hooks: PhaseHooks | None) -> None:
     """One call of step_fn under the recorder, its pass detection and the tracing modes."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_meta_as_cuda_for_optimizers())
+        stack.enter_context(meta_as_cuda_for_optimizers())
         stack.enter_context(_optimizer_hooks(recorder, phase_hooks))
         if phase_hooks is not None:
             stack.enter_context(phase_hooks)
@@ -175,6 +162,8 @@ def _run(step_fn, recorder: _StepRecorder, phase_hooks: PhaseHooks | None) -> No
         stack.enter_context(FusedSDPA())
         stack.enter_context(MetaChecks())
         stack.enter_context(quiet_backward_hooks())
+        stack.enter_context(enable_cuda_autocast())
+        stack.enter_context(CudaAutocast())  # entered last, so it casts before FusedSDPA routes an attention call
         try:
             step_fn()
         except _RealTensorError:

@@ -39,7 +39,10 @@ GPU runs, and are not warned of.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import warnings
+from unittest import mock
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -50,15 +53,16 @@ from torch.utils.flop_counter import flop_registry
 from freqopt.workload.kernels import (  # noqa: F401  re-exported: a trace's data classes live in freqopt.workload.kernels
     COLLECTIVE_KINDS, DEVICE, PASSES, GPUPathWarning, Kernel, OpCall, TensorSpec, Trace, _dtype_name, record_call,
 )
+from freqopt.workload.autocast import CudaAutocast, enable_cuda_autocast
 from freqopt.workload.models import Workload, build_model
 from freqopt.workload.models.ops import MixedPrecisionAdamW
 from freqopt.workload.models.parallel import COMM_STREAM, COMPUTE_STREAM, all_reduce, shard_tensor_parallel
 from freqopt.workload.models.meta_checks import MetaChecks
-from freqopt.workload.models.sdpa import FusedSDPA, gpu_math_path_active
+from freqopt.workload.models.sdpa import FusedSDPA, gpu_math_path_active, user_sdpa_kernel_name
 from freqopt.workload.phases import PhaseHooks, quiet_backward_hooks
 
 __all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration",
-           "record_call", "MODES", "PASSES", "GPUPathWarning"]
+           "record_call", "MODES", "PASSES", "PRECISIONS", "GPUPathWarning", "meta_as_cuda_for_optimizers"]
 
 MODES = ("train", "inference")
 
@@ -138,6 +142,52 @@ def _nll_loss_bytes(op: str, args: tuple, written: list[torch.Tensor]) -> int:
     if op == "nll_loss_forward":
         nbytes += target.numel() * args[0].element_size()
     return nbytes
+
+
+# A convolution's backward is two GPU kernels (PyTorch's cudnn_convolution_backward calls cuDNN's data-gradient and
+# weight-gradient convolutions one after the other, each its own implicit GEMM of another shape), so the tracer
+# records one kernel per gradient it computes, named by it; the bias gradient (a sum over grad_output) rides with
+# the weight's.
+CONVOLUTION_BACKWARD_INPUT = "aten.convolution_backward_input"
+CONVOLUTION_BACKWARD_WEIGHT = "aten.convolution_backward_weight"
+
+
+def _conv_read_fraction(weight: torch.Tensor, stride) -> float:
+    """Share of a convolution's input its windows read: in each spatial dimension a window of k taps every s pixels
+    touches min(1, k / s) of them (a 1 x 1 convolution with stride 2 reads a quarter of a 2-D input)."""
+    fraction = 1.0
+    for k, s in zip(weight.shape[2:], stride if isinstance(stride, (list, tuple)) else [stride] * (weight.dim() - 2)):
+        fraction *= min(1.0, k / s) if s > 0 else 1.0
+    return fraction
+
+
+def _convolution_backward_kernels(func, args: tuple, out, call: OpCall, *, pass_name: str) -> list[Kernel]:
+    """The kernels of one ``aten.convolution_backward`` call: the data gradient (reads grad_output and the weight,
+    writes grad_input) and the weight gradient (reads grad_output and the input, writes grad_weight and grad_bias),
+    each where its ``output_mask`` entry asks for it, FLOPs from torch.utils.flop_counter's formula with only that
+    entry set, and a ``call`` that replays it alone (the same operator with that output_mask)."""
+    grad_output, x, weight = args[0], args[1], args[2]
+    mask = tuple(bool(m) for m in args[10])
+    formula = flop_registry[func._overloadpacket]
+    dtype = _dtype_name(grad_output.dtype)
+    kernels = []
+    for name, direction, written, read in ((CONVOLUTION_BACKWARD_INPUT, (True, False, False), out[:1], weight),
+                                           (CONVOLUTION_BACKWARD_WEIGHT, (False, True, mask[2]), out[1:], x)):
+        if not any(m and d for m, d in zip(mask, direction)):
+            continue
+        direction = tuple(m and d for m, d in zip(mask, direction))
+        sub_args = (*args[:10], list(direction), *args[11:])
+        outputs = [o for o in written if isinstance(o, torch.Tensor)]
+        read_bytes = _tensor_bytes(read) * (_conv_read_fraction(weight, args[4]) if read is x else 1.0)
+        flops = float(formula(*sub_args, out_val=out))
+        sub_call = dataclasses.replace(call, args=(*call.args[:10], direction, *call.args[11:])) if call.args else call
+        kernels.append(Kernel(
+            name=name, kind="gemm", pass_name=pass_name, flops=flops,
+            mem_bytes=float(_tensor_bytes(grad_output) + read_bytes + sum(map(_tensor_bytes, outputs))),
+            dtype=dtype, shapes=_shapes([grad_output, x, weight]), tensor_core=dtype in ("bfloat16", "float16"),
+            call=sub_call,
+        ))  # fmt: skip
+    return kernels
 
 
 def _shapes(inputs: list[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
@@ -242,6 +292,9 @@ class _KernelRecorder(TorchDispatchMode):
         if op == "all_reduce":
             self.kernels.append(_all_reduce_kernel(*args, pass_name=self.pass_name, call=call))
             return out
+        if op == "convolution_backward":
+            self.kernels.extend(_convolution_backward_kernels(func, args, out, call, pass_name=self.pass_name))
+            return out
         # In-place and out= operators return their (already counted) inputs, or nothing (the foreach and fused
         # optimizer operators): count each storage they write once more, as written.
         written = [o for o in outputs if not any(o is i for i in inputs)]
@@ -250,6 +303,8 @@ class _KernelRecorder(TorchDispatchMode):
         mem_bytes = sum(map(_tensor_bytes, inputs)) + sum(map(_tensor_bytes, written)) + sum(map(_tensor_bytes, mutated))
         if op == "_foreach_copy_" or op == "copy_":  # reads the source, writes the destination
             mem_bytes = sum(map(_tensor_bytes, inputs))
+        elif op in ("convolution", "_convolution"):  # a strided window reads only part of its input
+            mem_bytes -= _tensor_bytes(args[0]) * (1.0 - _conv_read_fraction(args[1], args[3]))
         elif op in _NLL_LOSS:
             mem_bytes = _nll_loss_bytes(op, args, written)
         formula = flop_registry.get(packet)
@@ -258,9 +313,10 @@ class _KernelRecorder(TorchDispatchMode):
         dtype = _dtype_name(floating[0].dtype)
         kind = _KINDS.get(op, "elementwise")
         self._check_gpu_path(f"{func.namespace}.{op}", kind, inputs)
+        name = (user_sdpa_kernel_name(op, args, outputs) if kind == "attention" else None) or f"{func.namespace}.{op}"
         self.kernels.append(
             Kernel(
-                name=f"{func.namespace}.{op}",
+                name=name,
                 kind=kind,
                 pass_name=self.pass_name,
                 flops=flops,
@@ -273,6 +329,27 @@ class _KernelRecorder(TorchDispatchMode):
             )
         )
         return out
+
+
+class _TrainerAdamW:
+    """The optimizer step of Hugging Face's Trainer with bf16=True, on fp32 weights: the gradients' global norm
+    clipped to 1.0 (torch.nn.utils.clip_grad_norm_, its foreach kernels; the squared norm summed over the other
+    ranks as ``reduce_sq_norm`` does), then torch.optim.AdamW(fused=True) (Trainer's default adamw_torch_fused)."""
+
+    def __init__(self, params, reduce_sq_norm):
+        self.params = [p for p in params if p.requires_grad]
+        self.reduce_sq_norm = reduce_sq_norm
+        self.optimizer = torch.optim.AdamW(self.params, lr=5e-5, fused=True)
+        for p in self.params:  # the state torch.optim makes lazily on the first step: once per run, not per step
+            self.optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                                       "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+
+    def step(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norms = torch._foreach_norm(grads, 2.0)
+        total = self.reduce_sq_norm(torch.linalg.vector_norm(torch.stack(norms), 2.0) ** 2) ** 0.5
+        torch._foreach_mul_(grads, torch.clamp(1.0 / (total + 1e-6), max=1.0))
+        self.optimizer.step()
 
 
 def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stream: int, *, pass_name: str,
@@ -317,19 +394,50 @@ class _GradientBuckets:
             handle.remove()
 
 
-def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
-    """Kernels of one training iteration: forward, backward and a mixed-precision AdamW step.
+@contextlib.contextmanager
+def meta_as_cuda_for_optimizers():
+    """torch.optim treats meta parameters as CUDA ones while this is active: it picks its foreach (multi-tensor)
+    kernels by default and allows ``fused=True``, as for CUDA parameters (``"meta"`` added to
+    ``torch.optim.optimizer._get_foreach_kernels_supported_devices`` and ``_get_fused_kernels_supported_devices``)."""
+    import torch.optim.optimizer as optimizer
+
+    with contextlib.ExitStack() as stack:
+        for name in ("_get_foreach_kernels_supported_devices", "_get_fused_kernels_supported_devices"):
+            original = getattr(optimizer, name, None)
+            if original is not None:
+                stack.enter_context(mock.patch.object(optimizer, name, lambda _f=original: [*_f(), "meta"]))
+        yield
+
+
+# How a training step keeps its numbers (trace_iteration's ``precision``):
+#   "bf16": bf16 weights and activations, fp32 master weights and moments in the optimizer (MixedPrecisionAdamW): as
+#           DeepSpeed's bf16 mode and Megatron-LM train, and as freqopt's models run on a GPU;
+#   "bf16-mixed": fp32 weights, the forward under torch.autocast("cuda", dtype=torch.bfloat16) (GEMMs in bf16, the
+#           ops autocast keeps in fp32, the casts between), PyTorch's fused AdamW on the fp32 weights after the
+#           gradients are clipped to norm 1.0: as Hugging Face's Trainer(bf16=True) trains (its default optimizer
+#           adamw_torch_fused, max_grad_norm 1.0).
+PRECISIONS = ("bf16", "bf16-mixed")
+
+
+def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.bfloat16, precision: str = "bf16") -> Trace:
+    """Kernels of one training iteration: forward, backward and an AdamW step.
 
     Runs on the meta device, so it needs no memory and takes seconds even for gpt3-175b.
 
     Args:
         workload: model and micro-batch.
-        dtype: parameter and activation dtype; the optimizer keeps FP32 master weights and moments.
+        dtype: parameter and activation dtype of the "bf16" precision; the optimizer keeps FP32 master weights and
+            moments.
+        precision: one of PRECISIONS ("bf16", "bf16-mixed": fp32 weights under CUDA autocast, as
+            Trainer(bf16=True)).
 
     Returns:
         Trace with kernels in issue order; ``meta`` holds the parameter count and the mode.
+
+    Raises:
+        InvalidSettingError: an unknown precision.
     """
-    return trace_iteration(workload, "train", dtype=dtype)
+    return trace_iteration(workload, "train", dtype=dtype, precision=precision)
 
 
 def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
@@ -337,22 +445,28 @@ def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) 
     return trace_iteration(workload, "inference", dtype=dtype)
 
 
-def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16) -> Trace:
+def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16,
+                    precision: str = "bf16") -> Trace:  # fmt: skip
     """One training step (mode "train") or one inference batch (mode "inference") of one rank of the workload's
-    layout, traced on the meta device.
+    layout, traced on the meta device, in ``precision`` (PRECISIONS; "bf16" builds the model in ``dtype``).
 
     Raises:
         UnknownNameError: unknown mode.
-        InvalidSettingError: a pipeline layout (pp > 1): its stages are traced by
+        InvalidSettingError: an unknown precision; a pipeline layout (pp > 1): its stages are traced by
             freqopt.workload.pipeline_trace.trace_pipeline_stages.
     """
-    from freqopt.errors import UnknownNameError
+    from freqopt.errors import InvalidSettingError, UnknownNameError
 
     if mode not in MODES:
         raise UnknownNameError(f"unknown mode {mode!r}; choose train or inference")
+    if precision not in PRECISIONS:
+        raise InvalidSettingError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     workload.layout.refuse_pipeline("tracing one rank's whole iteration")
     config, layout = workload.config, workload.layout
-    model = shard_tensor_parallel(build_model(config, dtype=dtype), layout.tp)
+    mixed = precision == "bf16-mixed"
+    model = shard_tensor_parallel(build_model(config, dtype=torch.float32 if mixed else dtype), layout.tp)
+    # Made when entered: torch.autocast("cuda") decides in its constructor whether CUDA AMP is available.
+    autocast = [enable_cuda_autocast, lambda: torch.autocast("cuda", dtype=torch.bfloat16), CudaAutocast] if mixed else []
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
     recorder = _KernelRecorder(model)
     hooks = PhaseHooks(model, recorder.mark)
@@ -367,9 +481,12 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
                 sq_norm = all_reduce(sq_norm, layout.dp, layout.tp, COMPUTE_STREAM)
             return sq_norm
 
-        optimizer = MixedPrecisionAdamW(params, reduce_sq_norm=reduce_norm)
-        with recorder, hooks, FusedSDPA(), MetaChecks():
-            loss = model(idx, idx)
+        optimizer = _TrainerAdamW(params, reduce_norm) if mixed else MixedPrecisionAdamW(params, reduce_sq_norm=reduce_norm)
+        with recorder, hooks, FusedSDPA(), MetaChecks(), meta_as_cuda_for_optimizers():
+            with contextlib.ExitStack() as stack:
+                for make in autocast:
+                    stack.enter_context(make())
+                loss = model(idx, idx)
             recorder.pass_name = "backward"
             with quiet_backward_hooks():
                 loss.backward()
@@ -380,7 +497,9 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
             hooks.mark_step()
             optimizer.step()
     else:
-        with torch.no_grad(), recorder, hooks, FusedSDPA(), MetaChecks():
+        with torch.no_grad(), recorder, hooks, FusedSDPA(), MetaChecks(), contextlib.ExitStack() as stack:
+            for make in autocast:
+                stack.enter_context(make())
             model(idx)
     n_params = sum(p.numel() for p in model.parameters())
     from freqopt.workload.fingerprint import FINGERPRINT_KEY, module_fingerprint

@@ -11,15 +11,31 @@ import numpy as np
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
-__all__ = ["KernelPhysics", "KernelTerms", "waiting_power_w", "SetCallQueue", "host_gaps", "host_issue_s", "gemm_inner_dim", "voltage_rel", "bandwidth_rel",
-           "attention_efficiency", "attention_head_dim", "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION",
-           "ATTENTION_HEAD_DIM_TILE", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES", "ROW_WIDTH_REF"]
+__all__ = ["KernelPhysics", "KernelTerms", "waiting_power_w", "SetCallQueue", "host_gaps", "host_issue_s", "gemm_inner_dim",
+           "gemm_shape", "gemm_efficiency", "gemm_work", "gemm_output_bytes", "conv_channels", "voltage_rel", "bandwidth_rel",
+           "attention_efficiency", "attention_head_dim", "attention_key_length", "attention_work", "attention_fixed_s",
+           "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION", "ATTENTION_HEAD_DIM_TILE", "ATTENTION_SEQ_TILE",
+           "CONV_CHANNEL_MULTIPLE", "CONV_DIRECTIONS", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES",
+           "ROW_WIDTH_REF"]
 
 CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
 # cuDNN's fused attention on sm90 computes on head-dimension tiles of 64 or 128: the kernels of the measured H100
 # steps are named ..._64x128x64_... for head dimension 64 and ..._64x128x128_... for 80 and 128
 # (experiments/data/h100/whole_steps, top_kernels); a head dimension between is zero-padded to the next tile.
 ATTENTION_HEAD_DIM_TILE = 64
+# Fused attention walks the sequence in blocks of 128 query and 128 key rows (the same kernel names: 64x128 and
+# 128x128 CTA tiles; FlashAttention-2 uses 128-row blocks, Dao 2023, arXiv 2307.08691, sec. 3.3): a sequence is
+# padded to the next block (ViT's 197 tokens run as 256).
+ATTENTION_SEQ_TILE = 128
+# cuDNN runs a 16-bit convolution on tensor cores with channels padded to a multiple of 8 (NHWC; cuDNN's developer
+# guide, "Tensor Core operations": channel counts a multiple of 8 for FP16/BF16): ResNet's 3-channel stem computes on 8.
+CONV_CHANNEL_MULTIPLE = 8
+CONV_FORWARD = ("aten.convolution", "aten._convolution")
+CONV_INPUT = "aten.convolution_backward_input"  # freqopt.workload.trace: a convolution's data gradient
+CONV_WEIGHT = "aten.convolution_backward_weight"  # and its weight gradient (and bias), a kernel each
+# GPUSpec.conv_efficiency_rel's keys: the three convolutions of a layer, by the kernel that runs them.
+CONV_DIRECTIONS = {"aten.convolution": "forward", "aten._convolution": "forward", CONV_INPUT: "input",
+                   CONV_WEIGHT: "weight"}
 
 
 # Operators whose SM work besides FLOPs draws power of its own (PowerModel): special-function (transcendental)
@@ -32,23 +48,101 @@ SFU_OPS = frozenset({
 # FlashAttention-2's backward recomputes the scores: 5 matmuls against the 4 that the 2x-forward FLOP count
 # (torch.utils.flop_counter's convention) holds, i.e. 2.5x the forward's work (Dao 2023, arXiv 2307.08691, sec. 3).
 ATTENTION_BACKWARD_WORK = 1.25
-_GEMM_INNER_DIM_ARG = {"aten.mm": 0, "aten.bmm": 0, "aten.addmm": 1, "aten.baddbmm": 1}
+_GEMM_OPERANDS = {"aten.mm": 0, "aten.bmm": 0, "aten.addmm": 1, "aten.baddbmm": 1}  # index of the first matrix
+
+
+def _padded(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def conv_channels(kernel: Kernel) -> tuple[int, int]:
+    """(C_in per group, padded to CONV_CHANNEL_MULTIPLE for a 16-bit kernel; C_in per group): the channels a
+    convolution kernel computes on and has, from its weight (C_out, C_in / groups, kh, kw)."""
+    weight = kernel.shapes[1] if kernel.name in CONV_FORWARD else kernel.shapes[2]
+    c = int(weight[1])
+    return (_padded(c, CONV_CHANNEL_MULTIPLE) if kernel.tensor_core else c), c
+
+
+def gemm_shape(kernel: Kernel) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of the matrix multiply a GEMM kernel runs, or None for another kernel (or shapes it cannot
+    read). K is the reduced dimension. A convolution is cuDNN's implicit GEMM (Chetlur et al. 2014, "cuDNN",
+    arXiv 1410.0759): forward M = N H_out W_out, N = C_out, K = C_in / groups x kh x kw; its data gradient
+    M = N H W, N = C_in, K = C_out x kh x kw; its weight gradient M = C_out, N = C_in / groups x kh x kw,
+    K = N H_out W_out; C_in padded as ``conv_channels`` says. H_out W_out comes from the FLOPs."""
+    shapes = kernel.shapes
+    direction = CONV_DIRECTIONS.get(kernel.name)
+    if direction is not None:
+        try:
+            x = shapes[0] if direction == "forward" else shapes[1]
+            weight = shapes[1] if direction == "forward" else shapes[2]
+            c_out, window = int(weight[0]), int(np.prod(weight[2:]))
+            padded, c_in = conv_channels(kernel)
+            batch = int(x[0])
+            out_hw = kernel.flops / (2.0 * batch * c_out * c_in * window)  # H_out x W_out
+            if direction == "forward":
+                return 1, round(batch * out_hw), c_out, padded * window
+            if direction == "input":
+                return 1, int(np.prod(x)) // int(x[1]), padded, c_out * window
+            return 1, c_out, padded * window, round(batch * out_hw)
+        except (IndexError, ValueError, ZeroDivisionError):
+            return None
+    first = _GEMM_OPERANDS.get(kernel.name)
+    if first is None or len(shapes) <= first + 1 or len(shapes[first]) < 2 or len(shapes[first + 1]) < 2:
+        return None
+    a, b = shapes[first], shapes[first + 1]
+    return int(np.prod(a[:-2])) if len(a) > 2 else 1, int(a[-2]), int(b[-1]), int(a[-1])
 
 
 def gemm_inner_dim(kernel: Kernel) -> int | None:
-    """K of a GEMM kernel (the reduced dimension: the last of its first matrix operand), None for other kernels. A
-    convolution is an implicit GEMM whose K is a filter's size, C_in / groups x kh x kw (its weight's shape past the
-    first dimension); its backward's data gradient reduces over C_out x kh x kw, which is taken for the whole
-    operator (the weight gradient's K, N x H_out x W_out, is long)."""
-    if kernel.name in ("aten.convolution", "aten._convolution") and len(kernel.shapes) > 1 and kernel.shapes[1]:
-        return int(np.prod(kernel.shapes[1][1:]))
-    if kernel.name == "aten.convolution_backward" and len(kernel.shapes) > 2 and kernel.shapes[2]:
-        weight = kernel.shapes[2]
-        return int(weight[0] * np.prod(weight[2:]))
-    arg = _GEMM_INNER_DIM_ARG.get(kernel.name)
-    if arg is None or len(kernel.shapes) <= arg or not kernel.shapes[arg]:
-        return None
-    return int(kernel.shapes[arg][-1])
+    """K of a GEMM kernel (``gemm_shape``'s reduced dimension), None for other kernels."""
+    shape = gemm_shape(kernel)
+    return shape[3] if shape else None
+
+
+def gemm_efficiency(spec: GPUSpec, kernel: Kernel) -> float:
+    """Fraction of tensor (or CUDA-core) peak a GEMM kernel's main loop reaches on its (padded) work:
+    ``gemm_efficiency * K / (K + gemm_k_overhead)`` with K its inner dimension (``gemm_shape``), times
+    ``conv_efficiency_rel`` of its direction for a convolution (and of ``<direction>_small_channels`` where its input
+    channels are padded, ``conv_channels``: ResNet's 3-channel stem). Where the GPU type states
+    ``gemm_epilogue_rel``, the store of the output is timed apart (``gemm_output_bytes``) and ``gemm_k_overhead``
+    is 0: the K term was a tile's epilogue against its main loop."""
+    eff = spec.gemm_efficiency
+    shape = gemm_shape(kernel) if kernel.tensor_core else None
+    if shape is None:
+        return eff
+    if spec.gemm_k_overhead > 0:
+        eff *= shape[3] / (shape[3] + spec.gemm_k_overhead)
+    direction = CONV_DIRECTIONS.get(kernel.name)
+    if direction is not None:
+        eff *= spec.conv_efficiency_rel.get(direction, 1.0)
+        padded, c_in = conv_channels(kernel)
+        if padded != c_in:  # fewer channels than a tensor-core tile takes: cuDNN's other kernels (ResNet's stem)
+            eff *= spec.conv_efficiency_rel.get(f"{direction}_small_channels", 1.0)
+    return eff
+
+
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
+def gemm_output_bytes(kernel: Kernel) -> float:
+    """Bytes a GEMM kernel writes: its output, batch x M x N elements of its dtype (``gemm_shape``, with a
+    convolution's channels unpadded); 0 for another kernel."""
+    shape = gemm_shape(kernel)
+    if shape is None:
+        return 0.0
+    batch, m, n, _ = shape
+    if CONV_DIRECTIONS.get(kernel.name) in ("input", "weight"):
+        padded, c_in = conv_channels(kernel)
+        n = n * c_in // padded
+    return float(min(batch * m * n * _ITEMSIZE.get(kernel.dtype, 2), kernel.mem_bytes))
+
+
+def gemm_work(kernel: Kernel) -> float:
+    """FLOPs a GEMM kernel computes: its traced FLOPs, with a 16-bit convolution's channels padded (conv_channels)."""
+    if kernel.name in CONV_DIRECTIONS and kernel.tensor_core:
+        padded, c_in = conv_channels(kernel)
+        return kernel.flops * padded / c_in
+    return kernel.flops
 
 
 def host_issue_s(spec: GPUSpec, kernels: Sequence[Kernel], *, step: bool = False) -> np.ndarray:
@@ -61,7 +155,9 @@ def host_issue_s(spec: GPUSpec, kernels: Sequence[Kernel], *, step: bool = False
                      for k in kernels])  # fmt: skip
 
 
-MULTI_TENSOR_PREFIXES = ("aten._foreach_", "aten._fused_")  # PyTorch's multi-tensor-apply operators
+# PyTorch's multi-tensor-apply operators: the foreach ones and the fused optimizers (_fused_adam_, _fused_adamw_,
+# _fused_sgd_), not every "_fused_" operator (aten._fused_rms_norm is one row-wise kernel).
+MULTI_TENSOR_PREFIXES = ("aten._foreach_", "aten._fused_adam", "aten._fused_sgd")
 MULTI_TENSOR = "multi_tensor"  # their key in GPUSpec.operator_bandwidth_rel
 # Rows of GPT-3 Small's width (768): the layer-norm microbenchmark's (8192 x 768, experiments/data/h100) and that of
 # the whole steps' smallest model, where the bandwidths relative to a copy's are stated.
@@ -92,24 +188,67 @@ def attention_head_dim(kernel: Kernel) -> tuple[int, int]:
     """(head dimension, the head dimension the fused kernel computes on): the last dimension of the query, and
     that rounded up to a multiple of ATTENTION_HEAD_DIM_TILE."""
     d = int(kernel.shapes[0][-1])
-    return d, -(-d // ATTENTION_HEAD_DIM_TILE) * ATTENTION_HEAD_DIM_TILE
+    return d, _padded(d, ATTENTION_HEAD_DIM_TILE)
+
+
+def attention_key_length(kernel: Kernel) -> int:
+    """Keys each query block of a fused attention kernel walks, on average: the key sequence (the second input's
+    second-to-last dimension) padded to ATTENTION_SEQ_TILE, half of it under a causal mask."""
+    keys = _padded(int(kernel.shapes[1][-2]), ATTENTION_SEQ_TILE)
+    return keys // 2 if kernel.causal else keys
+
+
+# Where attention_efficiency is stated: head dimension 64, 1024 keys per query block (GPT-3's causal 2048 tokens).
+ATTENTION_REF_HEAD_DIM, ATTENTION_REF_KEY_LENGTH = 64, 1024
+
+
+def attention_work(spec: GPUSpec, kernel: Kernel) -> float:
+    """FLOPs a fused attention kernel computes: its traced FLOPs (torch.utils.flop_counter's, causal masking not
+    discounted) times CAUSAL_WORK_FRACTION under a causal mask and ATTENTION_BACKWARD_WORK for a backward; where the
+    GPU type models the tiles (its ``attention_head_dim_overhead`` or ``attention_key_overhead`` set), with the head
+    dimension padded to ATTENTION_HEAD_DIM_TILE and the query and key sequences to ATTENTION_SEQ_TILE."""
+    work = kernel.flops * (CAUSAL_WORK_FRACTION if kernel.causal else 1.0)
+    if kernel.name.endswith("_backward"):
+        work *= ATTENTION_BACKWARD_WORK
+    if spec.attention_head_dim_overhead > 0:
+        d, padded = attention_head_dim(kernel)
+        work *= padded / d
+    if spec.attention_key_overhead > 0:
+        queries, keys = int(kernel.shapes[0][-2]), int(kernel.shapes[1][-2])
+        work *= _padded(queries, ATTENTION_SEQ_TILE) * _padded(keys, ATTENTION_SEQ_TILE) / (queries * keys)
+    return work
 
 
 def attention_efficiency(spec: GPUSpec, kernel: Kernel) -> float:
-    """Fraction of tensor peak a fused attention kernel reaches on its (padded, causal) work.
+    """Fraction of tensor peak a fused attention kernel reaches on its (padded, causal) work (``attention_work``).
 
-    ``spec.attention_efficiency`` is the rate at head dimension 64 (where it was fitted); at a padded head
-    dimension d it scales as d / (d + d0) over 64 / (64 + d0), d0 = ``spec.attention_head_dim_overhead`` (the
-    head dimension is the inner dimension of both of attention's matmuls: the same per-tile overhead as a GEMM's
-    ``gemm_k_overhead``); a backward kernel runs at ``spec.attention_backward_efficiency_rel`` of that."""
+    ``spec.attention_efficiency`` is the forward's rate at head dimension 64 and 1024 keys per query block
+    (ATTENTION_REF_HEAD_DIM, ATTENTION_REF_KEY_LENGTH); at a padded head dimension d it scales as d / (d + d0)
+    (d0 = ``spec.attention_head_dim_overhead``: the head dimension is the inner dimension of both of attention's
+    matmuls, so the same per-tile overhead as a GEMM's K), and with L keys per query block (attention_key_length)
+    as L / (L + L0) (L0 = ``spec.attention_key_overhead``: a query block's load, softmax rescaling and store against
+    its walk over the keys), each relative to the reference; a backward kernel runs at
+    ``spec.attention_backward_efficiency_rel`` of that, and a kernel of another implementation at its
+    ``spec.attention_rate_rel`` (by operator name: FlashAttention-2 against cuDNN's fused attention)."""
     eff = spec.attention_efficiency or spec.gemm_efficiency
-    d0 = spec.attention_head_dim_overhead
+    d0, l0 = spec.attention_head_dim_overhead, spec.attention_key_overhead
     if d0 > 0:
         _, padded = attention_head_dim(kernel)
-        eff *= padded / (padded + d0) * (64 + d0) / 64
+        eff *= padded / (padded + d0) * (ATTENTION_REF_HEAD_DIM + d0) / ATTENTION_REF_HEAD_DIM
+    if l0 > 0:
+        keys = attention_key_length(kernel)
+        eff *= keys / (keys + l0) * (ATTENTION_REF_KEY_LENGTH + l0) / ATTENTION_REF_KEY_LENGTH
     if kernel.name.endswith("_backward"):
         eff *= spec.attention_backward_efficiency_rel
-    return eff
+    return eff * spec.attention_rate_rel.get(kernel.name, 1.0)
+
+
+def attention_fixed_s(spec: GPUSpec, kernel: Kernel) -> float:
+    """Time a fused attention kernel spends besides its tiles, s: ``spec.attention_fixed_s`` (forward, backward:
+    the backward's pre- and post-passes, dO.O and the dQ conversion, run as kernels of their own: the measured H100
+    steps launch three per attention backward), over the kernel's ``attention_rate_rel``."""
+    fixed = spec.attention_fixed_s[1 if kernel.name.endswith("_backward") else 0]
+    return fixed / spec.attention_rate_rel.get(kernel.name, 1.0)
 
 
 def host_gaps(time_s: np.ndarray, issue_s: np.ndarray, on_stream: np.ndarray, *, loop: bool) -> np.ndarray:
@@ -155,34 +294,47 @@ class KernelTerms:
         p = spec.overlap_exponent
         f = np.asarray(spec.sm_clocks_mhz, dtype=float)[None, :]  # (1, F)
         work, efficiency = [], []  # FLOPs the GPU runs; fraction of peak it reaches on them
+        fixed = []  # time besides the tiles, s
         for k in kernels:
-            w = k.flops * (CAUSAL_WORK_FRACTION if k.causal else 1.0)
             if k.kind == "attention":
-                w *= ATTENTION_BACKWARD_WORK if k.name.endswith("_backward") else 1.0
-                if spec.attention_head_dim_overhead > 0:
-                    d, padded = attention_head_dim(k)
-                    w *= padded / d
+                work.append(attention_work(spec, k))
                 efficiency.append(attention_efficiency(spec, k))
+                fixed.append(attention_fixed_s(spec, k))
+            elif k.kind == "gemm":
+                work.append(gemm_work(k))
+                efficiency.append(gemm_efficiency(spec, k))
+                fixed.append(spec.gemm_fixed_s)
             else:
-                inner = gemm_inner_dim(k) if k.tensor_core else None
-                scale = inner / (inner + spec.gemm_k_overhead) if inner else 1.0
-                efficiency.append(spec.gemm_efficiency * scale)
-            work.append(w)
+                work.append(k.flops)
+                efficiency.append(spec.gemm_efficiency)
+                fixed.append(0.0)
         work, efficiency = np.array(work)[:, None], np.array(efficiency)[:, None]  # (K, 1) each
         per_clock = np.array(
             [spec.tensor_flops_per_clock_per_sm if k.tensor_core else spec.cuda_flops_per_clock_per_sm for k in kernels]
         )[:, None]
         self.nbytes = np.array([k.mem_bytes for k in kernels])[:, None]
+        # A GEMM's output, stored after its main loop where the GPU type says so (gemm_epilogue_rel), else 0.
+        self.out_bytes = np.array([gemm_output_bytes(k) if spec.gemm_epilogue_rel > 0 and k.kind == "gemm" else 0.0
+                                   for k in kernels])[:, None]  # fmt: skip
         self.link_s, self.latency_s, self.link_j = _link_costs(spec, kernels)  # (K, 1) each
         # A collective's loads and stores go through the few SMs NCCL runs on, not the whole GPU.
         sm_share = np.array([spec.interconnect.nccl_sms / spec.n_sms if k.is_collective else 1.0 for k in kernels])
         peak = spec.n_sms * per_clock * f * 1e6  # (K, F), FLOP/s
         self.t_ideal_s = work / (peak * spec.gemm_efficiency)  # (K, F): at the best GEMM's rate
         t_flops = work / (peak * efficiency)  # (K, F)
+        # A GEMM's main loop waits on memory for gemm_unclocked_share of its time at the highest SM clock: that part
+        # does not stretch as the clock falls (GPUSpec.gemm_unclocked_share). The best GEMM's time at a clock (t_ideal,
+        # against which the SM activity is counted) follows the same law, so that it stays fully active at any clock.
+        share = np.array([spec.gemm_unclocked_share if k.kind == "gemm" else 0.0 for k in kernels])[:, None]  # (K, 1)
+        if share.any():
+            f_max = float(spec.max_sm_clock_mhz)
+            stretch = (1.0 - share) + share * f / f_max  # (K, F): 1 at f_max
+            t_flops = t_flops * stretch
+            self.t_ideal_s = self.t_ideal_s * stretch
         t_l2 = self.nbytes / (spec.l2_bytes_per_clock * sm_share[:, None] * f * 1e6)  # (K, F)
         self.t_sm_s = (t_flops**p + t_l2**p) ** (1 / p)  # (K, F)
         self.bandwidth_rel = np.array([bandwidth_rel(spec, k) for k in kernels])[:, None]
-        self.gemm_fixed_s = np.array([spec.gemm_fixed_s if k.kind == "gemm" else 0.0 for k in kernels])[:, None]
+        self.gemm_fixed_s = np.array(fixed)[:, None]  # GEMMs' and attention's time besides their tiles
         pm = spec.power_model
         self.op_w = np.array([pm.p_attention_w if k.kind == "attention" else pm.p_norm_w if k.kind == "normalization"
                               else pm.p_sfu_w if k.name in SFU_OPS else 0.0 for k in kernels])[:, None]  # fmt: skip
@@ -214,8 +366,9 @@ class KernelPhysics:
         link_s, latency_s, link_j, op_w = terms.link_s, terms.latency_s, terms.link_j, terms.op_w
         bandwidth = spec.mem_bandwidth_gbs * 1e9 * m / spec.max_mem_clock_mhz  # (K, 1), B/s
         t_stream = nbytes / (bandwidth * spec.mem_efficiency)  # (K, 1): at a streaming copy's rate
-        t_dram = t_stream / slow  # (K, 1)
-        t_busy = (t_sm**p + t_dram**p + link_s**p) ** (1 / p)  # (K, F)
+        t_out = terms.out_bytes / (bandwidth * spec.mem_efficiency)  # (K, 1): a GEMM's output store
+        t_dram = (t_stream - t_out) / slow  # (K, 1): the rest, overlapped with the SMs' work
+        t_busy = (t_sm**p + t_dram**p + link_s**p) ** (1 / p) + spec.gemm_epilogue_rel * t_out  # (K, F)
         self.time_s = t_busy + latency_s + spec.kernel_fixed_s + terms.gemm_fixed_s  # (K, F)
         u_sm = t_ideal / self.time_s
         u_mem = t_stream / self.time_s  # bytes moved over what a copy would move meanwhile

@@ -37,6 +37,11 @@ from freqopt.gpu.backends.base import DEFAULT_SETTING
 from freqopt.gpu.backends.simulated import KernelPhysics, SimulatedGPU
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
+from freqopt.workload.models.sdpa import SDPA_KERNEL_NAMES
+
+# PyTorch's default SDPA (cuDNN's fused attention on Hopper with PyTorch 2.11), the kernel the attention points ran:
+# named as the tracer names a user's F.scaled_dot_product_attention (freqopt.workload.models.sdpa).
+SDPA_ATTENTION = SDPA_KERNEL_NAMES
 
 __all__ = ["Point", "load_points", "residuals", "summarize", "fit", "FIT_PARAMETERS", "ASSUMED", "with_values",
            "voltage_floor_from"]
@@ -61,7 +66,6 @@ FIT_PARAMETERS: dict[str, tuple[float, float, float]] = {
     "gemm_efficiency": (0.6, 1.0, 0.92),
     "gemm_k_overhead": (0.0, 1500.0, 150.0),
     "gemm_fixed_us": (0.0, 20.0, 5.0),
-    "attention_efficiency": (0.05, 0.6, 0.16),
     "mem_efficiency": (0.7, 1.0, 0.89),
     "layer_norm_bandwidth_rel": (0.2, 1.0, 0.45),
     "host_issue_us": (2.0, 20.0, 8.0),
@@ -92,8 +96,7 @@ ASSUMED: dict[str, tuple[float, str]] = {
     "mem_clock_1593": (1593.0, "power and bandwidth at the 1593 MHz memory clock scale with the clock, as the "
                                "power model's m/m_max terms say: never measured (locking it would change the GPU)"),
 }
-_MODEL_KEYS = ("gemm_efficiency", "gemm_k_overhead", "gemm_fixed_us", "attention_efficiency", "mem_efficiency",
-               "layer_norm_bandwidth_rel")  # fmt: skip
+_MODEL_KEYS = ("gemm_efficiency", "gemm_k_overhead", "gemm_fixed_us", "mem_efficiency", "layer_norm_bandwidth_rel")
 _HOST_KEYS = {"host_issue_us": "host_issue_s", "host_gemm_issue_us": "host_gemm_issue_s"}
 
 
@@ -147,8 +150,9 @@ def _micro_kernel(r: dict) -> Kernel:
     if name.startswith("sdpa_causal_"):
         b, nh, t, hs = map(int, name.removeprefix("sdpa_causal_").split("x"))
         # The tracer's count, 4 b nh t^2 hs (q k^T and p v, causal masking not discounted); the file's "flops"
-        # field halves it.
-        return Kernel("freqopt.flash_attention", "attention", "forward", 4.0 * b * nh * t * t * hs,
+        # field halves it. F.scaled_dot_product_attention on this H100 (PyTorch 2.11) runs cuDNN's fused kernel
+        # (the whole steps' torch.profiler names: cudnn_generated_fort_native_sdpa_sm90_flash_*).
+        return Kernel(SDPA_ATTENTION[0], "attention", "forward", 4.0 * b * nh * t * t * hs,
                       float(r["mem_bytes"]), "bfloat16", ((b, nh, t, hs),) * 3, tensor_core=True, causal=True)  # fmt: skip
     raise ValueError(f"no kernel for microbenchmark {name!r}")
 
@@ -170,7 +174,10 @@ def _replay_kernel(unit: dict) -> Kernel | None:
             return None
         b, nh, t, hs = map(int, shapes.split(",")[0].split("x"))
         flops = 4.0 * b * nh * t * t * hs
-        return Kernel(name, "attention", pass_name, flops, 4.0 * BF16_BYTES * b * nh * t * hs, dtype,
+        # Replayed at d174579, whose freqopt.flash_attention ran F.scaled_dot_product_attention on CUDA: cuDNN's
+        # kernel on this H100 (78.7 us at gpt3-small's shape, as cuDNN's on the H200, 80.7; FlashAttention-2 took
+        # 128 us there: experiments/h200_check.md).
+        return Kernel(SDPA_ATTENTION[0], "attention", pass_name, flops, 4.0 * BF16_BYTES * b * nh * t * hs, dtype,
                       ((b, nh, t, hs),) * 3, tensor_core=True, causal=True)  # fmt: skip
     per_kernel_s = unit["sim_time_s"] / unit["n_kernels"]
     nbytes = max(per_kernel_s - _OLD_FIXED_S, 0.0) * _OLD_STREAM_BPS

@@ -46,6 +46,7 @@ tensors it reads and writes):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from unittest import mock
 
@@ -55,7 +56,8 @@ from torch.overrides import TorchFunctionMode
 
 import freqopt.workload.models.ops  # noqa: F401  (registers torch.ops.freqopt.flash_attention)
 
-__all__ = ["FusedSDPA", "fused_sdpa", "cuda_sdpa_backend", "gpu_math_path_active"]
+__all__ = ["FusedSDPA", "fused_sdpa", "cuda_sdpa_backend", "gpu_math_path_active", "user_sdpa_kernel_name",
+           "SDPA_KERNEL_NAMES"]
 
 # PyTorch's SDPA, the builtin that F.scaled_dot_product_attention names: what a fallback calls while FusedSDPA has
 # rebound that name in torch.nn.functional, and what the mode's handler receives for a direct call.
@@ -64,6 +66,37 @@ _FLASH_HEAD_DIM_MAX = 256  # check_head_dim_size_flash: q, k, v head dims equal 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)  # check_dtypes_low_precision, compute capability >= 8.0
 _EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # can_use_mem_efficient_attention, >= 8.0
 _gpu_math_depth = 0  # > 0 while fused_sdpa runs a math path that the GPU runs too
+_sdpa_depth = 0  # > 0 while fused_sdpa calls freqopt.flash_attention for a user's F.scaled_dot_product_attention
+# The names the tracer gives the fused kernels of a user's F.scaled_dot_product_attention (forward, backward): the
+# kernel PyTorch's SDPA picks on the GPU (cuDNN's fused attention on Hopper with PyTorch 2.11: the kernels the
+# measured H100 steps ran; FlashAttention-2 on Ampere), against freqopt.flash_attention, which freqopt's own models
+# call and which always runs FlashAttention-2 (freqopt.workload.models.ops). A GPU file may rate the two apart
+# (GPUSpec.attention_rate_rel).
+SDPA_KERNEL_NAMES = ("aten.scaled_dot_product_attention", "aten.scaled_dot_product_attention_backward")
+# The forward outputs of such calls, to name their backward: by their storage (autograd hands the backward another
+# tensor object over the same storage) and shape; an entry goes when its backward is recorded.
+_sdpa_outputs: collections.OrderedDict = collections.OrderedDict()
+_SDPA_OUTPUTS_KEPT = 4096
+
+
+def _output_key(t: torch.Tensor) -> tuple:
+    return t.untyped_storage()._cdata, tuple(t.shape), tuple(t.stride())
+
+
+def user_sdpa_kernel_name(op: str, args: tuple, outputs: list) -> str | None:
+    """The name the tracer records for a ``freqopt.flash_attention`` (``op`` "flash_attention") or its backward that
+    a user's ``F.scaled_dot_product_attention`` launched (SDPA_KERNEL_NAMES), else None (freqopt's own call). A
+    forward counts while ``fused_sdpa`` calls it; its backward is the one given that forward's output."""
+    if op == "flash_attention" and _sdpa_depth > 0:
+        if outputs:
+            _sdpa_outputs[_output_key(outputs[0])] = True
+            while len(_sdpa_outputs) > _SDPA_OUTPUTS_KEPT:
+                _sdpa_outputs.popitem(last=False)
+        return SDPA_KERNEL_NAMES[0]
+    if op == "flash_attention_backward" and len(args) > 4 and isinstance(args[4], torch.Tensor):
+        if _sdpa_outputs.pop(_output_key(args[4]), None):
+            return SDPA_KERNEL_NAMES[1]
+    return None
 
 
 def gpu_math_path_active() -> bool:
@@ -144,7 +177,12 @@ def fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
             return _TORCH_SDPA(*original, **kwargs)
     if value.shape[-1] != query.shape[-1]:  # fused on a GPU, but not expressible: freqopt.workload.trace warns of the math path
         return _TORCH_SDPA(*original, **kwargs)
-    return freqopt.workload.models.ops.flash_attention(query, key, value, bool(is_causal) and attn_mask is None)
+    global _sdpa_depth
+    _sdpa_depth += 1
+    try:
+        return freqopt.workload.models.ops.flash_attention(query, key, value, bool(is_causal) and attn_mask is None)
+    finally:
+        _sdpa_depth -= 1
 
 
 @contextlib.contextmanager
