@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from freqopt.gpu.host import HostSpec
 from freqopt.workload.models import get_workload
 from freqopt.workload.trace import trace_training_iteration
 
@@ -92,3 +93,9 @@ def optuna_messages():
     logging.getLogger("optuna").addHandler(handler)
     yield handler.messages
     logging.getLogger("optuna").removeHandler(handler)
+
+
+# A host that issues kernels in no time: for tests of a GPU's clock mechanics on stages so small that any real host
+# (every GPU type's step is issued by one: freqopt.gpu.host) would set their pace instead of the clocks.
+INSTANT_HOST = HostSpec("instant", 0.0, 0.0, {"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
+                        description="issues kernels in no time (tests)")

@@ -11,6 +11,7 @@ from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.base import ClockSetting
 from freqopt.gpu.backends.physics import KernelPhysics, SetCallQueue
 from freqopt.gpu.backends.simulated import SimulatedGPU
+from conftest import INSTANT_HOST
 from freqopt.gpu.specs import get_gpu
 from freqopt.pipeline.dag import KINDS
 from freqopt.pipeline.realize import realize_requests
@@ -19,7 +20,8 @@ from freqopt.workload.layout import parse_layout
 from freqopt.workload.models import get_workload
 from freqopt.workload.pipeline_trace import trace_pipeline_stages
 
-A100 = get_gpu("a100-sxm4-80gb")
+# The pipeline mechanics on a GPU-bound tiny model: an instant host (conftest.INSTANT_HOST).
+A100 = get_gpu("a100-sxm4-80gb").with_host(INSTANT_HOST)
 M = 4
 
 

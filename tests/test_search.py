@@ -146,8 +146,18 @@ def test_figures_compare_to_a_relative_1e_9_so_other_cpus_pass_and_real_changes_
     assert figure_mismatches({"baseline": {}}, recorded)  # a figure gone is a mismatch too
 
 
+def readme_main_job_table() -> list[str]:
+    """The README's "What the main job prints" block: the lines between its code fences."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    section = text.split("## What the main job prints", 1)[1]
+    block = section.split("```", 2)[1]
+    return [line.rstrip() for line in block.strip("\n").splitlines()]
+
+
 @pytest.mark.slow
-def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(tmp_path):
+def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(tmp_path, capsys):
     """The README's main command prints experiments/main_job.json's figures exactly (the same seed gives the same
     result, in another process, through joblib's processes; docs/search.md "The same figures on any machine"), each within
     1 % validated. With the H100's 26 ms switches this 27 ms step realizes one clock only, so the pass, kernel and
@@ -163,6 +173,10 @@ def test_main_job_reproduces_the_recorded_figures_and_meets_issue_2s_criterion(t
     # --jobs 2: the same result as one process (tests/test_workers.py), in two thirds of the time on two cores.
     assert main(["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--out", str(tmp_path), "--json",
                  str(out), "--jobs", "2"]) == 0  # fmt: skip
+    # The README shows the table the command prints on standard output, line for line (issue 50, item 2).
+    printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    table = printed[:next(i for i, line in enumerate(printed) if line.startswith("└")) + 1]
+    assert readme_main_job_table() == table, "re-record the README's main-job table from the command's output"
     got = json.loads(out.read_text())
     recorded = json.loads((Path(__file__).parents[1] / "experiments" / "main_job.json").read_text())
     for doc in (got, recorded):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from freqopt.errors import InvalidSettingError
+from conftest import INSTANT_HOST
 from freqopt.gpu.specs import get_gpu
 from freqopt.pipeline.planner import PipelinePlanner
 from freqopt.pipeline.profile import stage_profile_from_rows
@@ -14,7 +15,8 @@ from freqopt.pipeline.sim import SimulatedPipeline
 from freqopt.pipeline.stragglers import (clock_ceiling, matched_requests, run_data_parallel, straggler_ceiling,
                                          straggler_plan)
 
-A100 = get_gpu("a100-sxm4-80gb")
+# The pipeline mechanics on a GPU-bound tiny model: an instant host (conftest.INSTANT_HOST).
+A100 = get_gpu("a100-sxm4-80gb").with_host(INSTANT_HOST)
 M = 8
 
 

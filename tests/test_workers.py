@@ -286,7 +286,9 @@ def test_a_worker_without_a_name_refuses_to_pick_among_several_running_searches(
         join_search(f"journal:{tmp_path / 'j.log'}", wait_s=0)
 
 
-PIPELINE = ["search", "--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "256", "--gpu", "a100-sxm4-80gb",
+# Micro-batch 8 of 1024 tokens: instructions long enough that the GPU, not the host issuing their kernels, sets their
+# pace (freqopt.gpu.host), so the planner has clocks to choose.
+PIPELINE = ["search", "--model", "gpt3-small", "--micro-batch-size", "8", "--seq-len", "1024", "--gpu", "a100-sxm4-80gb",
             "--layout", "pp=4", "--micro-batches", "4", "--max-slowdown", "5%", "--trials", "10",
             "--switch-latency-ms", "0.2"]  # fmt: skip
 
