@@ -2,8 +2,8 @@
 
     python experiments/benchmark_report.py
 
-The runs themselves (20 s and 31 s for gpt3-small on h100-sxm, 128 s and 141 s for gpt3-xl on rtx3080ti, on 2
-cores, nothing else running but a wait loop, 2026-11-26, after issue 35's item 1):
+The runs themselves (21 s and 40 s for gpt3-small on h100-sxm, 129 s and 172 s for gpt3-xl on rtx3080ti, one after
+another on 2 cores, 2026-11-28, after issue 49):
 
     freqopt benchmark --model gpt3-small --gpu h100-sxm --json experiments/benchmark/gpt3-small-h100-sxm.json
     freqopt benchmark --model gpt3-small --gpu h100-sxm --free-switching --json experiments/benchmark/gpt3-small-h100-sxm-free-switching.json
@@ -17,12 +17,15 @@ import json
 import sys
 from pathlib import Path
 
+from freqopt.files import atomic_write_text
+
 HERE = Path(__file__).resolve().parent / "benchmark"
 def _switches(gpu: str) -> str:
     """The GPU file's effective clock-switch latency, as the benchmark validated with it."""
     from freqopt.gpu.specs import get_gpu
 
     return f"{1e3 * get_gpu(gpu).clock_switch_s:g} ms switches"
+
 
 
 RUNS = [
@@ -32,35 +35,32 @@ RUNS = [
     ("gpt3-xl-rtx3080ti-free-switching", "gpt3-xl (micro-batch 40, sequence 1024) on rtx3080ti", "free switching"),
 ]
 TARGET_SAVINGS, TARGET_COST, TARGET_PREDICTION_PP = 0.97, 0.03, 0.5  # issue 6's targets, issue 25's done-when
-NOTES = [
-    "Re-recorded 2026-11-26 after issue 35's item 1: every schedule of the search and of the sweep is held to the "
-    "budget at 95 % confidence (the upper bound of its slowdown from readings paired with the defaults'), and the "
-    "one chosen is read again on 9 fresh pairs, its figures those fresh readings' (Validator.confirm). Before it "
-    "(the mean held to the budget), the search's free-switching schedule on gpt3-small was truly +1.05 % slow. "
-    "gpt3-xl on the RTX 3080 Ti with switching was re-run 2026-11-27 after the phase level came to fit its blocks "
-    "along the SM clock and to sample within the budget's reach: the same schedule and figures, at 962 measurements "
-    "where it took 810 (cost ratio 0.141, was 0.110); the other three runs search no phase level and were not re-run.",
-    "",
-    "- **gpt3-small on the H100, 26 ms switches: every target met.** The 27 ms step realizes one clock only, so the "
-    "search measures the iteration level alone (59 measurements: its study, the baseline's 9, the paired and fresh "
-    "readings; 1.0 % of the sweep's GPU time) and ends on the clock the sweep's best schedule realizes (SM 1935 "
-    "MHz): 1.62 % validated by both (1.85 % and 1.32 % before, on the readings each was chosen on), 1.59 % noiseless.",
-    "- **gpt3-small on the H100, free switching: the search loses.** It ends on the one clock's 1.58 % where the "
-    "sweep allocates 17.19 % (17.14 % at +0.87 % noiseless): the kernel level's allocations from its noisy unit "
-    "fronts measured about 1 % slow or more whatever the allocator's budget, none confirmed within 1 % at 95 %, and "
-    "the search fell back to its coarser schedule; the sweep's noiseless fronts allocate the budget exactly. Before "
-    "item 1 it kept 15.85 % (0.915 of the sweep), truly +1.05 % slow.",
-    "- **gpt3-xl on the RTX 3080 Ti, 100 ms switches: no savings ratio, prediction met, cost not** (0.141 against "
-    "3 %). The sweep saves nothing: its best single clock (SM 2085 MHz, memory 9251 MHz, 1.08 % at +0.86 % "
-    "noiseless) and its allocations lie too near the 1 % edge to confirm at 95 % on 9 fresh pairs of 5.6 s steps, so "
-    "it ends on the defaults. The search ends at 0.51 % validated, 0.90 % at +0.67 % noiseless (predicted 0.93 %). "
-    "[seeds.md](seeds.md) runs this search for seeds 0-7: 0.96 % on average, none over the budget. The cost ratio "
-    "is against a search that measures whole 5.6 s steps, two per measurement, where most of the sweep's "
-    "measurements replay single kernel classes.",
-    "- **Free switching (not in issue 25's done-when):** gpt3-xl on the RTX 3080 Ti reaches 1.005 of the sweep's "
-    "noiseless saving (1.016 validated: 6.66 % against 6.56 %) at 0.066 of its cost, predicted 0.04 points from its "
-    "validated figure.",
-]
+
+
+def notes(runs: list[tuple[str, str, str, dict]]) -> list[str]:
+    """What each run shows, every figure read from its JSON: the search against the sweep, noiseless and validated,
+    and where either kept the defaults (a schedule too near the budget's edge to confirm at 95 % on fresh readings;
+    Validator.confirm)."""
+    out = ["Every schedule of the search and of the sweep is held to the budget at 95 % confidence (the upper bound "
+           "of its slowdown from readings paired with the defaults'), and the one chosen is read again on fresh "
+           "pairs, its figures those readings' (Validator.confirm); 'noiseless' is the same schedule's simulated "
+           "step without measurement noise. A sweep that saves 0.00 % kept the defaults: its best schedules lay too "
+           "near the 1 % edge to confirm.", ""]
+    for _, setting, switching, d in runs:
+        s, o = d["search"], d["oracle"]
+        line = (f"- **{setting}, {switching}:** the search saves {s['energy_saved_pct']:.2f} % validated "
+                f"({s['true_energy_saved_pct']:.2f} % at {s['true_slowdown_pct']:+.2f} % noiseless; predicted "
+                f"{s['predicted_energy_saved_pct']:.2f} %) in {s['n_measurements']:.0f} measurements, the sweep "
+                f"{o['energy_saved_pct']:.2f} % ({o['true_energy_saved_pct']:.2f} % at {o['true_slowdown_pct']:+.2f} % "
+                f"noiseless) in {o['n_measurements']:.0f}: ")  # fmt: skip
+        if d["true_savings_ratio"] is None:
+            line += "the sweep kept the defaults, so there is no savings ratio"
+            line += "; the search saves more" if s["true_energy_saved_pct"] > o["true_energy_saved_pct"] else ""
+        else:
+            line += f"{d['true_savings_ratio']:.3f} of the sweep's noiseless saving"
+        line += f", at {d['cost_ratio']:.3f} of its cost."
+        out.append(line)
+    return out
 
 
 def main() -> int:
@@ -77,16 +77,21 @@ def main() -> int:
              "sweep: saved (%) | noiseless: saved / slowdown (%) | savings ratio, noiseless (validated) | "
              "search cost (GPU-h) | sweep cost (GPU-h) | cost ratio | targets met |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    done = []
     for stem, setting, switching in RUNS:
         path = HERE / f"{stem}.json"
         if not path.exists():
             lines.append(f"| {setting} | {switching} | not run | | | | | | | | | |")  # 12 columns
             continue
         d = json.loads(path.read_text())
+        done.append((stem, setting, switching, d))
         s, o = d["search"], d["oracle"]
         ratio, validated_ratio = d["true_savings_ratio"], d["savings_ratio"]
         met = []
-        met.append("savings" if ratio is not None and ratio >= TARGET_SAVINGS else "not savings")
+        if ratio is None:
+            met.append("no savings ratio (the sweep kept the defaults)")
+        else:
+            met.append("savings" if ratio >= TARGET_SAVINGS else "not savings")
         met.append("cost" if d["cost_ratio"] <= TARGET_COST else "not cost")
         gap = abs(s["predicted_energy_saved_pct"] - s["energy_saved_pct"])
         met.append("prediction" if gap <= TARGET_PREDICTION_PP else f"not prediction ({gap:.1f} pp off)")
@@ -98,8 +103,8 @@ def main() -> int:
             f"{s['search_cost_gpu_s'] / 3600:.3f} | {o['search_cost_gpu_s'] / 3600:.3f} | {d['cost_ratio']:.4f} | "
             f"{', '.join(met)} |"
         )
-    lines += ["", *NOTES, ""]
-    (HERE / "benchmark.md").write_text("\n".join(lines))
+    lines += ["", *notes(done), ""]
+    atomic_write_text(HERE / "benchmark.md", "\n".join(lines))
     print("\n".join(lines))
     return 0
 
