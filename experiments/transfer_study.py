@@ -68,32 +68,46 @@ def evaluate(family: str, layout: Layout, micro_batch: int, table_path: Path) ->
     backend = SimulatedGPU(spec, seed=SEED)
     report = evaluate_transfer(table, trace, backend, config)
     summary = report.summary()
-    native = report.native.results["kernel"]
+    # The table's level: "kernel", or "phase" where the source's kernel level ended on the phase level's schedule
+    # (a schedule of requests, laid on as it stands; it carries no fronts, so nothing is re-allocated).
+    level = report.schedule.granularity
+    native = report.native.results[level]
+    pass_level = report.native.results.get("pass")
     # The same schedules with free switching (the ideal a zero-latency runtime would reach); the re-allocation
     # validated that way too, from the same fronts and unit measurements (read back from the storage).
     ideal = Validator(trace, backend, config.validation_repeats)
     transferred_ideal = ideal(report.schedule.per_kernel(), key="transferred-ideal")
-    reallocated_ideal = reallocate(report.schedule, table, backend, config, ideal, ideal.baseline(),
-                                   coarser=[report.native.results[g] for g in ("iteration", "pass")],
-                                   storage=config.storage).validated
-    return {"family": family, "layout": layout.as_dict(), "micro_batch_size": micro_batch,
+    reallocated_ideal = None
+    if report.reallocated is not None:
+        reallocated_ideal = reallocate(report.schedule, table, backend, config, ideal, ideal.baseline(),
+                                       coarser=[report.native.results[g] for g in ("iteration", "pass")],
+                                       storage=config.storage).validated  # fmt: skip
+
+    def saved(m):
+        return None if m is None else 100 * (1 - m.energy_j / ideal.baseline().energy_j)
+
+    def slowed(m):
+        return None if m is None else 100 * (m.time_s / ideal.baseline().time_s - 1)
+
+    return {"family": family, "layout": layout.as_dict(), "micro_batch_size": micro_batch, "level": level,
             "kernel_classes": len(trace.kernel_classes()),
             "collective_classes": len({k.class_key for k in trace.kernels if k.is_collective}),
             "baseline_time_s": report.baseline.time_s, "baseline_energy_j": report.baseline.energy_j,
-            "native_predicted_energy_saved_pct": report.native.predicted_energy_saved_pct("kernel"),
-            "native_ideal_energy_saved_pct": report.native.ideal_energy_saved_pct("kernel"),
-            "native_ideal_slowdown_pct": report.native.ideal_slowdown_pct("kernel"),
-            "transferred_ideal_energy_saved_pct": 100 * (1 - transferred_ideal.energy_j / ideal.baseline().energy_j),
-            "transferred_ideal_slowdown_pct": 100 * (transferred_ideal.time_s / ideal.baseline().time_s - 1),
-            "reallocated_ideal_energy_saved_pct": 100 * (1 - reallocated_ideal.energy_j / ideal.baseline().energy_j),
-            "reallocated_ideal_slowdown_pct": 100 * (reallocated_ideal.time_s / ideal.baseline().time_s - 1),
+            "native_predicted_energy_saved_pct": report.native.predicted_energy_saved_pct(level),
+            "native_ideal_energy_saved_pct": report.native.ideal_energy_saved_pct(level),
+            "native_ideal_slowdown_pct": report.native.ideal_slowdown_pct(level),
+            "transferred_ideal_energy_saved_pct": saved(transferred_ideal),
+            "transferred_ideal_slowdown_pct": slowed(transferred_ideal),
+            "reallocated_ideal_energy_saved_pct": saved(reallocated_ideal),
+            "reallocated_ideal_slowdown_pct": slowed(reallocated_ideal),
             "native_search_cost_gpu_s": native.search_cost_gpu_s,
             "one_clock_note": native.note or None,  # "held to one clock: ...": the step realizes one clock only
-            # Whether the re-allocation (and the native kernel level) kept the target's own pass-level schedule.
-            "reallocated_is_pass_schedule": report.reallocated.validated == report.native.results["pass"].validated,
-            "native_is_pass_schedule": native.validated == report.native.results["pass"].validated,
+            # Whether the re-allocation (and the native level) kept the target's own pass-level schedule.
+            "reallocated_is_pass_schedule": (report.reallocated.validated == pass_level.validated
+                                             if report.reallocated is not None and pass_level else None),
+            "native_is_pass_schedule": native.validated == pass_level.validated if pass_level else None,
             "coarse_levels_n_measurements": sum(r.n_measurements for g, r in report.native.results.items()
-                                                if g != "kernel"),  # iteration, pass and phase
+                                                if g != level),  # the coarser levels it chooses among
             **summary}  # fmt: skip
 
 
@@ -144,11 +158,11 @@ def report_markdown(rows: list[dict], source: dict) -> str:
             f"| dp={r['layout']['dp']},tp={r['layout']['tp']} | {r['micro_batch_size']} | {r['kernel_classes']} "
             f"({r['collective_classes']}) | {t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']} | "
             f"{t['energy_saved_pct']:.2f} %, {t['slowdown_pct']:+.2f} % | "
-            f"{a['energy_saved_pct']:.2f} %, {a['slowdown_pct']:+.2f} % ({a['n_measurements']}) | "
-            f"{n['energy_saved_pct']:.2f} %, {n['slowdown_pct']:+.2f} % ({n['n_measurements']}) | "
-            f"{n['energy_saved_pct'] - a['energy_saved_pct']:+.2f} | "
-            f"{_ideal(r, 'transferred')} / {_ideal(r, 'reallocated')} / {_ideal(r, 'native')} |"
-        )
+            + (f"{a['energy_saved_pct']:.2f} %, {a['slowdown_pct']:+.2f} % ({a['n_measurements']}) | " if a else "- | ")
+            + f"{n['energy_saved_pct']:.2f} %, {n['slowdown_pct']:+.2f} % ({n['n_measurements']}) | "
+            + (f"{n['energy_saved_pct'] - a['energy_saved_pct']:+.2f} | " if a else "- | ")
+            + f"{_ideal(r, 'transferred')} / {_ideal(r, 'reallocated')} / {_ideal(r, 'native')} |"
+        )  # fmt: skip
 
     def name(r):
         return f"dp={r['layout']['dp']},tp={r['layout']['tp']} mb {r['micro_batch_size']}"
@@ -165,6 +179,19 @@ def report_markdown(rows: list[dict], source: dict) -> str:
                 for r in over)  # fmt: skip
         return text + "."
 
+    phase_table = all(r["reallocated"] is None for r in rows)
+    if phase_table:  # the source's kernel level ended on the phase level's schedule: nothing to re-allocate
+        one_clock = [r for r in rows if (r.get("one_clock_note") or "").startswith("held to one clock")]
+        lines += ["", f"The source's kernel level ended on its phase level's schedule (a schedule of requests at named "
+                  f"phases, {source['energy_saved_pct']:.2f} % on one GPU), so the table is that schedule: it carries "
+                  "no (time, energy) fronts, nothing is re-allocated (the '-' columns), and each layout's native search "
+                  "is its own phase level (its iteration level among its candidates).", "",
+                  verdict("Tables as transferred", "transferred"),
+                  *([""] + [f"On {' and '.join(name(r) for r in one_clock)} the step realizes one clock only: "
+                            + one_clock[0]["one_clock_note"].removeprefix("held to one clock: ") + "."]
+                    if one_clock else [])]  # fmt: skip
+        lines += ["", "![transferred and native](transfer.png)", ""]
+        return "\n".join(lines)
     cost = [r["reallocated"]["n_measurements"] / r["native"]["n_measurements"] for r in rows]
     coarse = [r["coarse_levels_n_measurements"] for r in rows]
     ideal_rows = [r for r in rows if r["native_ideal_energy_saved_pct"] is not None]
@@ -215,8 +242,9 @@ def plot(rows: list[dict], path: Path) -> None:
     width = 0.27
     series = [("transferred", "dp=1 table, as transferred"), ("reallocated", "dp=1 table, budget re-allocated"),
               ("native", "native search")]  # fmt: skip
+    series = [(key, label) for key, label in series if all(r[key] is not None for r in rows)]
     for j, (key, label) in enumerate(series):
-        offset = (j - 1) * width
+        offset = (j - (len(series) - 1) / 2) * width
         top.bar([i + offset for i in x], [r[key]["energy_saved_pct"] for r in rows], width, label=label)
         bottom.bar([i + offset for i in x], [r[key]["slowdown_pct"] for r in rows], width)
     top.set_ylabel("energy saved (%)")
@@ -225,7 +253,8 @@ def plot(rows: list[dict], path: Path) -> None:
     bottom.set_ylabel("slowdown (%)")
     bottom.set_xticks(list(x), labels)
     bottom.legend()
-    top.set_title("GPT-3 XL on the simulated H100: a kernel-level table from one GPU reused across layouts")
+    top.set_title(f"GPT-3 XL on the simulated H100: a {rows[0].get('level', 'kernel')}-level table from one GPU reused "
+                  "across layouts")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
