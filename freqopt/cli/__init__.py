@@ -31,7 +31,8 @@ FLAGS = {
     "power_limit_w": "--power-limit", "stage_profile": "--stage-profile", "stages": "--stages",
     "micro_batches": "--micro-batches", "schedule": "--schedule", "blocking_power_w": "--blocking-power-w",
     "n_points": "--frontier-points", "partition_method": "--partition-method", "backend": "--backend",
-    "gpu": "--gpu", "host": "--host", "time_limit_s": "--time-limit-s", "confidence": "--confidence",
+    "gpu": "--gpu", "host": "--host", "time_limit_s": "--time-limit-s", "node_limit": "--node-limit",
+    "confidence": "--confidence",
     "virtual_stages": "--virtual-stages", "study": "--study",
 }  # fmt: skip
 

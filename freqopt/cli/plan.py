@@ -34,12 +34,16 @@ from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, wr
 @click.option("--frontier-points", type=int, default=None,
               help="With --json: this many evenly spaced deadlines instead of the whole time-energy frontier (every "
                    "distinct plan from the fastest to the least-energy one).")
+@click.option("--node-limit", type=int, default=None,
+              help="Branch-and-bound nodes of the plan's MILP solve (default 100; 0 keeps the heuristic's plan): a "
+                   "limit of work, so the plan is the same on any machine. The frontier's points run no MILP.")
 @click.option("--time-limit-s", type=float, default=None,
-              help="Wall-clock limit (s) of the plan's MILP solve (default 10); the frontier's points run no MILP.")
+              help="Also a wall-clock limit (s) of the plan's MILP solve (default none): a plan it cuts short depends "
+                   "on the machine's speed and load, and says so.")
 @click.option("--json", "json_path", default=None,
               help="Also write the plan and the frontier (each point with its clocks) as JSON to this file.")
 def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slowdown, gpu, blocking_power_w,
-         frontier_points, time_limit_s, json_path) -> None:  # fmt: skip
+         frontier_points, node_limit, time_limit_s, json_path) -> None:  # fmt: skip
     """The least-energy SM clock for every forward and backward of every micro-batch on every stage, with the
     iteration (the critical path of the schedule) at most --max-slowdown slower than at the fastest clocks.
 
@@ -51,7 +55,8 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
 
     check_json_path(json_path)
     planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w, gpu=gpu,
-                              schedule=schedule, time_limit_s=time_limit_s, virtual_stages=virtual_stages)  # fmt: skip
+                              schedule=schedule, node_limit=node_limit, time_limit_s=time_limit_s,
+                              virtual_stages=virtual_stages)  # fmt: skip
     try:
         result = planner.plan(max_slowdown=max_slowdown)
         frontier = planner.frontier(frontier_points) if json_path else None
@@ -73,7 +78,8 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
             "frontier_solve_s": frontier.solve_s,
             "plan": {"time_s": result.time_s, "energy_j": result.energy_j, "lower_bound_j": result.lower_bound_j,
                      "default_time_s": result.default_time_s, "default_energy_j": result.default_energy_j,
-                     "stages": result.stage_clocks()},
+                     "milp_stopped_by": result.milp_stopped_by, "node_limit": planner.node_limit,
+                     "time_limit_s": planner.time_limit_s, "stages": result.stage_clocks()},
         })  # fmt: skip
     table = Table("", "iteration time (s)", "energy (J)", "saved (%)",
                   title=f"{planner.stages} stages{_on_gpus(planner)} x {micro_batches} micro-batches ({schedule}), "
@@ -82,12 +88,24 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     table.add_row("plan", f"{result.time_s:.4f}", f"{result.energy_j:,.1f}", f"{100 * result.saved:.2f}")
     console = stdout_console()
     console.print(table)
-    console.print(f"optimal within {100 * result.gap:.3f} % (proven lower bound {result.lower_bound_j:,.1f} J)")
+    console.print(f"optimal within {100 * result.gap:.3f} % (proven lower bound {result.lower_bound_j:,.1f} J)"
+                  + _stopped(result, planner))
     if frontier is not None:
         console.print(f"frontier: {len(frontier)} plans from {frontier[0].time_s:.4f} s to {frontier[-1].time_s:.4f} s "
                       f"({frontier[0].energy_j:,.1f} to {frontier[-1].energy_j:,.1f} J), each within "
                       f"{100 * frontier.proven_gap:.2f} % of the least energy at its time (proven); "
                       f"{frontier.solves} deadlines solved in {frontier.solve_s:.1f} s")  # fmt: skip
+
+
+def _stopped(result, planner) -> str:
+    """What cut the plan's MILP short, if anything: its node limit (the same on any machine), or its time limit (the
+    plan then depends on the machine's speed and load)."""
+    if result.milp_stopped_by == "node limit":
+        return f"; the MILP stopped at its {planner.node_limit:,}-node limit"
+    if result.milp_stopped_by == "time limit":
+        return (f"; the MILP stopped at its {planner.time_limit_s:g} s time limit, so this plan depends on the "
+                "machine's speed and load (--node-limit alone gives the same plan on any machine)")
+    return ""
 
 
 def _on_gpus(planner) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.pipeline.solver import DEFAULT_NODE_LIMIT
 from freqopt.search.validate import DEFAULT_CONFIDENCE, check_confidence
 
 __all__ = ["PIPELINE_GRANULARITIES", "PipelineSearchConfig", "pipeline_granularities"]
@@ -52,7 +53,10 @@ class PipelineSearchConfig:
         plan_rel_gap: the planner's proven relative optimality gap at which HiGHS stops (PipelinePlanner's
             mip_rel_gap): 0.1 %, a fifth of one energy reading's noise (SimulatedGPU's ENERGY_NOISE_REL, 0.5 %), so
             a tighter proof would only sort plans the measurements cannot tell apart.
-        plan_time_limit_s: the planner's time limit per solve (s); its best plan by then, with its proven gap.
+        plan_node_limit: the planner's branch-and-bound nodes per MILP solve (PipelinePlanner's node_limit): a
+            limit of work, so the search's plans do not depend on the machine's speed or load.
+        plan_time_limit_s: a wall-clock limit (s) per solve as well, or None (the default) for none; a plan it cuts
+            short depends on the machine's speed and load.
         blocked_power_w: a constant blocked power (W) in place of the physics' (SimulatedPipeline), for a
             sensitivity check against Perseus's measured figure; None: the physics'.
         seed: seeds the samplers and the simulated GPUs' noise.
@@ -72,7 +76,8 @@ class PipelineSearchConfig:
     max_validation_rounds: int = 8
     frontier_points: int = 12
     plan_rel_gap: float = 1e-3
-    plan_time_limit_s: float | None = 30.0
+    plan_node_limit: int = DEFAULT_NODE_LIMIT
+    plan_time_limit_s: float | None = None
     blocked_power_w: float | None = None
     seed: int = 0
     storage: str | None = None

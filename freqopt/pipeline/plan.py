@@ -36,6 +36,9 @@ class PipelinePlan:
             (the fastest plan).
         default_time_s, default_energy_j: the fastest plan's (every instruction at its fastest clock).
         solve_s: wall time (s) the solver took.
+        milp_stopped_by: "node limit" or "time limit" where that limit, not the gap target, ended the plan's MILP
+            (the plan is then the best found by that point, ``gap`` its proven distance from the optimum; a time
+            limit makes it depend on the machine's speed and load); None where no MILP ran or it proved its gap.
     """
 
     dag: PipelineDAG
@@ -48,6 +51,7 @@ class PipelinePlan:
     default_energy_j: float
     solve_s: float = 0.0
     planner: FrontierSource | None = field(default=None, repr=False, compare=False)
+    milp_stopped_by: str | None = None
 
     @property
     def gap(self) -> float:

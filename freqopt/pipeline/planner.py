@@ -17,8 +17,10 @@ The kept options of an instruction, fastest first, have falling effective energi
 
 Every plan starts from the hull LP and heuristics (steps 1 and 2 below); the MILP (step 3) only polishes it. All
 solves go through HiGHS's own Python interface (freqopt.pipeline.solver): the LP is kept between deadlines
-and hot-started from its last basis, every MILP has a time limit (``time_limit_s``, default DEFAULT_TIME_LIMIT_S)
-and a proven bound, and Ctrl-C stops any solve within a fraction of a second.
+and hot-started from its last basis, every MILP stops at a node limit (``node_limit``, default DEFAULT_NODE_LIMIT)
+with a proven bound, so a plan is the same on any machine under any load (a wall-clock limit, ``time_limit_s``,
+runs only where the caller sets one, and a plan it cut short says so: ``PipelinePlan.milp_stopped_by``), and Ctrl-C
+stops any solve within a fraction of a second.
 
 The model. Variables: one binary x[i, k] per instruction i and kept option k (sum_k x[i, k] = 1), a start time
 s_i >= 0 per instruction, the iteration time T <= deadline. Constraints: s_j >= s_i + sum_k t[i, k] x[i, k] for
@@ -35,12 +37,14 @@ it afterwards otherwise.
    rounded down, by error diffusion (``plan`` only), a warm start, a neighbour's plan in a frontier; the best is
    kept (freqopt.pipeline.heuristics).
 3. ``plan`` only, and only if the best plan's proven gap, (energy - bound) / energy, is still above
-   ``mip_rel_gap``: the MILP, with ``time_limit_s``. Method "exact" ("auto" up to EXACT_MAX_BINARIES option
+   ``mip_rel_gap``: the MILP, within ``node_limit``. Method "exact" ("auto" up to EXACT_MAX_BINARIES option
    binaries): the whole MILP, started from the heuristic's plan; its dual bound raises lower_bound_j. Method
    "hull" ("auto" above): the MILP over the instructions the LP left fractional, the others fixed at their LP
    option (there HiGHS does not close the whole MILP's gap in useful time: GPT-3 175B on the A40, Perseus's
    profile, 8 stages, 1 % above the fastest time, M = 24: 0.73 % after 30 s, against the heuristic's 0.58 % in
-   0.2 s). HiGHS's incumbent may overstep the deadline by its feasibility tolerance (1e-7 of a row: BLOOM on the
+   0.2 s). On BLOOM/A100 at M = 12 and 2 %, HiGHS's root node alone takes about 20 s of this restricted MILP and
+   narrows the heuristic's proven gap from 0.206 % to 0.179 %; 100 nodes take 25 s, 1,000 42 s, for the same plan
+   (2-core machine, 2026-11-28). HiGHS's incumbent may overstep the deadline by its feasibility tolerance (1e-7 of a row: BLOOM on the
    A100 at M = 12 once ended 1.8e-7 s past it), so it is repaired to the deadline, then reclaimed, and replaces
    the plan only if cheaper: never a plan worse than the heuristic's, never one past the deadline.
 
@@ -81,17 +85,15 @@ from freqopt.pipeline.plan import PipelineFrontier, PipelinePlan
 from freqopt.pipeline.profile import (InstructionOptions, StageProfile, blocking_power_w_for, check_number,
                                       load_stage_profile)  # fmt: skip
 from freqopt.pipeline.schedules import stages_per_rank
-from freqopt.pipeline.solver import MilpResult, PipelineModel, precedence_rows
+from freqopt.pipeline.solver import DEFAULT_NODE_LIMIT, MilpResult, PipelineModel, precedence_rows
 from freqopt.pipeline.stage_clocks import StageClockModel, StageClockPlanning
 
-__all__ = ["PipelinePlanner", "plan_pipeline"]
+__all__ = ["PipelinePlanner", "plan_pipeline", "DEFAULT_NODE_LIMIT"]
 
 METHODS = ("auto", "exact", "hull")
 # "auto" solves the whole MILP ("exact") up to this many option binaries (a few dozen instructions), else "hull".
 EXACT_MAX_BINARIES = 1500
-# The limit (s) on one MILP solve (the whole MILP for "exact", the fractional instructions' for "hull"), unless
-# time_limit_s says otherwise.
-DEFAULT_TIME_LIMIT_S = 2.0
+
 
 
 class PipelinePlanner(PlanHeuristics, StageClockPlanning):
@@ -115,8 +117,11 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
             docstring), or None.
         mip_rel_gap: the relative optimality gap at which a solve stops (default 1e-5): HiGHS's for "exact"; for
             "hull", the proven gap below which the heuristic's plan is kept without the MILP step.
-        time_limit_s: wall-clock limit (s) of one MILP solve, or None for DEFAULT_TIME_LIMIT_S; at the limit the best
-            plan found is returned with its proven bound (PipelinePlan.gap).
+        node_limit: branch-and-bound nodes of one MILP solve (HiGHS's mip_max_nodes), or None for
+            DEFAULT_NODE_LIMIT; 0 keeps the heuristic's plan. At the limit the best plan found is returned with its
+            proven bound (PipelinePlan.gap), the same on any machine.
+        time_limit_s: a wall-clock limit (s) of one MILP solve as well, or None (the default) for none. A plan it
+            cuts short depends on the machine's speed and load; ``PipelinePlan.milp_stopped_by`` says so.
         method: "exact" (the whole MILP), "hull" (the hull LP's bound, its roundings improved by the reclaim pass,
             then the MILP on its fractional instructions if still needed; module docstring) or "auto" ("exact" up
             to EXACT_MAX_BINARIES option binaries).
@@ -127,8 +132,9 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
 
     def __init__(self, profile: StageProfile | str | Path, micro_batches: int, *, stages: int | None = None,
                  blocking_power_w: float | None = None, gpu: str | None = None, schedule: str = "1f1b",
-                 time_quantum_s: float | None = None, mip_rel_gap: float = 1e-5, time_limit_s: float | None = None,
-                 method: str = "auto", virtual_stages: int | None = None) -> None:  # fmt: skip
+                 time_quantum_s: float | None = None, mip_rel_gap: float = 1e-5, node_limit: int | None = None,
+                 time_limit_s: float | None = None, method: str = "auto",
+                 virtual_stages: int | None = None) -> None:  # fmt: skip
         if method not in METHODS:
             raise InvalidSettingError(f"method {method!r} is unknown; known: {', '.join(METHODS)}", argument="method")
         self.method = method
@@ -153,6 +159,9 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         if time_quantum_s is not None:
             check_number("time_quantum_s", time_quantum_s, minimum=0.0, strict=True)
         check_number("mip_rel_gap", mip_rel_gap, minimum=0.0)
+        if node_limit is not None and (isinstance(node_limit, bool) or not isinstance(node_limit, int) or node_limit < 0):
+            raise InvalidSettingError(f"node_limit must be an integer >= 0 (branch-and-bound nodes), not "
+                                      f"{node_limit!r}", argument="node_limit")  # fmt: skip
         if time_limit_s is not None:
             check_number("time_limit_s", time_limit_s, minimum=0.0, strict=True)
         self.profile = profile
@@ -161,7 +170,8 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         self.blocking_power_w = float(blocking_power_w)
         self.time_quantum_s = time_quantum_s
         self.mip_rel_gap = float(mip_rel_gap)
-        self.time_limit_s = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+        self.node_limit = DEFAULT_NODE_LIMIT if node_limit is None else int(node_limit)
+        self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
         self.dag = schedule_dag(schedule, gpus, micro_batches, virtual_stages=virtual_stages)
         self.gpus = self.dag.gpus
         self.schedule = schedule
@@ -264,12 +274,12 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
 
         The same MILP as the instruction level's (module docstring), with one binary y[s, k] per stage s and clock k
         that both of its instruction kinds were profiled at, shared by all its instructions: S x K binaries, solved
-        by HiGHS within time_limit_s and mip_rel_gap; lower_bound_j is HiGHS's dual bound for this restricted
-        problem. Args and errors: as ``plan``; neither deadline: the fastest plan.
+        by HiGHS within node_limit (and time_limit_s, if set) and mip_rel_gap, started from the fastest plan;
+        lower_bound_j is HiGHS's dual bound for this restricted problem. Args and errors: as ``plan``; neither
+        deadline: the fastest plan.
 
         Raises:
             InvalidSettingError: as ``plan``; a GPU whose instructions share no profiled clock.
-            FreqoptError: HiGHS found no plan within its time limit.
         """
         return self._plan_stage_clocks(deadline_s, max_slowdown=max_slowdown)
 
@@ -361,16 +371,18 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         if warm_start is not None:
             candidates.append(warm_start)
         chosen = min((self._reclaim(c, deadline_s) for c in candidates), key=self._cost)
+        stopped_by = None
         if polish and self._cost(chosen) - lower_bound > self.mip_rel_gap * abs(self._cost(chosen)):
             method = self.method
             if method == "auto":
                 method = "exact" if self._offsets[-1] <= EXACT_MAX_BINARIES else "hull"
             if method == "exact":
-                result = self._model.milp(deadline_s, start=self._point(chosen), time_limit_s=self.time_limit_s,
-                                          mip_rel_gap=self.mip_rel_gap)  # fmt: skip
+                result = self._model.milp(deadline_s, start=self._point(chosen), node_limit=self.node_limit,
+                                          time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap)  # fmt: skip
                 lower_bound = max(lower_bound, result.dual_bound)
             else:
                 result = self._fractional_milp(x_lp, deadline_s)
+            stopped_by = result.stopped_by
             if result.x is not None:
                 # HiGHS's plan may overstep the deadline by its feasibility tolerance (1e-7 of a row): repaired
                 # first, then slowed into what float it left.
@@ -386,7 +398,7 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         plan = PipelinePlan(dag=self.dag, sm_clock_mhz=clocks, time_s=time_s, energy_j=energy_j,
                             deadline_s=float(deadline_s), lower_bound_j=min(lower_bound, energy_j),
                             default_time_s=fastest.time_s, default_energy_j=fastest.energy_j, solve_s=solve_s,
-                            planner=self)  # fmt: skip
+                            planner=self, milp_stopped_by=stopped_by)  # fmt: skip
         return plan, chosen
 
     def _hull_lp(self, deadline_s: float) -> tuple[np.ndarray, float]:
@@ -403,7 +415,7 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         share = np.maximum.reduceat(x_lp[:offsets[-1]], offsets[:-1])
         # Fixing an option the LP took at 1 - 1e-7 can leave no room within the deadline (the LP's tolerance): then
         # free more (share below 1 - 1e-3 and their DAG neighbours). Freeing the neighbours from the start was
-        # tried: on the Perseus profiles at M = 96 it found worse plans within the time limit.
+        # tried: on the Perseus profiles at M = 96 it found worse plans within a time limit.
         result = MilpResult(None, -np.inf, "not run")
         for attempt in range(2):
             free = share < 1 - (1e-6 if attempt == 0 else 1e-3)
@@ -418,8 +430,8 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
                 k = offsets[i] + int(np.argmax(x_lp[offsets[i]:offsets[i + 1]]))
                 upper[offsets[i]:offsets[i + 1]] = 0.0
                 lower[k] = upper[k] = 1.0
-            result = self._model.milp(deadline_s, x_lower=lower, x_upper=upper, time_limit_s=self.time_limit_s,
-                                      mip_rel_gap=self.mip_rel_gap)  # fmt: skip
+            result = self._model.milp(deadline_s, x_lower=lower, x_upper=upper, node_limit=self.node_limit,
+                                      time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap)  # fmt: skip
             if result.x is not None:
                 return result
         return result
@@ -438,9 +450,8 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
 def plan_pipeline(profile: StageProfile | str | Path, micro_batches: int, *, stages: int | None = None,
                   max_slowdown: float | str | None = None, deadline_s: float | None = None,
                   blocking_power_w: float | None = None, gpu: str | None = None, schedule: str = "1f1b",
-                  time_quantum_s: float | None = None,
-                  mip_rel_gap: float = 1e-5, time_limit_s: float | None = None,
-                  method: str = "auto") -> PipelinePlan:  # fmt: skip
+                  time_quantum_s: float | None = None, mip_rel_gap: float = 1e-5, node_limit: int | None = None,
+                  time_limit_s: float | None = None, method: str = "auto") -> PipelinePlan:  # fmt: skip
     """The least-energy clock per instruction of a pipeline iteration within a deadline (module docstring).
 
     Args: as PipelinePlanner's, and PipelinePlanner.plan's ``deadline_s`` or ``max_slowdown`` (neither: the fastest
@@ -452,5 +463,5 @@ def plan_pipeline(profile: StageProfile | str | Path, micro_batches: int, *, sta
     """
     planner = PipelinePlanner(profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w, gpu=gpu,
                               schedule=schedule, time_quantum_s=time_quantum_s, mip_rel_gap=mip_rel_gap,
-                              time_limit_s=time_limit_s, method=method)  # fmt: skip
+                              node_limit=node_limit, time_limit_s=time_limit_s, method=method)  # fmt: skip
     return planner.plan(deadline_s, max_slowdown=max_slowdown)

@@ -247,7 +247,8 @@ def _instruction_fronts(run: _Search) -> _Fronts:
     profile = _profile(fronts, spec, run.dag.stages)
     blocking_w = run.pipeline.blocked_power_w()
     planner = PipelinePlanner(profile, run.micro_batches, blocking_power_w=blocking_w,
-                              mip_rel_gap=config.plan_rel_gap, time_limit_s=config.plan_time_limit_s,
+                              mip_rel_gap=config.plan_rel_gap, node_limit=config.plan_node_limit,
+                              time_limit_s=config.plan_time_limit_s,
                               schedule=config.schedule, virtual_stages=config.virtual_stages)  # fmt: skip
     fastest = planner.fastest()
     # The once-per-iteration tail (optimizer step): the validated default iteration beyond the planned one.

@@ -10,8 +10,14 @@ time-energy frontier changes only column bounds:
   BLOOM A100 profile at M = 96, 1,536 instructions x 29 options, a few to a few hundred dual simplex iterations and
   10-170 ms, where a cold solve takes 19,120 iterations and 1.2 s; measured 2026-11-26 on the 2-core machine).
 - ``milp(deadline_s, fixed=..., start=...)``: the MILP, optionally with some instructions fixed to one option, a
-  feasible start (HiGHS's ``setSolution``), a time limit and a relative gap; its incumbent and its proven dual
-  bound come back.
+  feasible start (HiGHS's ``setSolution``), a node limit (HiGHS's ``mip_max_nodes``), a relative gap and, only if
+  the caller asks, a time limit; its incumbent, its proven dual bound and why it stopped come back.
+
+Every limit that decides a result is one of work (simplex iterations, branch-and-bound nodes), never of wall time,
+so a plan is the same on a loaded machine as on an idle one: HiGHS's simplex and its MIP search are deterministic
+for the same model and options (its MIP's parallel tasks are made deterministic by design; checked in
+tests/test_pipeline_plan.py). A wall-clock limit runs only where a user sets one, and a result it cut short says so
+(``MilpResult.stopped_by``).
 
 Every solve runs in HiGHS's solver thread (``Highs.startSolve``) while this thread waits in short slices, so Ctrl-C
 (KeyboardInterrupt) reaches Python within 0.1 s: the solve is cancelled through HiGHS's user-interrupt callback
@@ -29,25 +35,45 @@ from freqopt.errors import FreqoptError
 from freqopt.pipeline.dag import PipelineDAG
 from freqopt.search.allocate import quiet_native_stdout
 
-__all__ = ["PipelineModel", "MilpResult", "precedence_rows"]
+__all__ = ["PipelineModel", "MilpResult", "precedence_rows", "DEFAULT_NODE_LIMIT", "LP_ITERATION_LIMIT"]
 
 # How long (s) one wait for the solver thread lasts before Python looks at signals again.
 _POLL_S = 0.05
-# The hull LP's time limit (s): a cold solve of Perseus's largest case (M = 96, 44,000 columns) takes about a second;
-# a limit reached means something is wrong, and is said so rather than waited on.
-LP_TIME_LIMIT_S = 120.0
+# The hull LP's simplex iteration limit: a cold solve of Perseus's largest case (M = 96, 44,000 columns) takes 19,120
+# iterations (about a second; module docstring), so a limit 50 times that reached means something is wrong, and is
+# said so rather than waited on. A limit of work, not of time: the same on any machine.
+LP_ITERATION_LIMIT = 1_000_000
+# The branch-and-bound nodes of one planner MILP solve (the whole MILP for "exact", the fractional instructions' for
+# "hull"; freqopt.pipeline.planner) unless its node_limit says otherwise: a limit of work, so a plan does not depend
+# on the machine's speed or load. Measured on the 2-core machine, 2026-11-28 (beside a test run): issue 34's small
+# smooth case (4 stages, 22 clocks, 2 %) at 6 and 8 micro-batches takes 7 and 13 s to 100 nodes (proven gap 0.090 %
+# and 0.135 %, from the heuristic's 0.145 % and 0.191 %) and 10 and 19 s to 1,000 (0.079 %, 0.134 %); BLOOM/A100 at
+# M = 12 and 2 % takes 25 s to 100 nodes and 42 s to 1,000, for the same plan.
+DEFAULT_NODE_LIMIT = 100
 # How long (s) a Ctrl-C waits for HiGHS to stop before it reaches the caller anyway.
 _CANCEL_WAIT_S = 0.3
+
+
+# HiGHS's model status when a limit, not the gap, ended a MILP, in words (Highs.modelStatusToString): the node limit
+# (mip_max_nodes) reports the solution-limit status, the only solution-type limit freqopt sets.
+_STOPPED_BY = {"Solution limit reached": "node limit", "Time limit reached": "time limit"}
 
 
 @dataclass(frozen=True)
 class MilpResult:
     """A MILP solve's outcome: ``x`` the incumbent (None when HiGHS found none), ``dual_bound`` its proven lower
-    bound on the objective (J; -inf when none), ``status`` HiGHS's model status in words."""
+    bound on the objective (J; -inf when none), ``status`` HiGHS's model status in words, ``nodes`` the
+    branch-and-bound nodes it searched."""
 
     x: np.ndarray | None
     dual_bound: float
     status: str
+    nodes: int = 0
+
+    @property
+    def stopped_by(self) -> str | None:
+        """"node limit" or "time limit" where that limit ended the solve before its gap was proven; else None."""
+        return _STOPPED_BY.get(self.status)
 
 
 def _highs():
@@ -120,13 +146,13 @@ class PipelineModel:
         """The hull LP at this deadline, hot-started from the last call's basis: (x over all columns, optimum J).
 
         Raises:
-            FreqoptError: HiGHS did not reach an optimum within LP_TIME_LIMIT_S (the message gives its status).
+            FreqoptError: HiGHS did not reach an optimum within LP_ITERATION_LIMIT (the message gives its status).
             KeyboardInterrupt: Ctrl-C during the solve (HiGHS stopped first).
         """
         if self._lp is None:
             self._lp = _highs()
             self._lp.passModel(self._lp_model)
-            self._lp.setOptionValue("time_limit", LP_TIME_LIMIT_S)
+            self._lp.setOptionValue("simplex_iteration_limit", LP_ITERATION_LIMIT)
         if self._lp_deadline != deadline_s:
             self._set_deadline(self._lp, deadline_s)
             self._lp_deadline = deadline_s
@@ -134,11 +160,12 @@ class PipelineModel:
         status = self._lp.modelStatusToString(self._lp.getModelStatus())
         if status != "Optimal":
             raise FreqoptError(f"the pipeline planner's LP (HiGHS) found no optimum for the deadline {deadline_s:.6g} s "
-                               f"(limit {LP_TIME_LIMIT_S:g} s): {status}")  # fmt: skip
+                               f"(limit {LP_ITERATION_LIMIT:,} simplex iterations): {status}")  # fmt: skip
         return np.asarray(self._lp.getSolution().col_value), float(self._lp.getInfo().objective_function_value)
 
     def milp(self, deadline_s: float, *, x_lower: np.ndarray | None = None, x_upper: np.ndarray | None = None,
-             start: np.ndarray | None = None, time_limit_s: float, mip_rel_gap: float) -> MilpResult:  # fmt: skip
+             start: np.ndarray | None = None, node_limit: int, mip_rel_gap: float,
+             time_limit_s: float | None = None) -> MilpResult:  # fmt: skip
         """The MILP at this deadline.
 
         Args:
@@ -146,8 +173,11 @@ class PipelineModel:
             x_lower, x_upper: bounds of the option columns (shape (n_x,)), to fix some instructions' options; None:
                 [0, 1].
             start: a feasible point (all columns, shape (n_var,)) HiGHS starts from, or None.
-            time_limit_s: HiGHS's wall-clock limit (s); the incumbent at the limit comes back.
+            node_limit: HiGHS's branch-and-bound node limit (``mip_max_nodes``); the incumbent at the limit comes
+                back. 0 searches no node (HiGHS then returns the start, if any, without solving).
             mip_rel_gap: HiGHS's relative gap at which it stops.
+            time_limit_s: HiGHS's wall-clock limit (s), or None for none: the result then depends on the machine's
+                speed and load, and ``stopped_by`` says when it cut the solve short.
 
         Raises:
             KeyboardInterrupt: Ctrl-C during the solve (HiGHS stopped first).
@@ -163,7 +193,9 @@ class PipelineModel:
             lower = np.zeros(self.n_x) if x_lower is None else np.asarray(x_lower, dtype=float)
             upper = np.ones(self.n_x) if x_upper is None else np.asarray(x_upper, dtype=float)
             h.changeColsBounds(self.n_x, columns, lower, upper)
-        h.setOptionValue("time_limit", float(time_limit_s))
+        h.setOptionValue("mip_max_nodes", int(node_limit))
+        if time_limit_s is not None:
+            h.setOptionValue("time_limit", float(time_limit_s))
         h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
         if start is not None:
             solution = highspy.HighsSolution()
@@ -174,7 +206,8 @@ class PipelineModel:
         info = h.getInfo()
         x = np.asarray(h.getSolution().col_value) if info.primal_solution_status == 2 else None  # 2: feasible
         bound = float(info.mip_dual_bound)
-        return MilpResult(x, bound if np.isfinite(bound) else -np.inf, h.modelStatusToString(h.getModelStatus()))
+        return MilpResult(x, bound if np.isfinite(bound) else -np.inf, h.modelStatusToString(h.getModelStatus()),
+                          int(info.mip_node_count))
 
 
 def precedence_rows(dag: PipelineDAG, n_choices: int, offsets: np.ndarray, owner: Sequence[int],

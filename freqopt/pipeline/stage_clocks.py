@@ -8,10 +8,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from freqopt.errors import FreqoptError, InvalidSettingError
+from freqopt.errors import InvalidSettingError
 from freqopt.pipeline.dag import effective_energy_j
 from freqopt.pipeline.plan import PipelinePlan
-from freqopt.pipeline.solver import PipelineModel, precedence_rows
+from freqopt.pipeline.solver import MilpResult, PipelineModel, precedence_rows
 
 
 __all__ = ["StageClockModel", "StageClockPlanning"]
@@ -25,18 +25,20 @@ class StageClockModel(NamedTuple):
             fastest first.
         offsets: the model's columns of GPU g are offsets[g]:offsets[g + 1], int array of shape (GPUs + 1,).
         model: the PipelineModel (one binary per GPU and clock, the start times, T).
+        times: each instruction's time (s) at its GPU's clocks, fastest first (dag.instructions' order).
     """
 
     clocks: list[list[int]]
     offsets: np.ndarray
     model: PipelineModel
+    times: list[np.ndarray]
 
 
 class StageClockPlanning:
     """The stage level of a planner (module docstring), as PlanHeuristics holds its heuristics: a subclass
     (freqopt.pipeline.planner.PipelinePlanner) sets ``dag``, ``gpus``, ``profile``, ``blocking_power_w``,
-    ``time_quantum_s``, ``time_limit_s``, ``mip_rel_gap`` and ``_stage_model`` (None until the first call), and
-    has ``fastest``, ``evaluate`` and ``_deadline``."""
+    ``time_quantum_s``, ``node_limit``, ``time_limit_s``, ``mip_rel_gap`` and ``_stage_model`` (None until the first
+    call), and has ``fastest``, ``evaluate`` and ``_deadline``."""
 
     _stage_model: StageClockModel | None
 
@@ -50,11 +52,18 @@ class StageClockPlanning:
         start = _time.perf_counter()
         if self._stage_model is None:
             self._stage_model = self._build_stage_model()
-        clocks, offsets, model = self._stage_model
-        result = model.milp(deadline_s, time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap)
-        if result.x is None:
-            raise FreqoptError(f"the stage-clock planner (HiGHS) found no plan within {deadline_s:.6g} s in "
-                               f"{self.time_limit_s:g} s: {result.status}")  # fmt: skip
+        clocks, offsets, model, _ = self._stage_model
+        # Started from the fastest plan (every GPU at its fastest common clock), which meets any deadline the
+        # fastest plan does, so a solve stopped at its limit still has an incumbent.
+        first = np.zeros(model.n_var)
+        first[offsets[:-1]] = 1.0
+        durations = np.asarray([t[0] for t in self._stage_model.times])
+        first[model.n_x:-1] = starts = self.dag.start_times_s(durations)
+        first[-1] = float(np.max(starts + durations))
+        result = model.milp(deadline_s, start=first, node_limit=self.node_limit, time_limit_s=self.time_limit_s,
+                            mip_rel_gap=self.mip_rel_gap)  # fmt: skip
+        if result.x is None:  # no incumbent, not even the start: the fastest plan stands
+            result = MilpResult(first, -np.inf, result.status, result.nodes)
         chosen = [clocks[g][int(np.argmax(result.x[offsets[g]:offsets[g + 1]]))] for g in range(self.gpus)]
         per_instruction = np.asarray([chosen[self.dag.gpu_of(inst)] for inst in self.dag.instructions], dtype=int)
         time_s, energy_j = self.evaluate(per_instruction)
@@ -64,7 +73,8 @@ class StageClockPlanning:
         return PipelinePlan(dag=self.dag, sm_clock_mhz=per_instruction, time_s=time_s, energy_j=energy_j,
                             deadline_s=float(deadline_s), lower_bound_j=min(result.dual_bound, energy_j),
                             default_time_s=fastest.time_s, default_energy_j=fastest.energy_j,
-                            solve_s=_time.perf_counter() - start, planner=self)  # fmt: skip
+                            solve_s=_time.perf_counter() - start, planner=self,
+                            milp_stopped_by=result.stopped_by)  # fmt: skip
 
     def _build_stage_model(self) -> StageClockModel:
         """PipelinePlanner.plan_stage_clocks's model, built once: each GPU's clocks (every instruction kind of every model stage it
@@ -95,4 +105,4 @@ class StageClockPlanning:
             cost[offsets[gpu]:offsets[gpu + 1]] += effective_energy_j(opts.energy_j[index], t, self.blocking_power_w)
         matrix, lower, upper = precedence_rows(self.dag, self.gpus, offsets, owner, times, n_y)
         objective = np.concatenate([cost, np.zeros(n), [self.gpus * self.blocking_power_w]])
-        return StageClockModel(clocks, offsets, PipelineModel(matrix, lower, upper, objective, n_y))
+        return StageClockModel(clocks, offsets, PipelineModel(matrix, lower, upper, objective, n_y), times)
