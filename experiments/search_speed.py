@@ -23,7 +23,8 @@ that the machine's drift hits them alike:
   answers ()).
 
 Every variant must print the same search result; the script checks it (the last variant, which measures more,
-must validate the same energy and time at every level).
+must validate the same energy and time at the power cap and the iteration level; its finer levels search schedules
+the others never measure).
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ VARIANTS = {  # variant: (code run first, storage URL: None for the default)
         "runner.search_units = studies.search_units = free.search_units = "
         "lambda trace, granularity, share=False: units.search_units(trace, granularity)", None),
 }
-SAME_FIGURES_ONLY = {"every level searched, a study per class"}  # measures more by design: compare the figures
+# Measures more by design: compare the figures of the levels it searches as "now" does (the power cap and the
+# iteration level); its pass, kernel and phase levels search schedules "now" never measures, so theirs may differ.
+SAME_FIGURES_ONLY = {"every level searched, a study per class"}
+SAME_LEVELS = ("power-cap", "iteration")
 RUN = """
 import json, sys, time
 import freqopt
@@ -92,8 +96,8 @@ def main() -> int:
             print(f"round {r + 1}, {variant}: {got['time_s']:.1f} s", file=sys.stderr)
             if reference is None:
                 reference = got["results"]
-            elif (_figures(got["results"]) != _figures(reference) if variant in SAME_FIGURES_ONLY
-                  else got["results"] != reference):
+            elif (_figures({g: got["results"][g] for g in SAME_LEVELS}) != _figures({g: reference[g] for g in SAME_LEVELS})
+                  if variant in SAME_FIGURES_ONLY else got["results"] != reference):
                 print(f"{variant} found another result than the first run", file=sys.stderr)
                 return 1
     median = {v: statistics.median(t) for v, t in times.items()}
@@ -102,7 +106,8 @@ def main() -> int:
              "`freqopt.search(\"gpt3-small\", max_slowdown=\"1%\", out=...)`, from the trace to the written tables "
              "and figures, each variant in a fresh process (imports not counted), the variants interleaved, "
              f"{REPEATS} rounds, medians. Every run found the same result (the last variant: the same validated "
-             "figures at every level, from more measurements).", "",
+             "figures at the power cap and the iteration level, from more measurements; its finer levels search "
+             "schedules the others never measure).", "",
              "| variant | seconds (median) | runs | against before |", "|---|---:|---|---:|"]
     for v in VARIANTS:
         lines.append(f"| {v} | {median[v]:.1f} | {', '.join(f'{t:.1f}' for t in times[v])} | "
