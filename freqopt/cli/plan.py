@@ -26,11 +26,15 @@ from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, wr
 @click.option("--max-slowdown", default="1%", show_default=True,
               help="Allowed slowdown of the iteration against every instruction at its fastest clock: 1% or 0.01.")
 @click.option("--gpu", default=None,
-              help="The profiled GPU (freqopt gpus), for its measured blocking power: a100-sxm4-80gb 83.64 W, "
-                   "a40 70.38 W (Perseus's measurements).")
+              help="The profiled GPU (freqopt gpus), for its measured blocking power (a100-sxm4-80gb 83.64 W, "
+                   "a40 70.38 W: Perseus's measurements) and its clock-switch latency and NVML call time, with which "
+                   "the plan is also priced as a runtime realizes it.")
 @click.option("--blocking-power-w", type=float, default=None,
               help="Power (W) a GPU draws while it waits on its pipeline neighbours; required unless --gpu has a "
                    "measured figure.")
+@click.option("--switch-latency-ms", default=None, type=click.FloatRange(min=0.0),
+              help="Clock-switch latency (ms) to price the plan with, in place of the --gpu file's clock_switch_ms "
+                   "(0: switches land at once, as the plan assumes).")
 @click.option("--frontier-points", type=int, default=None,
               help="With --json: this many evenly spaced deadlines instead of the whole time-energy frontier (every "
                    "distinct plan from the fastest to the least-energy one).")
@@ -43,12 +47,16 @@ from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, wr
 @click.option("--json", "json_path", default=None,
               help="Also write the plan and the frontier (each point with its clocks) as JSON to this file.")
 def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slowdown, gpu, blocking_power_w,
-         frontier_points, node_limit, time_limit_s, json_path) -> None:  # fmt: skip
+         switch_latency_ms, frontier_points, node_limit, time_limit_s, json_path) -> None:  # fmt: skip
     """The least-energy SM clock for every forward and backward of every micro-batch on every stage, with the
     iteration (the critical path of the schedule) at most --max-slowdown slower than at the fastest clocks.
 
     With --json, also the whole time-energy frontier: every distinct plan from the fastest to the least-energy one,
-    each with its clocks and a proven lower bound. Ctrl-C stops the planner within a second and writes nothing."""
+    each with its clocks and a proven lower bound.
+
+    The plan assumes, as Perseus does, that a clock holds from the instruction it is set for. With --gpu or
+    --switch-latency-ms it is also priced as a runtime realizes it (each clock asked for one switch latency ahead,
+    one NVML call at a time), beside the best plan with one clock per GPU, which never switches. Ctrl-C stops the planner within a second and writes nothing."""
     from rich.table import Table
 
     from freqopt.pipeline.planner import PipelinePlanner
@@ -59,6 +67,10 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
                               virtual_stages=virtual_stages)  # fmt: skip
     try:
         result = planner.plan(max_slowdown=max_slowdown)
+        realized = stage_plan = None
+        if gpu is not None or switch_latency_ms is not None:
+            realized = planner.realized(result, None if switch_latency_ms is None else switch_latency_ms / 1e3)
+            stage_plan = planner.plan_stage_clocks(result.deadline_s)
         frontier = planner.frontier(frontier_points) if json_path else None
     except KeyboardInterrupt:
         # HiGHS's threads may still be stopping (a MIP notices its cancellation within about a second), and the
@@ -80,16 +92,36 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
                      "default_time_s": result.default_time_s, "default_energy_j": result.default_energy_j,
                      "milp_stopped_by": result.milp_stopped_by, "node_limit": planner.node_limit,
                      "time_limit_s": planner.time_limit_s, "stages": result.stage_clocks()},
+            "realized": None if realized is None else {
+                "switch_s": realized.switch_s, "nvml_call_s": realized.call_s, "time_s": realized.time_s,
+                "energy_j": realized.energy_j, "switches_per_iteration": realized.switches,
+                "dropped_per_iteration": realized.dropped, "max_switches_per_s": realized.max_switches_per_s,
+                "requests_mhz": _by_stage(planner.dag, realized.requests_mhz)},
+            "stage_clocks_plan": None if stage_plan is None else {
+                "time_s": stage_plan.time_s, "energy_j": stage_plan.energy_j, "lower_bound_j": stage_plan.lower_bound_j,
+                "sm_clock_mhz": _by_stage(planner.dag, stage_plan.sm_clock_mhz)},
         })  # fmt: skip
     table = Table("", "iteration time (s)", "energy (J)", "saved (%)",
                   title=f"{planner.stages} stages{_on_gpus(planner)} x {micro_batches} micro-batches ({schedule}), "
                         f"deadline {result.deadline_s:.4f} s, waiting GPUs at {planner.blocking_power_w:g} W")  # fmt: skip
     table.add_row("fastest clocks", f"{result.default_time_s:.4f}", f"{result.default_energy_j:,.1f}", "0.00")
-    table.add_row("plan", f"{result.time_s:.4f}", f"{result.energy_j:,.1f}", f"{100 * result.saved:.2f}")
+    saved = lambda energy_j: f"{100 * (1 - energy_j / result.default_energy_j):.2f}"  # noqa: E731
+    table.add_row("plan" if realized is None else "plan, switches landing at once", f"{result.time_s:.4f}",
+                  f"{result.energy_j:,.1f}", saved(result.energy_j))
+    if realized is not None:
+        table.add_row(f"plan, realized ({1e3 * realized.switch_s:g} ms switches, {1e3 * realized.call_s:g} ms NVML "
+                      "calls)", f"{realized.time_s:.4f}", f"{realized.energy_j:,.1f}", saved(realized.energy_j))
+        table.add_row("one clock per GPU (no switches)", f"{stage_plan.time_s:.4f}", f"{stage_plan.energy_j:,.1f}",
+                      saved(stage_plan.energy_j))
     console = stdout_console()
     console.print(table)
     console.print(f"optimal within {100 * result.gap:.3f} % (proven lower bound {result.lower_bound_j:,.1f} J)"
                   + _stopped(result, planner))
+    if realized is None:
+        console.print("switches priced as landing at once (as Perseus plans); give --gpu or --switch-latency-ms to "
+                      "price the GPU's switch latency")
+    else:
+        console.print(_realized_note(realized, stage_plan, result))
     if frontier is not None:
         console.print(f"frontier: {len(frontier)} plans from {frontier[0].time_s:.4f} s to {frontier[-1].time_s:.4f} s "
                       f"({frontier[0].energy_j:,.1f} to {frontier[-1].energy_j:,.1f} J), each within "
@@ -106,6 +138,20 @@ def _stopped(result, planner) -> str:
         return (f"; the MILP stopped at its {planner.time_limit_s:g} s time limit, so this plan depends on the "
                 "machine's speed and load (--node-limit alone gives the same plan on any machine)")
     return ""
+
+
+def _realized_note(realized, stage_plan, result) -> str:
+    """What the realized row means: the switches it asks for, whether it keeps the deadline, and whether one clock per
+    GPU would cost less."""
+    note = (f"realized: {realized.switches} switches an iteration ({realized.max_switches_per_s:.1f} a second on the "
+            "busiest GPU), each clock asked for one switch latency ahead so that no instruction runs slower than "
+            "planned")
+    if realized.time_s > result.deadline_s * (1 + 1e-9):
+        note += f"; it misses the deadline by {100 * (realized.time_s / result.deadline_s - 1):.2f} %"
+    if stage_plan.energy_j < realized.energy_j:
+        note += ("; one clock per GPU costs less on this GPU (freqopt.pipeline.planner.PipelinePlanner."
+                 "plan_stage_clocks)")
+    return note
 
 
 def _on_gpus(planner) -> str:

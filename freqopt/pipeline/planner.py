@@ -84,6 +84,7 @@ from freqopt.pipeline.heuristics import _TOLERANCE, KeptOptions, PlanHeuristics
 from freqopt.pipeline.plan import PipelineFrontier, PipelinePlan
 from freqopt.pipeline.profile import (InstructionOptions, StageProfile, blocking_power_w_for, check_number,
                                       load_stage_profile)  # fmt: skip
+from freqopt.pipeline.realize import RealizedPlan, price_realized
 from freqopt.pipeline.schedules import stages_per_rank
 from freqopt.pipeline.solver import DEFAULT_NODE_LIMIT, MilpResult, PipelineModel, precedence_rows
 from freqopt.pipeline.stage_clocks import StageClockModel, StageClockPlanning
@@ -165,6 +166,7 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         if time_limit_s is not None:
             check_number("time_limit_s", time_limit_s, minimum=0.0, strict=True)
         self.profile = profile
+        self.gpu = gpu
         self.stages = profile.stages
         self.micro_batches = micro_batches
         self.blocking_power_w = float(blocking_power_w)
@@ -266,6 +268,42 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
             return fastest
         start = None if warm_start is None else self._warm_choice(warm_start, deadline_s)
         return self._solve(deadline_s, fastest, start)[0]
+
+    def realized(self, plan: PipelinePlan, switch_s: float | None = None, *, call_s: float | None = None) -> RealizedPlan:
+        """``plan`` as a runtime realizes it on this planner's profile, priced at its blocking power
+        (freqopt.pipeline.realize.price_realized, which says how): each clock asked for at an instruction's start
+        (realize_plan: the highest the plan needs until the next request lands, so that no instruction runs slower
+        than planned), served one at a time by an NVML thread whose set calls take ``call_s`` (s) each, landing
+        ``switch_s`` (s) after its call starts. The planner itself plans as if switches landed at once, as Perseus
+        does; this is what that plan costs on a GPU whose switches do not. A plan with one clock per GPU
+        (``plan_stage_clocks``) asks for nothing after its first iteration and realizes as planned.
+
+        Args:
+            plan: a plan of this planner (``plan``, ``plan_stage_clocks`` or a frontier point).
+            switch_s: the switch latency (s); default the GPU file's clock_switch_ms of the planner's ``gpu``
+                (freqopt.gpu.specs.GPUSpec.clock_switch_s: 170 ms on the A100, the cautious end of 6-170 ms).
+            call_s: the NVML set call's blocking time (s); default the GPU file's (GPUSpec.nvml_call_s) where the
+                planner has a ``gpu``, else 0.
+
+        Raises:
+            InvalidSettingError: a plan of another pipeline; switch_s or call_s not a finite number >= 0; switch_s
+                not given and the planner has no ``gpu`` to read it from.
+        """
+        if not isinstance(plan, PipelinePlan) or plan.dag is not self.dag:
+            raise InvalidSettingError("plan is not a plan of this planner; give one it made", argument="plan")
+        spec = None
+        if self.gpu is not None and (switch_s is None or call_s is None):
+            from freqopt.gpu.specs import get_gpu
+
+            spec = get_gpu(self.gpu)
+        if switch_s is None:
+            if spec is None:
+                raise InvalidSettingError("switch_s is required: give the GPU's clock-switch latency (s), or make the "
+                                          "planner with a gpu whose file has one", argument="switch_s")  # fmt: skip
+            switch_s = spec.clock_switch_s
+        if call_s is None:
+            call_s = spec.nvml_call_s if spec is not None else 0.0
+        return price_realized(self.profile, plan, switch_s, call_s=call_s, blocking_power_w=self.blocking_power_w)
 
     def plan_stage_clocks(self, deadline_s: float | None = None, *, max_slowdown: float | str | None = None) -> PipelinePlan:
         """The least-energy plan with one SM clock per stage for all its instructions (no clock switch within an

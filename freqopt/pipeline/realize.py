@@ -17,7 +17,9 @@ which validation settles (freqopt.pipeline.search).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,7 +27,7 @@ from freqopt.pipeline.dag import PipelineDAG
 from freqopt.pipeline.plan import PipelinePlan
 from freqopt.pipeline.profile import StageProfile
 
-__all__ = ["realize_requests", "realize_plan"]
+__all__ = ["realize_requests", "realize_plan", "RealizedPlan", "price_realized"]
 
 
 def realize_requests(dag: PipelineDAG, clocks_mhz: Sequence[int], times_s: Sequence[float], switch_s: float, *,
@@ -92,3 +94,134 @@ def realize_plan(profile: StageProfile, plan: PipelinePlan, switch_s: float, *, 
     validates and by freqopt.apply.pipeline_runtime on a plan made again for another micro-batch count."""
     times = _planned_times(profile, plan.dag, plan.sm_clock_mhz)
     return realize_requests(plan.dag, plan.sm_clock_mhz, times, switch_s, tail_s=tail_s)
+
+
+@dataclass(frozen=True)
+class RealizedPlan:
+    """A plan as a runtime realizes it on a measured stage profile (``price_realized``): one iteration in steady
+    state.
+
+    Attributes:
+        requests_mhz: the clock asked for at each instruction's start (dag.instructions order, MHz): realize_plan's.
+        time_s: the iteration's time (s), its critical path with the clocks in force (no optimizer step).
+        energy_j: its energy (J), Perseus's accounting: the instructions' energies plus the blocking power for every
+            GPU-second outside an instruction.
+        switches: set calls per iteration, all GPUs (a request that differs from its GPU's previous one).
+        dropped: of those, requests dropped unserved (a newer one came while they waited for the NVML thread).
+        max_switches_per_s: set calls per second of the busiest GPU.
+        switch_s, call_s: the switch latency and the NVML call time (s) it was realized with.
+    """
+
+    requests_mhz: tuple[int, ...]
+    time_s: float
+    energy_j: float
+    switches: int
+    dropped: int
+    max_switches_per_s: float
+    switch_s: float
+    call_s: float
+
+
+def price_realized(profile: StageProfile, plan: PipelinePlan, switch_s: float, *, call_s: float = 0.0,
+                   blocking_power_w: float, iterations: int | None = None) -> RealizedPlan:  # fmt: skip
+    """``plan`` as a runtime realizes it (realize_plan's requests, each asked at its instruction's start, served one
+    at a time by one NVML thread, landing ``switch_s`` after its call starts: freqopt.gpu.backends.physics.
+    SetCallQueue), priced on the measured profile: what ``freqopt plan`` reports beside the plan it predicts.
+
+    Each instruction runs at the clocks in force while it runs: at clock c it progresses at 1 / time(c) and draws
+    energy(c) / time(c), the profile's figures interpolated linearly in the clock between measured ones (Perseus's
+    stage profiles are measured at every clock a plan can ask for, so the interpolation is only between a
+    profile's own points). Iterations repeat back to back, every GPU starting the next once all have finished one
+    (the gradient synchronization; no optimizer step in a stage profile), each GPU starting in the clock its last
+    request of an iteration leaves; the last of ``iterations`` (default: enough that a switch longer than the
+    iteration has landed twice, at least 3) is priced. With ``switch_s`` and ``call_s`` 0 this is the plan itself
+    (``PipelinePlanner.evaluate`` of its clocks without a time quantum).
+
+    Raises:
+        InvalidSettingError: switch_s or call_s not a finite number >= 0, iterations not a positive integer.
+    """
+    from freqopt.errors import check_positive_int
+    from freqopt.gpu.backends.physics import SetCallQueue
+    from freqopt.pipeline.profile import check_number
+
+    check_number("switch_s", switch_s, minimum=0.0)
+    check_number("call_s", call_s, minimum=0.0)
+    check_positive_int("iterations", iterations, optional=True)
+    dag = plan.dag
+    requests = realize_plan(profile, plan, switch_s)
+    curves = []
+    for inst in dag.instructions:
+        opts = profile.options[(inst.stage, inst.kind)]
+        order = np.argsort(opts.sm_clock_mhz)
+        curves.append((opts.sm_clock_mhz[order].astype(float), opts.time_s[order], opts.energy_j[order]))
+    planned_period = dag.iteration_time_s(_planned_times(profile, dag, plan.sm_clock_mhz))
+    if iterations is None:
+        iterations = max(3, 2 + math.ceil(2 * switch_s / planned_period)) if planned_period > 0 else 3
+    gpu_of = np.asarray([dag.gpu_of(inst) for inst in dag.instructions])
+    last_request = {g: requests[int(np.flatnonzero(gpu_of == g)[-1])] for g in range(dag.gpus)}
+    # Per GPU, when each request lands and its clock (times non-decreasing: calls start in order).
+    landings = {g: ([-math.inf], [last_request[g]]) for g in range(dag.gpus)}
+    queues = {g: SetCallQueue(call_s) for g in range(dag.gpus)}
+    asked = dict(last_request)  # each GPU's latest request
+    preds: list[list[int]] = [[] for _ in range(dag.n)]
+    for a, b in dag.edges:
+        preds[int(b)].append(int(a))
+    begin = 0.0
+    for k in range(iterations):
+        start = np.zeros(dag.n)
+        end = np.zeros(dag.n)
+        energy = np.zeros(dag.n)
+        switches = dropped = 0
+        per_gpu = np.zeros(dag.gpus, dtype=int)
+        for j in dag.order:
+            g = int(gpu_of[j])
+            p = preds[j]
+            t = max(begin, float(np.max(end[p]))) if p else begin
+            start[j] = t
+            if requests[j] != asked[g]:  # the runtime asks only for a change
+                asked[g] = requests[j]
+                call, superseded = queues[g].submit(t)
+                lands, clocks = landings[g]
+                if superseded:  # the waiting request is replaced: its call, this clock
+                    lands[-1], clocks[-1] = call + switch_s, requests[j]
+                    dropped += 1
+                else:
+                    lands.append(call + switch_s)
+                    clocks.append(requests[j])
+                switches += 1
+                per_gpu[g] += 1
+            end[j], energy[j] = _run(curves[j], landings[g], t)
+        finish = float(np.max(end))
+        if k == iterations - 1:
+            busy = float(np.sum(end - start))
+            time_s = finish - begin
+            total = float(np.sum(energy) + blocking_power_w * (dag.gpus * time_s - busy))
+            return RealizedPlan(tuple(int(r) for r in requests), time_s, total, switches, dropped,
+                                float(per_gpu.max() / time_s) if time_s > 0 else 0.0, float(switch_s), float(call_s))
+        begin = finish
+    raise AssertionError("unreachable")
+
+
+def _run(curve, landings: tuple[list[float], list[int]], start_s: float) -> tuple[float, float]:
+    """(end time, energy) of one instruction started at ``start_s`` on a GPU whose clock becomes ``clocks[k]`` at
+    ``lands[k]`` (``landings``, times non-decreasing); ``curve`` its (clocks, times, energies) by ascending clock."""
+    import bisect
+
+    grid, times, energies = curve
+    lands, clocks = landings
+
+    def at(clock: float) -> tuple[float, float]:  # (progress per second, watts) at this clock
+        t = float(np.interp(clock, grid, times))
+        return 1.0 / t, float(np.interp(clock, grid, energies)) / t
+
+    i = bisect.bisect_right(lands, start_s) - 1
+    now, left, joules = start_s, 1.0, 0.0
+    while True:
+        rate, watts = at(clocks[i])
+        nxt = lands[i + 1] if i + 1 < len(lands) else math.inf
+        if now + left / rate <= nxt:
+            joules += watts * left / rate
+            return now + left / rate, joules
+        joules += watts * (nxt - now)
+        left -= rate * (nxt - now)
+        now, i = nxt, i + 1
