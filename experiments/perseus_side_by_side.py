@@ -7,8 +7,10 @@ count M, back to back and ``--repeats`` times in alternation:
   from a separate environment, ``--perseus-python``), with its defaults (1 ms time unit) and ``--plot-interval``
   above its iteration count, so that it draws only its 16 cost-model figures and two pipeline figures. The two
   adaptations its README names for lowtime 0.3.0 are made in a temporary copy; nothing of it is kept here.
-- freqopt: ``python -m freqopt.cli plan --stage-profile P --micro-batches M --gpu G --json F`` as a user runs it
-  (the plan at its default 1 % and the whole time-energy frontier).
+- freqopt: ``python -m freqopt.cli plan --stage-profile P --micro-batches M --blocking-power-w W --json F`` as a
+  user runs it (the plan at its default 1 % and the whole time-energy frontier), W the GPU's measured blocking power
+  that ``--gpu G`` would give; not ``--gpu`` itself, which also prices the plan with G's switch latency and plans one
+  clock per GPU beside it (since issue 50, item 5), work Perseus does not do.
 
 Both planners' plans are then scored by one evaluator, freqopt's ``PipelinePlanner.evaluate`` on the measured profile,
 unfloored (each instruction's measured time and energy at its clock, the 1F1B critical path, and Perseus's blocking
@@ -107,7 +109,7 @@ def run_perseus(python: str, script: Path, profile: Path, gpu_type: str, m: int,
 
 def run_freqopt(profile: Path, gpu: str, m: int, out: Path, extra: list[str] = ()) -> float:
     cmd = [sys.executable, "-m", "freqopt.cli", "plan", "--stage-profile", str(profile), "--micro-batches", str(m),
-           "--gpu", gpu, "--json", str(out), *extra]
+           "--blocking-power-w", str(MEASURED_BLOCKING_POWER_W[gpu]), "--json", str(out), *extra]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=FREQOPT_ENV)
     wall = time.perf_counter() - start
