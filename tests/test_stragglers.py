@@ -53,11 +53,17 @@ def test_the_other_pipelines_match_a_straggler_and_save_energy_at_the_same_itera
     profile = _profile(pipe)
     planner = PipelinePlanner(profile, M, blocking_power_w=pipe.blocked_power_w())
     tail_s = pipe.true_run(None).time_s - planner.fastest().time_s  # the optimizer step after the last backward
-    plan = straggler_plan(planner, straggler_s, tail_s=tail_s)  # as predicted: clocks landing at once
-    predicted = pipe.true_run(realize_plan(profile, plan, A100.clock_switch_s, tail_s=tail_s)).time_s
+    straight = straggler_plan(planner, straggler_s, tail_s=tail_s)  # as predicted: clocks landing at once
+    predicted = pipe.true_run(realize_plan(profile, straight, A100.clock_switch_s, tail_s=tail_s)).time_s
     plan, matched = matched_requests(planner, profile, straggler_s, lambda r: pipe.true_run(r).time_s,
                                      switch_s=A100.clock_switch_s, tail_s=tail_s)  # fmt: skip
-    assert pipe.true_run(matched).time_s <= straggler_s <= predicted or predicted <= straggler_s
+    # The matched plan, as the switches realize it, never outlasts the straggler; where the straight plan fits as
+    # realized, matching keeps it or finds one that costs less; where it does not, matching ran faster than it.
+    assert pipe.true_run(matched).time_s <= straggler_s
+    if predicted <= straggler_s:
+        assert plan.energy_j <= straight.energy_j * (1 + 1e-9)
+    else:
+        assert plan.time_s < straight.time_s
     waiting = run_data_parallel(pipe, [slow, None, None, None])
     after = run_data_parallel(pipe, [slow, matched, matched, matched])
     assert waiting.time_s == pytest.approx(straggler_s)
