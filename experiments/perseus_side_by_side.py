@@ -438,7 +438,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
     doc = json.loads(path.read_text()) if path.is_file() else {}
-    if doc.get("format") != "perseus-side-by-side":  # another script's results (perseus_frontiers.py's): start anew
+    if doc.get("format") != "perseus-side-by-side":  # results in an older format (the retired perseus_frontiers.py wrote one): start anew
         doc = {"format": "perseus-side-by-side", "settings": []}
     started = time.perf_counter()
     doc.update(command="python experiments/perseus_side_by_side.py " + " ".join(sys.argv[1:]),

@@ -20,7 +20,7 @@ from freqopt.workload.layout import Layout
 from freqopt.workload.models import Workload, build_model, get_workload
 from freqopt.workload.models.gpt3 import GPTConfig
 from freqopt.workload.models.parallel import shard_tensor_parallel
-from freqopt.workload.phases import _HOOK_WARNING, PhaseHooks
+from freqopt.workload.phases import HOOK_WARNING, PhaseHooks
 from freqopt.apply.runtime import DVFSRuntime
 from freqopt.tables import ClockTable, workload_doc
 from freqopt.workload.trace import Trace, trace_training_iteration
@@ -39,7 +39,7 @@ def pass_table(forward: int, backward: int, optimizer: int, workload=None) -> Cl
 
 
 def hook_warnings(caught) -> list:
-    return [w for w in caught if _HOOK_WARNING in str(w.message)]
+    return [w for w in caught if HOOK_WARNING in str(w.message)]
 
 
 def test_the_trace_records_the_fingerprint_of_the_module_it_traced():
@@ -139,7 +139,7 @@ def test_user_loop_with_gpt3_small_under_the_runtime():
                 optimizer.zero_grad()
             measured = runtime.step_measurement()
         assert warnings.filters == filters_before  # the runtime's filter is gone once it exits
-        warnings.warn(_HOOK_WARNING + " (after the runtime)")
+        warnings.warn(HOOK_WARNING + " (after the runtime)")
     assert not hook_warnings(caught[:-1]) and hook_warnings(caught[-1:])
     assert set(runtime.plan.settings) == {ClockSetting(1500, 2619), ClockSetting(1200, 2619), ClockSetting(1005, 2619)}
     # Per step: into forward (the clocks start at the optimizer's, the last phase's), backward, optimizer.

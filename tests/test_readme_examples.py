@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from freqopt.gpu.backends.base import DEFAULT_SETTING
-from freqopt.workload.phases import _HOOK_WARNING
+from freqopt.workload.phases import HOOK_WARNING
 
 README = Path(__file__).parent.parent / "docs" / "training-loop.md"
 BLOCK = re.compile(r"<!-- test: (?P<name>[\w-]+) -->\s*```(?P<lang>\w+)\n(?P<code>.*?)```", re.DOTALL)
@@ -70,7 +70,7 @@ def test_runtime_loop_example(session, capsys):
     caught = run_python("runtime-loop", folder, namespace)
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["step 0", "step 1", "step 2"]
-    assert not [w for w in caught if _HOOK_WARNING in str(w.message)]  # the runtime kept it out
+    assert not [w for w in caught if HOOK_WARNING in str(w.message)]  # the runtime kept it out
     runtime, table, trace = namespace["runtime"], namespace["table"], namespace["trace"]
     table_setting = {(e["sm_clock_mhz"], e["mem_clock_mhz"]) for e in table.entries}
     assert {(s.sm_clock_mhz, s.mem_clock_mhz) for s in runtime.plan.settings} <= table_setting
@@ -89,5 +89,5 @@ def test_hf_trainer_example(session, capsys):
     callback = namespace["callback"]
     assert len(callback.step_measurements) == 3 and callback.runtime is None
     assert capsys.readouterr().out.strip().count(" J") == 3
-    assert not [w for w in caught if _HOOK_WARNING in str(w.message)]
+    assert not [w for w in caught if HOOK_WARNING in str(w.message)]
     assert namespace["trainer"].state.global_step == 3

@@ -13,7 +13,7 @@ from freqopt.workload.layout import Layout
 from freqopt.workload.models import Workload
 from freqopt.workload.models.gpt3 import GPTConfig
 from freqopt.gpu.replay import COPY_OP, build_replay, detect_counter_period
-from freqopt.workload.trace import OpCall, _KernelRecorder, record_call, trace_iteration
+from freqopt.workload.trace import OpCall, KernelRecorder, record_call, trace_iteration
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
@@ -120,7 +120,7 @@ def test_index_inputs_stay_within_the_dimension_they_index():
             checked += 1
     assert checked == 6  # two embeddings forward and backward, the loss forward and backward
     # Equal index specs into dimensions of different sizes get different tensors.
-    recorder = _KernelRecorder()
+    recorder = KernelRecorder()
     with recorder:
         idx = torch.empty(64, dtype=torch.long, device="meta")
         torch.nn.functional.embedding(idx, torch.empty(1000, 8, device="meta"))
@@ -174,7 +174,7 @@ def test_the_recorder_marks_arguments_it_cannot_record():
     assert (first.shape, first.stride, first.offset) == ((8, 4), (1, 8), 0)
     assert (second.shape, second.stride, second.offset) == ((8, 1), (1, 8), 8) and call.kwargs == (("alpha", 2),)
     assert call.unreplayable is None and hash(call)
-    recorder = _KernelRecorder()
+    recorder = KernelRecorder()
     with recorder:
         torch.add(t, t[:, 1:2], alpha=2)
     plan = build_replay(recorder.kernels, device="cpu")

@@ -25,7 +25,7 @@ from freqopt.gpu.specs import get_gpu
 from freqopt.workload.models import Workload, build_model
 from freqopt.workload.models.gpt3 import GPTConfig
 from freqopt.workload.phases import quiet_backward_hooks
-from freqopt.apply.runtime import _STOP, DVFSRuntime, _Worker, plan_phases
+from freqopt.apply.runtime import _STOP, DVFSRuntime, ClockWorker, plan_phases
 from freqopt.tables import ClockTable, workload_doc
 from freqopt.workload.trace import trace_training_iteration
 
@@ -183,13 +183,13 @@ def test_unchanged_settings_make_no_set_call():
     assert len(two.calls) == runtime._worker.n_applied <= 1 + runtime.switches
     assert all(a != b for a, b in zip(two.calls, two.calls[1:]))
     # The worker itself skips a request for the setting the GPU holds (one a queue of stale requests left).
-    worker = _Worker(SlowSetGPU(H100, noise=False, set_s=0.0), applied=ClockSetting(1200, 2619))
+    worker = ClockWorker(SlowSetGPU(H100, noise=False, set_s=0.0), applied=ClockSetting(1200, 2619))
     for item in [(None, ClockSetting(1200, 2619)), _STOP]:
         worker.requests.put(item)
     worker.run()
     assert worker.backend.calls == [] and worker.n_skipped == 1
     # And a request the GPU has passed the boundary of is superseded by the later one: one call, the latest.
-    worker = _Worker(SlowSetGPU(H100, noise=False, set_s=0.0))
+    worker = ClockWorker(SlowSetGPU(H100, noise=False, set_s=0.0))
     for item in [(None, ClockSetting(1500, 2619)), (None, ClockSetting(1200, 2619)), _STOP]:
         worker.requests.put(item)
     worker.run()

@@ -309,7 +309,7 @@ def test_the_kernel_level_ends_on_the_pass_schedule_as_it_stands_where_that_vali
     kernel level ends on it, each class at its pass's setting, with the pass level's measurement."""
     from freqopt.gpu.backends.base import ClockSetting, Measurement
     from freqopt.search.result import GranularityResult
-    from freqopt.search.runner import _at_least_the_coarser_schedules
+    from freqopt.search.runner import at_least_the_coarser_schedules
 
     passes = partition(small_trace, "pass")
     per_pass = dict(zip(("forward", "backward", "optimizer"), (ClockSetting(1500, 2619), ClockSetting(1200, 2619),
@@ -320,14 +320,14 @@ def test_the_kernel_level_ends_on_the_pass_schedule_as_it_stands_where_that_vali
     kernel = GranularityResult("kernel", tuple((c, ClockSetting(1800, 2619)) for c in classes), Measurement(1.0, 9.0),
                                Measurement(1.0, 10.0), Measurement(1.005, 9.2), 500, 500.0,
                                ideal=Measurement(1.0, 7.0))  # fmt: skip
-    ended = _at_least_the_coarser_schedules(small_trace, kernel, [pass_])
+    ended = at_least_the_coarser_schedules(small_trace, kernel, [pass_])
     assert ended.validated == pass_.validated and ended.predicted == pass_.predicted
     assert [u for u, _ in ended.units] == classes  # still one entry per class
     for unit, setting in ended.units:
         assert setting == per_pass[small_trace.kernels[unit.kernel_indices[0]].pass_name]
     assert (ended.granularity, ended.n_measurements, ended.ideal) == ("kernel", 500, kernel.ideal)  # its own
     worse = dataclasses.replace(pass_, validated=Measurement(1.0, 9.3))
-    assert _at_least_the_coarser_schedules(small_trace, kernel, [worse]) is kernel
+    assert at_least_the_coarser_schedules(small_trace, kernel, [worse]) is kernel
 
 
 def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_energy(small_trace):
@@ -336,7 +336,7 @@ def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_ener
     it as it stands, and its table is a phase schedule that the runtime applies by its requests."""
     from freqopt.gpu.backends.base import ClockSetting, Measurement
     from freqopt.search.result import GranularityResult, SearchResult
-    from freqopt.search.runner import _at_least_the_phase_schedule
+    from freqopt.search.runner import at_least_the_phase_schedule
     from freqopt.search.units import TuningUnit
     from freqopt.tables import table_from_result
 
@@ -350,10 +350,10 @@ def test_a_finer_level_ends_on_the_phase_schedule_where_that_validated_less_ener
     kernel = GranularityResult("kernel", ((whole, ClockSetting(1800, 2619)),), Measurement(1.0, 9.0),
                                Measurement(1.0, 10.0), Measurement(1.005, 9.2), 500, 500.0,
                                ideal=Measurement(1.0, 7.0))  # fmt: skip
-    ended = _at_least_the_phase_schedule(kernel, phase)
+    ended = at_least_the_phase_schedule(kernel, phase)
     assert ended.validated == phase.validated and ended.units == phase.units and ended.requests == phase.requests
     assert (ended.granularity, ended.n_measurements, ended.ideal) == ("kernel", 500, kernel.ideal)  # its own
-    assert _at_least_the_phase_schedule(kernel, dataclasses.replace(phase, validated=Measurement(1.0, 9.3))) is kernel
+    assert at_least_the_phase_schedule(kernel, dataclasses.replace(phase, validated=Measurement(1.0, 9.3))) is kernel
     result = SearchResult(small_trace, "h100-sxm", 0.02, Measurement(1.0, 10.0), {"kernel": ended}, None)
     table = table_from_result(result, "kernel", get_gpu("h100-sxm"), backend="sim", seed=0)
     assert table.is_phase_schedule and [e["request_phase"] for e in table.entries] == list(phase.requests)

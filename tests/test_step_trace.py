@@ -101,7 +101,7 @@ def test_user_step_traces_with_passes_fused_attention_and_optimizer_kernels(opti
     assert not [k for k in trace.kernels if k.name in ("aten.bmm", "aten._softmax", "aten._safe_softmax")]
     optimizer = [k for k in trace.kernels if k.pass_name == "optimizer"]
     assert expected_ops <= {k.name for k in optimizer}
-    # No zeros of lazily made state (the warm-up step is untraced); _foreach_mul_ is elementwise (freqopt.workload.trace._KINDS)
+    # No zeros of lazily made state (the warm-up step is untraced); _foreach_mul_ is elementwise (freqopt.workload.trace.OP_KINDS)
     assert {k.kind for k in optimizer if k.name != "aten._foreach_mul_"} == {"optimizer"}
     n_params = sum(p.numel() for p in model.parameters())
     fused = [k.shapes for k in optimizer if k.name == "aten._fused_adamw_"]

@@ -18,9 +18,9 @@ def narayanan_training_flops(workload) -> float:
 
 
 def test_gemm_flops_are_2mkn():
-    from freqopt.workload.trace import _KernelRecorder
+    from freqopt.workload.trace import KernelRecorder
 
-    recorder = _KernelRecorder()
+    recorder = KernelRecorder()
     a = torch.empty(64, 128, device="meta", dtype=torch.bfloat16)
     b = torch.empty(128, 32, device="meta", dtype=torch.bfloat16)
     with recorder:
@@ -142,9 +142,9 @@ def test_cuda_sdpa_backend_reads_the_enabled_backends():
 
 def _record(fn):
     from freqopt.workload.models.sdpa import FusedSDPA
-    from freqopt.workload.trace import _KernelRecorder
+    from freqopt.workload.trace import KernelRecorder
 
-    recorder = _KernelRecorder()
+    recorder = KernelRecorder()
     with recorder, FusedSDPA():
         fn()
     return recorder.kernels

@@ -70,7 +70,7 @@ from freqopt.pipeline.planner import PipelinePlanner
 from freqopt.pipeline.profile import InstructionOptions, StageProfile
 from freqopt.pipeline.realize import realize_plan
 from freqopt.tables import INSTRUCTION, ClockTable
-from freqopt.apply.runtime import _Worker, _stop_worker
+from freqopt.apply.runtime import ClockWorker, stop_clock_worker
 
 __all__ = ["table_stage_profile", "pipeline_schedules", "stage_schedule", "straggler_schedules",
            "check_pipeline_table", "PipelineRuntime", "STRAGGLER_SLOWDOWNS"]
@@ -285,7 +285,7 @@ class PipelineRuntime:
         self._iteration: list[ClockSetting] = []
         self.requested: list[tuple[ClockSetting, ...]] = []
         self.switches = 0
-        self._worker = _Worker(backend)
+        self._worker = ClockWorker(backend)
         self._thread = threading.Thread(target=self._worker.run, name="freqopt-dvfs-pipeline", daemon=True)
         self._hooked: dict[str, object] = {}
         self._following: list | None = None  # every stage's settings to run from the next iteration (follow)
@@ -480,6 +480,6 @@ class PipelineRuntime:
     def __exit__(self, *exc) -> None:
         try:
             self._unhook()
-            _stop_worker(self._worker, self._thread)
+            stop_clock_worker(self._worker, self._thread)
         finally:
             self.backend.close()

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import ClockTableError
 from freqopt.apply.transfer_match import UNMATCHED, Match, TransferredSchedule
-from freqopt.search.allocation import _prediction, allocate_applied, candidate_schedules, settings_on
+from freqopt.search.allocation import predict_schedule, allocate_applied, candidate_schedules, settings_on
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult
-from freqopt.search.runner import (_at_least_the_coarser_schedules, _at_least_the_phase_schedule, _n_trials,
-                                   _one_clock, _slack, _warm_starts, one_clock_reason)  # fmt: skip
+from freqopt.search.runner import (at_least_the_coarser_schedules, at_least_the_phase_schedule, trials_per_unit,
+                                   one_clock_result, unit_slack, warm_starts, one_clock_reason)  # fmt: skip
 from freqopt.search.storage import study_prefix
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import family_units, kernel_families
@@ -110,13 +110,13 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
     classes, units, matches = _target_units(schedule, config)
     kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
     candidates = candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
-    inherited = _warm_starts(trace, list(coarser), units, candidates, kernel_time_s)
+    inherited = warm_starts(trace, list(coarser), units, candidates, kernel_time_s)
     before = (validator.n_measurements, validator.cost_gpu_s)
     searches = _measure_units(schedule, table, backend, config, units, matches, inherited, storage, on_unit)
     result, settings, validated = allocate_applied(
         trace, units, searches, validator, baseline, config.max_slowdown, rounds=config.max_validation_rounds,
         key="transfer", candidates=candidates)  # fmt: skip
-    predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
+    predicted, predicted_baseline = predict_schedule(trace, units, searches, settings, result.chosen, coarser)
     spent = (sum(r.n_measurements for r in coarser), sum(r.search_cost_gpu_s for r in coarser))
     result = GranularityResult(
         granularity=granularity, units=tuple(zip(classes, settings_on(trace, units, settings, classes))),
@@ -126,9 +126,9 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
         search_cost_gpu_s=spent[1] + sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - before[1],
         unit_searches=tuple(searches),
     )  # fmt: skip
-    result = _at_least_the_coarser_schedules(trace, result, list(coarser))  # exact where families span passes
+    result = at_least_the_coarser_schedules(trace, result, list(coarser))  # exact where families span passes
     phase = [r for r in coarser if r.granularity == "phase"]  # never worse than the target's phase schedule either
-    return _at_least_the_phase_schedule(result, phase[0]) if phase else result
+    return at_least_the_phase_schedule(result, phase[0]) if phase else result
 
 
 def _one_clock_result(schedule: TransferredSchedule, backend: Backend, config: SearchConfig, validator: Validator,
@@ -141,7 +141,7 @@ def _one_clock_result(schedule: TransferredSchedule, backend: Backend, config: S
     reason = one_clock_reason(trace, backend, config, validator.kernel_time_s) if validator.switching else ""
     if not (reason and iteration is not None and granularity in ("pass", "kernel", "phase")):
         return None
-    result = _one_clock(trace, iteration, granularity, validator.kernel_time_s, backend.spec.clock_switch_s,
+    result = one_clock_result(trace, iteration, granularity, validator.kernel_time_s, backend.spec.clock_switch_s,
                         config.max_phase_blocks, reason)  # fmt: skip
     return dataclasses.replace(result, n_measurements=sum(r.n_measurements for r in coarser),
                                search_cost_gpu_s=sum(r.search_cost_gpu_s for r in coarser))  # fmt: skip
@@ -173,9 +173,9 @@ def _measure_units(schedule: TransferredSchedule, table: ClockTable, backend: Ba
     # Matched units: their default and the coarser setting (no trials); unmatched ones: a study, as natively.
     work = UnitWork(prefix=study_prefix(trace, backend.spec, config.seed), granularity=f"transfer-{granularity}",
                     space=space, n_trials=0, finalist_repeats=config.finalist_repeats,
-                    finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, spread=False,
+                    finalist_slowdown=unit_slack(config.max_slowdown, len(units)), seed=config.seed, spread=False,
                     constrained=len(units) == 1, whole_step=len(units) == 1)  # fmt: skip
-    study_work = dataclasses.replace(work, n_trials=_n_trials(config, backend, space), spread=True)
+    study_work = dataclasses.replace(work, n_trials=trials_per_unit(config, backend, space), spread=True)
     entries = {e["unit"]: e for e in table.entries}
     searches = []
     for done, (unit, match, warm) in enumerate(zip(units, matches, inherited), 1):

@@ -45,7 +45,7 @@ from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Me
 from freqopt.errors import InvalidSettingError
 from freqopt.workload.fingerprint import check_trace_module, unwrap_module
 from freqopt.workload.kernels import Trace
-from freqopt.workload.phases import _HOOK_WARNING, STEP_MARK, PhaseHooks, phase_spans
+from freqopt.workload.phases import HOOK_WARNING, STEP_MARK, PhaseHooks, phase_spans
 from freqopt.search.realize import Realizer
 from freqopt.search.schedule import requested_per_phase
 from freqopt.tables import ClockTable
@@ -117,7 +117,7 @@ def plan_phases(table: ClockTable | None, trace: Trace, backend: Backend) -> Pha
 _STOP = object()  # the worker's last item
 
 
-def _stop_worker(worker: "_Worker", thread) -> None:
+def stop_clock_worker(worker: "ClockWorker", thread) -> None:
     """Let ``worker`` (running on ``thread``) drain what is queued, the latest request only, then stop; waits for
     it up to 30 s. Every runtime calls this on exit, before closing its backend (which restores the GPU)."""
     worker.requests.put(_STOP)
@@ -125,7 +125,7 @@ def _stop_worker(worker: "_Worker", thread) -> None:
 
 
 @dataclass
-class _Worker:
+class ClockWorker:
     """The thread that applies the requested settings (module docstring), fed by ``requests``: (CUDA event or None,
     setting) items, then _STOP.
 
@@ -231,7 +231,7 @@ class DVFSRuntime:
         self._requested = list(self.plan.settings)  # the setting requested at each phase of the current step
         self._hooks = PhaseHooks(model, self._on_mark)
         self._handles: list = []
-        self._worker = _Worker(backend)
+        self._worker = ClockWorker(backend)
         self._thread = threading.Thread(target=self._worker.run, name="freqopt-dvfs", daemon=True)
         self._warnings = warnings.catch_warnings()
         self.switches = 0
@@ -297,7 +297,7 @@ class DVFSRuntime:
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def __enter__(self) -> DVFSRuntime:
         self._warnings.__enter__()
-        warnings.filterwarnings("ignore", message=_HOOK_WARNING, category=UserWarning)
+        warnings.filterwarnings("ignore", message=HOOK_WARNING, category=UserWarning)
         self._thread.start()
         self._hooks.__enter__()
         if self.optimizer is not None and hasattr(self.optimizer, "register_step_pre_hook"):
@@ -313,6 +313,6 @@ class DVFSRuntime:
         engine_step = getattr(self, "_restore_engine", None)
         if engine_step:
             engine_step[0].step = engine_step[1]
-        _stop_worker(self._worker, self._thread)
+        stop_clock_worker(self._worker, self._thread)
         self._warnings.__exit__(*exc)
         self.backend.close()

@@ -6,7 +6,7 @@ forward, ``backward_one_chunk`` for a backward (``full_backward=False``: its inp
 zero-bubble schedules) and ``backward_weight_one_chunk`` for a weight gradient. TorchPipelineRuntime wraps those
 three methods on the rank's own stage instances (nothing global is patched): as an action begins it asks for the
 clock its plan gives that (model stage, instruction kind, micro-batch), where it differs from the last one asked
-for. The request goes on the queue of a worker thread (freqopt.apply.runtime's ``_Worker``, the one the
+for. The request goes on the queue of a worker thread (freqopt.apply.runtime's ``ClockWorker``, the one the
 DeepSpeed runtimes use), which waits for the GPU to reach the action (a CUDA event recorded on the current stream)
 and applies the setting; the training thread never calls NVML and never waits. On exit, by exception or signal
 included, the hooks come off and the backend is closed, which restores the GPU's clocks and power limit.
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from freqopt.apply.runtime import _Worker, _stop_worker
+from freqopt.apply.runtime import ClockWorker, stop_clock_worker
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting
 
@@ -87,7 +87,7 @@ class TorchPipelineRuntime:
         self.requested: list[tuple[int, str, int, ClockSetting]] = []
         self.switches = 0
         self._current: ClockSetting | None = None
-        self._worker = _Worker(backend)
+        self._worker = ClockWorker(backend)
         self._thread = threading.Thread(target=self._worker.run, name="freqopt-dvfs-torch-pipeline", daemon=True)
         self._hooked: list[tuple[object, str]] = []
 
@@ -161,7 +161,7 @@ class TorchPipelineRuntime:
     def __exit__(self, *exc) -> None:
         try:
             self._unhook()
-            _stop_worker(self._worker, self._thread)
+            stop_clock_worker(self._worker, self._thread)
         finally:
             self.backend.close()
 

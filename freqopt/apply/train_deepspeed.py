@@ -22,7 +22,7 @@ DEFAULT_MICRO_BATCHES_PER_STAGE = 2  # a pipeline without a table trains 2 x pp 
 # steady state (a forward and a backward alternating) needs more micro-batches than stages
 
 
-def _deepspeed_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None,
+def deepspeed_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None,
                    trace: Trace, *, on_cuda: bool):  # fmt: skip
     """This rank of a data- or tensor-parallel job (freqopt.apply.train's module docstring): its DeepSpeed engine
     (ZeRO stage 0, AutoTP; BF16 on CUDA, torch's AdamW over DeepSpeed's FP32 master weights) and the DVFSRuntime
@@ -67,7 +67,7 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def _pipeline_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None, *,
+def deepspeed_pipeline_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None, *,
                   on_cuda: bool, micro_batches: int | None, partition_method: str | None):  # fmt: skip
     """This rank's stage of the pipeline (freqopt.apply.train's module docstring, "Pipelines"): its PipelineEngine
     and PipelineRuntime."""
@@ -113,7 +113,7 @@ def _pipeline_defaults(table: ClockTable | None, layout, micro_batches: int | No
     return micro_batches, partition_method
 
 
-def _gather_requests(runtime) -> dict:
+def gather_requests(runtime) -> dict:
     """What every rank's PipelineRuntime asked for (TrainReport.pipeline), gathered on every rank (gloo or NCCL
     all_gather_object), then the ranks' process group closed: every rank gets here after its last step, so none
     tears gloo down while a peer still transfers."""

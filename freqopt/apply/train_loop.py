@@ -17,7 +17,7 @@ from freqopt.workload.models.ops import MixedPrecisionAdamW
 from freqopt.workload.phases import quiet_backward_hooks
 from freqopt.apply.runtime import DVFSRuntime, plan_phases
 from freqopt.apply.train_checks import check_training_device
-from freqopt.apply.train_deepspeed import _deepspeed_job, _gather_requests, _pipeline_job
+from freqopt.apply.train_deepspeed import deepspeed_job, gather_requests, deepspeed_pipeline_job
 from freqopt.tables import ClockTable
 from freqopt.workload.trace import trace_training_iteration
 
@@ -127,7 +127,7 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
     schedule = _blocks(steps, compare, table is not None)
     with job.runtime:
         records, losses = _run_steps(job, workload, backend, schedule, generator, device, on_step)
-    pipeline = _gather_requests(job.runtime) if job.pipeline else None
+    pipeline = gather_requests(job.runtime) if job.pipeline else None
     return TrainReport(tuple(records), losses[0], losses[-1], job.runtime.switches / max(steps, 1), backend.spec.name,
                        pipeline)  # fmt: skip
 
@@ -160,7 +160,7 @@ class _Job:
 def _training_job(workload: Workload, backend: Backend, table: ClockTable | None, *, device: str,
                   micro_batches: int | None, partition_method: str | None) -> _Job:  # fmt: skip
     """Build this rank's model (FP32, cast to BF16 on one CUDA GPU) and its training: a pipeline's stage
-    (_pipeline_job), a DeepSpeed engine for more than one rank (_deepspeed_job), or MixedPrecisionAdamW on one GPU;
+    (deepspeed_pipeline_job), a DeepSpeed engine for more than one rank (deepspeed_job), or MixedPrecisionAdamW on one GPU;
     each with its runtime."""
     layout = workload.layout
     on_cuda = str(device).startswith("cuda")
@@ -168,12 +168,12 @@ def _training_job(workload: Workload, backend: Backend, table: ClockTable | None
     trace = None if layout.is_pipeline else trace_training_iteration(workload)  # a pipeline's stages: its runtime's
     model = build_model(workload.config, device=device, dtype=torch.float32)
     if layout.is_pipeline:
-        engine, runtime = _pipeline_job(workload, model, backend, table, on_cuda=on_cuda, micro_batches=micro_batches,
+        engine, runtime = deepspeed_pipeline_job(workload, model, backend, table, on_cuda=on_cuda, micro_batches=micro_batches,
                                         partition_method=partition_method)  # fmt: skip
         # The first and last stages load the same micro-batches.
         return _Job(model, engine, None, runtime, engine.grid.get_data_parallel_rank(), pipeline=True)
     if layout.world_size > 1:
-        engine, runtime = _deepspeed_job(workload, model, backend, table, trace, on_cuda=on_cuda)
+        engine, runtime = deepspeed_job(workload, model, backend, table, trace, on_cuda=on_cuda)
         data_rank = int(os.environ.get("RANK", "0")) // layout.tp
         return _Job(model, engine, None, runtime, data_rank, runtime.plan, plan_phases(None, trace, backend))
     model = model.to(dtype)

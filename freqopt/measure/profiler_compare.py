@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from freqopt.workload.trace import _KINDS, _NOT_KERNELS
+from freqopt.workload.trace import OP_KINDS, NOT_KERNELS
 
 __all__ = ["ProfilerRow", "profiled_kinds", "compare_with_profiler", "STEP_LABEL"]
 
@@ -118,8 +118,8 @@ def profiled_kinds(events, *, device_time: bool, label: str = STEP_LABEL) -> dic
     The tracer sees operators at the level a TorchDispatchMode sees them: below autograd, after the
     CompositeImplicitAutograd decompositions. So, walking the profiler's operator tree: an ``aten::`` operator that
     decomposes (aten::linear, matmul, layer_norm, to) is looked through; a view, an allocation (the tracer's
-    _NOT_KERNELS) or bookkeeping is skipped; any other ``aten::OP`` or ``freqopt::OP`` is one kernel, of kind
-    freqopt.workload.trace._KINDS[OP] (keyed by the overload packet's name: "aten::addmm" -> "gemm"), else "elementwise",
+    NOT_KERNELS) or bookkeeping is skipped; any other ``aten::OP`` or ``freqopt::OP`` is one kernel, of kind
+    freqopt.workload.trace.OP_KINDS[OP] (keyed by the overload packet's name: "aten::addmm" -> "gemm"), else "elementwise",
     and what runs beneath it is its own work (``freqopt::flash_attention_backward``'s matmuls, ``aten::embedding``'s
     index_select, the per-tensor loops of ``aten::_foreach_mul_`` on the CPU). Non-operator events (autograd nodes)
     are looked through. A kernel counts if it did work: on a GPU, device time (``device_time_total`` > 0); on the
@@ -151,11 +151,11 @@ def profiled_kinds(events, *, device_time: bool, label: str = STEP_LABEL) -> dic
                 visit(child)
             return
         namespace, op = match.groups()
-        if op in _NOT_KERNELS or op in _BOOKKEEPING or (namespace == "aten" and _is_view(op)):
+        if op in NOT_KERNELS or op in _BOOKKEEPING or (namespace == "aten" and _is_view(op)):
             return
         seconds = (e.device_time_total if device_time else e.cpu_time_total) * 1e-6
         if seconds > 0:
-            entry = found.setdefault(_KINDS.get(op, "elementwise"), [0, 0.0])
+            entry = found.setdefault(OP_KINDS.get(op, "elementwise"), [0, 0.0])
             entry[0] += 1
             entry[1] += seconds
 

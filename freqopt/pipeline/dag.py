@@ -14,7 +14,7 @@ backward, e.g. stage 0 of 4 runs F0 F1 F2 F3 B0 F4 B1 ...; tests/test_pipeline_p
 ``TrainSchedule`` itself.) Perseus's emulation (github.com/ml-energy/zeus, branch ``kronos``,
 ``lowtime/lowtime/perseus/schedule.py``, ``Synchronous1F1B``) is adapted from the same DeepSpeed code and yields the
 same per-stage order; its DAG (``lowtime/scripts/perseus.py``) has the edges below. The two agree, so the Perseus
-comparison (experiments/perseus_frontiers.py) uses this schedule unchanged.
+comparison (experiments/perseus_side_by_side.py) uses this schedule unchanged.
 
 The instruction DAG's edges:
 

@@ -40,7 +40,7 @@ from freqopt.pipeline.dag import PipelineDAG, effective_energy_j
 __all__ = ["PlanHeuristics", "KeptOptions"]
 
 # Relative slack (of the deadline) the heuristic's passes allow for floating-point sums of instruction times.
-_TOLERANCE = 1e-12
+PLAN_TOLERANCE = 1e-12
 
 
 class KeptOptions(NamedTuple):
@@ -131,7 +131,7 @@ class PlanHeuristics:
         """The plan made to meet the deadline: while some instruction lies on a path longer than it, speed up the
         late instruction whose faster option costs the least effective energy per second saved (a heap; the
         earliest starts and latest finishes updated after each move). Ends: every option at its fastest meets it."""
-        graph, group, tol = self._graph, self._group, _TOLERANCE * max(1.0, deadline_s)
+        graph, group, tol = self._graph, self._group, PLAN_TOLERANCE * max(1.0, deadline_s)
         times_of, effective_of = self._kept_times, self._kept_effective
         choice = np.asarray(choice, dtype=int).copy()
         d = self._durations(choice)
@@ -168,7 +168,7 @@ class PlanHeuristics:
         times_of, effective_of = self._kept_times, self._kept_effective
         choice = [int(k) for k in choice]
         d = self._durations(choice)
-        horizon, tol = deadline_s, _TOLERANCE * max(1.0, deadline_s)
+        horizon, tol = deadline_s, PLAN_TOLERANCE * max(1.0, deadline_s)
 
         def best_move(i, es, lf, length):  # (saving per second added, option) of i's best slower option, or None
             g, k = group[i], choice[i]

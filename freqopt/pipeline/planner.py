@@ -80,7 +80,7 @@ import numpy as np
 from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
 from freqopt.pipeline.dag import SCHEDULES, schedule_dag
 from freqopt.pipeline.frontier import FRONTIER_ENERGY_STEP, sweep_frontier
-from freqopt.pipeline.heuristics import _TOLERANCE, KeptOptions, PlanHeuristics
+from freqopt.pipeline.heuristics import PLAN_TOLERANCE, KeptOptions, PlanHeuristics
 from freqopt.pipeline.plan import PipelineFrontier, PipelinePlan
 from freqopt.pipeline.profile import (InstructionOptions, StageProfile, blocking_power_w_for, check_number,
                                       load_stage_profile)  # fmt: skip
@@ -267,7 +267,7 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         if deadline_s is None:
             return fastest
         start = None if warm_start is None else self._warm_choice(warm_start, deadline_s)
-        return self._solve(deadline_s, fastest, start)[0]
+        return self.solve_deadline(deadline_s, fastest, start)[0]
 
     def realized(self, plan: PipelinePlan, switch_s: float | None = None, *, call_s: float | None = None) -> RealizedPlan:
         """``plan`` as a runtime realizes it on this planner's profile, priced at its blocking power
@@ -351,7 +351,7 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
                 raise InvalidSettingError(f"warm_start's clock {int(clock)} MHz for {inst} is not one this planner "
                                           "keeps; give a plan this planner made", argument="warm_start")  # fmt: skip
             choice[i] = hits[0]
-        if self.dag.iteration_time_s(self._durations(choice)) > deadline_s * (1 + _TOLERANCE):
+        if self.dag.iteration_time_s(self._durations(choice)) > deadline_s * (1 + PLAN_TOLERANCE):
             raise InvalidSettingError(f"warm_start's iteration time is above the deadline {deadline_s:.6g} s; give a "
                                       "plan within it", argument="warm_start")  # fmt: skip
         return choice
@@ -395,11 +395,12 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         objective = np.concatenate([np.concatenate(costs), np.zeros(n), [self.gpus * self.blocking_power_w]])
         self._offsets = offsets
         self._model = PipelineModel(matrix, lower, upper, objective, n_x)
-    def _solve(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None, *,
+    def solve_deadline(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None, *,
                polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]:  # fmt: skip
-        """The best plan found within the deadline and its option indices (module docstring, steps 1-3; step 3, the
-        MILP, only with ``polish``); ``warm_start`` and ``extra`` are further plans (option indices) to start from,
-        ``extra`` possibly past the deadline (repaired first)."""
+        """The best plan found within ``deadline_s`` (s) and its option indices, shape (N,) (module docstring, steps
+        1-3; step 3, the MILP, only with ``polish``); ``warm_start`` and ``extra`` are further plans (option indices)
+        to start from, ``extra`` possibly past the deadline (repaired first). The step ``plan`` and the frontier's
+        sweep (freqopt.pipeline.frontier.FrontierPlanner) share; the deadline is not checked here (``plan`` does)."""
         start = _time.perf_counter()
         x_lp, lower_bound = self._hull_lp(deadline_s)
         candidates = [self._round_down(x_lp, deadline_s)]

@@ -108,7 +108,7 @@ def stage_optimizer_kernels(stage_trace) -> tuple[Kernel, ...]:
 
     from freqopt.workload.models.ops import MixedPrecisionAdamW
     from freqopt.workload.models.parallel import COMPUTE_STREAM, all_reduce
-    from freqopt.workload.trace import _KernelRecorder
+    from freqopt.workload.trace import KernelRecorder
 
     layout = stage_trace.workload.layout
     group = layout.tp * layout.pp
@@ -120,7 +120,7 @@ def stage_optimizer_kernels(stage_trace) -> tuple[Kernel, ...]:
         return all_reduce(sq_norm, group, layout.dp, COMPUTE_STREAM) if group > 1 else sq_norm
 
     optimizer = MixedPrecisionAdamW([param], reduce_sq_norm=reduce_norm)
-    recorder = _KernelRecorder(None, warn=False)
+    recorder = KernelRecorder(None, warn=False)
     recorder.pass_name = OPTIMIZER
     with recorder:
         optimizer.step()

@@ -3,7 +3,7 @@
 Units measured alone do not add up exactly to the iteration (the power limit averages power over neighbouring
 kernels; measurements are noisy), so the allocator's budget is moved until the validated slowdown meets the limit
 (allocate_validated); then the schedule is expressed as a runtime applies it (_as_applied) and the search's own
-prediction of it is worked out (_prediction).
+prediction of it is worked out (predict_schedule).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from freqopt.search.allocate import allocate
 from freqopt.search.result import GranularityResult
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
-from freqopt.search.validate import Validator, _per_kernel_settings
+from freqopt.search.validate import Validator, per_kernel_settings
 
 __all__ = ["Allocation", "allocate_validated", "confirmed", "allocate_applied", "candidate_schedules",
            "coarser_settings", "settings_on"]
@@ -135,7 +135,7 @@ def settings_on(trace: Trace, units: list[TuningUnit], settings: Sequence[ClockS
     classes inside their families): each class takes its unit's setting."""
     if [u.kernel_indices for u in classes] == [u.kernel_indices for u in units]:
         return list(settings)
-    per_kernel = _per_kernel_settings(trace, zip(units, settings))
+    per_kernel = per_kernel_settings(trace, zip(units, settings))
     return [per_kernel[u.kernel_indices[0]] for u in classes]
 
 
@@ -161,7 +161,7 @@ def coarser_settings(trace: Trace, coarser: GranularityResult | None, units: lis
     of different settings). None without a coarser result."""
     if coarser is None:
         return None
-    return dominant_settings(_per_kernel_settings(trace, coarser.units), units, kernel_time_s)
+    return dominant_settings(per_kernel_settings(trace, coarser.units), units, kernel_time_s)
 
 
 def candidate_schedules(trace: Trace, coarser: Sequence[GranularityResult], units: list[TuningUnit],
@@ -193,7 +193,7 @@ def _as_applied(
     """
     if not validator.switching:
         return settings, validated
-    realized = validator.realize(tuple(_per_kernel_settings(trace, zip(units, settings))))
+    realized = validator.realize(tuple(per_kernel_settings(trace, zip(units, settings))))
     applied = dominant_settings(realized, units, validator.realize.kernel_time_s)
     if applied == list(settings):
         return settings, validated
@@ -206,7 +206,7 @@ def _as_applied(
     return settings, validated
 
 
-def _prediction(trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], settings: list[ClockSetting],
+def predict_schedule(trace: Trace, units: list[TuningUnit], searches: list[UnitSearch], settings: list[ClockSetting],
                 chosen: tuple, coarser: Sequence[GranularityResult] = ()) -> tuple[Measurement, Measurement]:  # fmt: skip
     """What the search predicted, before validating it, for the schedule it ends with, and for the default.
 
@@ -215,9 +215,9 @@ def _prediction(trace: Trace, units: list[TuningUnit], searches: list[UnitSearch
     runtime realizes settings per phase (then the units' own measurements at the realized settings, where they
     have them, are summed); otherwise the allocator's sum of its picks."""
     baseline = Measurement(sum(s.default.time_s for s in searches), sum(s.default.energy_j for s in searches))
-    per_kernel = _per_kernel_settings(trace, zip(units, settings))
+    per_kernel = per_kernel_settings(trace, zip(units, settings))
     for result in coarser:
-        if per_kernel == _per_kernel_settings(trace, result.units):
+        if per_kernel == per_kernel_settings(trace, result.units):
             return result.predicted, result.predicted_baseline
     measured = [{o.setting: o for o in s.options} for s in searches]
     if all(setting in options for setting, options in zip(settings, measured)):

@@ -105,9 +105,9 @@ def clock_series(result, granularity: str, spec) -> tuple:
     clock MHz, unlocked), each shape (K,); an unlocked clock is given as the highest the GPU type has."""
     import numpy as np
 
-    from freqopt.search.validate import _per_kernel_settings
+    from freqopt.search.validate import per_kernel_settings
 
-    settings = _per_kernel_settings(result.trace, result.results[granularity].units)
+    settings = per_kernel_settings(result.trace, result.results[granularity].units)
     sm = np.array([s.sm_clock_mhz or spec.max_sm_clock_mhz for s in settings], dtype=float)
     mem = np.array([s.mem_clock_mhz or max(spec.mem_clocks_mhz) for s in settings], dtype=float)
     return sm, mem, np.array([s.sm_clock_mhz is None for s in settings])

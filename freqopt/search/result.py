@@ -30,7 +30,7 @@ class GranularityResult:
         units: per unit, its name, kernel indices and chosen setting.
         predicted: what the search predicted for the schedule in ``units`` before validating it: the sum of the
             units' measured options (time_s and energy_j per iteration), or the coarser granularity's prediction
-            when its schedule is kept (_prediction).
+            when its schedule is kept (predict_schedule).
         predicted_baseline: the same sum at the defaults.
         validated: the whole iteration measured with the schedule, as a runtime realizes it (switching costs
             included when SearchConfig.switching).

@@ -20,26 +20,26 @@ from collections.abc import Callable
 from freqopt.gpu.backends.base import Backend, DEFAULT_SETTING, Measurement
 from freqopt.workload.kernels import Trace
 from freqopt.workload.phases import phase_spans
-from freqopt.search.allocation import (Allocation, _prediction, allocate_applied, allocate_validated,
+from freqopt.search.allocation import (Allocation, predict_schedule, allocate_applied, allocate_validated,
                                        candidate_schedules, coarser_settings, settings_on)
 from freqopt.search.config import SearchConfig
-from freqopt.search.free_switching import (FREE_SWITCHING_SEARCHED, _at_least_the_coarser_free, _free_allocation,
-                                           _free_switching, _free_switching_as_realized)
+from freqopt.search.free_switching import (FREE_SWITCHING_SEARCHED, at_least_the_coarser_free, free_allocation,
+                                           search_free_switching, free_switching_as_realized)
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.schedule import phase_blocks, request_schedule, search_phase_schedule
 from freqopt.search.storage import open_storage, study_prefix, validation_log
-from freqopt.search.unit_studies import (_at_job_mem_clock, _n_trials, _slack, _warm_starts, job_mem_clock_mhz,
+from freqopt.search.unit_studies import (at_job_mem_clock, trials_per_unit, unit_slack, warm_starts, job_mem_clock_mhz,
                                          run_unit_studies)
 from freqopt.search.units import GRANULARITIES, partition, search_units
-from freqopt.search.validate import Validator, _per_kernel_settings
+from freqopt.search.validate import Validator, per_kernel_settings
 from freqopt.search.workers import finish_job, is_persistent, publish_job
 
 # The names below live in the modules of their jobs (config, result, storage, validate, allocation, unit_studies,
 # free_switching); they are re-exported here, where callers have always imported them from (freqopt.apply.transfer
-# shares the unit studies' _slack).
+# shares the unit studies' unit_slack).
 __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "levels_to_run", "study_prefix",
            "open_storage", "run_unit_studies", "Validator", "validation_log", "Allocation", "allocate_validated",
-           "job_mem_clock_mhz", "FREE_SWITCHING_SEARCHED", "_slack"]
+           "job_mem_clock_mhz", "FREE_SWITCHING_SEARCHED", "unit_slack"]
 
 
 # The coarser schedules each clock granularity chooses among beside its own allocation (issue 22, item 1): one clock
@@ -73,7 +73,7 @@ def _charge_candidates(ran: dict[str, GranularityResult], asked) -> dict[str, Gr
     return results
 
 
-def _at_least_the_coarser_schedules(trace: Trace, result: GranularityResult,
+def at_least_the_coarser_schedules(trace: Trace, result: GranularityResult,
                                     coarser: list[GranularityResult]) -> GranularityResult:  # fmt: skip
     """``result`` (a finer level's), or the iteration or pass level's schedule where that validated less energy.
 
@@ -93,7 +93,7 @@ def _at_least_the_coarser_schedules(trace: Trace, result: GranularityResult,
     return result
 
 
-def _at_least_the_phase_schedule(result: GranularityResult, phase: GranularityResult) -> GranularityResult:
+def at_least_the_phase_schedule(result: GranularityResult, phase: GranularityResult) -> GranularityResult:
     """``result`` (a finer level's), or the phase level's schedule where that validated less energy: one setting
     per phase block, requested at its phase, is a schedule a per-kernel-class table cannot always express (a class
     may run in blocks of different settings), so the level ends on it as it stands, with the phase level's
@@ -133,7 +133,7 @@ def _predicted_as_it_runs(result: GranularityResult, coarser: list[GranularityRe
     if phase is None or not validator.switching or result.requests:
         return result
     model = phase.block_model
-    settings = model.settings_of(validator.realize(tuple(_per_kernel_settings(validator.trace, result.units))))
+    settings = model.settings_of(validator.realize(tuple(per_kernel_settings(validator.trace, result.units))))
     if settings is None or request_schedule(validator.trace, model.blocks, settings) != ran:
         return result
     predicted = model.predict(settings)
@@ -160,8 +160,8 @@ def _search_granularity(
     kernel_time_s = validator.kernel_time_s if any(r.granularity == "phase" for r in coarser) else None
     mem = job_mem_clock_mhz(backend.spec, len(units)) if granularity != "power-cap" else None
     candidates = [c for c in candidate_schedules(trace, coarser, units, baseline, kernel_time_s)
-                  if _at_job_mem_clock(c, mem)]  # a coarser schedule at another memory clock: not this level's  # fmt: skip
-    warm = _warm_starts(trace, coarser, units, candidates, kernel_time_s)
+                  if at_job_mem_clock(c, mem)]  # a coarser schedule at another memory clock: not this level's  # fmt: skip
+    warm = warm_starts(trace, coarser, units, candidates, kernel_time_s)
     measured_before = (validator.n_measurements, validator.cost_gpu_s)
     ideal_before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s) if ideal_validator else (0, 0.0)
     units, searches = run_unit_studies(trace, backend, config, granularity, storage=storage, warm_start=warm,
@@ -172,9 +172,9 @@ def _search_granularity(
                                                    candidates=candidates)  # fmt: skip
     ideal, ideal_units = None, ()
     if ideal_validator is not None:  # the best schedule if switching were free, found the same way
-        ideal, ideal_units = _free_allocation(trace, units, searches, ideal_validator, baseline, config, granularity,
+        ideal, ideal_units = free_allocation(trace, units, searches, ideal_validator, baseline, config, granularity,
                                               candidates, coarser, mem)  # fmt: skip
-    predicted, predicted_baseline = _prediction(trace, units, searches, settings, result.chosen, coarser)
+    predicted, predicted_baseline = predict_schedule(trace, units, searches, settings, result.chosen, coarser)
     classes = partition(trace, granularity)  # the table's units: each class, at its family's setting
     settings = settings_on(trace, units, settings, classes)
     return GranularityResult(
@@ -208,7 +208,7 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
     r = search_phase_schedule(
         trace, backend, measure=validator.requests, baseline=baseline, max_slowdown=config.max_slowdown,
         reference=reference, study_prefix=study_prefix(trace, backend.spec, config.seed), storage=storage,
-        n_trials=_n_trials(config, backend, "clocks", mem is None), finalist_repeats=config.phase_finalist_repeats,
+        n_trials=trials_per_unit(config, backend, "clocks", mem is None), finalist_repeats=config.phase_finalist_repeats,
         seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
         switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
         mem_clock_mhz=mem, patience=config.phase_patience, confirm=validator.confirm,
@@ -246,11 +246,11 @@ def one_clock_reason(trace: Trace, backend: Backend, config: SearchConfig, kerne
             f"{1e3 * switch_s:g} ms clock switch (its passes are cut only into runs that long: phase_blocks), {finer}")
 
 
-def _one_clock(trace: Trace, iteration: GranularityResult, granularity: str, kernel_time_s, switch_s: float,
+def one_clock_result(trace: Trace, iteration: GranularityResult, granularity: str, kernel_time_s, switch_s: float,
                max_blocks: int, reason: str) -> GranularityResult:  # fmt: skip
     """The iteration level's schedule as ``granularity``'s result, unmeasured (one_clock_reason): each of the
     level's units (the phase level's one block, asked for at its phase) at the iteration's setting, noted "held to
-    one clock: REASON" (its free-switching figure, where FREE_SWITCHING_SEARCHED, is searched after: _free_switching)."""
+    one clock: REASON" (its free-switching figure, where FREE_SWITCHING_SEARCHED, is searched after: search_free_switching)."""
     setting = iteration.units[0][1]
     requests: tuple[str, ...] = ()
     if granularity == "phase":
@@ -333,13 +333,13 @@ def _search_levels(trace: Trace, backend: Backend, config: SearchConfig, validat
     one_clock = one_clock_reason(trace, backend, config, validator.kernel_time_s) if validator.switching else ""
     for g in levels_to_run(config.granularities, validator.switching):
         if one_clock and g in ("pass", "kernel", "phase") and "iteration" in ran:
-            ran[g] = _one_clock(trace, ran["iteration"], g, validator.kernel_time_s, backend.spec.clock_switch_s,
+            ran[g] = one_clock_result(trace, ran["iteration"], g, validator.kernel_time_s, backend.spec.clock_switch_s,
                                 config.max_phase_blocks, one_clock)  # fmt: skip
             if ideal_validator is not None and g in FREE_SWITCHING_SEARCHED:
                 coarser = [ran[c] for c in CANDIDATES[g] if c in ran and c != "phase"]
-                ran[g] = _free_switching(trace, backend, config, ran[g], coarser, ideal_validator, baseline, on_unit,
+                ran[g] = search_free_switching(trace, backend, config, ran[g], coarser, ideal_validator, baseline, on_unit,
                                          storage)  # fmt: skip
-                ran[g] = _at_least_the_coarser_free(ran[g], coarser)
+                ran[g] = at_least_the_coarser_free(ran[g], coarser)
         elif g == "phase":
             ran[g] = _search_phase(trace, backend, config, validator, baseline, on_unit, ran.get("iteration"), storage)
         elif g == "power-cap":
@@ -348,13 +348,13 @@ def _search_levels(trace: Trace, backend: Backend, config: SearchConfig, validat
             coarser = [ran[c] for c in CANDIDATES[g] if c in ran and (c != "phase" or validator.switching)]
             ran[g] = _search_granularity(trace, backend, config, g, validator, baseline, on_unit, coarser, storage,
                                          ideal_validator if g in FREE_SWITCHING_SEARCHED else None)  # fmt: skip
-            ran[g] = _at_least_the_coarser_schedules(trace, ran[g], coarser)
+            ran[g] = at_least_the_coarser_schedules(trace, ran[g], coarser)
             if "phase" in (r.granularity for r in coarser):
-                ran[g] = _at_least_the_phase_schedule(ran[g], ran["phase"])
+                ran[g] = at_least_the_phase_schedule(ran[g], ran["phase"])
             ran[g] = _predicted_as_it_runs(ran[g], coarser, validator)
-            ran[g] = _at_least_the_coarser_free(ran[g], coarser)
+            ran[g] = at_least_the_coarser_free(ran[g], coarser)
     if ideal_validator is not None:
-        ran = {g: _free_switching_as_realized(r, validator, ideal_validator) for g, r in ran.items()}
+        ran = {g: free_switching_as_realized(r, validator, ideal_validator) for g, r in ran.items()}
     return ran
 
 

@@ -51,7 +51,7 @@ from freqopt.search.allocate import allocate
 from freqopt.search.phase_requests import (lookahead_requests, request_phases, requested_per_phase,
                                            requests_per_kernel, settings_per_phase)
 from freqopt.search.smooth import smoothed_changes
-from freqopt.search.study import UnitSearch, search_unit, _tag
+from freqopt.search.study import UnitSearch, search_unit, setting_tag
 from freqopt.search.units import TuningUnit
 
 # The phase requests (lookahead_requests, settings_per_phase, request_phases, requested_per_phase) live in
@@ -344,7 +344,7 @@ def _block_studies(trace: Trace, backend: Backend, blocks: tuple[PhaseBlock, ...
     """Each block's in-situ study (module docstring), in block order: search_unit measuring the whole iteration
     with the block changed from the reference (_InSitu), named from the search's ``study_prefix``, the block and the
     reference so that a resumed search reads it back; the arguments as search_phase_schedule's."""
-    ref_tag = _tag(reference)
+    ref_tag = setting_tag(reference)
     searches = []
     for i, block in enumerate(blocks):
         digest = hashlib.sha1(f"{block.name}|{block.request}|{ref_tag}".encode()).hexdigest()[:10]

@@ -232,7 +232,7 @@ def validation_log(storage, prefix: str) -> MeasurementLog:
 _STORAGES: dict[str, object] = {}
 
 
-def _storage_here(url: str):
+def storage_here(url: str):
     """``url`` opened once per process (joblib workers open their own connection)."""
     if url not in _STORAGES:
         _STORAGES[url] = open_storage(url)

@@ -160,7 +160,7 @@ def _is_progression(values: Sequence[int]) -> bool:
     return len(steps) <= 1
 
 
-def _tag(setting: ClockSetting) -> str:
+def setting_tag(setting: ClockSetting) -> str:
     """The measurement log's name for a setting of a unit."""
     return f"{setting.sm_clock_mhz}/{setting.mem_clock_mhz}/{setting.power_limit_w}"
 
@@ -214,7 +214,7 @@ class _Objective:
 
     def measure(self, setting: ClockSetting) -> tuple[float, float]:
         """The next sample of ``setting`` (read back from the log if a killed run already took it)."""
-        m = self.log.measure(_tag(setting), len(self.samples[setting]), lambda i: self._take(setting, i))
+        m = self.log.measure(setting_tag(setting), len(self.samples[setting]), lambda i: self._take(setting, i))
         self.samples[setting].append((m.time_s, m.energy_j))
         self.n_measurements += 1
         self._costs_gpu_s.append(m.cost_gpu_s)

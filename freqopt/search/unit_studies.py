@@ -14,7 +14,7 @@ from freqopt.search.allocation import coarser_settings
 from freqopt.search.config import SearchConfig
 from freqopt.search.realize import phase_leaders
 from freqopt.search.result import GranularityResult
-from freqopt.search.storage import _storage_here, study_prefix
+from freqopt.search.storage import storage_here, study_prefix
 from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit, search_units
 from freqopt.search.workers import UnitQueue, UnitWork, is_persistent, run_unit
@@ -22,7 +22,7 @@ from freqopt.search.workers import UnitQueue, UnitWork, is_persistent, run_unit
 __all__ = ["run_unit_studies", "job_mem_clock_mhz"]
 
 
-def _slack(max_slowdown: float, n_units: int) -> float:
+def unit_slack(max_slowdown: float, n_units: int) -> float:
     """How much slower than its default a unit's options may be (the region its study samples, and where its
     finalists are re-measured). A lone unit (the whole iteration) can only ever spend the budget, plus timing
     noise; one of many may spend more where others spend less."""
@@ -37,7 +37,7 @@ def _unit_task(trace: Trace, backend: Backend, work: UnitWork, i: int, unit: Tun
 
     optuna.logging.set_verbosity(verbosity)
     if storage is None and url is not None:
-        storage = _storage_here(url)
+        storage = storage_here(url)
     if queue_name is None:
         return i, run_unit(trace, backend, work, unit, storage, warm)
     queue = UnitQueue(storage, queue_name)
@@ -86,12 +86,12 @@ def job_mem_clock_mhz(spec, n_units: int) -> int | None:
     return max(spec.mem_clocks_mhz)
 
 
-def _at_job_mem_clock(settings, mem_clock_mhz: int | None) -> bool:
+def at_job_mem_clock(settings, mem_clock_mhz: int | None) -> bool:
     """Every setting keeps the job's memory clock (always, where the memory clock is searched)."""
     return mem_clock_mhz is None or all(s is None or s.mem_clock_mhz in (None, mem_clock_mhz) for s in settings)
 
 
-def _n_trials(config: SearchConfig, backend: Backend, space: str, mem_searched: bool = True) -> int:
+def trials_per_unit(config: SearchConfig, backend: Backend, space: str, mem_searched: bool = True) -> int:
     """Trials per unit: config.n_trials_1d, and more where the memory clock is a second dimension."""
     n_mem = len(backend.spec.mem_clocks_mhz) if space == "clocks" and mem_searched else 1
     if n_mem > 1:
@@ -140,8 +140,8 @@ def run_unit_studies(
     mem = job_mem_clock_mhz(backend.spec, len(units)) if space == "clocks" else None
     work = UnitWork(
         prefix=study_prefix(trace, backend.spec, config.seed), granularity=granularity, space=space,
-        n_trials=_n_trials(config, backend, space, mem is None), finalist_repeats=config.finalist_repeats,
-        finalist_slowdown=_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
+        n_trials=trials_per_unit(config, backend, space, mem is None), finalist_repeats=config.finalist_repeats,
+        finalist_slowdown=unit_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
         whole_step=len(units) == 1, mem_clock_mhz=mem, share_families=share, patience=config.patience,
         edge_slowdown=config.max_slowdown if len(units) == 1 else None,
         unsearched=_unsearched(trace, units, kernel_time_s),
@@ -150,7 +150,7 @@ def run_unit_studies(
     for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed
         settings = w if isinstance(w, (list, tuple)) else [w]  # ClockSetting is a dataclass, not a tuple
         inherited.append([x for x in dict.fromkeys(settings)
-                          if x not in (None, DEFAULT_SETTING) and _at_job_mem_clock([x], mem)])  # fmt: skip
+                          if x not in (None, DEFAULT_SETTING) and at_job_mem_clock([x], mem)])  # fmt: skip
     done = 0
 
     def progress() -> None:
@@ -163,7 +163,7 @@ def run_unit_studies(
     return units, [results[i] for i in range(len(units))]
 
 
-def _warm_starts(trace: Trace, coarser: list[GranularityResult], units: list[TuningUnit],
+def warm_starts(trace: Trace, coarser: list[GranularityResult], units: list[TuningUnit],
                  schedules: list[list[ClockSetting]], kernel_time_s=None) -> list[list[ClockSetting]]:  # fmt: skip
     """Per unit, the settings its study starts from: the nearest coarser level's (even when it saved nothing),
     then each of ``schedules``' (one setting per unit); see run_unit_studies's ``warm_start``."""

@@ -104,7 +104,7 @@ class PairedReadings:
         return math.exp(float(np.mean(d)) + z * s / math.sqrt(len(d)))
 
 
-def _per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
+def per_kernel_settings(trace: Trace, unit_settings) -> list[ClockSetting]:
     per_kernel = [DEFAULT_SETTING] * len(trace)
     for unit, setting in unit_settings:
         for k in unit.kernel_indices:
@@ -406,4 +406,4 @@ class Validator:
     def units(self, units: list[TuningUnit], settings: list[ClockSetting], key: str, *,
               limit_s: float | None = None) -> Measurement:  # fmt: skip
         """The iteration with each unit's kernels at its setting (``settings``: one per unit); see ``__call__``."""
-        return self(tuple(_per_kernel_settings(self.trace, zip(units, settings))), key=key, limit_s=limit_s)
+        return self(tuple(per_kernel_settings(self.trace, zip(units, settings))), key=key, limit_s=limit_s)

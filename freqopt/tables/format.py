@@ -137,7 +137,7 @@ CLOCK_TABLE_SCHEMA: dict[str, Any] = {
 _WORKLOAD_FIELDS = ("model", "n_layers", "d_model", "n_heads", "seq_len", "micro_batch_size", "layout")
 
 
-def _layout_doc(layout: dict[str, Any] | None) -> dict[str, int]:
+def layout_doc(layout: dict[str, Any] | None) -> dict[str, int]:
     """A table's layout completed: {dp, tp} (1 where missing: a table from before layouts), and pp only above 1
     (Layout.as_dict), so that a table without pipeline stages reads and writes as before pp existed."""
     layout = {"dp": 1, "tp": 1, "pp": 1, **(layout or {})}
@@ -146,7 +146,7 @@ def _layout_doc(layout: dict[str, Any] | None) -> dict[str, int]:
 
 def _layout_text(layout: dict[str, Any] | None) -> str:
     """A table's layout as freqopt writes layouts: "dp=1,tp=1", "dp=1,tp=1,pp=2" (Layout.__str__)."""
-    layout = _layout_doc(layout)
+    layout = layout_doc(layout)
     return f"dp={layout['dp']},tp={layout['tp']}" + (f",pp={layout['pp']}" if "pp" in layout else "")
 
 
@@ -156,7 +156,7 @@ def workload_doc(workload) -> dict[str, Any]:
     (sequences per model replica), layout {dp, tp, and pp where above 1}; sizes a user's own step does not state are
     None."""
     if isinstance(workload, dict):
-        return {**{k: workload.get(k) for k in _WORKLOAD_FIELDS}, "layout": _layout_doc(workload.get("layout"))}
+        return {**{k: workload.get(k) for k in _WORKLOAD_FIELDS}, "layout": layout_doc(workload.get("layout"))}
     config, layout = workload.config, workload.layout
     return {"model": workload.model, "n_layers": getattr(config, "n_layers", None),
             "d_model": getattr(config, "d_model", None), "n_heads": getattr(config, "n_heads", None),

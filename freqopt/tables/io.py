@@ -15,7 +15,7 @@ from freqopt.errors import ClockTableError, OutputError
 from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import GPUSpec
 from freqopt.tables.format import (CLOCK_TABLE_SCHEMA, INSTRUCTION, PASSES, SCHEMA_NAME, SCHEMA_VERSION, ClockTable,
-                                   _layout_doc, describe_workload, workload_doc)
+                                   layout_doc, describe_workload, workload_doc)
 from freqopt.tables.result import result_table, table_stem
 
 __all__ = ["table_identity", "check_table_target", "write_result_tables", "write_table", "write_table_csv",
@@ -182,7 +182,7 @@ def check_pipeline_section(data: dict[str, Any], path) -> None:
     """
     pipeline = data["pipeline"]
     stages, micro_batches = pipeline["stages"], pipeline["micro_batches"]
-    pp = _layout_doc(data["workload"].get("layout")).get("pp", 1)
+    pp = layout_doc(data["workload"].get("layout")).get("pp", 1)
     redo = "re-export it with freqopt"
     if stages != pp:
         raise ClockTableError(f"{path}: its pipeline has {stages} stages, but its workload's layout has pp={pp}; "

@@ -32,7 +32,7 @@ class GPUPathWarning(UserWarning):
     it; its module docstring lists when."""
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 

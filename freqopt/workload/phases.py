@@ -28,7 +28,7 @@ __all__ = ["STEP_MARK", "phase_modules", "PhaseHooks", "phase_spans"]
 STEP_MARK = "step"
 
 # Embeddings take token ids, which need no gradient; their backward pre-hook still fires, as intended.
-_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to"
+HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to"
 
 
 @contextlib.contextmanager
@@ -37,7 +37,7 @@ def quiet_backward_hooks():
     embeddings) is silenced; wrap ``loss.backward()`` in it when using ``PhaseHooks`` directly (DVFSRuntime
     silences it itself while entered)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_HOOK_WARNING)
+        warnings.filterwarnings("ignore", message=HOOK_WARNING)
         yield
 
 

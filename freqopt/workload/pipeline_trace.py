@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 import torch
 
 from freqopt.errors import InvalidSettingError, check_positive_int
-from freqopt.workload.kernels import Kernel, Trace, _dtype_name
+from freqopt.workload.kernels import Kernel, Trace, dtype_name
 from freqopt.workload.models import Workload, build_model
 from freqopt.workload.models.meta_checks import MetaChecks
 from freqopt.workload.models.parallel import COMPUTE_STREAM, shard_tensor_parallel
 from freqopt.workload.models.sdpa import FusedSDPA
 from freqopt.workload.pipeline_partition import (DEFAULT_PARTITION_METHOD, PipelineStage, partition_stages,
                                                  stage_module_parameters)
-from freqopt.workload.trace import _KernelRecorder
+from freqopt.workload.trace import KernelRecorder
 
 __all__ = ["StageTrace", "trace_pipeline_stages", "P2P_KINDS", "SPLIT_PASSES", "split_backward"]
 
@@ -139,7 +139,7 @@ def _p2p_kernel(kind: str, x: torch.Tensor, pass_name: str, group_stride: int) -
     memory and moves them over the link."""
     nbytes = float(x.numel() * x.element_size())
     return Kernel(name=f"freqopt.{kind}", kind=kind, pass_name=pass_name, flops=0.0, mem_bytes=nbytes,
-                  dtype=_dtype_name(x.dtype), shapes=(tuple(x.shape),), stream=COMPUTE_STREAM, comm_bytes=nbytes,
+                  dtype=dtype_name(x.dtype), shapes=(tuple(x.shape),), stream=COMPUTE_STREAM, comm_bytes=nbytes,
                   group_size=2, group_stride=group_stride)  # fmt: skip
 
 
@@ -181,7 +181,7 @@ def trace_pipeline_stages(workload: Workload, *, partition_method: str = DEFAULT
     for stage in stages:
         for p in model.parameters():
             p.grad = None  # each stage's backward starts without gradients, as on its own rank
-        recorder = _KernelRecorder(model)
+        recorder = KernelRecorder(model)
         x_in = None
         if not stage.is_first:
             x_in = torch.empty(B, T, config.d_model, dtype=dtype, device="meta", requires_grad=True)  # (B, T, d)

@@ -43,7 +43,7 @@ from freqopt.workload.models import Workload
 from freqopt.workload.models.meta_checks import MetaChecks
 from freqopt.workload.models.sdpa import FusedSDPA
 from freqopt.workload.phases import PhaseHooks, quiet_backward_hooks
-from freqopt.workload.trace import Trace, _KernelRecorder, meta_as_cuda_for_optimizers
+from freqopt.workload.trace import Trace, KernelRecorder, meta_as_cuda_for_optimizers
 
 __all__ = ["StepConfig", "trace_step"]
 
@@ -74,7 +74,7 @@ class _RealTensorError(InvalidSettingError):
     pass
 
 
-class _StepRecorder(_KernelRecorder):
+class _StepRecorder(KernelRecorder):
     """The kernel recorder with the pass of each operator found from the autograd engine and torch.optim's hooks,
     and a refusal of tensors that are not on the meta device."""
 

@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from freqopt.workload.kernels import (  # noqa: F401  re-exported: a trace's data classes live in freqopt.workload.kernels
-    COLLECTIVE_KINDS, DEVICE, PASSES, GPUPathWarning, Kernel, OpCall, TensorSpec, Trace, _dtype_name, record_call,
+    COLLECTIVE_KINDS, DEVICE, PASSES, GPUPathWarning, Kernel, OpCall, TensorSpec, Trace, dtype_name, record_call,
 )
 from freqopt.workload.autocast import CudaAutocast, enable_cuda_autocast
 from freqopt.workload.models import Workload, build_model
@@ -68,7 +68,7 @@ MODES = ("train", "inference")
 
 
 # ATen operator (overload packet name) -> kernel kind; any other computing operator is elementwise.
-_KINDS = {
+OP_KINDS = {
     "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "baddbmm": "gemm",
     # Convolutions run as cuDNN's implicit GEMMs, on tensor cores in bf16/fp16 (FLOPs from the shapes:
     # torch.utils.flop_counter's convolution formulas; issue 36, item 3).
@@ -96,7 +96,7 @@ _KINDS = {
     "all_reduce": "all-reduce",
 }  # fmt: skip
 # Operators that allocate or only bookkeep: no kernel runs.
-_NOT_KERNELS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "arange",
+NOT_KERNELS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "arange",
                 "_unsafe_view"}
 # Multi-tensor kernels (fused AdamW over every parameter) are keyed by tensor count and elements, not each shape.
 _MULTI_TENSOR_MIN_INPUTS = 8
@@ -169,7 +169,7 @@ def _convolution_backward_kernels(func, args: tuple, out, call: OpCall, *, pass_
     grad_output, x, weight = args[0], args[1], args[2]
     mask = tuple(bool(m) for m in args[10])
     formula = flop_registry[func._overloadpacket]
-    dtype = _dtype_name(grad_output.dtype)
+    dtype = dtype_name(grad_output.dtype)
     kernels = []
     for name, direction, written, read in ((CONVOLUTION_BACKWARD_INPUT, (True, False, False), out[:1], weight),
                                            (CONVOLUTION_BACKWARD_WEIGHT, (False, True, mask[2]), out[1:], x)):
@@ -205,7 +205,7 @@ def _cuda_matmul_uses_tf32() -> bool:
         return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-class _KernelRecorder(TorchDispatchMode):
+class KernelRecorder(TorchDispatchMode):
     """Records every operator that computes or moves data as a Kernel (module docstring), and warns of operators
     traced on a path a GPU would not take, naming the module whose forward ran them (its qualified name under
     ``root``, else its class), which global forward hooks track while the recorder is active; ``warn=False``
@@ -270,7 +270,7 @@ class _KernelRecorder(TorchDispatchMode):
             scores = inputs[0]
             if scores.dim() == 4 and scores.dtype != torch.float64:
                 self._warn(op, "scaled_dot_product_attention was traced through PyTorch's math path (q k^T, softmax "
-                           f"and p v as separate {_dtype_name(scores.dtype)} kernels and a {tuple(scores.shape)} score "
+                           f"and p v as separate {dtype_name(scores.dtype)} kernels and a {tuple(scores.shape)} score "
                            "tensor in device memory), where a GPU runs one fused attention kernel each way; call it "
                            "with inputs freqopt.flash_attention takes, from code the FusedSDPA mode sees")  # fmt: skip
         elif kind == "gemm" and inputs and inputs[0].dtype == torch.float32 and _cuda_matmul_uses_tf32():
@@ -281,7 +281,7 @@ class _KernelRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         packet = func._overloadpacket
         op = packet.__name__
-        if func.is_view or op in _NOT_KERNELS or func.namespace not in ("aten", "freqopt"):
+        if func.is_view or op in NOT_KERNELS or func.namespace not in ("aten", "freqopt"):
             return func(*args, **kwargs)
         call = record_call(func, args, kwargs)  # before the call: an in-place operator could change its inputs
         out = func(*args, **kwargs)
@@ -310,8 +310,8 @@ class _KernelRecorder(TorchDispatchMode):
         formula = flop_registry.get(packet)
         flops = float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
         floating = [t for t in inputs if t.is_floating_point()] or inputs or outputs  # outputs: factories (full)
-        dtype = _dtype_name(floating[0].dtype)
-        kind = _KINDS.get(op, "elementwise")
+        dtype = dtype_name(floating[0].dtype)
+        kind = OP_KINDS.get(op, "elementwise")
         self._check_gpu_path(f"{func.namespace}.{op}", kind, inputs)
         name = (user_sdpa_kernel_name(op, args, outputs) if kind == "attention" else None) or f"{func.namespace}.{op}"
         self.kernels.append(
@@ -362,7 +362,7 @@ def _all_reduce_kernel(x: torch.Tensor, group_size: int, group_stride: int, stre
     nbytes = float(x.numel() * x.element_size())
     return Kernel(
         name="freqopt.all_reduce", kind="all-reduce", pass_name=pass_name,
-        flops=x.numel() * (n - 1) / n, mem_bytes=5 * (n - 1) / n * nbytes, dtype=_dtype_name(x.dtype),
+        flops=x.numel() * (n - 1) / n, mem_bytes=5 * (n - 1) / n * nbytes, dtype=dtype_name(x.dtype),
         shapes=(tuple(x.shape),), stream=stream, comm_bytes=nbytes, group_size=n, group_stride=group_stride,
         call=call,
     )  # fmt: skip
@@ -468,7 +468,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
     # Made when entered: torch.autocast("cuda") decides in its constructor whether CUDA AMP is available.
     autocast = [enable_cuda_autocast, lambda: torch.autocast("cuda", dtype=torch.bfloat16), CudaAutocast] if mixed else []
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
-    recorder = _KernelRecorder(model)
+    recorder = KernelRecorder(model)
     hooks = PhaseHooks(model, recorder.mark)
     if mode == "train":
         params = list(model.parameters())

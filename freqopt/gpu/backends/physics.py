@@ -407,7 +407,7 @@ def _link_costs(spec: GPUSpec, kernels: Sequence[Kernel]) -> tuple[np.ndarray, n
     return link_s, latency_s, link_j
 
 
-def _overlap_streams(
+def overlap_streams(
     kernels: Sequence[Kernel], time_s: np.ndarray, energy_j: np.ndarray, baseline_w: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lay the kernels on a training stream and a communication stream (freqopt.gpu.backends.simulated's module

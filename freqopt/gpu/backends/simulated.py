@@ -75,7 +75,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
-from freqopt.gpu.backends.physics import (KernelPhysics, KernelTerms, SetCallQueue, _overlap_streams, host_gaps,
+from freqopt.gpu.backends.physics import (KernelPhysics, KernelTerms, SetCallQueue, overlap_streams, host_gaps,
                                          host_issue_s)
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
@@ -247,7 +247,7 @@ class SimulatedGPU(Backend):
         clocks = (1 - alpha) * f[lo] + alpha * f[hi]
         if not on_stream.all():
             baseline_w = (1 - alpha) * phys.baseline_power_w[k_idx, lo] + alpha * phys.baseline_power_w[k_idx, hi]
-            time_s, energy_j = _overlap_streams(kernels, time_s, energy_j, baseline_w)
+            time_s, energy_j = overlap_streams(kernels, time_s, energy_j, baseline_w)
         return time_s, energy_j, clocks, wait_s, wait_j
 
     def _kernel_terms(self, kernels: Sequence[Kernel], *, step: bool) -> tuple[KernelTerms, np.ndarray, np.ndarray]:
