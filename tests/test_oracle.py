@@ -67,6 +67,7 @@ def test_benchmark_summary_has_the_issue_keys_and_ratios(small_trace):
     (["--repeats", "0"], "repeats must be a positive integer"),
     (["--max-slowdown", "-1%"], "negative"),
     (["--gpu", "tpu-v5"], "unknown GPU"),
+    (["--confidence", "abc"], "--confidence 'abc' is not a confidence level"),
 ])  # fmt: skip
 def test_cli_benchmark_bad_input(args, fragment, capsys):
     assert main(["benchmark", "--model", "gpt3-small", *args]) == 2

@@ -570,7 +570,8 @@ def test_cli_plan_ctrl_c_writes_nothing(tmp_path):
            "--max-slowdown", "2%", "--blocking-power-w", "80", "--node-limit", "1000000000", "--json", str(out)]
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    time.sleep(6)  # imports, the profile, the LP: the MILP runs by now
+    time.sleep(6)  # imports, the profile, the LP: the MILP runs by now on an idle machine (a loaded one may still be
+    # reading the profile or building the planner, which Ctrl-C stops the same way, writing nothing)
     assert process.poll() is None
     sent = time.perf_counter()
     process.send_signal(signal.SIGINT)

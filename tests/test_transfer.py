@@ -13,7 +13,7 @@ from freqopt.workload.models import get_workload
 from freqopt.search import SearchConfig, run_search
 from freqopt.tables import ClockTable, load_table, table_from_result, write_table
 from freqopt.workload.trace import trace_training_iteration
-from freqopt.errors import ClockTableError, OutputError, TableWorkloadError
+from freqopt.errors import ClockTableError, InvalidSettingError, OutputError, TableWorkloadError
 from freqopt.apply.train import plan_training
 from freqopt.search.study import Option
 from freqopt.apply.reallocate import _with_front
@@ -266,7 +266,8 @@ def test_cli_transfer_writes_the_comparison_and_the_reallocated_table(kernel_tab
     [(["--gpu", "a100-sxm4-80gb"], "searched on h100-sxm, not a100-sxm4-80gb"),
      (["--gpu", "b300"], "unknown GPU 'b300'"),
      (["--layout", "tp=5"], "does not divide the 12 attention heads"),
-     (["--max-slowdown", "abc"], "is not a slowdown")],
+     (["--max-slowdown", "abc"], "is not a slowdown"),
+     (["--confidence", "1.5"], "--confidence '1.5' is not a confidence level")],
 )  # fmt: skip
 def test_cli_transfer_refuses_bad_input_in_one_line(kernel_table, tmp_path, capsys, args, fragment):
     table_path = write_table(kernel_table, tmp_path / "t.json")
@@ -384,3 +385,23 @@ def test_the_apply_line_works_from_any_folder(monkeypatch):
     default = get_workload("gpt3-small")
     line = _train_line("gpt3-small", default, "/t.json", None)
     assert line == "freqopt train --model gpt3-small --layout dp=1,tp=1 --table /t.json"
+
+
+def test_a_transfer_holds_its_slowdown_at_the_confidence_given(small_trace, tmp_path):
+    """Issue 50, item 7: transfer takes ``confidence`` as search does. The same readings (same seed) bounded at 0.5
+    (the paired mean) and at 0.99: the bound at 0.99 is the higher, and the report says which it used."""
+    from freqopt.apply.transfer import transfer
+
+    source = tmp_path / "phase.json"
+    write_table(_phase_table(small_trace), source)
+    bounds = {}
+    for confidence in (0.5, 0.99):
+        report = transfer(str(source), "gpt3-small", micro_batch_size=2, seq_len=256, native=False,
+                          confidence=confidence)  # fmt: skip
+        doc = report.summary()
+        assert doc["confidence"] == confidence
+        bounds[confidence] = doc["transferred"]["slowdown_bound_pct"]
+    assert bounds[0.5] < bounds[0.99]
+    with pytest.raises(InvalidSettingError, match="^confidence 1 is not a confidence level") as e:
+        transfer(str(source), "gpt3-small", confidence=1)
+    assert e.value.argument == "confidence"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from freqopt.budget import DEFAULT_CONFIDENCE
 from freqopt.gpu.backends.base import Backend, switch_latency
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Trace
@@ -108,7 +109,7 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
                                  on_unit=on_unit)  # fmt: skip
     return TransferReport(schedule, baseline, transferred, reallocated, searched if native else None,
                           config.max_slowdown, table, backend.spec, backend.name, config.seed,
-                          config.storage)  # fmt: skip
+                          config.storage, confidence=config.confidence)  # fmt: skip
 
 
 def _check_target(out: Path, table: ClockTable, trace: Trace, spec: GPUSpec, slowdown: float, seed: int,
@@ -132,8 +133,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
              storage: str | None = None, out=None, seed: int = 0, n_trials: int | None = None,
              micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
              vocab_multiple: int | None = None, layout=None, native: bool = True,
-             switch_latency_ms: float | None = None, on_start=None, on_unit=None,
-             verbose: bool = False) -> TransferReport:  # fmt: skip
+             switch_latency_ms: float | None = None, confidence: float = DEFAULT_CONFIDENCE, on_start=None,
+             on_unit=None, verbose: bool = False) -> TransferReport:  # fmt: skip
     """Apply clock table ``table`` to ``model`` (another model, size or layout): validate it as transferred,
     re-allocate the budget on the target from the fronts it carries, and search the target natively under the same
     budget (evaluate_transfer). With ``out``, the target's table (the re-allocated one; a phase-level table as it
@@ -156,6 +157,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         on_start: called as on_start(table, trace, spec) once the target is traced, before any measurement.
         native: also search the target natively, for comparison (the costly part).
         switch_latency_ms: the GPU's clock-switch latency, ms, in place of its file's (GPUSpec.with_switch_latency).
+        confidence: the one-sided confidence, in [0.5, 1), at which every schedule's slowdown is held to the budget,
+            as transferred, re-allocated and searched natively (freqopt.search as search takes it; default 0.95).
         on_unit: called as on_unit(granularity, units_done, units_total) during the target-side measurements
             ("transfer") and the native search.
         verbose: let Optuna log at INFO (a line per study it creates); by default WARNING, and the caller's
@@ -169,7 +172,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
         UnknownNameError: unknown model, GPU type or backend.
         ClockTableError: the table cannot be read, was searched on another GPU type than ``gpu``, or is a
             phase-level table of another model (it requests a setting at a phase the target does not have).
-        InvalidSettingError: a bad slowdown, override, layout, n_trials or switch_latency_ms.
+        InvalidSettingError: a bad slowdown, confidence, override, layout, n_trials or switch_latency_ms.
         OutputError: ``out`` is a file or cannot be written, or holds another search's table under the name the
             target's table takes (refused before any measurement).
         StorageError: ``storage`` cannot be opened.
@@ -182,7 +185,7 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     checked = check_transfer_arguments(table, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend,
                                        n_trials=n_trials, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                        n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                                       switch_latency_ms=switch_latency_ms)  # fmt: skip
+                                       switch_latency_ms=switch_latency_ms, confidence=confidence)  # fmt: skip
     workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     backend = checked.backend
@@ -213,7 +216,7 @@ def _transfer_on(measuring: Backend, checked: TransferArguments, workload, *, ou
     if out is not None:  # a table may be written: over no other search's
         _check_target(out, table, trace, spec, slowdown, seed, measuring.name)
     counts = {"n_trials_1d": n_trials, "n_trials_2d": n_trials} if n_trials else {}
-    config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, **counts)
+    config = SearchConfig(max_slowdown=slowdown, seed=seed, storage=storage, confidence=checked.confidence, **counts)
     if on_start is not None:
         on_start(table, trace, spec)
     with optuna_logging(verbose):

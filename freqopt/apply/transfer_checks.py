@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from freqopt.budget import DEFAULT_CONFIDENCE
 from freqopt.gpu.specs import GPUSpec
 from freqopt.tables import ClockTable
 
@@ -24,6 +25,7 @@ class TransferArguments:
         max_slowdown: the budget, a fraction: the one given, else the table's.
         switch_s: the clock-switch latency in place of the GPU file's, s, or None.
         backend: the backend's name, checked, or the Backend given.
+        confidence: the one-sided confidence at which every schedule's slowdown is held to the budget.
     """
 
     table: ClockTable
@@ -32,25 +34,27 @@ class TransferArguments:
     max_slowdown: float
     switch_s: float | None
     backend: object
+    confidence: float = DEFAULT_CONFIDENCE
 
 
 def check_transfer_arguments(table, model, *, gpu=None, max_slowdown: float | str | None = None, backend="sim",
                              n_trials: int | None = None, micro_batch_size: int | None = None,
                              seq_len: int | None = None, n_heads: int | None = None,
                              vocab_multiple: int | None = None, layout=None,
-                             switch_latency_ms: float | None = None) -> TransferArguments:  # fmt: skip
+                             switch_latency_ms: float | None = None,
+                             confidence: float = DEFAULT_CONFIDENCE) -> TransferArguments:  # fmt: skip
     """Check the arguments of freqopt.apply.transfer.transfer (see there) that need no model built, in the order it
     always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the GPU type, the
-    switch latency, the table (read, not a pipeline's, searched on the GPU type), the budget, n_trials and the
-    backend. What needs the model (heads dividing d_model and tp, an ``hf:PATH`` config) is checked when transfer
+    switch latency, the table (read, not a pipeline's, searched on the GPU type), the budget, the confidence,
+    n_trials and the backend. What needs the model (heads dividing d_model and tp, an ``hf:PATH`` config) is checked when transfer
     resolves it.
 
     Raises:
         UnknownNameError: unknown model, GPU type or backend.
         ClockTableError: the table cannot be read, is a pipeline's, or was searched on another GPU type than ``gpu``.
-        InvalidSettingError: a bad slowdown, override, layout, n_trials or switch_latency_ms.
+        InvalidSettingError: a bad slowdown, confidence, override, layout, n_trials or switch_latency_ms.
     """
-    from freqopt.budget import parse_slowdown
+    from freqopt.budget import check_confidence, parse_slowdown
     from freqopt.errors import check_positive_int
     from freqopt.gpu.specs import check_switch_latency_ms, get_gpu
     from freqopt.resolve import check_workload_arguments, resolve_backend, resolve_gpu
@@ -67,5 +71,6 @@ def check_transfer_arguments(table, model, *, gpu=None, max_slowdown: float | st
     spec = requested or get_gpu(table.gpu)
     table.check_gpu(spec, source=source)
     slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]
+    confidence = check_confidence(confidence)
     check_positive_int("n_trials", n_trials, optional=True)
-    return TransferArguments(table, source, spec, slowdown, switch_s, resolve_backend(backend))
+    return TransferArguments(table, source, spec, slowdown, switch_s, resolve_backend(backend), confidence)

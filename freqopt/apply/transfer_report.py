@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from freqopt.budget import DEFAULT_CONFIDENCE
 from freqopt.gpu.backends.base import Measurement
 from freqopt.errors import ClockTableError
 from freqopt.gpu.specs import GPUSpec
@@ -34,6 +35,7 @@ class TransferReport:
         max_slowdown: the budget, a fraction.
         source: the table transferred; spec, backend_name, seed, storage: the target's GPU type, backend, seed and
             Optuna storage URL.
+        confidence: the one-sided confidence at which each slowdown was held to the budget (slowdown_bound_pct).
         table_path: where freqopt.apply.transfer.transfer wrote the target's table, absolute (None: not written).
     """
 
@@ -49,6 +51,7 @@ class TransferReport:
     seed: int = 0
     storage: str | None = None
     table_path: Path | None = None
+    confidence: float = DEFAULT_CONFIDENCE
 
     def _figures(self, m: Measurement) -> dict:
         """energy_saved_pct, slowdown_pct and slowdown_bound_pct (the upper confidence bound of the slowdown, None
@@ -66,11 +69,12 @@ class TransferReport:
         "not_reallocated": why not (no_fronts_reason) or None, "native": {energy_saved_pct, slowdown_pct,
         slowdown_bound_pct, n_measurements, search_cost_gpu_s} or None, "table": the written table's absolute path
         or None}; percentages against the default settings (slowdown_bound_pct: the upper confidence bound of the
-        slowdown at freqopt.budget.DEFAULT_CONFIDENCE, held to the budget, None where none was computed),
+        slowdown at ``confidence``, held to the budget, None where none was computed),
         match counts in target tuning units (kernel classes at kernel level), costs in measurements and GPU-seconds
         (the native search's for its granularities up to the table's, validations included)."""
         doc = {
             "max_slowdown_pct": 100.0 * self.max_slowdown,
+            "confidence": self.confidence,
             "transferred": {**self._figures(self.transferred), "matched_exact": self.schedule.count(EXACT),
                             "matched_by_kind": self.schedule.count(BY_KIND), "unmatched": self.schedule.count(UNMATCHED)},
             "reallocated": None,

@@ -59,13 +59,13 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     one NVML call at a time), beside the best plan with one clock per GPU, which never switches. Ctrl-C stops the planner within a second and writes nothing."""
     from rich.table import Table
 
-    from freqopt.pipeline.planner import PipelinePlanner
-
     check_json_path(json_path)
-    planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w, gpu=gpu,
-                              schedule=schedule, node_limit=node_limit, time_limit_s=time_limit_s,
-                              virtual_stages=virtual_stages)  # fmt: skip
-    try:
+    try:  # Ctrl-C anywhere from loading the planner to the last solve writes nothing
+        from freqopt.pipeline.planner import PipelinePlanner
+
+        planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w,
+                                  gpu=gpu, schedule=schedule, node_limit=node_limit, time_limit_s=time_limit_s,
+                                  virtual_stages=virtual_stages)  # fmt: skip
         result = planner.plan(max_slowdown=max_slowdown)
         realized = stage_plan = None
         if gpu is not None or switch_latency_ms is not None:

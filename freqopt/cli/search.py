@@ -19,6 +19,15 @@ def switch_latency_option(f):
                              "clock_switch_ms; 0: instant switches).")(f)  # fmt: skip
 
 
+def confidence_option(f):
+    """``--confidence``: the one-sided confidence at which every schedule's slowdown is held to the budget (search,
+    transfer and benchmark pass it on as ``confidence``, which the library checks: freqopt.budget.check_confidence)."""
+    return click.option("--confidence", default="0.95", show_default=True,
+                        help="Confidence at which the slowdown is held to the budget: a schedule is kept only if the "
+                             "upper bound of its slowdown at this level is within it; 0.5 judges on the mean "
+                             "alone.")(f)  # fmt: skip
+
+
 @cli.command(short_help="Search clock settings and compare granularities.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--max-slowdown", required=True, help="Allowed slowdown: 1% or 0.01.")
@@ -41,9 +50,7 @@ def switch_latency_option(f):
 @click.option("--partition-method", default=None,
               help="How a pipeline layout's layers split into stages: parameters (DeepSpeed's default), uniform or "
                    "type:REGEX.")
-@click.option("--confidence", default="0.95", show_default=True,
-              help="Confidence at which the slowdown is held to the budget: a schedule is kept only if the upper "
-                   "bound of its slowdown at this level is within it; 0.5 judges on the mean alone.")
+@confidence_option
 @click.option("--schedule", default=None,
               help="A pipeline layout's schedule: 1f1b (DeepSpeed's, the default) or torch.distributed.pipelining's "
                    "gpipe, interleaved-1f1b, looped-bfs, interleaved-zb, zb-v, dualpipe-v (only 1f1b writes a "

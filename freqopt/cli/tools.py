@@ -7,7 +7,7 @@ import click
 
 from freqopt.cli import (check_json_path, check_names_first, cli, model_options, stdout_console, verbose_option,
                          write_json)  # fmt: skip
-from freqopt.cli.search import slowdown_cell, switch_latency_option
+from freqopt.cli.search import confidence_option, slowdown_cell, switch_latency_option
 
 @cli.command(short_help="List the models and their parameter counts.")
 @click.argument("names", nargs=-1)
@@ -98,10 +98,11 @@ def gpus() -> None:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of samplers and simulated noise.")
 @click.option("--trials", default=None, type=int, help="Trials per tuning unit of the target's studies.")
 @switch_latency_option
+@confidence_option
 @model_options
 @verbose_option
 def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, native, json_path, seed, trials,
-             switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
+             switch_latency_ms, confidence, micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """Apply a clock table to another model or layout: as it is, with its budget re-allocated there, and beside a
     native search; writes the re-allocated table."""
     from rich.console import Console
@@ -114,9 +115,9 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     # The library's checks that need no model built, before the modules that load PyTorch (issue 38, item 4).
     check_transfer_arguments(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, n_trials=trials,
                              micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                             vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms)  # fmt: skip
+                             vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
+                             confidence=confidence)  # fmt: skip
     from freqopt.apply.transfer import transfer as run_transfer
-    from freqopt.budget import DEFAULT_CONFIDENCE
 
     console = Console(stderr=True)
     status = console.status("validating the transferred table")
@@ -137,7 +138,8 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
         report = run_transfer(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, storage=storage,
                               out=out_dir, seed=seed, n_trials=trials, micro_batch_size=micro_batch_size,
                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                              native=native, switch_latency_ms=switch_latency_ms, on_start=on_start,
+                              native=native, switch_latency_ms=switch_latency_ms, confidence=confidence,
+                              on_start=on_start,
                               on_unit=on_unit, verbose=verbose)  # fmt: skip
     finally:
         status.stop()
@@ -160,7 +162,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
         instead = ("use the re-allocated table" if report.table_path is not None else
                    f"search this layout: freqopt search --granularity {report.schedule.granularity} ...")  # fmt: skip
         bound = ("" if t["slowdown_bound_pct"] is None
-                 else f", at most {t['slowdown_bound_pct']:+.2f} % at {100 * DEFAULT_CONFIDENCE:g} %")  # fmt: skip
+                 else f", at most {t['slowdown_bound_pct']:+.2f} % at {100 * report.confidence:g} %")  # fmt: skip
         out.print(f"as transferred, the table is not within the {limit:g} % budget on this layout "
                   f"({t['slowdown_pct']:+.2f} % time{bound}); {instead}")  # fmt: skip
     why_not = summary["not_reallocated"]
@@ -208,9 +210,11 @@ def _train_line(model: str, workload, table_path, vocab_multiple: int | None) ->
 @click.option("--free-switching", is_flag=True, help="Treat clock switches as free (as Spaan et al. 2026 did).")
 @click.option("--json", "json_path", default=None, help="Also write the comparison as JSON to this file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the first search and of the noise.")
+@confidence_option
 @model_options
 @verbose_option
-def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, json_path, seed, micro_batch_size,
+def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, json_path, seed, confidence,
+              micro_batch_size,
               seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """The Bayesian search against an exhaustive sweep of every unit at every setting (simulated GPU)."""
     from rich.console import Console
@@ -221,7 +225,8 @@ def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, js
     check_json_path(json_path)
     with Console(stderr=True).status(f"searching {repeats}x and sweeping every setting of {model}"):
         report = run_benchmark(model, gpu=gpu, granularity=granularity, max_slowdown=max_slowdown, repeats=repeats,
-                               free_switching=free_switching, seed=seed, micro_batch_size=micro_batch_size,
+                               free_switching=free_switching, seed=seed, confidence=confidence,
+                               micro_batch_size=micro_batch_size,
                                seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
                                verbose=verbose)  # fmt: skip
     summary = report.summary()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from freqopt.budget import DEFAULT_CONFIDENCE
+
 __all__ = ["benchmark", "BenchmarkReport"]
 
 
@@ -29,7 +31,7 @@ class BenchmarkReport:
 
 
 def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: float | str = "1%", repeats: int = 1,
-              free_switching: bool = False, seed: int = 0, micro_batch_size: int | None = None,
+              free_switching: bool = False, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE, micro_batch_size: int | None = None,
               seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
               layout=None, on_unit=None, verbose: bool = False):  # fmt: skip
     """Trace one training iteration of ``model`` and compare ``repeats`` Bayesian searches (seeds seed, seed+1,
@@ -43,6 +45,8 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
         repeats: Bayesian searches averaged (positive).
         free_switching: treat clock switches as free (as Spaan et al. 2026 did); default: their cost counts.
         seed: seed of the first search and of the simulated noise.
+        confidence: the one-sided confidence, in [0.5, 1), at which every schedule of the searches and of the sweep
+            is held to the budget (freqopt.search as search takes it).
         on_unit: called as on_unit(granularity, units_done, units_total) during each search.
         verbose: let Optuna log at INFO (a line per study it creates); by default WARNING, and the caller's
             Optuna verbosity is restored on return (freqopt.search.study.optuna_logging).
@@ -52,10 +56,10 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
 
     Raises:
         UnknownNameError: unknown model or GPU type.
-        InvalidSettingError: a bad slowdown, override or layout; power-cap or an unknown granularity; repeats < 1.
+        InvalidSettingError: a bad slowdown, confidence, override or layout; power-cap or an unknown granularity; repeats < 1.
     """
     from freqopt.gpu.backends.simulated import SimulatedGPU
-    from freqopt.budget import parse_slowdown
+    from freqopt.budget import check_confidence, parse_slowdown
     from freqopt.errors import InvalidSettingError, check_positive_int
     from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
     from freqopt.resolve import resolve_gpu, resolve_workload
@@ -65,6 +69,7 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
     from freqopt.workload.trace import trace_training_iteration
 
     slowdown = parse_slowdown(max_slowdown)
+    confidence = check_confidence(confidence)
     workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
@@ -73,7 +78,7 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
                                   "choose iteration, pass or kernel", argument="granularity")  # fmt: skip
     check_positive_int("repeats", repeats)
     trace = trace_training_iteration(workload)
-    config = SearchConfig(max_slowdown=slowdown, seed=seed, switching=not free_switching)
+    config = SearchConfig(max_slowdown=slowdown, seed=seed, switching=not free_switching, confidence=confidence)
     with optuna_logging(verbose):
         result = run_benchmark(trace, SimulatedGPU(spec, seed=seed), config, granularity=granularity,
                                repeats=repeats, on_unit=on_unit)  # fmt: skip
