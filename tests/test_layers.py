@@ -213,3 +213,15 @@ def test_integrations_and_measurement_import_neither_the_other():
     crossing = [f"{m} -> {t}" for m, ts in import_graph().items() for t in ts
                 if any(m.startswith(a) and t.startswith(b) for a, b in (wings, wings[::-1]))]  # fmt: skip
     assert not crossing, "between integrations/ and measure/: " + ", ".join(crossing)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """Issue 50, item 8: what one module needs from another is a public name (no leading underscore); a private name
+    is its own module's business. Read from the source as above: ``from freqopt.x import _name`` anywhere in freqopt."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("freqopt"):
+                found += [f"{path.relative_to(PACKAGE.parent)}: {alias.name} from {node.module}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]  # fmt: skip
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
