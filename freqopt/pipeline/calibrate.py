@@ -87,8 +87,9 @@ def calibrated(planner: PipelinePlanner, realize: Callable, validator: PipelineV
     for _ in range(rounds):
         try:
             plan = (plan_with or planner.plan)(max_slowdown=min(max(target, 0.0), 0.999))
-        except FreqoptError:  # HiGHS found no plan within its time limit: a looser budget next
-            meets = target
+        except FreqoptError:  # no plan at this budget (a solve stopped at a limit without one): nothing is learnt
+            # about the limit here, so the bracket stays as it is (issue 50: this once counted as a budget met), and
+            # a looser budget is tried next, toward the one known to break the limit where there is one
             target = target * 1.5 + 1e-4 if breaks is None else math.sqrt((1.0 + target) * (1.0 + breaks)) - 1.0
             continue
         requests = realize(plan)
