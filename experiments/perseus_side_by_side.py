@@ -30,8 +30,9 @@ Run (Perseus's environment as ../shared/peers/perseus/README.md says):
 
 It writes experiments/perseus/results.json, report.md and frontiers.png; ``--settings a100_sxm:bloom:12 ...`` runs
 some settings and keeps the others recorded. ``--perseus-limit-s S`` stops Perseus after S seconds and scores the
-plans it wrote by then (the A40 profiles at M = 96: its published frontiers have 57,641 and 65,844 points, one per
-1 ms, and on this machine it wrote about 5,200 of them in an hour), marked as stopped in the report. HELD OUT and never read: the GPT-3 175B A100 files.
+plans it wrote by then, marked as stopped in the report. The published A40 frontiers step by 0.1 ms (57,641 and
+65,844 points at M = 96), the A100's by 1 ms; Perseus runs here at its default 1 ms unit, so a whole A40 run at
+M = 96 writes about a tenth of the published points (about 5,800 and 6,600 plans). HELD OUT and never read: the GPT-3 175B A100 files.
 """
 
 from __future__ import annotations
@@ -161,7 +162,11 @@ def published(gpu: str, model: str, m: int) -> dict:
     with open(DATA / "frontiers" / f"{gpu}_{model}_mb{m}.csv", newline="") as f:
         rows = [(float(r["time"]), float(r["energy"])) for r in csv.DictReader(x for x in f if not x.startswith("#"))]
     rows.sort()
-    return {"points": len(rows), "fastest_time_s": rows[0][0], "fastest_energy_j": rows[0][1],
+    # The time unit the published run planned at: the most common step between consecutive floored times (the A100
+    # files step by 1 ms, the A40 files by 0.1 ms, so they hold ten times the points a 1 ms run writes).
+    steps = [round(b[0] - a[0], 6) for a, b in zip(rows, rows[1:]) if b[0] > a[0]]
+    unit_s = max(set(steps), key=steps.count) if steps else None
+    return {"points": len(rows), "unit_s": unit_s, "fastest_time_s": rows[0][0], "fastest_energy_j": rows[0][1],
             "least_energy_j": min(e for _, e in rows), "time_s": [t for t, _ in rows][:: max(1, len(rows) // 300)],
             "energy_j": [e for _, e in rows][:: max(1, len(rows) // 300)]}
 
@@ -347,7 +352,11 @@ def report(doc: dict) -> str:
             "time is a lower bound, the ratio an upper bound, and its fastest time is not reached): "
             + "; ".join(f"{r['model']} {r['gpu']} M={r['micro_batches']}: stopped after "
                         f"{r['perseus_wall_s'][-1]:.0f} s with {r['perseus']['plans']} plans written, where its "
-                        f"published frontier has {r['published']['points']} points; at those plans' times "
+                        f"published frontier has {r['published']['points']} points"
+                        + (f" at a {1e3 * r['published']['unit_s']:g} ms unit (about "
+                           f"{r['published']['points'] * r['published']['unit_s'] / 1e-3:.0f} at the 1 ms unit run here)"
+                           if r['published'].get('unit_s') else "")
+                        + "; at those plans' times "
                         f"freqopt's staircase is {pct(r['at_perseus_times']['worst'])} at worst, "
                         f"{r['at_perseus_times']['above_tolerance']} above +0.2 %, and freqopt's whole frontier "
                         f"took {statistics.median(r['freqopt_wall_s']):.0f} s" for r in stopped) + ".",
@@ -367,7 +376,10 @@ def report(doc: dict) -> str:
         "Perseus's published frontier (floored times, energies from its fitted exponential curves, as "
         "../shared/calibration/perseus/frontiers/ has it) is drawn beside in grey, not scored: "
         + "; ".join(f"{r['model']} {r['gpu']} M={r['micro_batches']}: {r['published']['points']} points from "
-                    f"{r['published']['fastest_time_s']:.4f} s" for r in results) + ".",
+                    f"{r['published']['fastest_time_s']:.4f} s"
+                    + (f", one per {1e3 * r['published']['unit_s']:g} ms" if r['published'].get('unit_s') else "")
+                    for r in results) + ". A frontier published at a 0.1 ms unit holds about ten times the plans a run "
+        "at Perseus's default 1 ms unit (this script's) writes over the same times.",
         "",
         "![frontiers](frontiers.png)",
         "",
