@@ -93,7 +93,8 @@ def test_evaluate_transfer_shares_one_baseline_with_the_native_search(kernel_tab
     assert report.native.baseline == report.baseline
     assert set(report.native.results) == {"iteration", "pass", "kernel"}
     summary = report.summary()
-    assert set(summary) == {"max_slowdown_pct", "transferred", "reallocated", "not_reallocated", "native", "table"}
+    assert set(summary) == {"max_slowdown_pct", "confidence", "transferred", "reallocated", "not_reallocated", "native",
+                            "table"}  # fmt: skip
     assert summary["table"] is None  # no out: no table written
     assert set(summary["transferred"]) == {"energy_saved_pct", "slowdown_pct", "slowdown_bound_pct", "within_budget",
                                            "matched_exact", "matched_by_kind", "unmatched"}  # fmt: skip
