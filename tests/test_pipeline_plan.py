@@ -354,6 +354,16 @@ def test_cli_plan_end_to_end(tmp_path, capsys):
     assert energies == sorted(energies, reverse=True)
     clocks = [i["sm_clock_mhz"] for s in doc["plan"]["stages"] for i in s["instructions"]]
     assert len(clocks) == 2 * 2 * 3 and set(clocks) <= {1000, 1100, 1200}
+    # The printed plan shows its clocks, stage by stage in the order each stage runs them (issue 51, item 2).
+    for stage in expected.stage_clocks():
+        runs, mine = [], [i["sm_clock_mhz"] for i in stage["instructions"]]
+        for clock in mine:
+            if runs and runs[-1][0] == clock:
+                runs[-1][1] += 1
+            else:
+                runs.append([clock, 1])
+        line = ", ".join(f"{c}" + (f" x{n}" if n > 1 else "") for c, n in runs)
+        assert f"  stage {stage['stage']}: {line}\n" in printed
 
 
 def test_cli_plan_bad_input(tmp_path, capsys):

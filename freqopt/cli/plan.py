@@ -8,6 +8,7 @@ import sys
 import click
 
 from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, write_json
+from freqopt.cli.search import clock_runs
 
 
 @cli.command(short_help="Plan a clock per pipeline instruction from a stage profile.")
@@ -117,6 +118,10 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     console.print(table)
     console.print(f"optimal within {100 * result.gap:.3f} % (proven lower bound {result.lower_bound_j:,.1f} J)"
                   + _stopped(result, planner))
+    console.print(f"the plan's clocks (MHz), in each stage's {schedule} order:", soft_wrap=True)
+    for stage in result.stage_clocks():
+        console.print(f"  stage {stage['stage']}: " + clock_runs([i["sm_clock_mhz"] for i in stage["instructions"]]),
+                      soft_wrap=True)  # fmt: skip
     if realized is None:
         console.print("switches priced as landing at once (as Perseus plans); give --gpu or --switch-latency-ms to "
                       "price the GPU's switch latency")

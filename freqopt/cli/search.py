@@ -335,8 +335,8 @@ def _pipeline_table(result):
     return table
 
 
-def _runs(clocks) -> str:
-    """Clocks as runs: "1110 x13, 1410, 1110 x2"."""
+def clock_runs(clocks) -> str:
+    """Clocks as runs, for a line of text: "1110 x13, 1410, 1110 x2" (a clock repeated n times in a row as "x n")."""
     out, prev, count = [], None, 0
     for c in list(clocks) + [object()]:
         if c == prev:
@@ -375,7 +375,7 @@ def _pipeline_notes(result) -> list[str]:
         lines.append(f"clocks asked for at each instruction's start (MHz), in each stage's {result.schedule} order, one switch "
                      f"latency ahead:")  # fmt: skip
         for stage in result.stage_requests():
-            lines.append(f"  stage {stage['stage']}: " + _runs([i["sm_clock_mhz"] for i in stage["instructions"]]))
+            lines.append(f"  stage {stage['stage']}: " + clock_runs([i["sm_clock_mhz"] for i in stage["instructions"]]))
         if level.validated.max_stage_switches:
             limit, rate = spec.max_switches_per_s, level.validated.switches_per_s
             verdict = "" if not limit else (f"; {spec.switch_limit_text}"
