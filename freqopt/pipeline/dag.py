@@ -147,7 +147,7 @@ class PipelineDAG:
         """Each instruction's earliest start (s), shape (N,), given its duration ``times_s`` (shape (N,), s)."""
         times = np.asarray(times_s, dtype=float)
         start = np.zeros(self.n)
-        preds = self._preds
+        preds = self.predecessors
         for j in self.order:
             p = preds[j]
             if len(p):
@@ -168,7 +168,9 @@ class PipelineDAG:
         return float(np.sum(energies_j) + blocking_power_w * (self.gpus * total - np.sum(times)))
 
     @property
-    def _preds(self) -> list[np.ndarray]:
+    def predecessors(self) -> list[np.ndarray]:
+        """Per instruction (node id), the node ids that must finish before it starts (the DAG's edges into it),
+        each an int array; built once."""
         cached = self.__dict__.get("_preds_cache")
         if cached is None:
             lists: list[list[int]] = [[] for _ in range(self.n)]

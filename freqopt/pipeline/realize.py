@@ -141,84 +141,66 @@ def price_realized(profile: StageProfile, plan: PipelinePlan, switch_s: float, *
         InvalidSettingError: switch_s or call_s not a finite number >= 0, iterations not a positive integer.
     """
     from freqopt.errors import check_positive_int
-    from freqopt.gpu.backends.physics import SetCallQueue
+    from freqopt.gpu.backends.base import ClockSetting
     from freqopt.pipeline.profile import check_number
+    from freqopt.pipeline.timeline import ClockTimeline
 
     check_number("switch_s", switch_s, minimum=0.0)
     check_number("call_s", call_s, minimum=0.0)
     check_positive_int("iterations", iterations, optional=True)
     dag = plan.dag
-    requests = realize_plan(profile, plan, switch_s)
-    curves = []
-    for inst in dag.instructions:
-        opts = profile.options[(inst.stage, inst.kind)]
+    planned = _planned_times(profile, dag, plan.sm_clock_mhz)
+    requests = realize_requests(dag, plan.sm_clock_mhz, planned, switch_s)
+    curves = {}  # (stage, kind) -> its (clocks, times, energies) by ascending clock
+    for key, opts in profile.options.items():
         order = np.argsort(opts.sm_clock_mhz)
-        curves.append((opts.sm_clock_mhz[order].astype(float), opts.time_s[order], opts.energy_j[order]))
-    planned_period = dag.iteration_time_s(_planned_times(profile, dag, plan.sm_clock_mhz))
+        curves[key] = (opts.sm_clock_mhz[order].astype(float), opts.time_s[order], opts.energy_j[order])
+    planned_period = dag.iteration_time_s(planned)
     if iterations is None:
         iterations = max(3, 2 + math.ceil(2 * switch_s / planned_period)) if planned_period > 0 else 3
-    gpu_of = np.asarray([dag.gpu_of(inst) for inst in dag.instructions])
-    last_request = {g: requests[int(np.flatnonzero(gpu_of == g)[-1])] for g in range(dag.gpus)}
-    # Per GPU, when each request lands and its clock (times non-decreasing: calls start in order).
-    landings = {g: ([-math.inf], [last_request[g]]) for g in range(dag.gpus)}
-    queues = {g: SetCallQueue(call_s) for g in range(dag.gpus)}
-    asked = dict(last_request)  # each GPU's latest request
-    preds: list[list[int]] = [[] for _ in range(dag.n)]
-    for a, b in dag.edges:
-        preds[int(b)].append(int(a))
-    begin = 0.0
+    gpu_of = [dag.gpu_of(inst) for inst in dag.instructions]
+    # Each GPU's clock over time, as the simulated pipeline keeps it (freqopt.pipeline.sim): the clock its last
+    # request of an iteration leaves in force, then each request served by one NVML thread and landing switch_s after
+    # its call starts; times from each iteration's start (shifted after each).
+    last = {g: requests[j] for j, g in enumerate(gpu_of)}
+    lines = [ClockTimeline(ClockSetting(last[g]), call_s) for g in range(dag.gpus)]
+    preds = dag.predecessors
     for k in range(iterations):
-        start = np.zeros(dag.n)
-        end = np.zeros(dag.n)
-        energy = np.zeros(dag.n)
-        switches = dropped = 0
-        per_gpu = np.zeros(dag.gpus, dtype=int)
+        start, end, energy = np.zeros(dag.n), np.zeros(dag.n), np.zeros(dag.n)
+        switches = np.zeros(dag.gpus, dtype=int)
         for j in dag.order:
-            g = int(gpu_of[j])
-            p = preds[j]
-            t = max(begin, float(np.max(end[p]))) if p else begin
-            start[j] = t
-            if requests[j] != asked[g]:  # the runtime asks only for a change
-                asked[g] = requests[j]
-                call, superseded = queues[g].submit(t)
-                lands, clocks = landings[g]
-                if superseded:  # the waiting request is replaced: its call, this clock
-                    lands[-1], clocks[-1] = call + switch_s, requests[j]
-                    dropped += 1
-                else:
-                    lands.append(call + switch_s)
-                    clocks.append(requests[j])
-                switches += 1
-                per_gpu[g] += 1
-            end[j], energy[j] = _run(curves[j], landings[g], t)
-        finish = float(np.max(end))
+            g, p = gpu_of[j], preds[j]
+            start[j] = float(np.max(end[p])) if len(p) else 0.0
+            setting = ClockSetting(requests[j])
+            switches[g] += setting != lines[g].requested  # the runtime asks only for a change
+            lines[g].request(start[j], setting, switch_s)
+            end[j], energy[j] = _run(curves[(dag.instructions[j].stage, dag.instructions[j].kind)], lines[g], start[j])
+        time_s = float(np.max(end))
         if k == iterations - 1:
-            busy = float(np.sum(end - start))
-            time_s = finish - begin
-            total = float(np.sum(energy) + blocking_power_w * (dag.gpus * time_s - busy))
-            return RealizedPlan(tuple(int(r) for r in requests), time_s, total, switches, dropped,
-                                float(per_gpu.max() / time_s) if time_s > 0 else 0.0, float(switch_s), float(call_s))
-        begin = finish
+            total = float(np.sum(energy) + blocking_power_w * (dag.gpus * time_s - np.sum(end - start)))
+            return RealizedPlan(tuple(int(r) for r in requests), time_s, total, int(switches.sum()),
+                                sum(line.n_dropped for line in lines),
+                                float(switches.max() / time_s) if time_s > 0 else 0.0, float(switch_s), float(call_s))
+        for line in lines:
+            line.shifted(time_s)
     raise AssertionError("unreachable")
 
 
-def _run(curve, landings: tuple[list[float], list[int]], start_s: float) -> tuple[float, float]:
-    """(end time, energy) of one instruction started at ``start_s`` on a GPU whose clock becomes ``clocks[k]`` at
-    ``lands[k]`` (``landings``, times non-decreasing); ``curve`` its (clocks, times, energies) by ascending clock."""
-    import bisect
-
+def _run(curve, line, start_s: float) -> tuple[float, float]:
+    """(end time, energy) of one instruction started at ``start_s`` on a GPU whose SM clock over time is ``line``
+    (a ClockTimeline: the setting in force from each landing on); ``curve`` its (clocks, times, energies) by
+    ascending clock."""
     grid, times, energies = curve
-    lands, clocks = landings
 
     def at(clock: float) -> tuple[float, float]:  # (progress per second, watts) at this clock
         t = float(np.interp(clock, grid, times))
         return 1.0 / t, float(np.interp(clock, grid, energies)) / t
 
-    i = bisect.bisect_right(lands, start_s) - 1
+    i = line.index_at(start_s)
     now, left, joules = start_s, 1.0, 0.0
     while True:
-        rate, watts = at(clocks[i])
-        nxt = lands[i + 1] if i + 1 < len(lands) else math.inf
+        rate, watts = at(line.settings[i].sm_clock_mhz)
+        nxt = line.times[i + 1] if i + 1 < len(line.times) else math.inf
         if now + left / rate <= nxt:
             joules += watts * left / rate
             return now + left / rate, joules

@@ -346,7 +346,7 @@ class SimulatedPipeline:
         n = dag.n
         start, end = np.zeros(n), np.zeros(n)
         energy = np.zeros(n)
-        preds = dag._preds
+        preds = dag.predecessors
         busy_until = [0.0] * S  # each stage's last end
         blocked_j = [0.0] * S
         blocked_s = [0.0] * S

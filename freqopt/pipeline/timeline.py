@@ -21,6 +21,7 @@ class ClockTimeline:
         self.settings = [setting]
         self.requested = setting
         self.n_requests = 0
+        self.n_dropped = 0  # requests dropped unserved since the origin last moved (a newer one came while they waited)
         self.queue = SetCallQueue(call_s)
         self._queued = False  # whether the latest request submitted to the queue holds the last landing
         self._counted_from = 1  # index of the first landing asked for since the origin last moved (n_requests)
@@ -30,6 +31,7 @@ class ClockTimeline:
             return
         self.requested = setting
         start_s, dropped = self.queue.submit(at_s)
+        self.n_dropped += dropped
         if dropped and self._queued:  # the request before, still waiting, is not served
             self.times.pop()
             self.settings.pop()
@@ -56,5 +58,6 @@ class ClockTimeline:
         self.times = [-math.inf] + self.times[keep + 1:]
         self.settings = self.settings[keep:]
         self.n_requests = 0
+        self.n_dropped = 0
         self._counted_from = len(self.times)
         self.queue.shift(by_s)
