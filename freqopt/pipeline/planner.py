@@ -44,9 +44,9 @@ it afterwards otherwise.
    profile, 8 stages, 1 % above the fastest time, M = 24: 0.73 % after 30 s, against the heuristic's 0.58 % in
    0.2 s). On BLOOM/A100 at M = 12 and 2 %, HiGHS's root node alone takes about 20 s of this restricted MILP and
    narrows the heuristic's proven gap from 0.206 % to 0.179 %; 100 nodes take 25 s, 1,000 42 s, for the same plan
-   (2-core machine, 2026-11-28). HiGHS's incumbent may overstep the deadline by its feasibility tolerance (1e-7 of a row: BLOOM on the
-   A100 at M = 12 once ended 1.8e-7 s past it), so it is repaired to the deadline, then reclaimed, and replaces
-   the plan only if cheaper: never a plan worse than the heuristic's, never one past the deadline.
+   (2-core machine, 2026-11-28). HiGHS's incumbent may overstep the deadline by its feasibility tolerance (1e-7 of
+   a row: BLOOM on the A100 at M = 12 once ended 1.8e-7 s past it), so it is repaired to the deadline, then
+   reclaimed, and replaces the plan only if cheaper: never a plan worse than the heuristic's, never one past the deadline.
 
 The whole frontier (``frontier()``): every distinct plan from the fastest to the least-energy one, each deadline
 solved by steps 1-2 (freqopt.pipeline.frontier).
@@ -94,7 +94,6 @@ __all__ = ["PipelinePlanner", "plan_pipeline", "DEFAULT_NODE_LIMIT"]
 METHODS = ("auto", "exact", "hull")
 # "auto" solves the whole MILP ("exact") up to this many option binaries (a few dozen instructions), else "hull".
 EXACT_MAX_BINARIES = 1500
-
 
 
 class PipelinePlanner(PlanHeuristics, StageClockPlanning):
@@ -160,7 +159,8 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         if time_quantum_s is not None:
             check_number("time_quantum_s", time_quantum_s, minimum=0.0, strict=True)
         check_number("mip_rel_gap", mip_rel_gap, minimum=0.0)
-        if node_limit is not None and (isinstance(node_limit, bool) or not isinstance(node_limit, int) or node_limit < 0):
+        if node_limit is not None and (isinstance(node_limit, bool) or not isinstance(node_limit, int)
+                                       or node_limit < 0):  # fmt: skip
             raise InvalidSettingError(f"node_limit must be an integer >= 0 (branch-and-bound nodes), not "
                                       f"{node_limit!r}", argument="node_limit")  # fmt: skip
         if time_limit_s is not None:
@@ -269,7 +269,8 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         start = None if warm_start is None else self._warm_choice(warm_start, deadline_s)
         return self.solve_deadline(deadline_s, fastest, start)[0]
 
-    def realized(self, plan: PipelinePlan, switch_s: float | None = None, *, call_s: float | None = None) -> RealizedPlan:
+    def realized(self, plan: PipelinePlan, switch_s: float | None = None, *,
+                 call_s: float | None = None) -> RealizedPlan:  # fmt: skip
         """``plan`` as a runtime realizes it on this planner's profile, priced at its blocking power
         (freqopt.pipeline.realize.price_realized, which says how): each clock asked for at an instruction's start
         (realize_plan: the highest the plan needs until the next request lands, so that no instruction runs slower
@@ -312,8 +313,9 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
 
         The same MILP as the instruction level's (module docstring), with one binary y[s, k] per stage s and clock k
         that both of its instruction kinds were profiled at, shared by all its instructions: S x K binaries, solved
-        by HiGHS within node_limit (and time_limit_s, if set) and mip_rel_gap, started from the fastest plan;
-        lower_bound_j is HiGHS's dual bound for this restricted problem. Args and errors: as ``plan``; neither
+        by HiGHS within node_limit (and time_limit_s, if set) and mip_rel_gap, from no start (one made HiGHS 1.16 stop
+        at it: freqopt.pipeline.stage_clocks); the fastest plan where it finds none by then. lower_bound_j is HiGHS's
+        dual bound for this restricted problem. Args and errors: as ``plan``; neither
         deadline: the fastest plan.
 
         Raises:
@@ -396,7 +398,7 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         self._offsets = offsets
         self._model = PipelineModel(matrix, lower, upper, objective, n_x)
     def solve_deadline(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None, *,
-               polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]:  # fmt: skip
+                       polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]:  # fmt: skip
         """The best plan found within ``deadline_s`` (s) and its option indices, shape (N,) (module docstring, steps
         1-3; step 3, the MILP, only with ``polish``); ``warm_start`` and ``extra`` are further plans (option indices)
         to start from, ``extra`` possibly past the deadline (repaired first). The step ``plan`` and the frontier's
