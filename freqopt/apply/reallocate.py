@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement
 from freqopt.errors import ClockTableError
 from freqopt.apply.transfer_match import UNMATCHED, Match, TransferredSchedule
-from freqopt.search.allocation import predict_schedule, allocate_applied, candidate_schedules, settings_on
+from freqopt.search.allocation import allocate_applied, candidate_schedules, predict_schedule, settings_on
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult
-from freqopt.search.runner import (at_least_the_coarser_schedules, at_least_the_phase_schedule, trials_per_unit,
-                                   one_clock_result, unit_slack, warm_starts, one_clock_reason)  # fmt: skip
+from freqopt.search.runner import (at_least_the_coarser_schedules, at_least_the_phase_schedule, one_clock_reason,
+                                   one_clock_result, trials_per_unit, unit_slack, warm_starts)  # fmt: skip
 from freqopt.search.storage import study_prefix
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import family_units, kernel_families

@@ -23,7 +23,7 @@ DEFAULT_MICRO_BATCHES_PER_STAGE = 2  # a pipeline without a table trains 2 x pp 
 
 
 def deepspeed_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None,
-                   trace: Trace, *, on_cuda: bool):  # fmt: skip
+                  trace: Trace, *, on_cuda: bool):  # fmt: skip
     """This rank of a data- or tensor-parallel job (freqopt.apply.train's module docstring): its DeepSpeed engine
     (ZeRO stage 0, AutoTP; BF16 on CUDA, torch's AdamW over DeepSpeed's FP32 master weights) and the DVFSRuntime
     following it."""
@@ -67,8 +67,8 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def deepspeed_pipeline_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None, *,
-                  on_cuda: bool, micro_batches: int | None, partition_method: str | None):  # fmt: skip
+def deepspeed_pipeline_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None,
+                           *, on_cuda: bool, micro_batches: int | None, partition_method: str | None):  # fmt: skip
     """This rank's stage of the pipeline (freqopt.apply.train's module docstring, "Pipelines"): its PipelineEngine
     and PipelineRuntime."""
     import deepspeed

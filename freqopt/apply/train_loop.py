@@ -17,7 +17,7 @@ from freqopt.workload.models.ops import MixedPrecisionAdamW
 from freqopt.workload.phases import quiet_backward_hooks
 from freqopt.apply.runtime import DVFSRuntime, plan_phases
 from freqopt.apply.train_checks import check_training_device
-from freqopt.apply.train_deepspeed import deepspeed_job, gather_requests, deepspeed_pipeline_job
+from freqopt.apply.train_deepspeed import deepspeed_job, deepspeed_pipeline_job, gather_requests
 from freqopt.tables import ClockTable
 from freqopt.workload.trace import trace_training_iteration
 
@@ -160,16 +160,17 @@ class _Job:
 def _training_job(workload: Workload, backend: Backend, table: ClockTable | None, *, device: str,
                   micro_batches: int | None, partition_method: str | None) -> _Job:  # fmt: skip
     """Build this rank's model (FP32, cast to BF16 on one CUDA GPU) and its training: a pipeline's stage
-    (deepspeed_pipeline_job), a DeepSpeed engine for more than one rank (deepspeed_job), or MixedPrecisionAdamW on one GPU;
-    each with its runtime."""
+    (deepspeed_pipeline_job), a DeepSpeed engine for more than one rank (deepspeed_job), or MixedPrecisionAdamW on
+    one GPU; each with its runtime."""
     layout = workload.layout
     on_cuda = str(device).startswith("cuda")
     dtype = torch.bfloat16 if on_cuda else torch.float32
     trace = None if layout.is_pipeline else trace_training_iteration(workload)  # a pipeline's stages: its runtime's
     model = build_model(workload.config, device=device, dtype=torch.float32)
     if layout.is_pipeline:
-        engine, runtime = deepspeed_pipeline_job(workload, model, backend, table, on_cuda=on_cuda, micro_batches=micro_batches,
-                                        partition_method=partition_method)  # fmt: skip
+        engine, runtime = deepspeed_pipeline_job(workload, model, backend, table, on_cuda=on_cuda,
+                                                 micro_batches=micro_batches,
+                                                 partition_method=partition_method)  # fmt: skip
         # The first and last stages load the same micro-batches.
         return _Job(model, engine, None, runtime, engine.grid.get_data_parallel_rank(), pipeline=True)
     if layout.world_size > 1:

@@ -46,8 +46,8 @@ def check_transfer_arguments(table, model, *, gpu=None, max_slowdown: float | st
     """Check the arguments of freqopt.apply.transfer.transfer (see there) that need no model built, in the order it
     always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the GPU type, the
     switch latency, the table (read, not a pipeline's, searched on the GPU type), the budget, the confidence,
-    n_trials and the backend. What needs the model (heads dividing d_model and tp, an ``hf:PATH`` config) is checked when transfer
-    resolves it.
+    n_trials and the backend. What needs the model (heads dividing d_model and tp, an ``hf:PATH`` config) is checked
+    when transfer resolves it.
 
     Raises:
         UnknownNameError: unknown model, GPU type or backend.

@@ -57,7 +57,8 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
 
     The plan assumes, as Perseus does, that a clock holds from the instruction it is set for. With --gpu or
     --switch-latency-ms it is also priced as a runtime realizes it (each clock asked for one switch latency ahead,
-    one NVML call at a time), beside the best plan with one clock per GPU, which never switches. Ctrl-C stops the planner within a second and writes nothing."""
+    one NVML call at a time), beside the best plan with one clock per GPU, which never switches. Ctrl-C stops the
+    planner within a second and writes nothing."""
     from rich.table import Table
 
     check_json_path(json_path)

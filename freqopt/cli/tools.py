@@ -102,7 +102,8 @@ def gpus() -> None:
 @model_options
 @verbose_option
 def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, native, json_path, seed, trials,
-             switch_latency_ms, confidence, micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
+             switch_latency_ms, confidence, micro_batch_size, seq_len, n_heads, vocab_multiple, layout,
+             verbose) -> None:  # fmt: skip
     """Apply a clock table to another model or layout: as it is, with its budget re-allocated there, and beside a
     native search; writes the re-allocated table."""
     from rich.console import Console
@@ -214,8 +215,7 @@ def _train_line(model: str, workload, table_path, vocab_multiple: int | None) ->
 @model_options
 @verbose_option
 def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, json_path, seed, confidence,
-              micro_batch_size,
-              seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
+              micro_batch_size, seq_len, n_heads, vocab_multiple, layout, verbose) -> None:  # fmt: skip
     """The Bayesian search against an exhaustive sweep of every unit at every setting (simulated GPU)."""
     from rich.console import Console
     from rich.table import Table
@@ -226,8 +226,8 @@ def benchmark(model, gpu, granularity, max_slowdown, repeats, free_switching, js
     with Console(stderr=True).status(f"searching {repeats}x and sweeping every setting of {model}"):
         report = run_benchmark(model, gpu=gpu, granularity=granularity, max_slowdown=max_slowdown, repeats=repeats,
                                free_switching=free_switching, seed=seed, confidence=confidence,
-                               micro_batch_size=micro_batch_size,
-                               seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
+                               micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                               vocab_multiple=vocab_multiple, layout=layout,
                                verbose=verbose)  # fmt: skip
     summary = report.summary()
     workload, spec = report.trace.workload, report.spec

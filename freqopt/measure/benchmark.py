@@ -31,8 +31,8 @@ class BenchmarkReport:
 
 
 def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: float | str = "1%", repeats: int = 1,
-              free_switching: bool = False, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE, micro_batch_size: int | None = None,
-              seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
+              free_switching: bool = False, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
+              micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None, vocab_multiple: int | None = None,
               layout=None, on_unit=None, verbose: bool = False):  # fmt: skip
     """Trace one training iteration of ``model`` and compare ``repeats`` Bayesian searches (seeds seed, seed+1,
     ...) with the oracle that measures every unit at every clock pair (freqopt.search.oracle.benchmark).
@@ -56,7 +56,8 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
 
     Raises:
         UnknownNameError: unknown model or GPU type.
-        InvalidSettingError: a bad slowdown, confidence, override or layout; power-cap or an unknown granularity; repeats < 1.
+        InvalidSettingError: a bad slowdown, confidence, override or layout; power-cap or an unknown granularity;
+            repeats < 1.
     """
     from freqopt.gpu.backends.simulated import SimulatedGPU
     from freqopt.budget import check_confidence, parse_slowdown

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from freqopt.workload.trace import OP_KINDS, NOT_KERNELS
+from freqopt.workload.trace import NOT_KERNELS, OP_KINDS
 
 __all__ = ["ProfilerRow", "profiled_kinds", "compare_with_profiler", "STEP_LABEL"]
 
@@ -119,8 +119,8 @@ def profiled_kinds(events, *, device_time: bool, label: str = STEP_LABEL) -> dic
     CompositeImplicitAutograd decompositions. So, walking the profiler's operator tree: an ``aten::`` operator that
     decomposes (aten::linear, matmul, layer_norm, to) is looked through; a view, an allocation (the tracer's
     NOT_KERNELS) or bookkeeping is skipped; any other ``aten::OP`` or ``freqopt::OP`` is one kernel, of kind
-    freqopt.workload.trace.OP_KINDS[OP] (keyed by the overload packet's name: "aten::addmm" -> "gemm"), else "elementwise",
-    and what runs beneath it is its own work (``freqopt::flash_attention_backward``'s matmuls, ``aten::embedding``'s
+    freqopt.workload.trace.OP_KINDS[OP] (keyed by the overload packet's name: "aten::addmm" -> "gemm"), else
+    "elementwise", and what runs beneath it is its own work (``freqopt::flash_attention_backward``'s matmuls, ``aten::embedding``'s
     index_select, the per-tensor loops of ``aten::_foreach_mul_`` on the CPU). Non-operator events (autograd nodes)
     are looked through. A kernel counts if it did work: on a GPU, device time (``device_time_total`` > 0); on the
     CPU, CPU time. Events of other threads (the autograd engine's, on CUDA) count when they fall inside the label's

@@ -40,7 +40,7 @@ class FrontierPlanner(Protocol):
     def slowest_time_s(self) -> float: ...
 
     def solve_deadline(self, deadline_s: float, fastest: PipelinePlan, warm_start: np.ndarray | None = None, *,
-               polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]: ...
+                       polish: bool = True, extra: Sequence[np.ndarray] = ()) -> tuple[PipelinePlan, np.ndarray]: ...
 
 __all__ = ["FRONTIER_ENERGY_STEP", "sweep_frontier"]
 
@@ -118,7 +118,7 @@ class _Sweep:
         slower = [(p.time_s, c) for p, c in self.plans if p.time_s > deadline_s]
         extra = [min(slower, key=lambda pc: pc[0])[1]] if slower else []
         plan, choice = self.planner.solve_deadline(deadline_s, self.fastest, None if found is None else found.choice,
-                                           polish=False, extra=extra)  # fmt: skip
+                                                   polish=False, extra=extra)  # fmt: skip
         self.plans.append(_Found(plan, choice))
         self.solved[deadline_s] = plan.lower_bound_j
         return plan

@@ -14,7 +14,7 @@ from freqopt.search.allocation import allocate_validated, candidate_schedules
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import GranularityResult
 from freqopt.search.study import UnitSearch
-from freqopt.search.unit_studies import at_job_mem_clock, warm_starts, job_mem_clock_mhz, run_unit_studies
+from freqopt.search.unit_studies import at_job_mem_clock, job_mem_clock_mhz, run_unit_studies, warm_starts
 from freqopt.search.units import TuningUnit, search_units
 from freqopt.search.validate import Validator, per_kernel_settings
 

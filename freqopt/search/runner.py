@@ -20,16 +20,16 @@ from collections.abc import Callable
 from freqopt.gpu.backends.base import Backend, DEFAULT_SETTING, Measurement
 from freqopt.workload.kernels import Trace
 from freqopt.workload.phases import phase_spans
-from freqopt.search.allocation import (Allocation, predict_schedule, allocate_applied, allocate_validated,
-                                       candidate_schedules, coarser_settings, settings_on)
+from freqopt.search.allocation import (Allocation, allocate_applied, allocate_validated, candidate_schedules,
+                                       coarser_settings, predict_schedule, settings_on)
 from freqopt.search.config import SearchConfig
 from freqopt.search.free_switching import (FREE_SWITCHING_SEARCHED, at_least_the_coarser_free, free_allocation,
-                                           search_free_switching, free_switching_as_realized)
+                                           free_switching_as_realized, search_free_switching)
 from freqopt.search.result import GranularityResult, SearchResult
 from freqopt.search.schedule import phase_blocks, request_schedule, search_phase_schedule
 from freqopt.search.storage import open_storage, study_prefix, validation_log
-from freqopt.search.unit_studies import (at_job_mem_clock, trials_per_unit, unit_slack, warm_starts, job_mem_clock_mhz,
-                                         run_unit_studies)
+from freqopt.search.unit_studies import (at_job_mem_clock, job_mem_clock_mhz, run_unit_studies, trials_per_unit,
+                                         unit_slack, warm_starts)
 from freqopt.search.units import GRANULARITIES, partition, search_units
 from freqopt.search.validate import Validator, per_kernel_settings
 from freqopt.search.workers import finish_job, is_persistent, publish_job
@@ -208,7 +208,8 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
     r = search_phase_schedule(
         trace, backend, measure=validator.requests, baseline=baseline, max_slowdown=config.max_slowdown,
         reference=reference, study_prefix=study_prefix(trace, backend.spec, config.seed), storage=storage,
-        n_trials=trials_per_unit(config, backend, "clocks", mem is None), finalist_repeats=config.phase_finalist_repeats,
+        n_trials=trials_per_unit(config, backend, "clocks", mem is None),
+        finalist_repeats=config.phase_finalist_repeats,
         seed=config.seed, max_blocks=config.max_phase_blocks, rounds=config.max_validation_rounds,
         switching=validator.switching, on_block=(lambda done, n: on_unit("phase", done, n)) if on_unit else None,
         mem_clock_mhz=mem, patience=config.phase_patience, confirm=validator.confirm,
@@ -247,10 +248,11 @@ def one_clock_reason(trace: Trace, backend: Backend, config: SearchConfig, kerne
 
 
 def one_clock_result(trace: Trace, iteration: GranularityResult, granularity: str, kernel_time_s, switch_s: float,
-               max_blocks: int, reason: str) -> GranularityResult:  # fmt: skip
+                     max_blocks: int, reason: str) -> GranularityResult:  # fmt: skip
     """The iteration level's schedule as ``granularity``'s result, unmeasured (one_clock_reason): each of the
     level's units (the phase level's one block, asked for at its phase) at the iteration's setting, noted "held to
-    one clock: REASON" (its free-switching figure, where FREE_SWITCHING_SEARCHED, is searched after: search_free_switching)."""
+    one clock: REASON" (its free-switching figure, where FREE_SWITCHING_SEARCHED, is searched after:
+    search_free_switching)."""
     setting = iteration.units[0][1]
     requests: tuple[str, ...] = ()
     if granularity == "phase":
@@ -333,12 +335,12 @@ def _search_levels(trace: Trace, backend: Backend, config: SearchConfig, validat
     one_clock = one_clock_reason(trace, backend, config, validator.kernel_time_s) if validator.switching else ""
     for g in levels_to_run(config.granularities, validator.switching):
         if one_clock and g in ("pass", "kernel", "phase") and "iteration" in ran:
-            ran[g] = one_clock_result(trace, ran["iteration"], g, validator.kernel_time_s, backend.spec.clock_switch_s,
-                                config.max_phase_blocks, one_clock)  # fmt: skip
+            ran[g] = one_clock_result(trace, ran["iteration"], g, validator.kernel_time_s,
+                                      backend.spec.clock_switch_s, config.max_phase_blocks, one_clock)  # fmt: skip
             if ideal_validator is not None and g in FREE_SWITCHING_SEARCHED:
                 coarser = [ran[c] for c in CANDIDATES[g] if c in ran and c != "phase"]
-                ran[g] = search_free_switching(trace, backend, config, ran[g], coarser, ideal_validator, baseline, on_unit,
-                                         storage)  # fmt: skip
+                ran[g] = search_free_switching(trace, backend, config, ran[g], coarser, ideal_validator, baseline,
+                                               on_unit, storage)  # fmt: skip
                 ran[g] = at_least_the_coarser_free(ran[g], coarser)
         elif g == "phase":
             ran[g] = _search_phase(trace, backend, config, validator, baseline, on_unit, ran.get("iteration"), storage)

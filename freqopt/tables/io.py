@@ -15,7 +15,7 @@ from freqopt.errors import ClockTableError, OutputError
 from freqopt.files import atomic_write_text
 from freqopt.gpu.specs import GPUSpec
 from freqopt.tables.format import (CLOCK_TABLE_SCHEMA, INSTRUCTION, PASSES, SCHEMA_NAME, SCHEMA_VERSION, ClockTable,
-                                   layout_doc, describe_workload, workload_doc)
+                                   describe_workload, layout_doc, workload_doc)
 from freqopt.tables.result import result_table, table_stem
 
 __all__ = ["table_identity", "check_table_target", "write_result_tables", "write_table", "write_table_csv",

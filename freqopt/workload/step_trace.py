@@ -43,7 +43,7 @@ from freqopt.workload.models import Workload
 from freqopt.workload.models.meta_checks import MetaChecks
 from freqopt.workload.models.sdpa import FusedSDPA
 from freqopt.workload.phases import PhaseHooks, quiet_backward_hooks
-from freqopt.workload.trace import Trace, KernelRecorder, meta_as_cuda_for_optimizers
+from freqopt.workload.trace import KernelRecorder, Trace, meta_as_cuda_for_optimizers
 
 __all__ = ["StepConfig", "trace_step"]
 

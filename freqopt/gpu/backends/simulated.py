@@ -75,8 +75,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from freqopt.gpu.backends.base import DEFAULT_SETTING, Backend, ClockSetting, Measurement, MeasurementProtocol
-from freqopt.gpu.backends.physics import (KernelPhysics, KernelTerms, SetCallQueue, overlap_streams, host_gaps,
-                                         host_issue_s)
+from freqopt.gpu.backends.physics import (KernelPhysics, KernelTerms, SetCallQueue, host_gaps, host_issue_s,
+                                          overlap_streams)
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
