@@ -1,13 +1,15 @@
 """The documentation (issue 38, item 2): the MkDocs site builds with --strict (no broken link to a page, an
 experiment's report or a heading; every API reference resolves to a docstring; the command reference is the CLI's
 own help, mkdocs-click), and the README stays short enough to read: what freqopt does, the two commands, what the
-main job prints, where to go next."""
+main job prints, where to go next. The API reference (docs/reference.md) lists every public name of the package.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,3 +53,37 @@ def test_every_model_option_says_it_takes_a_hugging_face_config():
     assert {"search", "transfer", "train", "profile"} <= set(with_model)
     for name, option in with_model.items():
         assert "hf:PATH" in option.help, name
+
+
+
+def _documented(path: str) -> list:
+    """The objects a ``::: path`` block of docs/reference.md renders: the object at ``path`` (a module's, a class's
+    or a function's dotted name), and for a module its public members too (mkdocstrings' filter ``!^_``)."""
+    import importlib
+
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        break
+    if isinstance(obj, type(importlib)):
+        return [obj, *(getattr(obj, n) for n in getattr(obj, "__all__", dir(obj)) if not n.startswith("_"))]
+    return [obj]
+
+
+def test_the_api_reference_lists_every_public_name():
+    """Every name ``import freqopt`` offers (``freqopt.__all__``: its lazily imported names, freqopt/__init__.py) is
+    rendered by a ``::: path`` block of docs/reference.md: a block naming it, under the module that defines it or
+    one that imports it, or a block of a whole module holding it."""
+    import freqopt
+
+    blocks = re.findall(r"^::: ([\w.]+)\s*$", (ROOT / "docs" / "reference.md").read_text(), flags=re.M)
+    assert "freqopt.api.search" in blocks  # the pattern reads the page's blocks
+    documented = {id(obj) for block in blocks for obj in _documented(block)}
+    missing = [f"{name} (::: {getattr(freqopt, name).__module__}.{name})" for name in freqopt.__all__
+               if name != "__version__" and id(getattr(freqopt, name)) not in documented]  # fmt: skip
+    assert len(freqopt.__all__) > 20 and not missing, f"docs/reference.md lacks: {', '.join(missing)}"

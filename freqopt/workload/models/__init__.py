@@ -74,8 +74,8 @@ def get_workload(
         UnknownNameError: unknown model; the message lists the known ones.
         InvalidSettingError: a non-positive override, heads that do not divide d_model, or a tensor-parallel
             degree that does not divide the heads (and, for ``hf:``, the key/value heads).
-        For ``hf:PATH`` also the errors of ``freqopt.workload.models.hf.load_hf_config`` (transformers missing, no or a
-        corrupt config at PATH).
+        FreqoptError: for ``hf:PATH``, also the errors of ``freqopt.workload.models.hf.load_hf_config``
+            (transformers missing, no config or a corrupt one at PATH).
     """
     if is_hf_model(model):
         return _hf_workload(model, micro_batch_size, seq_len, n_heads, layout, vocab_multiple)
