@@ -87,3 +87,17 @@ def test_the_api_reference_lists_every_public_name():
     missing = [f"{name} (::: {getattr(freqopt, name).__module__}.{name})" for name in freqopt.__all__
                if name != "__version__" and id(getattr(freqopt, name)) not in documented]  # fmt: skip
     assert len(freqopt.__all__) > 20 and not missing, f"docs/reference.md lacks: {', '.join(missing)}"
+
+
+def _fenced_table(text: str) -> str:
+    """The first code block of a page that holds the main job's table (its line of ┏ marks it)."""
+    blocks = re.findall(r"^```\n(.*?)^```", text, flags=re.M | re.S)
+    return next(block for block in blocks if "┏" in block and "power-cap" in block)
+
+
+def test_the_quickstart_shows_the_readme_s_main_job_table():
+    """docs/quickstart.md explains the main job's table column by column; it shows the README's table (which
+    tests/test_search.py holds to the command's output) line for line, title included."""
+    readme, quickstart = (ROOT / "README.md").read_text(), (ROOT / "docs" / "quickstart.md").read_text()
+    table = _fenced_table(readme)
+    assert "iteration" in table and _fenced_table(quickstart) == table, "re-paste the README's table into the quickstart"
