@@ -1,15 +1,15 @@
 """The documentation (issue 38, item 2): the MkDocs site builds with --strict (no broken link to a page, an
 experiment's report or a heading; every API reference resolves to a docstring; the command reference is the CLI's
 own help, mkdocs-click), and the README stays short enough to read: what freqopt does, the two commands, what the
-main job prints, where to go next. The API reference (docs/reference.md) lists every public name of the package.
-"""
+main job prints, where to go next. The API reference (docs/reference.md) lists every public name of the package,
+and the quickstart shows the README's main-job table."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
-import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,4 +100,5 @@ def test_the_quickstart_shows_the_readme_s_main_job_table():
     tests/test_search.py holds to the command's output) line for line, title included."""
     readme, quickstart = (ROOT / "README.md").read_text(), (ROOT / "docs" / "quickstart.md").read_text()
     table = _fenced_table(readme)
-    assert "iteration" in table and _fenced_table(quickstart) == table, "re-paste the README's table into the quickstart"
+    assert "iteration" in table
+    assert _fenced_table(quickstart) == table, "re-paste the README's table into docs/quickstart.md"
