@@ -5,9 +5,10 @@ where the host exposes it, per CPU package and its DRAM through RAPL; ``measure_
 Sources:
     GPU energy: NVML's ``nvmlDeviceGetTotalEnergyConsumption`` (NVML API reference, Device Queries): the energy the
     GPU used since the driver was last loaded, in mJ, on Volta and newer GPUs; read through freqopt.gpu.nvml (the
-    device opened read-only, so no set call can reach NVML). The counter moves at the driver's power-sampling
-    period, tens of ms (about 100 ms on the GPUs freqopt's stand-in NVML models, tests/fake_pynvml.py): a window
-    much shorter than that may read 0 J.
+    device opened read-only, so no set call can reach NVML). The counter moves at the driver's update period, not
+    continuously: every 20-100 ms on recent GPUs (PETSc's PetscLogGpuEnergyMeter documentation; Zeus added
+    ``approx_instant_energy`` in v0.6.1 because windows shorter than it read 0 J): a window much shorter than that
+    may read 0 J.
     CPU and DRAM energy: Linux's power capping framework (kernel documentation, Documentation/power/powercap/
     powercap.rst), the RAPL zones under /sys/class/powercap: ``intel-rapl:N`` named ``package-P`` (or
     ``package-P-die-D`` on CPUs with several dies a package, summed into package P) and their subzones
@@ -15,7 +16,8 @@ Sources:
     package and are not read. AMD CPUs that Linux's RAPL driver supports appear under the same ``intel-rapl``
     names (package zones only: they report no DRAM domain). Each zone's ``energy_uj`` counts µJ and wraps to 0
     after ``max_energy_range_uj``; the monitor reads every zone at least every ``rapl_poll_s`` while a window is
-    open, so it sees every wrap (an Intel package's range is about 262 kJ: over 8 minutes even at 500 W).
+    open, so it sees every wrap (an Intel package zone reports 262,143,328,850 µJ, about 262 kJ: over 8 minutes
+    even at 500 W).
     Since Linux 5.10 (and the stable kernels patched for CVE-2020-8694, "Platypus") ``energy_uj`` is readable by
     root only; there the CPU and DRAM figures are None and a RAPLWarning says how to open them up.
     Time: ``time.monotonic()``.
@@ -235,10 +237,10 @@ class EnergyMonitor:
     (as ZeusMonitor's). The monitor only reads: the GPUs are opened read-only (freqopt.gpu.nvml refuses every set
     call before it reaches NVML).
 
-        >>> monitor = EnergyMonitor(gpu_indices=[0])                             # doctest: +SKIP
-        >>> with monitor.window("step") as step:                                 # doctest: +SKIP
+        >>> monitor = EnergyMonitor(gpu_indices=[0])               # doctest: +SKIP
+        >>> with monitor.window("step") as step:                   # doctest: +SKIP
         ...     train_one_step()
-        >>> step.result.time_s, step.result.gpu_energy_j[0]                       # doctest: +SKIP
+        >>> step.result.time_s, step.result.gpu_energy_j[0]        # doctest: +SKIP
 
     Args:
         gpu_indices: the GPUs to measure, by their index among the visible ones (CUDA_VISIBLE_DEVICES order, as
@@ -246,12 +248,17 @@ class EnergyMonitor:
             empty (or "none"): no GPU, time and CPU energy only, without NVML.
         cpu: "auto": CPU-package and DRAM energy where RAPL is readable, else None with a RAPLWarning; True: RAPL
             must be readable (else an error); False: not read.
-        powercap_root: the folder of the powercap zones (tests point it at a fake tree).
+        powercap_root: the folder of the powercap zones; None: POWERCAP_ROOT, /sys/class/powercap (looked up at
+            each call: tests point it at a fake tree).
         sync: called before every reading (at each begin and end), e.g. ``torch.cuda.synchronize``, so that the
             GPU work launched in a window is finished when it ends; None: nothing is called.
         rapl_poll_s: while a window is open, RAPL counters are also read in a background thread at least this
             often, s, so that a counter wrap between a window's begin and end is not missed; None: only at begin
             and end (windows shorter than the counter's wrap time, minutes, only).
+
+    Attributes:
+        gpu_indices: the GPUs measured (tuple of indices); gpu_names: index -> the GPU's NVML name.
+        rapl_unavailable: why CPU and DRAM energy are None (one line), or None where RAPL is read.
 
     Raises:
         InvalidSettingError: bad gpu_indices (argument ``gpu_indices``: not indices, or a GPU not visible), a bad
@@ -262,7 +269,7 @@ class EnergyMonitor:
     """
 
     def __init__(self, gpu_indices: Sequence[int] | str | None = None, *, cpu: bool | str = "auto",
-                 powercap_root: str | Path = POWERCAP_ROOT, sync: Callable[[], object] | None = None,
+                 powercap_root: str | Path | None = None, sync: Callable[[], object] | None = None,
                  rapl_poll_s: float | None = RAPL_POLL_S):  # fmt: skip
         if cpu not in (True, False, "auto"):
             raise InvalidSettingError(f"cpu must be True, False or 'auto', not {cpu!r}", argument="cpu")
@@ -281,7 +288,7 @@ class EnergyMonitor:
             self.rapl_unavailable = "not asked for (cpu=False)"
         else:
             try:
-                self._rapl = _RAPL(Path(powercap_root))
+                self._rapl = _RAPL(Path(POWERCAP_ROOT if powercap_root is None else powercap_root))
             except _RAPLUnavailable as e:
                 self.rapl_unavailable = str(e)
                 if cpu is True:
@@ -335,7 +342,7 @@ class EnergyMonitor:
 
     def _poll(self, stop: threading.Event) -> None:
         while not stop.wait(self.rapl_poll_s):
-            with self._lock:
+            with self._lock, contextlib.suppress(OSError, ValueError):  # a failing read fails at the window's end
                 self._rapl.read()  # only to keep each zone's wrap count right
 
     def _start_polling(self) -> None:
@@ -433,8 +440,10 @@ class CommandMeasurement:
         return self.returncode if self.returncode >= 0 else 128 - self.returncode
 
     def summary(self) -> dict:
-        """{"command", "returncode", "exit_code", "gpu_names", "rapl_unavailable", and the measurement's summary}."""
+        """{"command", "returncode", "exit_code", "interrupted", "gpu_names", "rapl_unavailable", and the
+        measurement's summary (WindowMeasurement.summary)}."""
         return {"command": list(self.command), "returncode": self.returncode, "exit_code": self.exit_code,
+                "interrupted": list(self.interrupted),
                 "gpu_names": {str(k): v for k, v in self.gpu_names.items()},
                 "rapl_unavailable": self.rapl_unavailable, **self.measurement.summary()}  # fmt: skip
 
@@ -457,7 +466,7 @@ def _terminal_signals_the_child(pid: int) -> bool:
 
 
 def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str | None = None,
-                    cpu: bool | str = "auto", powercap_root: str | Path = POWERCAP_ROOT) -> CommandMeasurement:  # fmt: skip
+                    cpu: bool | str = "auto", powercap_root: str | Path | None = None) -> CommandMeasurement:
     """Run ``command`` (a program and its arguments, no shell) in one measurement window and wait for it.
 
     SIGINT, SIGTERM and SIGHUP sent to this process are passed on to the command (a Ctrl-C the terminal already
@@ -466,7 +475,8 @@ def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str 
 
     Args:
         command: the program and its arguments, e.g. ``["python", "train.py"]``.
-        gpu_indices, cpu, powercap_root: as EnergyMonitor's.
+        gpu_indices, cpu: as EnergyMonitor's.
+        powercap_root: as EnergyMonitor's.
 
     Raises:
         InvalidSettingError: an empty command, or a program that is not found or cannot be run (argument
