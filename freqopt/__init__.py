@@ -61,6 +61,9 @@ _LAZY = {
     "plan_pipeline": "freqopt.pipeline.planner",
     "PipelinePlanner": "freqopt.pipeline.planner",
     "load_stage_profile": "freqopt.pipeline.profile",
+    "EnergyMonitor": "freqopt.measure.monitor",
+    "WindowMeasurement": "freqopt.measure.monitor",
+    "measure_command": "freqopt.measure.monitor",
 }
 
 __all__ = ["__version__", *_LAZY]

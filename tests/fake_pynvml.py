@@ -46,6 +46,7 @@ class FakeGPU:
     energy_mj: float = 1_000_000.0
     realtime: bool = False  # advance with the wall clock at every counter read
     mem_clock_lock: str | None = None  # "runtime", "per-job", "none"; None: as search_spaces/ says for its name
+    energy_counter: bool = True  # False: nvmlDeviceGetTotalEnergyConsumption is not supported (before Volta)
     _last_real_s: float | None = None
     _pending_mj: float = 0.0
     _since_update_s: float = 0.0
@@ -188,6 +189,8 @@ class FakeNVML:
         @logged
         def nvmlDeviceGetTotalEnergyConsumption(h):
             g = gpu(h)
+            if not g.energy_counter:
+                raise err(_real.NVML_ERROR_NOT_SUPPORTED)
             if g.realtime:
                 now = time.monotonic()
                 if g._last_real_s is not None:

@@ -2,7 +2,8 @@
 one line and exit non-zero (``main``). The library owns every check.
 
 The commands live by group: freqopt.cli.search (search, worker), freqopt.cli.train (train, profile) and
-freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset), freqopt.cli.plan (plan).
+freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset), freqopt.cli.plan (plan),
+freqopt.cli.measure (measure).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ FLAGS = {
     "n_points": "--frontier-points", "partition_method": "--partition-method", "backend": "--backend",
     "gpu": "--gpu", "host": "--host", "time_limit_s": "--time-limit-s", "node_limit": "--node-limit",
     "confidence": "--confidence",
-    "virtual_stages": "--virtual-stages", "study": "--study",
+    "virtual_stages": "--virtual-stages", "study": "--study", "gpu_indices": "--gpus",
 }  # fmt: skip
 
 
@@ -157,7 +158,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI; print freqopt and usage errors as one line and return non-zero."""
     try:
-        cli.main(args=argv, prog_name="freqopt", standalone_mode=False)
+        # A command that ends with click.exceptions.Exit(code) (train, measure: the child's exit status) returns it
+        code = cli.main(args=argv, prog_name="freqopt", standalone_mode=False)
     except FreqoptError as e:
         message = e.naming(FLAGS[e.argument]) if e.argument in FLAGS else str(e)
         click.echo(f"freqopt: error: {message}", err=True)
@@ -175,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         click.echo(f"freqopt: interrupted; {e or 'finished studies are kept in the storage'}", err=True)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 # The command modules register their commands on ``cli`` when imported (after it exists).
-from freqopt.cli import plan, search, tools, train  # noqa: E402,F401
+from freqopt.cli import measure, plan, search, tools, train  # noqa: E402,F401
