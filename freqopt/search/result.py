@@ -106,9 +106,9 @@ class GranularityResult:
 
     def clock_summary(self) -> str:
         """The chosen clocks in a few words, for a table's cell: the one setting where the schedule has one
-        (``setting_text``: "1,410/1,593 MHz" for SM/memory, "SM 1,410 MHz", "300 W"); else the SM clocks' range, the
-        settings and units it spans and the setting most of the step runs at: "SM 1,155-1,980 MHz, 4 settings over
-        12 kernels; 62 % of time at SM 1,980 MHz". The share is of the units' time at the GPU's defaults where each
+        (``setting_text``: "1410/1593 MHz" for SM/memory, "SM 1410 MHz", "300 W"); else the SM clocks' range, the
+        settings and units it spans and the setting most of the step runs at: "SM 1155-1980 MHz, 4 settings over
+        12 phases; 62 % of time at SM 1980 MHz". The share is of the units' time at the GPU's defaults where each
         unit's study measured one (UnitSearch.default), else of the kernels ("62 % of kernels at ...").
         """
         settings = [s for _, s in self.units]
@@ -128,24 +128,24 @@ class GranularityResult:
         sm = sorted({s.sm_clock_mhz for s in distinct if s.sm_clock_mhz is not None})
         span = ""
         if sm:
-            span = f"SM {sm[0]:,}-{sm[-1]:,} MHz, " if len(sm) > 1 else f"SM {sm[0]:,} MHz, "
+            span = f"SM {sm[0]}-{sm[-1]} MHz, " if len(sm) > 1 else f"SM {sm[0]} MHz, "
         units = {"pass": "passes", "kernel": "kernel classes", "phase": "phases"}.get(self.granularity, "units")
         return (f"{span}{len(distinct)} settings over {len(self.units)} {units}; {share:.0f} % of "
                 f"{'time' if timed else 'kernels'} at {setting_text(top)}")  # fmt: skip
 
 
 def setting_text(setting: ClockSetting) -> str:
-    """A setting in few words, with thousands separators: SM and memory clock as "1,410/1,593 MHz" (SM/memory),
-    one of them as "SM 1,410 MHz" or "mem 1,593 MHz", a power limit as "300 W" ("1,410/1,593 MHz, 300 W");
+    """A setting in few words: SM and memory clock as "1410/1593 MHz" (SM/memory), one of them as "SM 1410 MHz"
+    or "mem 1593 MHz", a power limit as "300 W" ("1410/1593 MHz, 300 W");
     "default" for the GPU's defaults (boost clocks, the highest memory clock, the default power limit)."""
     sm, mem = setting.sm_clock_mhz, setting.mem_clock_mhz
     parts = []
     if sm is not None and mem is not None:
-        parts.append(f"{sm:,}/{mem:,} MHz")
+        parts.append(f"{sm}/{mem} MHz")
     elif sm is not None:
-        parts.append(f"SM {sm:,} MHz")
+        parts.append(f"SM {sm} MHz")
     elif mem is not None:
-        parts.append(f"mem {mem:,} MHz")
+        parts.append(f"mem {mem} MHz")
     if setting.power_limit_w is not None:
         parts.append(f"{setting.power_limit_w:,.0f} W")
     return ", ".join(parts) or "default"
@@ -263,7 +263,7 @@ class SearchResult:
         return write_result_tables(self, out)
 
     def clock_summary(self, g: str) -> str:
-        """Level ``g``'s chosen clocks in a few words (GranularityResult.clock_summary): "1,410/1,593 MHz" for one
+        """Level ``g``'s chosen clocks in a few words (GranularityResult.clock_summary): "1410/1593 MHz" for one
         setting, else the range, settings and the setting most of the step runs at.
 
         Raises:
