@@ -212,9 +212,9 @@ def _cuda_matmul_uses_tf32() -> bool:
 
 class KernelRecorder(TorchDispatchMode):
     """Records every operator that computes or moves data as a Kernel (module docstring), and warns of operators
-    (and recurrent layers) traced on a path a GPU would not take, naming the module whose forward ran them (its qualified name under
-    ``root``, else its class), which global forward hooks track while the recorder is active; ``warn=False``
-    records without warning (a warm-up step that is not kept)."""
+    (and recurrent layers) traced on a path a GPU would not take, naming the module whose forward ran them (its
+    qualified name under ``root``, else its class), which global forward hooks track while the recorder is active;
+    ``warn=False`` records without warning (a warm-up step that is not kept)."""
 
     def __init__(self, root: torch.nn.Module | None = None, *, warn: bool = True) -> None:
         super().__init__()
