@@ -92,7 +92,8 @@ def test_an_unwritable_output_file_fails_before_any_work(command, tmp_path, caps
     assert captured.out == "" and not (tmp_path / "o").exists()
 
 
-def test_the_results_table_fits_100_columns(small_trace):
+def test_the_results_table_fits_110_columns(small_trace):
+    """100 columns before the chosen clocks' column (issue 51, item 2), which took the settings' count's place."""
     import io
 
     from rich.console import Console
@@ -107,21 +108,30 @@ def test_the_results_table_fits_100_columns(small_trace):
     result = freqopt.search(small_trace, max_slowdown="1%", granularity="iteration", n_trials=3)
     # The widest row: a kernel level with its free-switching figures (a rendering test: the row is made up).
     iteration = result.results["iteration"]
-    kernel = dataclasses.replace(iteration, granularity="kernel", n_measurements=12345,
+    from freqopt.gpu.backends.base import ClockSetting
+    from freqopt.search.units import TuningUnit
+
+    (unit, _), = iteration.units
+    half = len(unit.kernel_indices) // 2
+    units = ((TuningUnit("a", unit.kernel_indices[:half]), ClockSetting(1155, 2619)),
+             (TuningUnit("b", unit.kernel_indices[half:]), ClockSetting(1980, 2619)))  # two settings: a summary
+    kernel = dataclasses.replace(iteration, granularity="kernel", n_measurements=12345, units=units,
                                  ideal=Measurement(1.1 * result.baseline.time_s, 0.5 * result.baseline.energy_j))
     result = dataclasses.replace(result, results={"iteration": iteration, "kernel": kernel})
     buffer = io.StringIO()
-    Console(file=buffer, width=100).print(_search_table(result))
+    Console(file=buffer, width=110).print(_search_table(result))
     lines = buffer.getvalue().splitlines()
-    assert max(len(line) for line in lines) <= 100 and not any("…" in line for line in lines)
+    assert max(len(line) for line in lines) <= 110 and not any("…" in line for line in lines)
     assert any(line.startswith("│ kernel ") and "50.00 / 10.00" in line and "12345" in line for line in lines)
+    assert result.clock_summary("iteration") in "".join(lines)  # one setting: one line
+    assert result.clock_summary("kernel").startswith("SM 1155-1980 MHz, 2 settings over 2 kernel classes")
     # The slowdown's mean and upper bound share a cell, at a 10 % budget too.
     bounded = dataclasses.replace(iteration, validated=dataclasses.replace(
         iteration.validated, time_s=1.0987 * result.baseline.time_s, time_upper_s=1.1 * result.baseline.time_s))
     buffer = io.StringIO()
-    Console(file=buffer, width=100).print(_search_table(dataclasses.replace(result, results={"iteration": bounded})))
+    Console(file=buffer, width=110).print(_search_table(dataclasses.replace(result, results={"iteration": bounded})))
     lines = buffer.getvalue().splitlines()
-    assert max(len(line) for line in lines) <= 100 and not any("…" in line for line in lines)
+    assert max(len(line) for line in lines) <= 110 and not any("…" in line for line in lines)
     assert any(line.startswith("│ iteration ") and "9.87, 10.00" in line for line in lines)
 
 

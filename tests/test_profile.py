@@ -31,9 +31,15 @@ TINY = {"n_layers": 1, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len"
 def test_sim_profile_breaks_the_iteration_down_by_kind(small_trace):
     r = profile(small_trace.workload, SimulatedGPU(get_gpu("h100-sxm")))  # gpt3-small, 1 x 256 tokens
     assert r.backend == "sim" and r.gpu == "h100-sxm" and r.time_s > 0 and r.energy_j > 0
-    assert sum(f.time_s for f in r.by_kind.values()) == pytest.approx(r.time_s, rel=1e-9)
-    assert sum(f.energy_j for f in r.by_kind.values()) == pytest.approx(r.energy_j, rel=1e-9)
+    # The kinds hold the kernels' busy time and energy; the waiting for the host is apart, and with it they sum.
+    assert sum(f.time_s for f in r.by_kind.values()) + r.waiting_s == pytest.approx(r.time_s, rel=1e-9)
+    assert sum(f.energy_j for f in r.by_kind.values()) + r.waiting_energy_j == pytest.approx(r.energy_j, rel=1e-9)
+    assert r.kernel_time_s == pytest.approx(sum(f.time_s for f in r.by_kind.values()), rel=1e-9)
     assert sum(f.n_kernels for f in r.by_kind.values()) == len(small_trace)
+    for kind, f in r.by_kind.items():
+        mine = [k for k in small_trace.kernels if k.kind == kind]
+        assert (f.flops, f.mem_bytes) == (sum(k.flops for k in mine), sum(k.mem_bytes for k in mine))
+        assert f.bandwidth_tb_s == pytest.approx(f.mem_bytes / f.time_s / 1e12)
     assert r.flops == small_trace.total_flops
     assert {"gemm", "attention", "optimizer"} <= set(r.by_kind)
     assert r.avg_power_w == pytest.approx(r.energy_j / r.time_s)
@@ -49,10 +55,11 @@ def test_cli_profile_writes_the_json_document(tmp_path, capsys):
     assert "gemm" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert {"time_s", "energy_j", "avg_power_w", "flops", "by_kind"} <= set(doc)
-    assert all(set(v) == {"time_s", "energy_j", "n_kernels"} for v in doc["by_kind"].values())
+    assert all(set(v) == {"time_s", "energy_j", "n_kernels", "flops", "mem_bytes", "bandwidth_tb_s", "tflop_s"}
+               for v in doc["by_kind"].values())  # fmt: skip
     assert doc["setting"] == {"sm_clock_mhz": None, "mem_clock_mhz": None, "power_limit_w": None}  # the defaults
     assert list(doc["by_pass"]) == ["forward", "backward", "optimizer"]
-    assert all(set(v) == {"time_s", "energy_j"} for v in doc["by_pass"].values())
+    assert all(set(v) == {"time_s", "energy_j", "waiting_s", "waiting_energy_j"} for v in doc["by_pass"].values())
     trace = trace_training_iteration(get_workload("gpt3-small", seq_len=256, micro_batch_size=1))
     assert doc["flops"] == trace.total_flops
     assert not [p for p in tmp_path.iterdir() if p.name != "p.json"]  # written atomically: no temporary left
@@ -204,7 +211,9 @@ def test_nvml_profile_measures_a_real_step_beside_the_prediction_and_sets_nothin
     doc = r.summary()
     assert {"measured", "predicted", "measured_over_predicted", "profiler_by_kind"} <= set(doc)
     assert doc["setting"] is None  # the GPU's current settings, only read
-    assert sum(f["time_s"] for f in doc["by_pass"].values()) == pytest.approx(r.predicted.time_s, rel=1e-9)
+    assert sum(f["time_s"] + f["waiting_s"] for f in doc["by_pass"].values()) == pytest.approx(r.predicted.time_s,
+                                                                                               rel=1e-9)  # fmt: skip
+    assert doc["predicted"]["waiting_s"] == pytest.approx(sum(f["waiting_s"] for f in doc["by_pass"].values()))
     assert doc["measured_over_predicted"]["energy"] == pytest.approx(r.energy_j / r.predicted.energy_j)
 
 
@@ -303,8 +312,9 @@ def test_by_pass_sums_to_the_step_and_collectives_count_in_their_pass():
     workload = get_workload("gpt3-small", micro_batch_size=1, seq_len=256, layout=parse_layout("dp=2,tp=2"))
     r = profile(workload, "sim", sm_clock_mhz=1410)
     assert list(r.by_pass) == ["forward", "backward", "optimizer"]
-    assert sum(f.time_s for f in r.by_pass.values()) == pytest.approx(r.time_s, rel=1e-12)
-    assert sum(f.energy_j for f in r.by_pass.values()) == pytest.approx(r.energy_j, rel=1e-12)
+    assert sum(f.time_s + f.waiting_s for f in r.by_pass.values()) == pytest.approx(r.time_s, rel=1e-12)
+    assert sum(f.energy_j + f.waiting_energy_j for f in r.by_pass.values()) == pytest.approx(r.energy_j, rel=1e-12)
+    assert sum(f.waiting_s for f in r.by_pass.values()) == pytest.approx(r.waiting_s, rel=1e-12)
     kernels = trace_training_iteration(workload).kernels
     time_s, energy_j, _ = SimulatedGPU(get_gpu("h100-sxm")).run(kernels, [ClockSetting(1410)] * len(kernels),
                                                                  loop=False)  # fmt: skip
@@ -312,9 +322,9 @@ def test_by_pass_sums_to_the_step_and_collectives_count_in_their_pass():
     assert collectives == {"forward", "backward", "optimizer"}  # tp in every pass, dp's buckets in backward
     for name, f in r.by_pass.items():
         mine = [i for i, k in enumerate(kernels) if k.pass_name == name]
-        assert (f.time_s, f.energy_j) == pytest.approx((time_s[mine].sum(), energy_j[mine].sum()), rel=1e-12)
-    assert r.summary()["by_pass"]["optimizer"] == {"time_s": r.by_pass["optimizer"].time_s,
-                                                   "energy_j": r.by_pass["optimizer"].energy_j}  # fmt: skip
+        assert (f.time_s + f.waiting_s, f.energy_j + f.waiting_energy_j) == pytest.approx(
+            (time_s[mine].sum(), energy_j[mine].sum()), rel=1e-12)
+    assert r.summary()["by_pass"]["optimizer"] == dataclasses.asdict(r.by_pass["optimizer"])
 
 
 @pytest.mark.parametrize("argument,flag,value", [("sm_clock_mhz", "--sm-clock", 1200),
@@ -336,3 +346,43 @@ def test_nvml_profile_refuses_a_setting_and_touches_nothing(fake, capsys, monkey
                 "current settings and never sets one")  # fmt: skip
     assert captured.out == "" and captured.err.splitlines() == [expected]
     assert fake.calls == []  # refused before the GPU is even opened
+
+
+# SmolLM2-135M's architecture (tests/data/hf/smollm2-135m/config.json, the published config's sizes): 30 thin layers
+# whose many small kernels the host issues more slowly than the GPU runs them (issue 51, item 2).
+SMOLLM2 = Path(__file__).parent / "data" / "hf" / "smollm2-135m"
+
+
+def test_a_host_bound_step_names_its_waiting_and_keeps_it_out_of_the_kernels(capsys, tmp_path):
+    """Issue 51, item 2: a host-bound step (SmolLM2-135M's config, 1 x 64 tokens) showed its waiting for the host as
+    slow elementwise kernels. The kinds now hold busy time only (their bandwidth on it), the waiting is its own
+    figure with its share and energy, and the command line names it in one line and one table row."""
+    pytest.importorskip("transformers")
+    model = f"hf:{SMOLLM2}"
+    r = profile(model, "sim", micro_batch_size=1, seq_len=64)
+    assert r.host_bound and r.waiting_share > 0.5 and r.summary()["host_bound"] is True
+    kernels = trace_training_iteration(get_workload(model, micro_batch_size=1, seq_len=64)).kernels
+    gpu = SimulatedGPU(get_gpu("h100-sxm"), noise=False)
+    time_s, _, _ = gpu.run(kernels, [ClockSetting()] * len(kernels), loop=False)
+    with_waiting = time_s[[k.kind == "elementwise" for k in kernels]].sum()
+    assert r.by_kind["elementwise"].time_s < 0.5 * with_waiting  # most of its wall time was the host's
+    assert r.waiting_s == pytest.approx(gpu.waiting(kernels).time_s, rel=1e-12)
+    assert 0 < r.waiting_energy_j < r.energy_j and r.kernel_energy_j == pytest.approx(r.energy_j - r.waiting_energy_j)
+    assert r.waiting_line().startswith(f"the GPU waits for the host {100 * r.waiting_share:.0f} % of the step "
+                                       f"({1e3 * r.waiting_s:.2f} ms of {1e3 * r.time_s:.2f} ms")  # fmt: skip
+    assert "host-bound" in r.waiting_line()
+    text = str(r)
+    assert text.splitlines()[1] == r.waiting_line() and "elementwise" in text and "TB/s" in text
+    assert repr(r).startswith("ProfileReport(model='hf:smollm2-135m', gpu='h100-sxm', backend='sim'")
+    assert "\n" not in repr(r) and len(repr(r)) < 200
+    assert main(["profile", "--model", model, "--micro-batch-size", "1", "--seq-len", "64"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert f"the GPU waits for the host {100 * r.waiting_share:.0f} % of the step" in out
+    assert "waiting for the host" in out and "host-bound" in out
+
+
+def test_a_gpu_bound_step_is_not_called_host_bound():
+    """A compute-bound step (gpt3-small, 8 x 2048 tokens): the waiting is a small share, no host-bound sentence."""
+    r = profile("gpt3-small", **COMPUTE_BOUND)
+    assert not r.host_bound and r.waiting_share < 0.2 and "host-bound" not in r.waiting_line()
+    assert r.by_kind["gemm"].tflop_s > 100  # tensor-core GEMMs on busy time

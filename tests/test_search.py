@@ -417,3 +417,30 @@ def test_a_host_bound_search_says_how_much_of_its_saving_is_the_waiting_gpus(tmp
     assert f"{flat:.2f} % if it does not fall at all" in bound.waiting_statement()
     busy = freqopt.search("gpt3-small", **kw)
     assert busy.summary()["host_wait_pct"] < 25 and busy.waiting_statement() == ""
+
+
+def test_clock_summary_names_the_one_setting_or_the_range_and_the_setting_most_time_runs_at():
+    """Issue 51, item 2: the search's table shows each level's chosen clocks (SearchResult.clock_summary): the one
+    setting, or the SM clocks' range, the settings and the setting that holds most of the step's default time
+    (each unit's study's default reading), or most kernels where a unit has no study of its own."""
+    from freqopt.gpu.backends.base import ClockSetting, Measurement
+    from freqopt.search.result import GranularityResult, setting_text
+    from freqopt.search.study import Option, UnitSearch
+    from freqopt.search.units import TuningUnit
+
+    m = Measurement(1.0, 1.0)
+    one = GranularityResult("iteration", ((TuningUnit("iteration", (0, 1, 2)), ClockSetting(1410, 1593)),), m, m, m,
+                            1, 1.0)  # fmt: skip
+    assert one.clock_summary() == "1410/1593 MHz"
+    assert setting_text(ClockSetting(power_limit_w=300.0)) == "300 W"
+    assert setting_text(ClockSetting(1980)) == "SM 1980 MHz" and setting_text(ClockSetting()) == "default"
+    units = ((TuningUnit("forward", (0, 1)), ClockSetting(1155)), (TuningUnit("backward", (2, 3, 4, 5)),
+             ClockSetting(1980)), (TuningUnit("optimizer", (6,)), ClockSetting(1155)))  # fmt: skip
+    default_s = {"forward": 0.006, "backward": 0.003, "optimizer": 0.001}
+    studies = tuple(UnitSearch(u.name, u.name, Option(ClockSetting(), default_s[u.name], 1.0, 1), (), 1, 1.0)
+                    for u, _ in units)  # fmt: skip
+    timed = GranularityResult("pass", units, m, m, m, 3, 1.0, unit_searches=studies)
+    # forward and optimizer at 1155 MHz: 7 ms of the 10 ms at the defaults, though backward has most kernels
+    assert timed.clock_summary() == "SM 1155-1980 MHz, 2 settings over 3 passes; 70 % of time at SM 1155 MHz"
+    untimed = dataclasses.replace(timed, unit_searches=studies[:1])
+    assert untimed.clock_summary() == "SM 1155-1980 MHz, 2 settings over 3 passes; 57 % of kernels at SM 1980 MHz"

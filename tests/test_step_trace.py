@@ -4,7 +4,7 @@ kernels, searchable, with clear errors for wrong input."""
 from __future__ import annotations
 
 import dataclasses
-
+import re
 import warnings
 
 import numpy as np
@@ -392,3 +392,48 @@ def test_freqopts_own_attention_keeps_its_flashattention2_name_and_a_users_sdpa_
     times = [KernelPhysics(spec, [k, dataclasses.replace(k, name=n)], np.full(2, float(spec.max_mem_clock_mhz))).time_s[:, -1]
              for k, n in zip(users, ("freqopt.flash_attention", "freqopt.flash_attention_backward"))]  # fmt: skip
     assert all(t[1] > 1.3 * t[0] for t in times)  # FlashAttention-2 slower than PyTorch's SDPA on the H200
+
+
+class Recurrent(nn.Module):
+    """A recurrent layer on a (B, T, MHA_D) input, its output's hidden states projected back to MHA_D."""
+
+    def __init__(self, cls, **kwargs):
+        super().__init__()
+        self.rnn = cls(MHA_D, MHA_D, batch_first=True, **kwargs)
+        self.proj = nn.Linear(MHA_D * (2 if kwargs.get("bidirectional") else 1), MHA_D)
+
+    def forward(self, x):  # (B, T, D)
+        y, _ = self.rnn(x)
+        return self.proj(y)
+
+
+@pytest.mark.parametrize("cls,kwargs", [(nn.LSTM, {}), (nn.GRU, {"num_layers": 2, "bidirectional": True})],
+                         ids=["lstm", "gru-2-layers-bidirectional"])  # fmt: skip
+def test_a_recurrent_layer_traced_as_its_per_step_decomposition_is_warned_of(cls, kwargs):
+    """Issue 51, item 2: off CUDA nn.LSTM and nn.GRU decompose into every time step's gate GEMMs and elementwise
+    kernels, where a GPU runs cuDNN's fused RNN; the trace keeps the decomposition and says so once, naming the
+    module and the forward kernels it was traced as (not for the warm-up step, not for the other modules)."""
+    with torch.device("meta"):
+        model = Recurrent(cls, **kwargs)
+    name = cls.__name__
+    with pytest.warns(GPUPathWarning, match=rf"^nn\.{name} in module rnn \({name}\): traced as ([\d,]+) forward "
+                                            r"kernels, the per-time-step decomposition .* cuDNN's fused RNN") as record:
+        trace = trace_module(model)
+    warned = [w for w in record if issubclass(w.category, GPUPathWarning)]
+    assert len(warned) == 1
+    n = int(re.search(r"traced as ([\d,]+) forward", str(warned[0].message)).group(1).replace(",", ""))
+    forward = [k for k in trace.kernels if k.pass_name == "forward"]
+    # The layer's kernels: the forward's but the projection's GEMM and the loss's few (cast, square, mean).
+    assert len(forward) - 8 <= n < len(forward)
+    directions = 2 if kwargs.get("bidirectional") else 1
+    gemms = [k for k in forward if k.kind == "gemm"]
+    # Per time step, layer and direction, at least the hidden state's GEMM: the decomposition the warning names.
+    assert len(gemms) >= T * kwargs.get("num_layers", 1) * directions
+
+
+def test_a_model_without_a_recurrent_layer_is_not_warned_of_one():
+    with torch.device("meta"):
+        direct = DirectSDPA()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUPathWarning)
+        assert trace_module(direct).kernels

@@ -217,21 +217,25 @@ def _search_table(result):
     table = Table(title=f"{w.model} ({w.layout}) on {spec.name}, max slowdown {100 * result.max_slowdown:g} %{held} "
                         f"(validated by measuring the whole iteration, clock switches taking "
                         f"{1e3 * spec.clock_switch_s:g} ms)")  # fmt: skip
-    # Fixed widths that fit a 100-column terminal (headers wrap at spaces); the tables' paths are listed after it.
+    # Fixed widths that fit a 110-column terminal (headers wrap at spaces); the tables' paths are listed after it.
     # "level" (the granularity) at 9 leaves the slowdown's mean and bound 11 columns: "9.87, 10.00" at a 10 % budget.
     table.add_column("level", width=9, no_wrap=True)
+    # The chosen clocks (SearchResult.clock_summary): one setting fits ("1410/1593 MHz", SM/memory), a finer level's
+    # summary wraps and counts its settings (the column of the settings' count it replaces).
+    table.add_column("clocks (SM/mem)", width=13)
     for col, width in (("energy J/iter", 7), ("time s/iter", 7), ("saved (%)", 5),
                        ("slowdown (%): mean, bound", 11), ("free switching: saved / slowdown (%)", 13),
-                       ("set- tings", 5), ("measure- ments", 8), ("search cost (GPU-h)", 7)):  # fmt: skip
+                       ("measure- ments", 8), ("search cost (GPU-h)", 7)):  # fmt: skip
         table.add_column(col, justify="right", width=width)
     base = result.baseline
-    table.add_row("default", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-", "-", "-")
+    table.add_row("default", "default", f"{base.energy_j:.3f}", f"{base.time_s:.5f}", "0.00", "0.00", "-", "-", "-")
     for g, r in result.results.items():
         doc = summary["results"][g]
         ideal = ("-" if doc["ideal_energy_saved_pct"] is None
                  else f"{doc['ideal_energy_saved_pct']:.2f} / {doc['ideal_slowdown_pct']:.2f}")  # fmt: skip
-        table.add_row(g, f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}", f"{doc['energy_saved_pct']:.2f}",
-                      slowdown_cell(doc), ideal, str(r.n_settings), str(r.n_measurements),
+        table.add_row(g, result.clock_summary(g), f"{r.validated.energy_j:.3f}", f"{r.validated.time_s:.5f}",
+                      f"{doc['energy_saved_pct']:.2f}",
+                      slowdown_cell(doc), ideal, str(r.n_measurements),
                       f"{r.search_cost_gpu_s / 3600:.3f}")  # fmt: skip
     return table
 

@@ -171,7 +171,7 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     check_profile_arguments(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
                             sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
                             host=host, **sizes)  # fmt: skip
-    from freqopt.gpu.backends.base import DEFAULT_SETTING
+    from freqopt.gpu.backends.base import DEFAULT_SETTING, Measurement
     from freqopt.workload.layout import parse_layout
     from freqopt.measure.profile import profile as run_profile
 
@@ -186,13 +186,9 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     console.print(f"{report.model} ({parse_layout(layout)}), one training iteration on {report.gpu} ({where}): "
                   f"{report.time_s:.5f} s, {report.energy_j:.3f} J, {report.avg_power_w:.1f} W, "
                   f"{report.flops / 1e12:.4g} TFLOP")  # fmt: skip
-    if report.waiting_s is not None:
-        whose = "measured: the step less torch.profiler's kernel time" if nvml else f"simulated, host {report.host}"
-        line = (f"the GPU waits on the host {1e3 * report.waiting_s:.2f} ms of each step ({100 * report.waiting_share:.0f} %; "
-                f"{whose})")  # fmt: skip
-        if report.waiting_share >= 0.2:
-            line += ": the step is host-bound, its kernels are not what sets its time"
-        console.print(line)
+    waiting = report.waiting_line()
+    if waiting is not None:
+        console.print(waiting)
         if report.host_scale is not None:
             console.print(f"your host issues kernels {report.host_scale:.3g}x as slowly as {report.host}'s: copy "
                           f"search_spaces/hosts/{report.host}.toml, multiply its times by {report.host_scale:.3g} "
@@ -200,18 +196,27 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     if report.memory is not None:
         of_gpu = f" of the GPU's {report.gpu_memory_gb:g} GB" if report.gpu_memory_gb is not None else ""
         console.print(f"memory per rank (estimated, {report.memory.dtype}): {report.memory.describe()}{of_gpu}")
-    time_s, energy_j = sum(f.time_s for f in report.by_kind.values()), sum(f.energy_j for f in report.by_kind.values())
-    kinds = Table("kind", "kernels", "time (s)", "time (%)", "energy (J)", "energy (%)",
-                  title="by kernel kind" + (" (the simulated GPU's prediction)" if nvml else ""))  # fmt: skip
+    # The step's time and energy the tables' shares are of: the simulated step (sim) or the prediction (nvml).
+    step = report.predicted if nvml else report
+    host = report.predicted_waiting if nvml else Measurement(report.waiting_s, report.waiting_energy_j)
+    time_s, energy_j = step.time_s, step.energy_j
+    prediction = " (the simulated GPU's prediction)" if nvml else ""
+    kinds = Table("kind", "kernels", "time (s)", "time (%)", "energy (J)", "energy (%)", "GB moved", "TB/s",
+                  "TFLOP/s", title=f"by kernel kind{prediction}: kernel time, the waiting for the host apart; "
+                  "rates on kernel time")  # fmt: skip
     for kind, f in report.by_kind.items():
         kinds.add_row(kind, str(f.n_kernels), f"{f.time_s:.6f}", f"{100 * f.time_s / time_s:.1f}", f"{f.energy_j:.4f}",
-                      f"{100 * f.energy_j / energy_j:.1f}")  # fmt: skip
+                      f"{100 * f.energy_j / energy_j:.1f}", f"{f.mem_bytes / 1e9:.3g}", f"{f.bandwidth_tb_s:.3g}",
+                      f"{f.tflop_s:.3g}")  # fmt: skip
+    kinds.add_row("waiting for the host", "", f"{host.time_s:.6f}", f"{100 * host.time_s / time_s:.1f}",
+                  f"{host.energy_j:.4f}", f"{100 * host.energy_j / energy_j:.1f}", "", "", "", style="bold")
     console.print(kinds)
-    passes = Table("pass", "time (s)", "time (%)", "energy (J)", "energy (%)",
-                   title="by pass" + (" (the simulated GPU's prediction)" if nvml else ""))  # fmt: skip
+    passes = Table("pass", "time (s)", "time (%)", "energy (J)", "energy (%)", "waiting for the host (s)",
+                   "waiting (J)", title=f"by pass{prediction}: kernel time and energy, and the waiting for the host "
+                   "before its kernels")  # fmt: skip
     for name, f in report.by_pass.items():
         passes.add_row(name, f"{f.time_s:.6f}", f"{100 * f.time_s / time_s:.1f}", f"{f.energy_j:.4f}",
-                       f"{100 * f.energy_j / energy_j:.1f}")  # fmt: skip
+                       f"{100 * f.energy_j / energy_j:.1f}", f"{f.waiting_s:.6f}", f"{f.waiting_energy_j:.4f}")
     console.print(passes)
     if nvml:
         p = report.predicted

@@ -45,28 +45,47 @@ from freqopt.workload.trace import trace_training_iteration
 __all__ = ["KindFigures", "PassFigures", "ProfilerRow", "ProfileReport", "profile", "simulate_iteration",
            "simulate_by_kind", "profiled_kinds",
            "check_device", "MIN_WINDOW_S", "MIN_COUNTER_UPDATES", "STEP_LABEL", "StepMemory", "estimate_step_memory",
-           "check_gpu_memory"]
+           "check_gpu_memory", "HOST_BOUND_SHARE"]
 
 MIN_WINDOW_S = 1.0  # the measured window lasts at least this long, s
 MIN_COUNTER_UPDATES = 5  # ... and spans at least this many energy-counter periods
 COUNTER_DETECTION_S = 1.0  # polling time to find the counter's period (10 updates at the slowest documented 100 ms)
 N_BATCHES = 4  # distinct synthetic batches, made on the device before any step is timed
+# A step whose GPU waits on the host this share of its time or more is host-bound (ProfileReport.host_bound) and tells
+# the host's speed (ProfileReport.host_scale). A threshold chosen here, not measured: at a fifth of the step the host
+# sets a visible part of its time.
+HOST_BOUND_SHARE = 0.2
 
 
 @dataclass(frozen=True)
 class KindFigures:
-    """One kernel kind's share of an iteration on the simulated GPU.
+    """One kernel kind's share of an iteration on the simulated GPU: its kernels' busy time, not the time the GPU
+    waits for the host before them (ProfileReport.waiting_s holds that).
 
     Attributes:
-        time_s: wall time its kernels add to the iteration, s (communication overlapped with compute: only the
-            exposed part; idle time waiting for the host, where the GPU type models it, included).
-        energy_j: their energy, J.
+        time_s: wall time its kernels run, s (communication overlapped with compute: only the exposed part); the
+            GPU's waiting for the host before them (SimulatedGPU.run_with_waiting's wait_s) excluded.
+        energy_j: their energy while they run, J (the waiting's energy, at the GPU's waiting power, excluded).
         n_kernels: kernels of this kind in the trace.
+        flops: their FLOPs (``Kernel.flops``).
+        mem_bytes: the bytes they move to and from device memory (``Kernel.mem_bytes``).
     """
 
     time_s: float
     energy_j: float
     n_kernels: int
+    flops: float = 0.0
+    mem_bytes: float = 0.0
+
+    @property
+    def bandwidth_tb_s(self) -> float:
+        """mem_bytes / time_s, TB/s (1e12 bytes/s), on busy time; 0 for no time."""
+        return self.mem_bytes / self.time_s / 1e12 if self.time_s > 0 else 0.0
+
+    @property
+    def tflop_s(self) -> float:
+        """flops / time_s, TFLOP/s, on busy time; 0 for no time."""
+        return self.flops / self.time_s / 1e12 if self.time_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -74,13 +93,17 @@ class PassFigures:
     """One pass's share (forward, backward or optimizer, ``Kernel.pass_name``) of an iteration on the simulated GPU.
 
     Attributes:
-        time_s: wall time its kernels add to the iteration, s (as KindFigures.time_s; a collective counts in the
-            pass it is issued in).
-        energy_j: their energy, J.
+        time_s: wall time its kernels run, s (as KindFigures.time_s: waiting for the host excluded; a collective
+            counts in the pass it is issued in).
+        energy_j: their energy while they run, J.
+        waiting_s: time the GPU waits for the host to issue this pass's kernels, s.
+        waiting_energy_j: the GPU's energy meanwhile (its waiting power), J.
     """
 
     time_s: float
     energy_j: float
+    waiting_s: float = 0.0
+    waiting_energy_j: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,10 +114,13 @@ class ProfileReport:
         model, gpu, backend: the workload's model, the GPU type (search_spaces/ name), "sim" or "nvml".
         time_s, energy_j: per iteration, s and J: the simulated GPU's (sim) or measured per step (nvml).
         flops: FLOPs of the traced iteration (``Trace.total_flops``).
-        by_kind: kind -> the simulated GPU's figures, in first-seen order; they sum to ``time_s`` and ``energy_j``
-            on sim, to ``predicted`` on nvml (NVML cannot split energy by kernel).
-        by_pass: pass (forward, backward, optimizer) -> the simulated GPU's figures, in issue order; they sum as
-            ``by_kind`` does.
+        by_kind: kind -> the simulated GPU's figures, in first-seen order: kernel (busy) time and energy, the
+            waiting for the host excluded; with ``waiting_s`` and ``waiting_energy_j`` they sum to ``time_s`` and
+            ``energy_j`` on sim, with ``predicted_waiting`` to ``predicted`` on nvml (NVML cannot split energy by
+            kernel).
+        by_pass: pass (forward, backward, optimizer) -> the simulated GPU's figures, in issue order; their busy
+            figures sum as ``by_kind``'s do, their waiting ones to ``waiting_s`` and ``waiting_energy_j`` on sim (to
+            ``predicted_waiting`` on nvml).
         setting: sim: the one setting the whole step ran at (None fields: the GPU's defaults); None on nvml, which
             measures at the GPU's current settings and sets nothing (``predicted`` is at the defaults).
         predicted: nvml only: the simulated GPU's iteration at default settings for the same trace.
@@ -111,6 +137,9 @@ class ProfileReport:
             (SimulatedGPU.waiting); nvml, the measured step less torch.profiler's kernel time (cuda device time
             only, else None). A host-bound step shows slow kernels in neither ``by_kind`` nor ``profiler_by_kind``:
             it shows here.
+        waiting_energy_j: sim only: the energy the GPU draws while it waits (its waiting power,
+            SimulatedGPU.run_with_waiting), J; None on nvml, whose counter cannot split the step's energy.
+        predicted_waiting: nvml only: the simulated GPU's waiting for the host in ``predicted`` (time_s, energy_j).
         host_scale: nvml only, where the GPU waited on the host at least HOST_BOUND_SHARE of the step: the factor on
             ``host``'s times that makes the simulated step as long as the measured one (a bisection on
             HostSpec.scaled): your machine's host against the shipped one, to pass on as
@@ -138,11 +167,87 @@ class ProfileReport:
     host: str | None = None
     waiting_s: float | None = None
     host_scale: float | None = None
+    waiting_energy_j: float | None = None
+    predicted_waiting: Measurement | None = None
 
     @property
     def waiting_share(self) -> float | None:
         """``waiting_s`` over the iteration's time (0-1), or None."""
         return None if self.waiting_s is None else self.waiting_s / self.time_s
+
+    @property
+    def host_bound(self) -> bool:
+        """The GPU waits for the host at least HOST_BOUND_SHARE of the step: the host, not the kernels, sets the
+        step's time (and a lower clock costs it little)."""
+        return self.waiting_share is not None and self.waiting_share >= HOST_BOUND_SHARE
+
+    @property
+    def kernel_time_s(self) -> float | None:
+        """The step's time less its waiting for the host (the GPU busy running kernels), s; None where the waiting
+        is not known (nvml on the CPU)."""
+        return None if self.waiting_s is None else self.time_s - self.waiting_s
+
+    @property
+    def kernel_energy_j(self) -> float | None:
+        """The step's energy less the energy drawn while waiting for the host, J; None where not known (nvml)."""
+        return None if self.waiting_energy_j is None else self.energy_j - self.waiting_energy_j
+
+    def waiting_line(self) -> str | None:
+        """One sentence on the GPU's waiting for the host: its share of the step, its time and (sim) energy, whose
+        figure it is, and, where the step is host-bound (``host_bound``), that the host sets the step's time; None
+        where the waiting is not known."""
+        if self.waiting_s is None:
+            return None
+        whose = ("measured: the step less torch.profiler's kernel time" if self.backend == "nvml"
+                 else f"simulated, host {self.host}")  # fmt: skip
+        line = (f"the GPU waits for the host {100 * self.waiting_share:.0f} % of the step "
+                f"({1e3 * self.waiting_s:.2f} ms of {1e3 * self.time_s:.2f} ms")  # fmt: skip
+        if self.waiting_energy_j is not None:
+            line += (f"; {self.waiting_energy_j:.3g} J of {self.energy_j:.3g} J at its waiting power, "
+                     f"{100 * self.waiting_energy_j / self.energy_j:.0f} %")  # fmt: skip
+        line += f"; {whose})"
+        if self.host_bound:
+            line += (": the step is host-bound; its kernels run "
+                     f"{1e3 * self.kernel_time_s:.2f} ms, and the host, not they, sets the step's time")  # fmt: skip
+        return line
+
+    def describe(self) -> str:
+        """The report as text: the headline (time, energy, power, FLOPs), the waiting for the host, memory, and one
+        line per kernel kind and per pass with busy time, energy and, for kinds, bandwidth and FLOP rate on busy
+        time. What ``str(report)`` prints."""
+        where = (f"NVML, trained on {self.device}, {self.n_steps} steps" if self.backend == "nvml" else
+                 f"simulated, {'default settings' if self.setting == DEFAULT_SETTING else self.setting.label()}")
+        lines = [f"{self.model}, one training iteration on {self.gpu} ({where}): {1e3 * self.time_s:.3f} ms, "
+                 f"{self.energy_j:.3f} J, {self.avg_power_w:.1f} W, {self.flops / 1e12:.4g} TFLOP"]  # fmt: skip
+        waiting = self.waiting_line()
+        if waiting is not None:
+            lines.append(waiting)
+        if self.memory is not None:
+            lines.append(f"memory per rank (estimated, {self.memory.dtype}): {self.memory.describe()}")
+        prediction = " (simulated)" if self.backend == "nvml" else ""
+        lines.append(f"kernel time by kind{prediction}, waiting for the host excluded:")
+        for kind, f in self.by_kind.items():
+            lines.append(f"  {kind:<14} {f.n_kernels:>6} kernels {1e3 * f.time_s:10.3f} ms {f.energy_j:10.3f} J "
+                         f"{f.bandwidth_tb_s:7.3f} TB/s {f.tflop_s:8.2f} TFLOP/s")  # fmt: skip
+        lines.append(f"by pass{prediction} (kernel time; waiting for the host):")
+        for name, f in self.by_pass.items():
+            lines.append(f"  {name:<14} {1e3 * f.time_s:10.3f} ms {f.energy_j:10.3f} J; waiting "
+                         f"{1e3 * f.waiting_s:.3f} ms {f.waiting_energy_j:.3f} J")  # fmt: skip
+        if self.predicted is not None:
+            p = self.predicted
+            lines.append(f"predicted (simulated, default settings): {1e3 * p.time_s:.3f} ms, {p.energy_j:.3f} J; "
+                         f"measured / predicted: time {self.time_s / p.time_s:.3f}, energy "
+                         f"{self.energy_j / p.energy_j:.3f}")  # fmt: skip
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def __repr__(self) -> str:
+        waiting = "None" if self.waiting_s is None else f"{self.waiting_s:.6g}"
+        return (f"ProfileReport(model={self.model!r}, gpu={self.gpu!r}, backend={self.backend!r}, "
+                f"time_s={self.time_s:.6g}, energy_j={self.energy_j:.6g}, waiting_s={waiting}, "
+                f"kinds={len(self.by_kind)})")  # fmt: skip
 
     @property
     def avg_power_w(self) -> float:
@@ -152,9 +257,13 @@ class ProfileReport:
     def summary(self) -> dict:
         """The JSON document: {"model", "gpu", "backend", "setting": {"sm_clock_mhz", "mem_clock_mhz",
         "power_limit_w"} (MHz, MHz, W; null: the GPU's default; the whole "setting" null on nvml), "time_s",
-        "energy_j", "avg_power_w", "flops", "by_kind": {KIND: {"time_s", "energy_j", "n_kernels"}}, "by_pass":
-        {"forward"|"backward"|"optimizer": {"time_s", "energy_j"}}}; on nvml also "measured" {"time_s", "energy_j", "avg_power_w",
-        "device", "n_steps", "window_s", "counter_period_s"}, "predicted" {"time_s", "energy_j", "avg_power_w"},
+        "energy_j", "avg_power_w", "flops", "by_kind": {KIND: {"time_s", "energy_j", "n_kernels", "flops",
+        "mem_bytes", "bandwidth_tb_s", "tflop_s"}} (kernel busy time: waiting for the host excluded), "by_pass":
+        {"forward"|"backward"|"optimizer": {"time_s", "energy_j", "waiting_s", "waiting_energy_j"}}, "host",
+        "waiting_s", "waiting_energy_j", "waiting_share" (0-1), "host_bound", "kernel_time_s", "kernel_energy_j",
+        "host_scale" (ProfileReport's attributes and properties; null where not known)}; on nvml also "measured"
+        {"time_s", "energy_j", "avg_power_w", "device", "n_steps", "window_s", "counter_period_s"}, "predicted"
+        {"time_s", "energy_j", "avg_power_w", "waiting_s", "waiting_energy_j"},
         "measured_over_predicted" {"time", "energy", "avg_power"}, "profiler_time" and "profiler_by_kind" {KIND:
         {"traced_n_kernels", "predicted_time_s", "profiled_n_kernels", "measured_time_s"}}; and "memory"
         {"weights_gb", "gradients_gb", "optimizer_gb", "activations_gb", "total_gb", "gpu_gb", "dtype"} (GB:
@@ -162,9 +271,12 @@ class ProfileReport:
         setting = None if self.setting is None else dataclasses.asdict(self.setting)
         doc = {"model": self.model, "gpu": self.gpu, "backend": self.backend, "setting": setting,
                "time_s": self.time_s, "energy_j": self.energy_j, "avg_power_w": self.avg_power_w, "flops": self.flops,
-               "by_kind": {kind: vars(f) for kind, f in self.by_kind.items()},
+               "by_kind": {kind: {**vars(f), "bandwidth_tb_s": f.bandwidth_tb_s, "tflop_s": f.tflop_s}
+                           for kind, f in self.by_kind.items()},
                "by_pass": {name: vars(f) for name, f in self.by_pass.items()}, "host": self.host,
-               "waiting_s": self.waiting_s, "host_scale": self.host_scale}  # fmt: skip
+               "waiting_s": self.waiting_s, "waiting_energy_j": self.waiting_energy_j,
+               "waiting_share": self.waiting_share, "host_bound": self.host_bound, "kernel_time_s": self.kernel_time_s,
+               "kernel_energy_j": self.kernel_energy_j, "host_scale": self.host_scale}  # fmt: skip
         if self.memory is not None:
             doc["memory"] = {**self.memory.summary(), "gpu_gb": self.gpu_memory_gb, "dtype": self.memory.dtype}
         if self.predicted is not None:
@@ -173,6 +285,9 @@ class ProfileReport:
                                "device": self.device, "n_steps": self.n_steps, "window_s": self.window_s,
                                "counter_period_s": self.counter_period_s}  # fmt: skip
             doc["predicted"] = {"time_s": p.time_s, "energy_j": p.energy_j, "avg_power_w": p.avg_power_w}
+            if self.predicted_waiting is not None:
+                doc["predicted"]["waiting_s"] = self.predicted_waiting.time_s
+                doc["predicted"]["waiting_energy_j"] = self.predicted_waiting.energy_j
             doc["measured_over_predicted"] = {"time": self.time_s / p.time_s, "energy": self.energy_j / p.energy_j,
                                               "avg_power": self.avg_power_w / p.avg_power_w}  # fmt: skip
         if self.profiler_by_kind is not None:
@@ -182,38 +297,48 @@ class ProfileReport:
 
 
 def simulate_iteration(trace: Trace, gpu, setting: ClockSetting = DEFAULT_SETTING
-                       ) -> tuple[Measurement, dict[str, KindFigures], dict[str, PassFigures]]:  # fmt: skip
+                       ) -> tuple[Measurement, Measurement, dict[str, KindFigures], dict[str, PassFigures]]:
     """The trace's iteration on ``gpu`` (a SimulatedGPU) at ``setting`` for every kernel, issued once from an idle
-    GPU (``SimulatedGPU.run(kernels, [setting] * K, loop=False)``, noiseless): the step ``SimulatedGPU.step``
-    measures, and so what the search's validation measures for that one setting over the whole step.
+    GPU (``SimulatedGPU.run_with_waiting(kernels, [setting] * K, loop=False)``, noiseless): the step
+    ``SimulatedGPU.step`` measures, and so what the search's validation measures for that one setting over the
+    whole step.
 
     Returns:
-        (the iteration: time_s, energy_j, time-weighted mean SM clock; kind -> KindFigures in first-seen order;
-        pass -> PassFigures in issue order; each breakdown sums to the iteration).
+        (the iteration: time_s, energy_j, time-weighted mean SM clock; the GPU's waiting for the host in it:
+        time_s, energy_j (SimulatedGPU.waiting); kind -> KindFigures in first-seen order; pass -> PassFigures in
+        issue order). The breakdowns hold the kernels' busy time and energy, the waiting before each kernel taken
+        out: with the waiting they sum to the iteration.
 
     Raises:
         InvalidSettingError: clocks or a power limit the GPU type does not support (GPUSpec.check_clocks,
             check_power_limit).
     """
     kernels = trace.kernels
-    time_s, energy_j, clocks = gpu.run(kernels, [setting] * len(kernels), loop=False)  # (K,) each
+    time_s, energy_j, clocks, wait_s, wait_j = gpu.run_with_waiting(kernels, [setting] * len(kernels),
+                                                                    loop=False)  # (K,) each  # fmt: skip
+    busy_s, busy_j = time_s - wait_s, energy_j - wait_j
+    flops = np.array([k.flops for k in kernels], dtype=float)
+    mem_bytes = np.array([k.mem_bytes for k in kernels], dtype=float)
 
     def split(labels: list[str]):
         labels = np.array(labels)
         for label in dict.fromkeys(labels.tolist()):
-            mask = labels == label
-            yield label, float(time_s[mask].sum()), float(energy_j[mask].sum()), int(mask.sum())
+            yield label, labels == label
 
-    by_kind = {kind: KindFigures(t, e, n) for kind, t, e, n in split([k.kind for k in kernels])}
-    by_pass = {name: PassFigures(t, e) for name, t, e, _ in split([k.pass_name for k in kernels])}
+    by_kind = {kind: KindFigures(float(busy_s[m].sum()), float(busy_j[m].sum()), int(m.sum()),
+                                 float(flops[m].sum()), float(mem_bytes[m].sum()))
+               for kind, m in split([k.kind for k in kernels])}  # fmt: skip
+    by_pass = {name: PassFigures(float(busy_s[m].sum()), float(busy_j[m].sum()), float(wait_s[m].sum()),
+                                 float(wait_j[m].sum()))
+               for name, m in split([k.pass_name for k in kernels])}  # fmt: skip
     total = Measurement(float(time_s.sum()), float(energy_j.sum()),
                         sm_clock_mhz=float(np.average(clocks, weights=time_s)))  # fmt: skip
-    return total, by_kind, by_pass
+    return total, Measurement(float(wait_s.sum()), float(wait_j.sum())), by_kind, by_pass
 
 
 def simulate_by_kind(trace: Trace, gpu) -> tuple[Measurement, dict[str, KindFigures]]:
-    """``simulate_iteration`` at the GPU's default settings, without the breakdown by pass."""
-    total, by_kind, _ = simulate_iteration(trace, gpu)
+    """``simulate_iteration`` at the GPU's default settings, without the waiting and the breakdown by pass."""
+    total, _, by_kind, _ = simulate_iteration(trace, gpu)
     return total, by_kind
 
 
@@ -330,12 +455,11 @@ def _profile_simulated(workload: Workload, traced: Trace | None, measuring: Back
     traced, else ``workload``'s iteration traced here."""
     setting.check_supported(measuring.spec)  # before tracing, which takes a while on large models
     trace = traced if traced is not None else trace_training_iteration(workload)
-    total, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
-    waiting = measuring.waiting(list(trace.kernels), [setting] * len(trace.kernels))
+    total, waiting, by_kind, by_pass = simulate_iteration(trace, measuring, setting)
     return ProfileReport(workload.model, measuring.spec.name, measuring.name, total.time_s, total.energy_j,
                          trace.total_flops, by_kind, by_pass, setting, memory=memory,
                          gpu_memory_gb=measuring.spec.memory_gb, host=measuring.spec.host,
-                         waiting_s=waiting.time_s)  # fmt: skip
+                         waiting_s=waiting.time_s, waiting_energy_j=waiting.energy_j)  # fmt: skip
 
 
 def _step_memory(workload: Workload, measuring: Backend, *, real: bool, device: str | None) -> StepMemory:
@@ -420,7 +544,7 @@ def _profile_real(workload: Workload, backend: Backend, device: str, steps: int,
 
     trainer = _Trainer(workload, device, seed)
     trace = trace_training_iteration(workload, dtype=trainer.dtype)  # what the GPU runs: same model, same dtype
-    predicted, by_kind, by_pass = simulate_iteration(trace, SimulatedGPU(backend.spec, noise=False))
+    predicted, predicted_waiting, by_kind, by_pass = simulate_iteration(trace, SimulatedGPU(backend.spec, noise=False))
     for _ in range(warmup_steps):
         trainer.step()
     period_s = _counter_period_s(backend, trainer)  # its steps warm up too
@@ -452,11 +576,7 @@ def _profile_real(workload: Workload, backend: Backend, device: str, steps: int,
                          by_kind, by_pass, None, predicted=predicted, device=device, n_steps=n, window_s=window_s,
                          counter_period_s=period_s, profiler_by_kind=rows,
                          profiler_time="cuda device time" if trainer.cuda else "cpu time", host=backend.spec.host,
-                         waiting_s=waiting_s, host_scale=scale)  # fmt: skip
-
-
-# A step whose GPU waits on the host this share of its time or more tells the host's speed (ProfileReport.host_scale).
-HOST_BOUND_SHARE = 0.2
+                         waiting_s=waiting_s, host_scale=scale, predicted_waiting=predicted_waiting)  # fmt: skip
 
 
 def fit_host_scale(trace: Trace, spec, step_s: float, *, bounds: tuple[float, float] = (0.1, 20.0)) -> float | None:

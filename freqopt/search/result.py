@@ -13,7 +13,7 @@ from freqopt.search.units import TuningUnit
 if TYPE_CHECKING:  # freqopt.search.schedule's own imports stay free of this module
     from freqopt.search.schedule import BlockModel
 
-__all__ = ["GranularityResult", "SearchResult", "HOST_BOUND_PCT"]
+__all__ = ["GranularityResult", "SearchResult", "HOST_BOUND_PCT", "setting_text"]
 
 # A step whose GPU waits for the host for at least this share (%) of the time is host-bound enough that the output
 # says how much of its saving is the waiting GPU's (SearchResult.waiting_statement): a quarter, where the waiting
@@ -103,6 +103,52 @@ class GranularityResult:
     @property
     def study_names(self) -> list[str]:
         return [u.study_name for u in self.unit_searches]
+
+    def clock_summary(self) -> str:
+        """The chosen clocks in a few words, for a table's cell: the one setting where the schedule has one
+        (``setting_text``: "1410/1593 MHz" for SM/memory, "SM 1410 MHz", "300 W"); else the SM clocks' range, the
+        settings and units it spans and the setting most of the step runs at: "SM 1155-1980 MHz, 4 settings over
+        12 phases; 62 % of time at SM 1980 MHz". The share is of the units' time at the GPU's defaults where each
+        unit's study measured one (UnitSearch.default), else of the kernels ("62 % of kernels at ...").
+        """
+        settings = [s for _, s in self.units]
+        if not settings:
+            return "-"
+        distinct = list(dict.fromkeys(settings))
+        if len(distinct) == 1:
+            return setting_text(distinct[0])
+        defaults = {u.name: u.default.time_s for u in self.unit_searches}
+        timed = all(unit.name in defaults for unit, _ in self.units)
+        weight: dict[ClockSetting, float] = {}
+        for unit, setting in self.units:
+            w = defaults[unit.name] if timed else len(unit.kernel_indices)
+            weight[setting] = weight.get(setting, 0.0) + w
+        top = max(weight, key=weight.get)
+        share = 100 * weight[top] / sum(weight.values())
+        sm = sorted({s.sm_clock_mhz for s in distinct if s.sm_clock_mhz is not None})
+        span = ""
+        if sm:
+            span = f"SM {sm[0]}-{sm[-1]} MHz, " if len(sm) > 1 else f"SM {sm[0]} MHz, "
+        units = {"pass": "passes", "kernel": "kernel classes", "phase": "phases"}.get(self.granularity, "units")
+        return (f"{span}{len(distinct)} settings over {len(self.units)} {units}; {share:.0f} % of "
+                f"{'time' if timed else 'kernels'} at {setting_text(top)}")  # fmt: skip
+
+
+def setting_text(setting: ClockSetting) -> str:
+    """A setting in few words: SM and memory clock as "1410/1593 MHz" (SM/memory), one of them as "SM 1410 MHz"
+    or "mem 1593 MHz", a power limit as "300 W" ("1410/1593 MHz, 300 W");
+    "default" for the GPU's defaults (boost clocks, the highest memory clock, the default power limit)."""
+    sm, mem = setting.sm_clock_mhz, setting.mem_clock_mhz
+    parts = []
+    if sm is not None and mem is not None:
+        parts.append(f"{sm}/{mem} MHz")
+    elif sm is not None:
+        parts.append(f"SM {sm} MHz")
+    elif mem is not None:
+        parts.append(f"mem {mem} MHz")
+    if setting.power_limit_w is not None:
+        parts.append(f"{setting.power_limit_w:,.0f} W")
+    return ", ".join(parts) or "default"
 
 
 @dataclass(frozen=True)
@@ -215,6 +261,15 @@ class SearchResult:
         from freqopt.tables import write_result_tables
 
         return write_result_tables(self, out)
+
+    def clock_summary(self, g: str) -> str:
+        """Level ``g``'s chosen clocks in a few words (GranularityResult.clock_summary): "1410/1593 MHz" for one
+        setting, else the range, settings and the setting most of the step runs at.
+
+        Raises:
+            KeyError: ``g`` was not searched.
+        """
+        return self.results[g].clock_summary()
 
     def energy_saved_pct(self, g: str) -> float:
         return 100.0 * (1.0 - self.results[g].validated.energy_j / self.baseline.energy_j)

@@ -32,6 +32,11 @@ a path that PyTorch on a GPU would not take, so that the trace holds other kerne
 * a float32 GEMM while CUDA matmuls are allowed TF32 (``torch.backends.cuda.matmul.fp32_precision == "tf32"``, or
   ``allow_tf32`` before PyTorch 2.9; ``torch.set_float32_matmul_precision("high")`` sets it): cuBLAS runs it on
   tensor cores in TF32, while the trace counts it at the FP32 CUDA-core rate (freqopt's GPU model has no TF32 rate).
+* a recurrent layer (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``: ``nn.RNNBase``), warned of once its forward ends, with the
+  kernels it was traced as: off CUDA ``aten.lstm``/``gru``/``rnn_tanh`` decompose into each time step's gate GEMMs
+  and elementwise kernels (``_rnn_impl`` in aten/src/ATen/native/RNN.cpp), while on a GPU they dispatch to cuDNN's
+  fused RNN (``aten._cudnn_rnn``: one kernel sequence per layer and direction, its weights' GEMM over all time
+  steps at once). The trace, and what is predicted of it, rest on the decomposition.
 
 A float32 GEMM with TF32 off, and ``nn.MultiheadAttention``'s explicit path with ``need_weights=True``, are what a
 GPU runs, and are not warned of.
@@ -207,9 +212,9 @@ def _cuda_matmul_uses_tf32() -> bool:
 
 class KernelRecorder(TorchDispatchMode):
     """Records every operator that computes or moves data as a Kernel (module docstring), and warns of operators
-    traced on a path a GPU would not take, naming the module whose forward ran them (its qualified name under
-    ``root``, else its class), which global forward hooks track while the recorder is active; ``warn=False``
-    records without warning (a warm-up step that is not kept)."""
+    (and recurrent layers) traced on a path a GPU would not take, naming the module whose forward ran them (its
+    qualified name under ``root``, else its class), which global forward hooks track while the recorder is active;
+    ``warn=False`` records without warning (a warm-up step that is not kept)."""
 
     def __init__(self, root: torch.nn.Module | None = None, *, warn: bool = True) -> None:
         super().__init__()
@@ -220,6 +225,7 @@ class KernelRecorder(TorchDispatchMode):
         self._modules: list[torch.nn.Module] = []  # forwards running, innermost last
         self._module_hooks: list = []
         self._warned: set[tuple[str, str]] = set()
+        self._rnn_starts: dict[int, int] = {}  # id of a recurrent module whose forward runs -> its first kernel
         self.warn = warn
 
     def mark(self, label: str) -> None:
@@ -227,7 +233,7 @@ class KernelRecorder(TorchDispatchMode):
         self.marks.append((label, len(self.kernels)))
 
     def __enter__(self):
-        self._module_hooks = [register_module_forward_pre_hook(lambda module, args: self._modules.append(module)),
+        self._module_hooks = [register_module_forward_pre_hook(self._module_start),
                               register_module_forward_hook(self._module_done, always_call=True)]  # fmt: skip
         return super().__enter__()
 
@@ -241,7 +247,27 @@ class KernelRecorder(TorchDispatchMode):
 
     def _module_done(self, module, args, output) -> None:
         if self._modules and self._modules[-1] is module:
+            if isinstance(module, torch.nn.RNNBase):
+                self._check_recurrent(module)
             self._modules.pop()
+
+    def _check_recurrent(self, module: torch.nn.RNNBase) -> None:
+        """Warn that a recurrent layer, whose forward is ending (the innermost running module), was traced as the
+        per-time-step decomposition its operator takes off CUDA, not as cuDNN's fused RNN (module docstring)."""
+        start = self._rnn_starts.pop(id(module), len(self.kernels))
+        n = len(self.kernels) - start
+        if n == 0:
+            return
+        kind = type(module).__name__
+        self._warn(f"nn.{kind}", f"traced as {n:,} forward kernels, the per-time-step decomposition (each step's "
+                   "gate GEMMs and elementwise kernels, and more in backward) that PyTorch runs off CUDA, where a GPU "
+                   "runs cuDNN's fused RNN (aten._cudnn_rnn, one kernel sequence per layer and direction); the "
+                   "predicted time and energy rest on the decomposition, not on cuDNN's kernels")  # fmt: skip
+
+    def _module_start(self, module, args) -> None:
+        self._modules.append(module)
+        if isinstance(module, torch.nn.RNNBase):
+            self._rnn_starts[id(module)] = len(self.kernels)
 
     def _module_name(self) -> str:
         """The innermost running forward as ' in module NAME (Class)' (NAME qualified under the root), or '' outside

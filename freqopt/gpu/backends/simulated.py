@@ -186,6 +186,14 @@ class SimulatedGPU(Backend):
         time_s, energy_j, clocks, _, _ = self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)
         return time_s, energy_j, clocks
 
+    def run_with_waiting(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool,
+                         switch_latency_s: float = 0.0) -> tuple[np.ndarray, ...]:  # fmt: skip
+        """``run``'s per-kernel (time_s, energy_j, sm_clock_mhz) and, of each kernel's time and energy, the part
+        the GPU spent waiting for the host to issue it (wait_s, s; wait_j, J, at its waiting power: host_gaps and
+        waiting_power_w), each shape (K,): ``time_s - wait_s`` is the kernel's busy time. Same arguments as
+        ``run``; one physics pass (``waiting`` sums the last two)."""
+        return self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)
+
     def _physics(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool,
                  switch_latency_s: float = 0.0) -> tuple[np.ndarray, ...]:  # fmt: skip
         """``run``'s (time_s, energy_j, sm_clock_mhz), and of each, the part spent waiting for the host before the
