@@ -61,6 +61,7 @@ _LAZY = {
     "plan_pipeline": "freqopt.pipeline.planner",
     "PipelinePlanner": "freqopt.pipeline.planner",
     "load_stage_profile": "freqopt.pipeline.profile",
+    "measure_stage_profile": "freqopt.measure.stage_profile",
 }
 
 __all__ = ["__version__", *_LAZY]

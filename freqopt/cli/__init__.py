@@ -34,6 +34,7 @@ FLAGS = {
     "gpu": "--gpu", "host": "--host", "time_limit_s": "--time-limit-s", "node_limit": "--node-limit",
     "confidence": "--confidence",
     "virtual_stages": "--virtual-stages", "study": "--study",
+    "sm_clocks_mhz": "--sm-clocks", "sm_clock_step_mhz": "--sm-clock-step",
 }  # fmt: skip
 
 
