@@ -175,7 +175,7 @@ def _by_stage(dag, clocks) -> list[list[int]]:
     return out
 
 
-@cli.command("stage-profile", short_help="Measure each pipeline stage's time and energy per SM clock, for plan.")
+@cli.command("stage-profile", short_help="Measure each pipeline stage's time and energy per SM clock.")
 @click.option("--model", required=True,
               help="Model name (see `freqopt models`): a built-in GPT-3 or BERT; hf:PATH (a Hugging Face config.json) "
                    "is refused, having no pipeline layer list yet.")

@@ -545,8 +545,9 @@ def _notes(spec, checked: _Checked, watts: float, source: str) -> list[str]:
     """The comment lines under the run header: what the rows are, and the blocking power to plan with."""
     where = "the simulated GPU" if checked.backend_name == "sim" else "a real GPU through NVML"
     return [f"Written by freqopt stage-profile (freqopt.measure.stage_profile) on {where} ({spec.name}): per "
-            "pipeline stage, instruction (one micro-batch's forward or backward), locked SM clock (MHz), time (s) "
-            "and energy (J). Rewritten after each clock; the same command resumes it.",
+            "pipeline stage, instruction (one micro-batch's forward or backward, or a backward's input- or "
+            "weight-gradient half), locked SM clock (MHz), time (s) and energy (J). Rewritten after each clock; the "
+            "same command resumes it.",
             f"blocking_power_w {watts!r}: the power a GPU draws while it waits on its neighbours, from {source}; "
             "plan with freqopt plan --blocking-power-w."]  # fmt: skip
 
