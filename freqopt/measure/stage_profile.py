@@ -65,7 +65,8 @@ from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
 from freqopt.files import atomic_write_text
 from freqopt.pipeline.profile import PROFILE_COLUMNS, StageProfile, load_stage_profile, stage_profile_from_rows
 
-__all__ = ["StageProfileRun", "measure_stage_profile", "check_stage_profile_arguments", "RUN_HEADER"]
+__all__ = ["StageProfileRun", "measure_stage_profile", "check_stage_profile_arguments", "blocking_power",
+           "RUN_HEADER"]
 
 # The first line of a stage profile this module writes; the JSON after it identifies the run (module docstring).
 RUN_HEADER = "# freqopt stage-profile run: "
@@ -199,13 +200,17 @@ def check_stage_profile_arguments(model, *, out, layout=None, gpu=None, backend=
                                   seq_len: int | None = None, n_heads: int | None = None,
                                   vocab_multiple: int | None = None, seed: int = 0,
                                   device: int | None = None) -> _Checked:  # fmt: skip
-    """The checks of measure_stage_profile's arguments that need no model traced (nor PyTorch imported), in its
-    order, so that a caller can refuse a wrong argument at once: the model's name and sizes (a built-in model: a
-    Hugging Face one has no pipeline layer list yet) and the layout (pp > 1),
-    the backend and read_only, the GPU type, the clocks (against the GPU type's, where it is known), the step,
-    repeats, seed, device, schedule and partition method, and ``out``: writable, and where it exists, a stage
-    profile of the same run (as far as it is known before the model is built). measure_stage_profile runs them
-    first; the clocks of a real GPU named by no ``gpu``, and the model's own sizes, are checked once known.
+    """The checks of measure_stage_profile's arguments (see there for each) that need no model traced (nor PyTorch
+    imported), in its order, so that a caller can refuse a wrong argument at once: the model's name and sizes (a
+    built-in model: a Hugging Face one has no pipeline layer list yet) and the layout (pp > 1), the backend and
+    read_only, the GPU type, the clocks (against the GPU type's, where it is known), the step, repeats, seed,
+    device, schedule and partition method, and ``out``: writable, and where it exists, a stage profile of the same
+    run (as far as it is known before the model is built). measure_stage_profile runs them first; the clocks of a
+    real GPU named by no ``gpu``, and the model's own sizes, are checked once known.
+
+    Returns:
+        The arguments as checked (the layout parsed, the GPU type resolved, the clocks as a tuple, what ``out``
+        holds), which measure_stage_profile goes on with.
 
     Raises:
         UnknownNameError, InvalidSettingError, OutputError: as measure_stage_profile.
@@ -469,8 +474,9 @@ def measure_stage_profile(
     Raises:
         UnknownNameError: unknown model, GPU type, backend or schedule.
         InvalidSettingError: a bad size, layout (pp must be above 1, with no more stages than layers), clock, step,
-            repeats, seed, device, virtual_stages or partition_method; read_only; a GPU other than ``gpu``; an
-            ``out`` that holds something other than a stage profile of this run (argument ``out``).
+            repeats, seed, device, virtual_stages or partition_method; a Hugging Face model (no pipeline layer list
+            yet); read_only; a GPU other than ``gpu``; an ``out`` that holds something other than a stage profile of
+            this run (argument ``out``).
         OutputError: ``out`` cannot be written.
         NVMLError, GPUPermissionError: the real GPU cannot be opened or changed (freqopt.gpu.nvml).
     """
