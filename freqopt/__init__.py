@@ -64,6 +64,7 @@ _LAZY = {
     "EnergyMonitor": "freqopt.measure.monitor",
     "WindowMeasurement": "freqopt.measure.monitor",
     "measure_command": "freqopt.measure.monitor",
+    "measure_stage_profile": "freqopt.measure.stage_profile",
 }
 
 __all__ = ["__version__", *_LAZY]

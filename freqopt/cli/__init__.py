@@ -35,6 +35,7 @@ FLAGS = {
     "gpu": "--gpu", "host": "--host", "time_limit_s": "--time-limit-s", "node_limit": "--node-limit",
     "confidence": "--confidence",
     "virtual_stages": "--virtual-stages", "study": "--study", "gpu_indices": "--gpus",
+    "sm_clocks_mhz": "--sm-clocks", "sm_clock_step_mhz": "--sm-clock-step",
 }  # fmt: skip
 
 

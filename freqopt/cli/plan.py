@@ -1,4 +1,5 @@
-"""``freqopt plan``: one SM clock per pipeline instruction from a measured stage profile (freqopt.pipeline.planner)."""
+"""``freqopt plan``: one SM clock per pipeline instruction from a measured stage profile (freqopt.pipeline.planner);
+``freqopt stage-profile``: measure that profile (freqopt.measure.stage_profile)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 
 import click
 
-from freqopt.cli import check_json_path, cli, parse_slowdown, stdout_console, write_json
+from freqopt.cli import (absolute_path, check_json_path, check_names_first, cli, model_options, parse_slowdown,
+                         stdout_console, write_json)  # fmt: skip
 from freqopt.cli.search import clock_runs
 
 
@@ -171,3 +173,142 @@ def _by_stage(dag, clocks) -> list[list[int]]:
     for inst, clock in zip(dag.instructions, clocks):
         out[inst.stage].append(int(clock))
     return out
+
+
+@cli.command("stage-profile", short_help="Measure each pipeline stage's time and energy per SM clock.")
+@click.option("--model", required=True,
+              help="Model name (see `freqopt models`): a built-in GPT-3 or BERT; hf:PATH (a Hugging Face config.json) "
+                   "is refused, having no pipeline layer list yet.")
+@click.option("--out", required=True,
+              help="The CSV to write (stage, instruction, frequency, time, energy: what plan --stage-profile reads); "
+                   "where it exists from a run of the same arguments, that run is resumed.")
+@click.option("--gpu", default=None,
+              help="GPU type (see `freqopt gpus`): the simulated GPU's (default h100-sxm); with --backend nvml the "
+                   "real GPU must be of this type.")
+@click.option("--backend", default="sim", show_default=True,
+              help="sim (the simulated GPU) or nvml (a real GPU: clocks locked in turn and restored; needs root or "
+                   "CAP_SYS_ADMIN).")
+@click.option("--read-only", is_flag=True,
+              help="nvml: refused, with what to do instead: a stage profile is measured at locked clocks.")
+@click.option("--sm-clocks", "sm_clocks_mhz", default=None,
+              help="SM clocks (MHz) to measure at, comma-separated (1980,1500,1200); default every supported one.")
+@click.option("--sm-clock-step", "sm_clock_step_mhz", type=int, default=None,
+              help="Thin the clocks: the highest, then each at least this many MHz below the last one kept.")
+@click.option("--repeats", default=1, show_default=True, type=int,
+              help="Readings averaged per stage, instruction and clock.")
+@click.option("--schedule", default="1f1b", show_default=True,
+              help="The pipeline schedule the stages run (as plan's --schedule): with several model stages per GPU "
+                   "the model's stages are profiled, and the zero-bubble ones also backward_input and "
+                   "backward_weight.")
+@click.option("--virtual-stages", type=int, default=None,
+              help="Model stages per GPU for interleaved-1f1b, looped-bfs and interleaved-zb (default 2).")
+@click.option("--partition-method", default="parameters", show_default=True,
+              help="How the layers split into stages: parameters (DeepSpeed's default), uniform or type:REGEX.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulated GPU's noise.")
+@click.option("--device", type=int, default=None,
+              help="nvml: the GPU to measure on, an index among the visible ones (default LOCAL_RANK, else 0).")
+@click.option("--micro-batches", type=int, default=None,
+              help="Micro-batches per iteration, for the plan command printed at the end (default 2 x pp).")
+@model_options
+def stage_profile(model, out, gpu, backend, read_only, sm_clocks_mhz, sm_clock_step_mhz, repeats, schedule,
+                  virtual_stages, partition_method, seed, device, micro_batches, micro_batch_size, seq_len, n_heads,
+                  vocab_multiple, layout) -> None:  # fmt: skip
+    """Measure the stage profile that `freqopt plan --stage-profile` reads: each pipeline stage's forward and
+    backward time (s) and energy (J) at each SM clock, on the simulated GPU or a real one (--backend nvml), written
+    to --out after each clock. Ctrl-C keeps the finished clocks; the same command resumes. Needs --layout pp=N."""
+    check_names_first(model, gpu)
+    from freqopt.errors import check_positive_int
+    from freqopt.measure.stage_profile import check_stage_profile_arguments
+
+    options = dict(out=out, layout=layout, gpu=gpu, backend=backend, sm_clocks_mhz=sm_clocks_mhz,
+                   sm_clock_step_mhz=sm_clock_step_mhz, repeats=repeats, read_only=read_only, schedule=schedule,
+                   virtual_stages=virtual_stages, partition_method=partition_method,
+                   micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple,
+                   seed=seed, device=device)  # fmt: skip
+    checked = check_stage_profile_arguments(model, **options)  # before PyTorch is imported (issue 38, item 4)
+    check_positive_int("micro_batches", micro_batches, optional=True)
+    _stage_profile_run(model, options, micro_batches or 2 * checked.layout.pp)
+
+
+def _stage_profile_run(model, options: dict, micro_batches: int) -> None:
+    """``freqopt stage-profile`` once its arguments are checked: the measurement with a progress bar, then the
+    profile's figures and the plan command to run next."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from freqopt.measure.stage_profile import measure_stage_profile
+
+    console = Console(stderr=True)
+    started = time.monotonic()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=False)  # fmt: skip
+    # Tracing (seconds to a minute for the largest models) shows as a running clock, then each row measured.
+    task = progress.add_task(f"tracing {model}'s {options['layout']} stages ({options['partition_method']} partition)",
+                             total=None)  # fmt: skip
+    measuring = []
+
+    def on_progress(done: int, total: int, what: str) -> None:
+        if not measuring:
+            measuring.append(total)
+            kept = f"; {done} of them read back from {options['out']}" if done else ""
+            console.print(f"measuring {total} rows (stage x instruction x SM clock){kept}", soft_wrap=True,
+                          markup=False)  # fmt: skip
+            progress.update(task, total=total, completed=done, description="measuring")
+        elif what:
+            progress.update(task, completed=done, description=what)
+
+    progress.start()
+    try:
+        run = measure_stage_profile(model, **options, on_progress=on_progress)
+    except KeyboardInterrupt:
+        from pathlib import Path
+
+        kept = Path(options["out"]).exists()
+        raise KeyboardInterrupt(f"the finished clocks are kept in {absolute_path(options['out'])}; run the same "
+                                "command to resume" if kept else "nothing written") from None  # fmt: skip
+    finally:
+        progress.stop()
+    out = stdout_console()
+    out.print(_stage_profile_table(run))
+    console.print(f"wrote {absolute_path(run.path)}: {run.stages} stages x {len(run.kinds)} instructions x "
+                  f"{len(run.sm_clocks_mhz)} SM clocks on {run.gpu} ({'simulated' if run.backend == 'sim' else 'NVML'}"
+                  f"); {run.n_measured} rows measured ({run.cost_gpu_s:,.0f} GPU-s), {run.n_reused} read back, in "
+                  f"{time.monotonic() - started:.0f} s", soft_wrap=True, markup=False)  # fmt: skip
+    console.print(f"blocking power {run.blocking_power_w:.5g} W: {run.blocking_power_source}", soft_wrap=True,
+                  markup=False)  # fmt: skip
+    console.print(f"plan it with ({micro_batches} micro-batches per iteration; give yours): "
+                  + _plan_command(run, micro_batches), soft_wrap=True, markup=False)  # fmt: skip
+
+
+def _plan_command(run, micro_batches: int) -> str:
+    """The ``freqopt plan`` command that plans ``run``'s profile as it was measured (StageProfileRun.plan_options)."""
+    import shlex
+
+    options = run.plan_options()
+    words = ["freqopt", "plan", "--stage-profile", absolute_path(run.path), "--micro-batches", str(micro_batches),
+             "--blocking-power-w", f"{options['blocking_power_w']:.5g}"]  # fmt: skip
+    if "gpu" in options:
+        words += ["--gpu", options["gpu"]]
+    if options["schedule"] != "1f1b":
+        words += ["--schedule", options["schedule"]]
+    if "virtual_stages" in options:
+        words += ["--virtual-stages", str(options["virtual_stages"])]
+    return shlex.join(words)
+
+
+def _stage_profile_table(run):
+    """Per stage and instruction: its time and energy at the highest clock measured, and the clock of least energy
+    with its time and energy (the planner's cheapest option, before it weighs the waiting GPUs)."""
+    from rich.table import Table
+
+    table = Table("stage", "instruction", "fastest clock (MHz)", "time (ms)", "energy (J)", "least-energy clock (MHz)",
+                  "time (ms)", "energy (J)", title=f"stage profile of {run.path.name}")  # fmt: skip
+    for (stage, kind), o in sorted(run.profile.options.items(), key=lambda item: (item[0][0], run.kinds.index(
+            item[0][1]) if item[0][1] in run.kinds else len(run.kinds))):  # fmt: skip
+        top, low = int(o.sm_clock_mhz.argmax()), int(o.energy_j.argmin())
+        table.add_row(str(stage), kind, str(o.sm_clock_mhz[top]), f"{1e3 * o.time_s[top]:.3f}",
+                      f"{o.energy_j[top]:.4g}", str(o.sm_clock_mhz[low]), f"{1e3 * o.time_s[low]:.3f}",
+                      f"{o.energy_j[low]:.4g}")  # fmt: skip
+    return table

@@ -12,7 +12,7 @@ from freqopt.cli import (check_json_path, check_names_first, cli, memory_warning
                          stdout_console, write_json)  # fmt: skip
 from freqopt.cli.search import switch_latency_option
 
-@cli.command(short_help="Train under the DVFS runtime; report time and energy per step.")
+@cli.command(short_help="Train under the DVFS runtime; time and energy per step.")
 @click.option("--model", required=True, help="Model name (see `freqopt models`), or hf:PATH (a Hugging Face config.json).")
 @click.option("--table", "table_path", default=None,
               help="A clock table to apply (default: none, default clocks); found for this model, whose layout, "
