@@ -12,7 +12,7 @@ import click
 from freqopt.cli import check_json_path, cli, write_json
 
 
-@cli.command(short_help="Run a command and measure its time and GPU, CPU and DRAM energy.",
+@cli.command(short_help="Measure a command's time and GPU, CPU and DRAM energy.",
              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})  # fmt: skip
 @click.option("--gpus", default=None,
               help="GPUs to measure, by index (CUDA_VISIBLE_DEVICES order), e.g. 0,1; none: time and CPU energy "
