@@ -58,7 +58,8 @@ LAYERS: list[tuple[str, ...]] = [
     # On top of applying, side by side (neither imports the other): training frameworks' hooks (the Hugging Face
     # Trainer callback), and measurement (profiling, the torch.profiler comparison, benchmark, power capping).
     ("freqopt.integrations", "freqopt.measure"),
-    ("freqopt.cli",),
+    # The command line, and ``python -m freqopt`` (freqopt/__main__.py), which only runs it.
+    ("freqopt.cli", "freqopt.__main__"),
 ]  # fmt: skip
 
 # (importer, imported): upward imports that remain, each with the reason. Keep this list short and explained.
