@@ -20,7 +20,8 @@ NEW = ("h100-pcie", "a100-sxm4-40gb", "gh200", "a10g", "l40s", "l4", "rtx4090", 
 # in bits. A file whose SM count, per-SM rates or memory clock
 # drifts from its sources fails here.
 DATA_SHEET = {
-    "h100-pcie": dict(bf16_tflops=756, rated_mhz=1620, fp32_tflops=51.2, fp32_mhz=1755, bandwidth_gbs=2000, bus_bits=5120),
+    "h100-pcie": dict(bf16_tflops=756, rated_mhz=1620, fp32_tflops=51.2, fp32_mhz=1755, bandwidth_gbs=2000,
+                      bus_bits=5120),
     "a100-sxm4-40gb": dict(bf16_tflops=312, rated_mhz=1410, fp32_tflops=19.5, bandwidth_gbs=1555, bus_bits=5120),
     "gh200": dict(bf16_tflops=989, rated_mhz=1830, fp32_tflops=66.9, fp32_mhz=1980, bandwidth_gbs=4000, bus_bits=6144),
     "a10g": dict(bf16_tflops=140, rated_mhz=1710, fp32_tflops=35.0, bandwidth_gbs=600, bus_bits=384),
@@ -44,6 +45,14 @@ def test_the_gpus_people_own_are_there_and_resolve_by_name_case_and_path():
     for name in NEW:
         assert get_gpu(name.upper()).name == name  # `--gpu L40S` as `--gpu l40s`
         assert get_gpu(str(search_spaces_dir() / f"{name}.toml")).name == name  # `--gpu PATH`
+
+
+def test_freqopt_gpus_lists_them(capsys):
+    from freqopt.cli import main
+
+    assert main(["gpus"]) == 0
+    rows = {line.split("│")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
+    assert set(NEW) <= rows
 
 
 def test_every_nvml_name_belongs_to_one_gpu_file():
