@@ -7,9 +7,9 @@ figures, and derive the other GPU types.
     python experiments/calibrate.py --record   # keep every constant; record the residuals under today's traces
 
 Writes the [power_model] block of every search_spaces/*.toml but those fitted to measurements of their own
-(h100-sxm: experiments/calibrate_h100.py), experiments/calibration_residuals.json (the fitted
-host gaps of the two workloads and the residuals that tests/test_calibration.py holds the committed constants
-to) and experiments/calibration.md.
+(h100-sxm: experiments/calibrate_h100.py) and those another script writes (experiments/carry_gpus.py),
+experiments/calibration_residuals.json (the fitted host gaps of the two workloads and the residuals that
+tests/test_calibration.py holds the committed constants to) and experiments/calibration.md.
 Method and sources: freqopt/gpu/calibration/v100.py.
 """
 
@@ -36,6 +36,13 @@ SUSTAINED_GEMM_CLOCK_MHZ: dict[str, float] = {}
 # GPU types fitted to measurements of their own or of their die (experiments/calibrate_h100.py; experiments/fit_dvfs.py
 # for the A100 and the A40; experiments/h200_check.py for the H200, carried from the H100): never derived from the V100.
 MEASURED = {"h100-sxm", "h200-sxm", "a100-sxm4-80gb", "a40"}
+
+
+def derived_here(name: str) -> bool:
+    """Whether this script writes the GPU type's [power_model] block (not another script: the types whose power
+    model experiments/carry_gpus.py carries from a fitted sibling of their own die or family)."""
+    text = (search_spaces_dir() / f"{name}.toml").read_text()
+    return "# BEGIN power_model (written by experiments/calibrate.py" in text
 
 
 def write_power_model(name: str, pm, note: str) -> None:
@@ -83,7 +90,7 @@ def main() -> int:
         gaps = json.loads(RESIDUALS.read_text())["host_gaps_s"]
     if not args.check:
         for name in list_gpus():
-            if name == REFERENCE or name in MEASURED:
+            if name == REFERENCE or name in MEASURED or not derived_here(name):
                 continue
             target = get_gpu(name)
             anchor = SUSTAINED_GEMM_CLOCK_MHZ.get(name)

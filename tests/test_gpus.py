@@ -6,7 +6,9 @@ from freqopt.errors import InvalidSettingError, UnknownNameError
 from freqopt.gpu.specs import (DEFAULT_GPU, MEM_CLOCK_LOCKS, check_switch_latency_ms, get_gpu, list_gpus,
                           search_spaces_dir)  # fmt: skip
 
-REQUIRED = {"v100-pcie", "v100-sxm2", "a100-sxm4-80gb", "h100-sxm", "h200-sxm", "rtx3080ti"}
+REQUIRED = {"v100-pcie", "v100-sxm2", "a100-sxm4-80gb", "h100-sxm", "h200-sxm", "rtx3080ti",
+            # issue 51: the GPUs people own (tests/test_gpu_files.py holds them to their sources)
+            "h100-pcie", "a100-sxm4-40gb", "gh200", "a10g", "l40s", "l4", "rtx4090", "b200"}
 
 
 def test_required_gpus_present_and_default():
