@@ -81,6 +81,9 @@ def _render(run) -> None:
         else:
             for package, energy in m.dram_energy_j.items():
                 table.add_row(f"DRAM of package {package}", f"{energy:,.1f} J")
-    table.add_row("total energy", f"{m.total_energy_j:,.1f} J", style="bold")
+    if m.gpu_energy_j or m.cpu_energy_j is not None:
+        table.add_row("total energy (the parts above)", f"{m.total_energy_j:,.1f} J", style="bold")
+    else:
+        table.add_row("total energy", "nothing measured: no GPU asked for and no RAPL counters", style="bold")
     console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
     console.print(table)
