@@ -376,9 +376,11 @@ def test_cli_exit_status_of_a_killed_command_and_of_success(nvml, monkeypatch, t
     assert main(["measure", "--gpus", "none", "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
     err = capsys.readouterr().err
     assert err.startswith("freqopt: warning: CPU and DRAM energy are not measured:") and "(exit status 137)" in err
+    assert "nothing measured" in err and " J " not in err  # no total of 0 J for energy nobody measured
     assert main(["measure", "--gpus", "0", "--", sys.executable, "-c", "pass"]) == 0
     err = capsys.readouterr().err
     assert "GPU 0 (" in err and "GPU 1 (" not in err and "(exit status 0)" in err
+    assert "total energy (the parts above)" in err and "nothing measured" not in err
 
 
 @pytest.mark.parametrize("args, message", [
