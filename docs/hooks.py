@@ -58,7 +58,7 @@ def provenance_table() -> str:
 
 
 def real_steps_table() -> str:
-    """The shared real whole steps beside the simulated ones, before and after issue 49, from the experiments' results
+    """The shared real whole steps beside the simulated ones, today's and cd5ee2c's (before the H200 fit), from the experiments' results
     (experiments/h200_check_residuals.json; experiments/h100_whole_steps_residuals.json and its copy at cd5ee2c)."""
     import json
 
