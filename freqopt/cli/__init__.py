@@ -33,7 +33,7 @@ FLAGS = {
     "n_points": "--frontier-points", "partition_method": "--partition-method", "backend": "--backend",
     "gpu": "--gpu", "host": "--host", "time_limit_s": "--time-limit-s", "node_limit": "--node-limit",
     "confidence": "--confidence",
-    "virtual_stages": "--virtual-stages", "study": "--study",
+    "virtual_stages": "--virtual-stages", "study": "--study", "small_step": "--small-step",
 }  # fmt: skip
 
 
