@@ -56,9 +56,10 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     rank = int(os.environ.get("RANK", "0"))
     progress = _TrainProgress(Console(stderr=True), steps, quiet=rank != 0)
     with progress:
-        # Shown on the live bar only (a line on stderr before a refusal would make it two)
+        # On the live bar only, unless a launcher started this rank (whose run the command line checked before): a
+        # line on stderr before a refusal would make it two
         progress.status("checking the run: the model, " + ("the table, " if table_path else "") + "this machine's "
-                        "memory", line=False)  # fmt: skip
+                        "memory", line="WORLD_SIZE" in os.environ)  # fmt: skip
         from freqopt.apply.train import plan_training
 
         plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
