@@ -47,7 +47,42 @@ def test_the_training_a_search_suggests_runs_as_printed(tmp_path, monkeypatch, c
     steps = re.findall(r"^step (\d)/8 \((table|default) clocks\): [\d.]+ s, [\d.]+ J \(ran [\d.]+ s here\)$", err,
                        re.MULTILINE)  # fmt: skip
     assert steps == [(str(i + 1), "table" if (i // 2) % 2 == 0 else "default") for i in range(8)]
-    assert took < 120, took  # seconds on a 2-core CPU (a 5-minute bound for the suggestion, with margin)
+    assert took < 300, took  # issue 51: under 5 minutes on a 2-core CPU (27-135 s here, with other jobs beside)
+
+
+def test_a_pipeline_searchs_suggestion_starts_its_ranks_with_small_steps(tmp_path, monkeypatch, capsys):
+    """The pipeline search's suggestion (its layout and micro-batches, the table's sizes) parsed and checked by
+    `freqopt train` up to starting the ranks (the launcher mocked; tests/test_pipeline_train.py trains one)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pipeline_tables import make_table
+
+    from freqopt.cli.suggest import train_command
+    from freqopt.tables import write_table
+
+    table = make_table(stages=2, micro_batches=4)[0]
+    path = write_table(table, tmp_path / "pp2.json")
+    args = shlex.split(train_command("gpt3-small", table_workload(table), path, micro_batches=4))
+    assert args[args.index("--layout") + 1] == "dp=1,tp=1,pp=2" and args[args.index("--micro-batches") + 1] == "4"
+    launched = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: launched.append(cmd) or 0)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(args[1:]) == 0
+    assert len(launched) == 1 and launched[0][launched[0].index("--num_gpus") + 1] == "2"  # one rank per stage
+    assert "starting 2 ranks under DeepSpeed's launcher" in capsys.readouterr().err
+
+
+def table_workload(table):
+    """The Workload a table was found for."""
+    from freqopt.workload.layout import Layout
+    from freqopt.workload.models import get_workload
+
+    w = table.workload
+    return get_workload(w["model"], micro_batch_size=w["micro_batch_size"], seq_len=w["seq_len"],
+                        layout=Layout(w["layout"]["dp"], w["layout"]["tp"], pp=w["layout"].get("pp", 1)))
 
 
 def test_a_real_gpus_search_suggests_the_full_step_compared():

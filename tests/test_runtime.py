@@ -515,7 +515,7 @@ def test_rank_watcher_reports_a_rank_killed_by_a_signal(tmp_path):
 def test_cli_train_reports_a_rank_killed_for_memory_in_one_line(monkeypatch, capsys):
     """DeepSpeed's launcher mocked: rank 1 ended by SIGKILL (what the out-of-memory killer sends) and the launcher
     exiting as DeepSpeed's does (sys.exit(-9): 247). freqopt says which rank, why, and the memory estimate against
-    the machine's, in one line, and exits 137 (128 + 9)."""
+    the machine's, in one line after its progress line, and exits 137 (128 + 9)."""
     from freqopt.apply import train as train_module
     from freqopt.cli.rank import STATUS_DIR_ENV
 
@@ -528,8 +528,8 @@ def test_cli_train_reports_a_rank_killed_for_memory_in_one_line(monkeypatch, cap
     monkeypatch.setattr(train_module, "host_memory_bytes", lambda: (23_400_000_000, 1_200_000_000))
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     code = main(["train", "--model", "gpt3-small", "--layout", "dp=2", "--seq-len", "64", "--micro-batch-size", "1"])
-    err = capsys.readouterr().err.strip()
-    assert code == 137 and len(err.splitlines()) == 1
+    *progress, err = capsys.readouterr().err.strip().splitlines()
+    assert code == 137 and progress == ["starting 2 ranks under DeepSpeed's launcher (rank 0 reports)"]  # then the error
     assert err.startswith("freqopt: error: rank 1 of 2 was killed (SIGKILL, as the kernel's out-of-memory killer ends "
                           "a process), likely for memory: each of the 2 ranks needs about ")  # fmt: skip
     assert "GB in all, against this machine's 23.4 GB (1.2 GB available now); use a smaller --micro-batch-size" in err
