@@ -529,7 +529,7 @@ def test_cli_train_reports_a_rank_killed_for_memory_in_one_line(monkeypatch, cap
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     code = main(["train", "--model", "gpt3-small", "--layout", "dp=2", "--seq-len", "64", "--micro-batch-size", "1"])
     *progress, err = capsys.readouterr().err.strip().splitlines()
-    assert code == 137 and progress == ["starting 2 ranks under DeepSpeed's launcher (rank 0 reports)"]  # then the error
+    assert code == 137 and progress == ["starting 2 ranks under DeepSpeed's launcher (rank 0 reports)"]  # then this:
     assert err.startswith("freqopt: error: rank 1 of 2 was killed (SIGKILL, as the kernel's out-of-memory killer ends "
                           "a process), likely for memory: each of the 2 ranks needs about ")  # fmt: skip
     assert "GB in all, against this machine's 23.4 GB (1.2 GB available now); use a smaller --micro-batch-size" in err

@@ -1,20 +1,21 @@
 """``freqopt train``: train a model on synthetic tokens under the DVFS runtime and report time and energy per step.
 
-On the simulated backend the model trains for real on this machine's CPU (a small configuration), the runtime
-follows its phases through the module hooks, and each step's GPU time and energy come from the simulated GPU
-running the traced iteration with the settings the runtime asked for (switch latency included).
+On the simulated backend the model trains for real on this machine's CPU (a small configuration), the runtime follows
+its phases through the module hooks, and each step's GPU time and energy come from the simulated GPU running the traced
+iteration with the settings the runtime asked for (switch latency included). On the nvml backend the model trains on the
+GPU: each step is timed by CUDA events, and energy is the counter's delta over each block of consecutive steps with the
+same clocks. With a layout of more than one rank the job runs under DeepSpeed (ZeRO stage 0 data parallelism, AutoTP
+tensor parallelism), started with DeepSpeed's launcher.
 
 **Small steps** (``small_step``, simulated backend only): the step a CPU runs exists to drive the runtime (its module
-hooks and optimizer step, which mark the phases it switches at); their order does not depend on the batch's shape,
-and the simulated GPU's figures come from the trace of the full workload, not from the CPU's run. So a step may run
-one sequence of at most 32 tokens (train_loop.batch_shape) instead of the workload's micro-batch: the same
-requests, switches, time and energy per step, with the model, its weights and optimizer at full size, in about a
-second where gpt3-small's 4 x 2048 tokens take about two minutes on a 2-core CPU (2026-11-28); only the loss is the
-small batch's. It is what ``freqopt search`` suggests on the simulated GPU, so that the suggested run finishes where
-the search ran. On a real GPU (nvml) the step measured is the step run, and small_step is refused. On the nvml
-backend the model trains on the GPU: each step is timed by CUDA events, and energy is the counter's delta over each
-block of consecutive steps with the same clocks. With a layout of more than one rank the job runs under DeepSpeed
-(ZeRO stage 0 data parallelism, AutoTP tensor parallelism), started with DeepSpeed's launcher.
+hooks and optimizer step, which mark the phases it switches at); their order does not depend on the batch's shape, and
+the simulated GPU's figures come from the trace of the full workload, not from the CPU's run. So a step may run one
+sequence of at most 32 tokens (train_loop.batch_shape) instead of the workload's micro-batch: the same requests,
+switches, time and energy per step, with the model, its weights and optimizer at full size: gpt3-small at 4 x 2048
+tokens took 1.0 s a step on a 2-core CPU (2026-11-28; the whole run of 8 steps 23 s), where issue 51 measured 127 s a
+step at full size; only the loss is the small batch's. It is what ``freqopt search`` suggests on the simulated GPU, so
+that the suggested run finishes where the search ran. On a real GPU (nvml) the step measured is the step run, and
+small_step is refused.
 
 **Pipelines** (layout pp > 1, freqopt's GPT-3 models): the model is DeepSpeed's PipelineModule over freqopt's layer
 list (freqopt.workload.pipeline_partition: the embedding, each block, the final norm and the output layer, split into
@@ -242,9 +243,10 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     Raises:
         UnknownNameError: unknown model, backend or GPU type.
         InvalidSettingError: a bad override, layout, steps or switch_latency_ms; compare without a table; read_only
-            with one; small_step on another backend than "sim"; a CUDA device this torch cannot use (check_training_device); a pipeline layout with tp > 1 or
-            of a model other than freqopt's GPT-3 ones, a partition method DeepSpeed does not have or another than
-            the table's, more stages than layers; micro_batches or partition_method without pipeline stages.
+            with one; small_step on another backend than "sim"; a CUDA device this torch cannot use
+            (check_training_device); a pipeline layout with tp > 1 or of a model other than freqopt's GPT-3 ones, a
+            partition method DeepSpeed does not have or another than the table's, more stages than layers;
+            micro_batches or partition_method without pipeline stages.
         ClockTableError: the table cannot be read; under a pipeline layout, a table that is not a pipeline table of
             pp stages (freqopt.apply.pipeline_runtime.check_pipeline_table).
         InvalidSettingError: also training on the CPU whose ranks clearly cannot fit this machine's memory

@@ -38,19 +38,20 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
                              vocab_multiple: int | None = None, layout=None, switch_latency_ms: float | None = None,
                              micro_batches: int | None = None, partition_method: str | None = None,
                              small_step: bool = False) -> TrainingArguments:  # fmt: skip
-    """Check the arguments of freqopt.apply.train.plan_training (see there) that need no model built, in the order
-    it always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the backend, steps,
-    small_step off the simulated backend, the switch latency, compare without a table and read_only with one, the table (read), micro_batches or
-    partition_method without pipeline stages where the layout is known before the table is (given, or a Workload's,
-    or no table to take it from), and the GPU type (given, else the table's). What needs the model (heads, the
-    table's workload, a pipeline's stages, the device and the host's memory) is checked when plan_training resolves
-    it.
+    """Check the arguments of freqopt.apply.train.plan_training (see there) that need no model built, in the order it
+    always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the backend, steps,
+    small_step off the simulated backend, the switch latency, compare without a table and read_only with one, the table
+    (read), micro_batches or partition_method without pipeline stages where the layout is known before the table is
+    (given, or a Workload's, or no table to take it from), and the GPU type (given, else the table's). What needs the
+    model (heads, the table's workload, a pipeline's stages, the device and the host's memory) is checked when
+    plan_training resolves it.
 
     Raises:
         UnknownNameError: unknown model, backend or GPU type (the table's included).
         ClockTableError: the table cannot be read.
         InvalidSettingError: a bad override, layout, steps or switch_latency_ms; small_step on another backend than
-            "sim"; compare without a table; read_only with one; micro_batches or partition_method without pipeline stages.
+            "sim"; compare without a table; read_only with one; micro_batches or partition_method without pipeline
+            stages.
     """
     from freqopt.errors import check_positive_int
     from freqopt.gpu.backends import check_backend

@@ -26,8 +26,8 @@ __all__ = ["SMALL_STEP_MICRO_BATCH_SIZE", "SMALL_STEP_SEQ_LEN", "StepRecord", "T
            "synthetic_batch", "train"]
 
 # train's small_step: the batch each step runs on this machine's CPU, one sequence of at most 32 tokens. Chosen, not
-# derived: it keeps a gpt3-small step (125 M parameters, FP32 AdamW) near a second on a 2-core CPU where its full
-# 4 x 2048 tokens take about two minutes (measured, 2026-11-28), and still runs every module the phases hook.
+# derived: a gpt3-small step (125 M parameters, FP32 AdamW) took 1.0 s on a 2-core CPU (2026-11-28), where its full
+# 4 x 2048 tokens took 127 s (issue 51), and it still runs every module the phases hook.
 SMALL_STEP_MICRO_BATCH_SIZE = 1
 SMALL_STEP_SEQ_LEN = 32
 
@@ -153,7 +153,8 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
     check_training_device(device)
     if small_step and not backend.simulated:
         raise InvalidSettingError("small_step applies to the simulated backend, whose step figures come from the "
-                                  "trace; on a real GPU the step measured is the step run", argument="small_step")  # fmt: skip
+                                  "trace; on a real GPU the step measured is the step run",
+                                  argument="small_step")  # fmt: skip
     torch.manual_seed(seed)
     shape = batch_shape(workload, small_step)
     job = _training_job(workload, backend, table, device=device, micro_batches=micro_batches,

@@ -2,12 +2,12 @@
 from any folder, and finishes on the machine it was suggested on.
 
 On the simulated backend (``sim``, and a search whose backend is not known) the model would otherwise train at the
-workload's full micro-batch on this machine's CPU: gpt3-small's 4 x 2048 tokens take about two minutes a step on a
-2-core CPU (2026-11-28), eight steps by default. The suggestion adds ``--small-step`` (each step runs one short
-sequence on the CPU while the simulated GPU's figures stay the full workload's: freqopt.apply.train's module
-docstring, "Small steps"), so a run takes seconds a step, and ``--compare``, so that the run measures the table's
-saving against the default clocks in alternating blocks. On a real GPU (``nvml``) the step measured is the step run:
-the suggestion trains the full workload there (``--backend nvml``), with ``--compare``.
+workload's full micro-batch on this machine's CPU: gpt3-small's 4 x 2048 tokens took 127 s a step on a 2-core CPU (issue
+51), eight steps by default. The suggestion adds ``--small-step`` (each step runs one short sequence on the CPU while
+the simulated GPU's figures stay the full workload's: freqopt.apply.train's module docstring, "Small steps"; the
+README's main search's suggestion took 23 s in all on 2 cores, 2026-11-28), and ``--compare``, so that the run measures
+the table's saving against the default clocks in alternating blocks. On a real GPU (``nvml``) the step measured is the
+step run: the suggestion trains the full workload there (``--backend nvml``), with ``--compare``.
 """
 
 from __future__ import annotations

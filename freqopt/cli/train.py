@@ -34,7 +34,8 @@ from freqopt.cli.search import switch_latency_option
 @switch_latency_option
 @model_options
 def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, micro_batches,
-          small_step, switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+          small_step, switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple,
+          layout) -> None:  # fmt: skip
     """Train on synthetic tokens under the DVFS runtime and report time and energy per step.
 
     Progress goes to stderr: each stage of the set-up (tracing, building the model, starting DeepSpeed) and each
