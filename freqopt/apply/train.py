@@ -1,11 +1,21 @@
 """``freqopt train``: train a model on synthetic tokens under the DVFS runtime and report time and energy per step.
 
-On the simulated backend the model trains for real on this machine's CPU (a small configuration), the runtime
-follows its phases through the module hooks, and each step's GPU time and energy come from the simulated GPU
-running the traced iteration with the settings the runtime asked for (switch latency included). On the nvml
-backend the model trains on the GPU: each step is timed by CUDA events, and energy is the counter's delta over each
-block of consecutive steps with the same clocks. With a layout of more than one rank the job runs under DeepSpeed
-(ZeRO stage 0 data parallelism, AutoTP tensor parallelism), started with DeepSpeed's launcher.
+On the simulated backend the model trains for real on this machine's CPU (a small configuration), the runtime follows
+its phases through the module hooks, and each step's GPU time and energy come from the simulated GPU running the traced
+iteration with the settings the runtime asked for (switch latency included). On the nvml backend the model trains on the
+GPU: each step is timed by CUDA events, and energy is the counter's delta over each block of consecutive steps with the
+same clocks. With a layout of more than one rank the job runs under DeepSpeed (ZeRO stage 0 data parallelism, AutoTP
+tensor parallelism), started with DeepSpeed's launcher.
+
+**Small steps** (``small_step``, simulated backend only): the step a CPU runs exists to drive the runtime (its module
+hooks and optimizer step, which mark the phases it switches at); their order does not depend on the batch's shape, and
+the simulated GPU's figures come from the trace of the full workload, not from the CPU's run. So a step may run one
+sequence of at most 32 tokens (train_loop.batch_shape) instead of the workload's micro-batch: the same requests,
+switches, time and energy per step, with the model, its weights and optimizer at full size: gpt3-small at 4 x 2048
+tokens took 1.0 s a step on a 2-core CPU (2026-11-28; the whole run of 8 steps 23 s), where issue 51 measured 127 s a
+step at full size; only the loss is the small batch's. It is what ``freqopt search`` suggests on the simulated GPU, so
+that the suggested run finishes where the search ran. On a real GPU (nvml) the step measured is the step run, and
+small_step is refused.
 
 **Pipelines** (layout pp > 1, freqopt's GPT-3 models): the model is DeepSpeed's PipelineModule over freqopt's layer
 list (freqopt.workload.pipeline_partition: the embedding, each block, the final norm and the output layer, split into
@@ -33,7 +43,7 @@ are importable from here as well).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -124,6 +134,7 @@ class TrainingPlan:
         switch_s: the clock-switch latency in place of the GPU file's, s (plan_training's switch_latency_ms), or
             None.
         micro_batches, partition_method: a pipeline's (train), None for other layouts.
+        small_step: run each step on one short sequence (train; the simulated backend only).
     """
 
     workload: Workload
@@ -139,6 +150,7 @@ class TrainingPlan:
     switch_s: float | None = None
     micro_batches: int | None = None
     partition_method: str | None = None
+    small_step: bool = False
 
     @property
     def needs_launcher(self) -> bool:
@@ -146,8 +158,12 @@ class TrainingPlan:
         must start one process per rank (the CLI runs DeepSpeed's launcher)."""
         return self.workload.layout.world_size > 1 and "WORLD_SIZE" not in os.environ
 
-    def run(self, on_step=None) -> TrainReport:
+    def run(self, on_step=None, on_status=None) -> TrainReport:
         """Open the backend (checking the table against its GPU type), train (train), close the backend.
+
+        Args:
+            on_step: called with each StepRecord as it is measured (train).
+            on_status: called with a line (str) before each stage of the set-up that takes seconds (train).
 
         Raises:
             InvalidSettingError: read_only on the simulated backend (freqopt.gpu.backends.get_backend).
@@ -168,7 +184,8 @@ class TrainingPlan:
                     self.table.check_gpu(measuring.spec, source=self.table_source)  # the GPU the table is applied to
                 return train(self.workload, measuring, table=self.table, steps=self.steps, compare=self.compare,
                              device=self.device, seed=self.seed, on_step=on_step, micro_batches=self.micro_batches,
-                             partition_method=self.partition_method)  # fmt: skip
+                             partition_method=self.partition_method, on_status=on_status,
+                             small_step=self.small_step)  # fmt: skip
         finally:
             measuring.close()
 
@@ -198,7 +215,8 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
                   read_only: bool = False, device: str | None = None, seed: int = 0,
                   micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
                   vocab_multiple: int | None = None, layout=None, switch_latency_ms: float | None = None,
-                  micro_batches: int | None = None, partition_method: str | None = None) -> TrainingPlan:  # fmt: skip
+                  micro_batches: int | None = None, partition_method: str | None = None,
+                  small_step: bool = False) -> TrainingPlan:  # fmt: skip
     """Check every argument of a training run before any GPU is opened or rank started.
 
     Args:
@@ -219,13 +237,16 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
         micro_batches: a pipeline's micro-batches per step (train); default the table's, else 2 x pp.
         partition_method: a pipeline's partition of the layers into stages (train); default the table's (another
             is refused: the plan is per stage), else DeepSpeed's "parameters".
+        small_step: the simulated backend only: each step runs one sequence of at most 32 tokens on this machine,
+            its figures still the full workload's on the simulated GPU (the module docstring, "Small steps").
 
     Raises:
         UnknownNameError: unknown model, backend or GPU type.
         InvalidSettingError: a bad override, layout, steps or switch_latency_ms; compare without a table; read_only
-            with one; a CUDA device this torch cannot use (check_training_device); a pipeline layout with tp > 1 or
-            of a model other than freqopt's GPT-3 ones, a partition method DeepSpeed does not have or another than
-            the table's, more stages than layers; micro_batches or partition_method without pipeline stages.
+            with one; small_step on another backend than "sim"; a CUDA device this torch cannot use
+            (check_training_device); a pipeline layout with tp > 1 or of a model other than freqopt's GPT-3 ones, a
+            partition method DeepSpeed does not have or another than the table's, more stages than layers;
+            micro_batches or partition_method without pipeline stages.
         ClockTableError: the table cannot be read; under a pipeline layout, a table that is not a pipeline table of
             pp stages (freqopt.apply.pipeline_runtime.check_pipeline_table).
         InvalidSettingError: also training on the CPU whose ranks clearly cannot fit this machine's memory
@@ -242,7 +263,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     checked = check_training_arguments(model, table=table, steps=steps, backend=backend, gpu=gpu, compare=compare,
                                        read_only=read_only, switch_latency_ms=switch_latency_ms,
                                        micro_batches=micro_batches, partition_method=partition_method,
-                                       **sizes)  # fmt: skip
+                                       small_step=small_step, **sizes)  # fmt: skip
     table, source = checked.table, checked.source
     workload = resolve_workload(model, **sizes)
     if table is not None and isinstance(model, str) and workload.model == table.workload["model"]:
@@ -255,9 +276,10 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     device = device or ("cuda" if backend == "nvml" else "cpu")
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
     if not str(device).startswith("cuda"):
-        check_host_memory(workload)  # before ranks are started, rather than the out-of-memory killer after
+        # before ranks are started, rather than the out-of-memory killer after; small steps hold one sequence
+        check_host_memory(replace(workload, micro_batch_size=1) if small_step else workload)
     return TrainingPlan(workload, table, source, checked.gpu, backend, device, steps, compare, read_only, seed,
-                        checked.switch_s, micro_batches, partition_method)  # fmt: skip
+                        checked.switch_s, micro_batches, partition_method, small_step)  # fmt: skip
 
 
 def _check_pipeline_training(workload: Workload, table: ClockTable | None, source: str, micro_batches: int | None,

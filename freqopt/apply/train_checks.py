@@ -36,21 +36,22 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
                              compare: bool = False, read_only: bool = False, micro_batch_size: int | None = None,
                              seq_len: int | None = None, n_heads: int | None = None,
                              vocab_multiple: int | None = None, layout=None, switch_latency_ms: float | None = None,
-                             micro_batches: int | None = None,
-                             partition_method: str | None = None) -> TrainingArguments:  # fmt: skip
-    """Check the arguments of freqopt.apply.train.plan_training (see there) that need no model built, in the order
-    it always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the backend, steps,
-    the switch latency, compare without a table and read_only with one, the table (read), micro_batches or
-    partition_method without pipeline stages where the layout is known before the table is (given, or a Workload's,
-    or no table to take it from), and the GPU type (given, else the table's). What needs the model (heads, the
-    table's workload, a pipeline's stages, the device and the host's memory) is checked when plan_training resolves
-    it.
+                             micro_batches: int | None = None, partition_method: str | None = None,
+                             small_step: bool = False) -> TrainingArguments:  # fmt: skip
+    """Check the arguments of freqopt.apply.train.plan_training (see there) that need no model built, in the order it
+    always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the backend, steps,
+    small_step off the simulated backend, the switch latency, compare without a table and read_only with one, the table
+    (read), micro_batches or partition_method without pipeline stages where the layout is known before the table is
+    (given, or a Workload's, or no table to take it from), and the GPU type (given, else the table's). What needs the
+    model (heads, the table's workload, a pipeline's stages, the device and the host's memory) is checked when
+    plan_training resolves it.
 
     Raises:
         UnknownNameError: unknown model, backend or GPU type (the table's included).
         ClockTableError: the table cannot be read.
-        InvalidSettingError: a bad override, layout, steps or switch_latency_ms; compare without a table; read_only
-            with one; micro_batches or partition_method without pipeline stages.
+        InvalidSettingError: a bad override, layout, steps or switch_latency_ms; small_step on another backend than
+            "sim"; compare without a table; read_only with one; micro_batches or partition_method without pipeline
+            stages.
     """
     from freqopt.errors import check_positive_int
     from freqopt.gpu.backends import check_backend
@@ -62,6 +63,10 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
                                             n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     check_backend(backend)
     check_positive_int("steps", steps)
+    if small_step and backend != "sim":
+        raise InvalidSettingError(f"small_step applies to the simulated backend, whose step figures come from the "
+                                  f"trace; on {backend!r} the step measured is the step run",
+                                  argument="small_step")  # fmt: skip
     switch_s = check_switch_latency_ms(switch_latency_ms)
     if compare and table is None:
         raise InvalidSettingError("compare needs a table: it alternates steps with and without the table",

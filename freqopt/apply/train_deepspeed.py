@@ -16,23 +16,58 @@ from freqopt.apply.runtime import DVFSRuntime
 from freqopt.tables import ClockTable
 from freqopt.workload.kernels import Trace
 
-__all__ = ["DEFAULT_MICRO_BATCHES_PER_STAGE"]
+__all__ = ["DEFAULT_MICRO_BATCHES_PER_STAGE", "SHM_COMM_OP", "init_distributed"]
 
 DEFAULT_MICRO_BATCHES_PER_STAGE = 2  # a pipeline without a table trains 2 x pp micro-batches per step: 1F1B's
 # steady state (a forward and a backward alternating) needs more micro-batches than stages
 
 
+SHM_COMM_OP = "deepspeed_shm_comm"  # the name of DeepSpeed's ShareMemCommBuilder op (deepspeed/ops/op_builder/cpu)
+
+
+def _status(on_status, message: str) -> None:
+    if on_status is not None:
+        on_status(message)
+
+
+def init_distributed(*, on_cuda: bool, on_status=None) -> None:
+    """Start this rank's process group through DeepSpeed (NCCL on CUDA, gloo on the CPU), telling ``on_status``.
+
+    On CPU ranks DeepSpeed's communication backend would first JIT-compile its shared-memory all-reduce
+    (ShareMemCommBuilder, op ``deepspeed_shm_comm``; deepspeed/comm/torch.py, build_shm_op, DeepSpeed 0.19), even
+    with DS_BUILD_OPS=0, which only governs what ``pip install`` prebuilds: 2 min 24 s of silent compiling on a
+    loaded 2-core CPU (measured 2026-11-28; about 4 minutes in issue 51) the first time, cached under
+    ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR) afterwards. Only DeepSpeed's
+    ``inference_all_reduce`` uses that op (AutoTP's row-parallel layers), and without it that call is
+    ``torch.distributed.all_reduce`` over gloo, the same sum; so the op is marked incompatible in
+    ``deepspeed.ops.__compatible_ops__`` (the dict build_shm_op checks before it builds, which DeepSpeed computes once
+    and keeps so that edits persist), and no extension is compiled. Training and clocks are unchanged; only
+    AutoTP's all-reduce on CPU ranks is gloo's rather than shared memory's.
+    """
+    import deepspeed
+
+    if not on_cuda:
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    _status(on_status, f"starting DeepSpeed's process group ({'NCCL' if on_cuda else 'gloo'})")
+    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
+
+
 def deepspeed_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None,
-                  trace: Trace, *, on_cuda: bool):  # fmt: skip
+                  trace: Trace, *, on_cuda: bool, micro_batch_size: int | None = None,
+                  on_status=None):  # fmt: skip
     """This rank of a data- or tensor-parallel job (freqopt.apply.train's module docstring): its DeepSpeed engine
     (ZeRO stage 0, AutoTP; BF16 on CUDA, torch's AdamW over DeepSpeed's FP32 master weights) and the DVFSRuntime
-    following it."""
+    following it. ``micro_batch_size``: the sequences of each batch the engine runs (default the workload's; smaller
+    under train's small_step); ``on_status`` is told each stage of the set-up."""
     import deepspeed
 
     from freqopt.workload.deepspeed_profile import adamw_factory, deepspeed_config
 
-    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
-    config = deepspeed_config(workload.micro_batch_size, workload.layout.tp, bf16=on_cuda)
+    init_distributed(on_cuda=on_cuda, on_status=on_status)
+    config = deepspeed_config(micro_batch_size or workload.micro_batch_size, workload.layout.tp, bf16=on_cuda)
+    _status(on_status, f"building DeepSpeed's engine (ZeRO stage 0{', AutoTP' if workload.layout.tp > 1 else ''})")
     engine, *_ = deepspeed.initialize(model=model, optimizer=adamw_factory(fused=on_cuda), config=config)
     return engine, DVFSRuntime.for_deepspeed(engine, table=table, backend=backend, trace=trace)
 
@@ -68,9 +103,11 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def deepspeed_pipeline_job(workload: Workload, model: torch.nn.Module, backend: Backend, table: ClockTable | None,
-                           *, on_cuda: bool, micro_batches: int | None, partition_method: str | None):  # fmt: skip
+                           *, on_cuda: bool, micro_batches: int | None, partition_method: str | None,
+                           micro_batch_size: int | None = None, on_status=None):  # fmt: skip
     """This rank's stage of the pipeline (freqopt.apply.train's module docstring, "Pipelines"): its PipelineEngine
-    and PipelineRuntime."""
+    and PipelineRuntime. ``micro_batch_size``: the sequences of each micro-batch the engine runs (default the
+    workload's; smaller under train's small_step); ``on_status`` is told each stage of the set-up."""
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
@@ -83,18 +120,22 @@ def deepspeed_pipeline_job(workload: Workload, model: torch.nn.Module, backend: 
     if table is not None:
         check_pipeline_table(table, layout.pp)
     micro_batches, partition_method = _pipeline_defaults(table, layout, micro_batches, partition_method)
-    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
+    init_distributed(on_cuda=on_cuda, on_status=on_status)
+    _status(on_status, f"building DeepSpeed's PipelineModule ({layout.pp} stages, partition {partition_method!r})")
     layers = [type(layer.type_name, (_StageLayer,), {})(model, layer) for layer in pipeline_layers(model)]
     # PipelineModule prints its seed settings and the partition, layer by layer, on rank 0 (bare prints in DeepSpeed
     # 0.19's pipe/module.py): not freqopt's output; the stages are freqopt's own partition (pipeline_layers).
     with contextlib.redirect_stdout(io.StringIO()):
         module = PipelineModule(layers=layers, num_stages=layout.pp, loss_fn=_lm_loss,
                                 partition_method=partition_method)  # fmt: skip
-    config = {**deepspeed_config(workload.micro_batch_size, 1, bf16=on_cuda),
+    config = {**deepspeed_config(micro_batch_size or workload.micro_batch_size, 1, bf16=on_cuda),
               "gradient_accumulation_steps": micro_batches, "steps_per_print": 2**31 - 1}  # no progress lines
+    _status(on_status, f"building DeepSpeed's pipeline engine ({micro_batches} micro-batches a step, 1F1B)")
     engine, *_ = deepspeed.initialize(model=module, optimizer=adamw_factory(fused=on_cuda),
                                       model_parameters=[p for p in module.parameters() if p.requires_grad],
                                       config=config)  # fmt: skip
+    if backend.simulated:
+        _status(on_status, f"tracing the {layout.pp} stages' passes for the simulated GPUs")
     traces = trace_pipeline_stages(workload, partition_method=partition_method) if backend.simulated else None
     return engine, PipelineRuntime(engine, table=table, backend=backend, stage_traces=traces)
 

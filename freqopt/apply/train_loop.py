@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freqopt.errors import InvalidSettingError
 from freqopt.gpu.backends.base import Backend, Measurement
 from freqopt.workload.models import Workload, build_model
 from freqopt.workload.models.ops import MixedPrecisionAdamW
@@ -21,17 +22,27 @@ from freqopt.apply.train_deepspeed import deepspeed_job, deepspeed_pipeline_job,
 from freqopt.tables import ClockTable
 from freqopt.workload.trace import trace_training_iteration
 
-__all__ = ["StepRecord", "TrainReport", "synthetic_batch", "train"]
+__all__ = ["SMALL_STEP_MICRO_BATCH_SIZE", "SMALL_STEP_SEQ_LEN", "StepRecord", "TrainReport", "batch_shape",
+           "synthetic_batch", "train"]
+
+# train's small_step: the batch each step runs on this machine's CPU, one sequence of at most 32 tokens. Chosen, not
+# derived: a gpt3-small step (125 M parameters, FP32 AdamW) took 1.0 s on a 2-core CPU (2026-11-28), where its full
+# 4 x 2048 tokens took 127 s (issue 51), and it still runs every module the phases hook.
+SMALL_STEP_MICRO_BATCH_SIZE = 1
+SMALL_STEP_SEQ_LEN = 32
 
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One step: with the table or not, its GPU time and energy (per step; a block's mean on a real GPU)."""
+    """One step: with the table or not, its GPU time and energy (per step; a block's mean on a real GPU), and the
+    seconds it took on this machine (wall clock: on the simulated backend the CPU's run of the step, which is not
+    the simulated GPU's time_s)."""
 
     step: int
     with_table: bool
     time_s: float
     energy_j: float
+    wall_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,18 +85,29 @@ def _blocks(steps: int, compare: bool, has_table: bool) -> list[bool]:
     return [(i // block) % 2 == 0 for i in range(steps)]
 
 
-def synthetic_batch(workload: Workload, generator: torch.Generator, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_shape(workload: Workload, small_step: bool = False) -> tuple[int, int]:
+    """(B, T) of the batches ``train`` runs: the workload's micro-batch and sequence length, or with ``small_step``
+    SMALL_STEP_MICRO_BATCH_SIZE sequences of at most SMALL_STEP_SEQ_LEN tokens."""
+    if small_step:
+        return SMALL_STEP_MICRO_BATCH_SIZE, min(SMALL_STEP_SEQ_LEN, workload.config.seq_len)
+    return workload.micro_batch_size, workload.config.seq_len
+
+
+def synthetic_batch(workload: Workload, generator: torch.Generator, device: str,
+                    shape: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """One batch of synthetic language-model data: tokens (B, T) drawn from the tokenizer's vocabulary (not its
-    padding) and their targets (B, T), the next tokens, both on ``device``."""
+    padding) and their targets (B, T), the next tokens, both on ``device``. ``shape``: (B, T), default the
+    workload's micro-batch and sequence length (batch_shape)."""
     config = workload.config
-    tokens = torch.randint(0, config.vocab_size, (workload.micro_batch_size, config.seq_len + 1), generator=generator)
+    b, t = shape if shape is not None else batch_shape(workload)
+    tokens = torch.randint(0, config.vocab_size, (b, t + 1), generator=generator)
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
 
 def train(workload: Workload, backend: Backend, *, table: ClockTable | None, steps: int, compare: bool = False,
           device: str = "cpu", seed: int = 0, on_step=None, micro_batches: int | None = None,
-          partition_method: str | None = None) -> TrainReport:  # fmt: skip
+          partition_method: str | None = None, on_status=None, small_step: bool = False) -> TrainReport:  # fmt: skip
     """Train ``workload`` for ``steps`` steps on synthetic tokens under the DVFS runtime (freqopt.apply.train's
     module docstring).
 
@@ -102,7 +124,16 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
         steps: training steps.
         compare: alternate blocks with and without the table.
         device: where the model trains ("cuda" with the nvml backend; "cpu" trains there, the GPU idling).
-        on_step: called with each StepRecord (progress; on the nvml backend at the end of each block).
+        on_step: called with each StepRecord as it is measured (progress; on the nvml backend at the end of each
+            block of steps with the same clocks).
+        on_status: called with a short line (str) before each stage of the set-up that can take seconds (tracing,
+            building the model, starting DeepSpeed), so that a caller can say what the run is doing.
+        small_step: the simulated backend only: each step runs on this machine one sequence of at most
+            SMALL_STEP_SEQ_LEN tokens (batch_shape) instead of the workload's micro-batch, while its time and energy
+            remain the simulated GPU's for the workload's traced iteration with the settings the runtime asked for.
+            The runtime follows module hooks and the optimizer step, whose order does not depend on the batch's
+            shape, so the requests, switches and figures are the full step's; only the loss is the small batch's
+            (freqopt.apply.train's module docstring).
         micro_batches: a pipeline's micro-batches per step (DeepSpeed's gradient_accumulation_steps); default the
             table's, else 2 x pp. Another count than the table's re-plans from its fronts (stage_schedule).
         partition_method: a pipeline's partition of the layers (DeepSpeed's: "parameters", "uniform",
@@ -120,13 +151,20 @@ def train(workload: Workload, backend: Backend, *, table: ClockTable | None, ste
         ClockTableError: a pipeline given a table that is not a pipeline table of pp stages (check_pipeline_table).
     """
     check_training_device(device)
+    if small_step and not backend.simulated:
+        raise InvalidSettingError("small_step applies to the simulated backend, whose step figures come from the "
+                                  "trace; on a real GPU the step measured is the step run",
+                                  argument="small_step")  # fmt: skip
     torch.manual_seed(seed)
+    shape = batch_shape(workload, small_step)
     job = _training_job(workload, backend, table, device=device, micro_batches=micro_batches,
-                        partition_method=partition_method)  # fmt: skip
+                        partition_method=partition_method, micro_batch_size=shape[0], on_status=on_status)  # fmt: skip
     generator = torch.Generator().manual_seed(seed + 1000 * job.data_rank)
     schedule = _blocks(steps, compare, table is not None)
+    if on_status is not None:
+        on_status(f"training {steps} step{'s' * (steps > 1)} of {shape[0]} x {shape[1]} tokens on {device}")
     with job.runtime:
-        records, losses = _run_steps(job, workload, backend, schedule, generator, device, on_step)
+        records, losses = _run_steps(job, workload, backend, schedule, generator, device, on_step, shape)
     pipeline = gather_requests(job.runtime) if job.pipeline else None
     return TrainReport(tuple(records), losses[0], losses[-1], job.runtime.switches / max(steps, 1), backend.spec.name,
                        pipeline)  # fmt: skip
@@ -158,23 +196,34 @@ class _Job:
 
 
 def _training_job(workload: Workload, backend: Backend, table: ClockTable | None, *, device: str,
-                  micro_batches: int | None, partition_method: str | None) -> _Job:  # fmt: skip
+                  micro_batches: int | None, partition_method: str | None, micro_batch_size: int,
+                  on_status=None) -> _Job:  # fmt: skip
     """Build this rank's model (FP32, cast to BF16 on one CUDA GPU) and its training: a pipeline's stage
     (deepspeed_pipeline_job), a DeepSpeed engine for more than one rank (deepspeed_job), or MixedPrecisionAdamW on
-    one GPU; each with its runtime."""
+    one GPU; each with its runtime. ``micro_batch_size``: of the batches run (batch_shape); ``on_status``: train's."""
+
+    def status(message: str) -> None:
+        if on_status is not None:
+            on_status(message)
+
     layout = workload.layout
     on_cuda = str(device).startswith("cuda")
     dtype = torch.bfloat16 if on_cuda else torch.float32
-    trace = None if layout.is_pipeline else trace_training_iteration(workload)  # a pipeline's stages: its runtime's
+    trace = None
+    if not layout.is_pipeline:  # a pipeline's stages: its runtime's
+        status(f"tracing one training iteration of {workload.model} (the phases the runtime follows)")
+        trace = trace_training_iteration(workload)
+    status(f"building {workload.model} on {device}")
     model = build_model(workload.config, device=device, dtype=torch.float32)
     if layout.is_pipeline:
         engine, runtime = deepspeed_pipeline_job(workload, model, backend, table, on_cuda=on_cuda,
-                                                 micro_batches=micro_batches,
-                                                 partition_method=partition_method)  # fmt: skip
+                                                 micro_batches=micro_batches, partition_method=partition_method,
+                                                 micro_batch_size=micro_batch_size, on_status=on_status)  # fmt: skip
         # The first and last stages load the same micro-batches.
         return _Job(model, engine, None, runtime, engine.grid.get_data_parallel_rank(), pipeline=True)
     if layout.world_size > 1:
-        engine, runtime = deepspeed_job(workload, model, backend, table, trace, on_cuda=on_cuda)
+        engine, runtime = deepspeed_job(workload, model, backend, table, trace, on_cuda=on_cuda,
+                                        micro_batch_size=micro_batch_size, on_status=on_status)  # fmt: skip
         data_rank = int(os.environ.get("RANK", "0")) // layout.tp
         return _Job(model, engine, None, runtime, data_rank, runtime.plan, plan_phases(None, trace, backend))
     model = model.to(dtype)
@@ -183,14 +232,15 @@ def _training_job(workload: Workload, backend: Backend, table: ClockTable | None
     return _Job(model, None, optimizer, runtime, 0, runtime.plan, plan_phases(None, trace, backend))
 
 
-def _next_batch(job: _Job, workload: Workload, generator: torch.Generator, device: str, with_table: bool):
-    """Set the runtime to the table's clocks or the defaults' for the next step, and make its synthetic batch (a
-    pipeline's: one per micro-batch)."""
+def _next_batch(job: _Job, workload: Workload, generator: torch.Generator, device: str, with_table: bool,
+                shape: tuple[int, int]):  # fmt: skip
+    """Set the runtime to the table's clocks or the defaults' for the next step, and make its synthetic batch of
+    ``shape`` (B, T) (a pipeline's: one per micro-batch)."""
     if job.pipeline:
         job.runtime.use_table = with_table
-        return [synthetic_batch(workload, generator, device) for _ in range(job.runtime.micro_batches)]
+        return [synthetic_batch(workload, generator, device, shape) for _ in range(job.runtime.micro_batches)]
     job.runtime.plan = job.table_plan if with_table else job.default_plan
-    return synthetic_batch(workload, generator, device)
+    return synthetic_batch(workload, generator, device, shape)
 
 
 def _compute_step(job: _Job, batch) -> torch.Tensor:
@@ -213,16 +263,16 @@ def _compute_step(job: _Job, batch) -> torch.Tensor:
 
 
 def _run_steps(job: _Job, workload: Workload, backend: Backend, schedule: list[bool], generator: torch.Generator,
-               device: str, on_step) -> tuple[list[StepRecord], list[float]]:  # fmt: skip
+               device: str, on_step, shape: tuple[int, int]) -> tuple[list[StepRecord], list[float]]:  # fmt: skip
     """Run the steps (``schedule``: per step, whether with the table); their records and losses. On the simulated
     backend each step's figures are the runtime's; on a real GPU each step's time is its own (CUDA events, else wall
     time) and its energy the mean over its block of consecutive steps with the same clocks (train)."""
     runtime, on_cuda = job.runtime, str(device).startswith("cuda")
     records, losses = [], []
-    block: list[tuple[int, bool, float]] = []  # (step, with_table, time_s) of the real GPU's current block
+    block: list[tuple[int, bool, float, float]] = []  # (step, with_table, time_s, wall_s) of the GPU's current block
     energy_before = None
     for i, with_table in enumerate(schedule):
-        batch = _next_batch(job, workload, generator, device, with_table)
+        batch = _next_batch(job, workload, generator, device, with_table, shape)
         if not runtime.simulated and energy_before is None:
             if on_cuda:
                 torch.cuda.synchronize(device)
@@ -235,21 +285,22 @@ def _run_steps(job: _Job, workload: Workload, backend: Backend, schedule: list[b
         if on_cuda:
             end_event.record()
         losses.append(float(loss.detach()))  # waits for the step on CUDA
+        wall_s = time.perf_counter() - started
         if runtime.simulated:
             m = runtime.step_measurement()
-            records.append(StepRecord(i, with_table, m.time_s, m.energy_j))
+            records.append(StepRecord(i, with_table, m.time_s, m.energy_j, wall_s))
             if on_step:
                 on_step(records[-1])
             continue
         if on_cuda:
             end_event.synchronize()
-            block.append((i, with_table, start_event.elapsed_time(end_event) / 1000.0))
+            block.append((i, with_table, start_event.elapsed_time(end_event) / 1000.0, wall_s))
         else:
-            block.append((i, with_table, time.perf_counter() - started))
+            block.append((i, with_table, wall_s, wall_s))
         if i + 1 == len(schedule) or schedule[i + 1] != with_table:  # the block ends
             energy_j = (backend.energy_j() - energy_before) / len(block)
-            for step, on_table, time_s in block:
-                records.append(StepRecord(step, on_table, time_s, energy_j))
+            for step, on_table, time_s, step_wall_s in block:
+                records.append(StepRecord(step, on_table, time_s, energy_j, step_wall_s))
                 if on_step:
                     on_step(records[-1])
             block, energy_before = [], None

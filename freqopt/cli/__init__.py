@@ -36,6 +36,7 @@ FLAGS = {
     "confidence": "--confidence",
     "virtual_stages": "--virtual-stages", "study": "--study", "gpu_indices": "--gpus",
     "sm_clocks_mhz": "--sm-clocks", "sm_clock_step_mhz": "--sm-clock-step",
+    "small_step": "--small-step",
 }  # fmt: skip
 
 

@@ -6,9 +6,8 @@ import time
 
 import click
 
-from freqopt.cli import (absolute_model, absolute_path, absolute_storage, check_json_path, cli,
-                         memory_warnings_as_lines, model_options, stdout_console, verbose_option,
-                         write_json)  # fmt: skip
+from freqopt.cli import (absolute_storage, check_json_path, cli, memory_warnings_as_lines, model_options,
+                         stdout_console, verbose_option, write_json)  # fmt: skip
 
 
 def switch_latency_option(f):
@@ -192,13 +191,12 @@ def _print_search(result, console, started: float, model: str, n_heads, vocab_mu
                   soft_wrap=True)  # fmt: skip
     if result.table_paths:
         best = max(result.results, key=lambda g: result.energy_saved_pct(g) if g in result.table_paths else -1.0)
-        w = result.trace.workload
-        overrides = [f"--n-heads {n_heads} "] if n_heads is not None else []
-        overrides += [f"--vocab-multiple {vocab_multiple} "] if vocab_multiple is not None else []
-        console.print(f"apply the {best} table (the most saved) to training with: freqopt train --model "
-                      f"{absolute_model(model)} --micro-batch-size {w.micro_batch_size} --seq-len {w.config.seq_len} "
-                      + "".join(overrides) + ("" if w.layout.is_single_gpu else f"--layout {w.layout} ")
-                      + f"--table {absolute_path(result.table_paths[best])}", soft_wrap=True)  # fmt: skip
+        from freqopt.cli.suggest import train_command
+
+        command = train_command(model, result.trace.workload, result.table_paths[best], backend=result.backend_name,
+                                n_heads=n_heads, vocab_multiple=vocab_multiple)  # fmt: skip
+        console.print(f"apply the {best} table (the most saved) to training with: {command}", soft_wrap=True,
+                      highlight=False)  # fmt: skip
 
 
 def slowdown_cell(row: dict) -> str:
@@ -296,9 +294,11 @@ def _search_pipeline(model, max_slowdown, gpu, levels, backend, storage, out_dir
         out.print(line, soft_wrap=True)
     if result.table_path is not None:
         out.print(f"instruction table: {result.table_path} (and .csv)", soft_wrap=True)
-        w = result.workload
-        console.print(f"apply it to training with: freqopt train --model {w.model} --layout {w.layout} --micro-batches "
-                      f"{result.micro_batches} --table {absolute_path(result.table_path)}", soft_wrap=True)  # fmt: skip
+        from freqopt.cli.suggest import train_command
+
+        command = train_command(model, result.workload, result.table_path, backend=backend, n_heads=n_heads,
+                                vocab_multiple=vocab_multiple, micro_batches=result.micro_batches)  # fmt: skip
+        console.print(f"apply it to training with: {command}", soft_wrap=True, highlight=False)
     if result.n_stored_measurements:
         what = "shared with workers" if result.resumed is False else "resumed"
         console.print(f"{what}: {result.n_stored_measurements} measurements read back from "

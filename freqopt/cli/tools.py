@@ -172,18 +172,22 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
                 else "re-allocated table" if report.reallocated is not None
                 else f"table as transferred (not re-allocated: {why_not})")  # fmt: skip
         out.print(f"{what}: {report.table_path} (and .csv); apply it with `"
-                  f"{_train_line(model, workload, report.table_path, vocab_multiple)}` or freqopt.DVFSRuntime",
+                  f"{_train_line(model, workload, report.table_path, vocab_multiple, backend)}` or freqopt.DVFSRuntime",
                   soft_wrap=True)  # fmt: skip
     else:
         out.print(f"no table written: as transferred it breaks the budget, and it cannot be re-allocated ({why_not})")
     write_json(json_path, summary)
 
 
-def _train_line(model: str, workload, table_path, vocab_multiple: int | None) -> str:
+def _train_line(model: str, workload, table_path, vocab_multiple: int | None, backend: str = "sim") -> str:
     """The `freqopt train` command that applies ``table_path`` to ``workload``, from any folder: the model (an
     ``hf:PATH`` with PATH absolute), its layout, and its micro-batch, sequence length and heads where not the
-    model's defaults (and --vocab-multiple where given), the table's absolute path."""
+    model's defaults (and --vocab-multiple where given), the table's absolute path, and the options that make it
+    finish where it is suggested (freqopt.cli.suggest.backend_options: small steps and --compare on the simulated
+    GPU)."""
     from pathlib import Path
+
+    from freqopt.cli.suggest import backend_options
 
     from freqopt.workload.models import get_workload
     from freqopt.workload.models.hf import is_hf_model
@@ -199,7 +203,7 @@ def _train_line(model: str, workload, table_path, vocab_multiple: int | None) ->
         line += f" --n-heads {workload.config.n_heads}"
     if vocab_multiple is not None:
         line += f" --vocab-multiple {vocab_multiple}"
-    return f"{line} --table {Path(table_path).resolve()}"
+    return f"{line} --table {Path(table_path).resolve()} {' '.join(backend_options(backend))}"
 
 
 @cli.command(short_help="Compare the Bayesian search with an exhaustive sweep.")

@@ -28,14 +28,21 @@ from freqopt.cli.search import switch_latency_option
 @click.option("--micro-batches", "micro_batches", default=None, type=int,
               help="Pipelines (--layout pp=N): micro-batches per step (default: the table's, else 2 x pp); another "
                    "count than the table's is planned again from its fronts.")
+@click.option("--small-step", "small_step", is_flag=True,
+              help="sim: run each step on one sequence of at most 32 tokens on this machine; the simulated GPU's "
+                   "time and energy stay the full workload's (only the loss differs). Seconds a step on a CPU.")
 @switch_latency_option
 @model_options
 def train(model, table_path, steps, backend, gpu, compare, read_only, device, json_path, seed, micro_batches,
-          switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) -> None:  # fmt: skip
+          small_step, switch_latency_ms, micro_batch_size, seq_len, n_heads, vocab_multiple,
+          layout) -> None:  # fmt: skip
     """Train on synthetic tokens under the DVFS runtime and report time and energy per step.
 
-    With --layout pp=N the model trains as a DeepSpeed pipeline (one rank per stage, 1F1B), and a pipeline table
-    (granularity instruction) sets each stage's SM clock at every forward and backward pass."""
+    Progress goes to stderr: each stage of the set-up (tracing, building the model, starting DeepSpeed) and each
+    step as it is measured; the table of steps to stdout at the end. With --layout pp=N the model trains as a
+    DeepSpeed pipeline (one rank per stage, 1F1B), and a pipeline table (granularity instruction) sets each stage's
+    SM clock at every forward and backward pass."""
+    from rich.console import Console
     from rich.table import Table
 
     check_names_first(model, gpu)
@@ -46,18 +53,29 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     check_training_arguments(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
                              read_only=read_only, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                              vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
-                             micro_batches=micro_batches)  # fmt: skip
-    from freqopt.apply.train import plan_training
+                             micro_batches=micro_batches, small_step=small_step)  # fmt: skip
+    rank = int(os.environ.get("RANK", "0"))
+    progress = _TrainProgress(Console(stderr=True), steps, quiet=rank != 0)
+    with progress:
+        # On the live bar only, unless a launcher started this rank (whose run the command line checked before): a
+        # line on stderr before a refusal would make it two
+        progress.status("checking the run: the model, " + ("the table, " if table_path else "") + "this machine's "
+                        "memory", line="WORLD_SIZE" in os.environ)  # fmt: skip
+        from freqopt.apply.train import plan_training
 
-    plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
-                         read_only=read_only, device=device, seed=seed, micro_batch_size=micro_batch_size,
-                         seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                         switch_latency_ms=switch_latency_ms, micro_batches=micro_batches)  # fmt: skip
-    if plan.needs_launcher:
-        _relaunch_under_deepspeed(plan)
-        return
-    report = plan.run()
-    if int(os.environ.get("RANK", "0")) != 0:
+        plan = plan_training(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
+                             read_only=read_only, device=device, seed=seed, micro_batch_size=micro_batch_size,
+                             seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
+                             switch_latency_ms=switch_latency_ms, micro_batches=micro_batches,
+                             small_step=small_step)  # fmt: skip
+        if plan.needs_launcher:
+            progress.status(f"starting {plan.workload.layout.world_size} ranks under DeepSpeed's launcher (rank 0 "
+                            "reports)")  # fmt: skip
+            progress.close()
+            _relaunch_under_deepspeed(plan)
+            return
+        report = plan.run(on_step=progress.step, on_status=progress.status)
+    if rank != 0:
         return
     workload = plan.workload
     summary = report.summary()
@@ -68,6 +86,13 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     for r in report.steps:
         rich_table.add_row(str(r.step), "table" if r.with_table else "default", f"{r.time_s:.5f}", f"{r.energy_j:.3f}")
     stdout_console().print(rich_table)
+    if small_step:
+        from freqopt.apply.train_loop import batch_shape
+
+        b, t = batch_shape(workload, small_step=True)
+        click.echo(f"small steps: each step ran {b} x {t} tokens on the {plan.device.upper()}; its time and energy are "
+                   f"the simulated GPU's for the workload's {workload.micro_batch_size} x {workload.config.seq_len} "
+                   "tokens, and the loss the small batch's")  # fmt: skip
     if report.pipeline is not None:
         p = report.pipeline
         click.echo(f"pipeline of {p['stages']} stages x {p['micro_batches']} micro-batches (1F1B): each rank asked for "
@@ -78,6 +103,98 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
                    f"{summary['slowdown_pct']:+.2f} % time per step ({report.switches_per_step:.1f} clock switches "
                    "per step)")  # fmt: skip
     write_json(json_path, summary)
+
+
+class _TrainProgress:
+    """``freqopt train``'s progress on stderr (rich): a line for each stage of the set-up (TrainingPlan.run's
+    on_status) and for each step as it is measured (on_step: its clocks, GPU time and energy, and the seconds it
+    took here), under a live bar of the steps on a terminal. Where stderr is not a terminal (a log, a pipe), where
+    the bar is not drawn, a line says what the run is still doing after every ``heartbeat_s`` without one, so that no
+    stretch of a run is silent (a full-size step on a CPU takes minutes). ``quiet``: print nothing (a launched rank
+    other than 0)."""
+
+    def __init__(self, console, steps: int, *, quiet: bool = False, heartbeat_s: float = 10.0):
+        import threading
+        import time
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console, self.steps, self.quiet, self.heartbeat_s = console, steps, quiet, heartbeat_s
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True)  # fmt: skip
+        self.task = None
+        self.doing = "starting"
+        self.last = self.since = time.monotonic()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = None
+
+    def __enter__(self):
+        import threading
+
+        if self.quiet:
+            return self
+        if self.console.is_terminal:
+            self.task = self.progress.add_task(self.doing, total=self.steps)
+            self.progress.start()
+        else:
+            self.thread = threading.Thread(target=self._heartbeat, name="freqopt-train-progress", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.task is not None:
+            self.progress.stop()
+            self.task = None
+
+    def _print(self, line: str) -> None:
+        import time
+
+        with self.lock:
+            self.console.print(line, soft_wrap=True, highlight=False)
+            self.last = time.monotonic()
+
+    def _heartbeat(self) -> None:
+        import time
+
+        while not self.stopped.wait(1.0):
+            now = time.monotonic()
+            if now - self.last >= self.heartbeat_s:
+                self._print(f"  ... {self.doing} ({now - self.since:.0f} s)")
+
+    def status(self, message: str, line: bool = True) -> None:
+        """A stage of the set-up begins (on_status): a line on stderr (``line``) and the live bar's description."""
+        import time
+
+        if self.quiet:
+            return
+        self.doing, self.since = message, time.monotonic()
+        if self.task is not None:
+            self.progress.update(self.task, description=message)
+        if line:
+            self._print(message)
+
+    def step(self, record) -> None:
+        """A step was measured (on_step: a StepRecord)."""
+        import time
+
+        if self.quiet:
+            return
+        done = record.step + 1
+        here = "" if record.wall_s is None else f" (ran {record.wall_s:.1f} s here)"
+        self._print(f"step {done}/{self.steps} ({'table' if record.with_table else 'default'} clocks): "
+                    f"{record.time_s:.5f} s, {record.energy_j:.3f} J{here}")  # fmt: skip
+        self.doing, self.since = (f"running step {done + 1}/{self.steps}" if done < self.steps
+                                  else "finishing"), time.monotonic()  # fmt: skip
+        if self.task is not None:
+            self.progress.update(self.task, completed=done, description=self.doing)
 
 
 def _relaunch_under_deepspeed(plan) -> None:
