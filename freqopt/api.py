@@ -18,6 +18,7 @@ from pathlib import Path
 from freqopt.budget import DEFAULT_CONFIDENCE, check_confidence
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.output import check_writable_dir, check_writable_file, open_output
+from freqopt.storage_url import check_storage_url
 
 # The output checks (check_writable_dir, check_writable_file, open_output) live in freqopt.output; they are
 # re-exported here, where callers have always imported them from.
@@ -162,6 +163,7 @@ def search(
     checked = _check_arguments(model_or_trace, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity,
                                backend=backend, seed=seed, n_trials=n_trials, n_jobs=n_jobs,
                                switch_latency_ms=switch_latency_ms, confidence=confidence, host=host)  # fmt: skip
+    check_storage_url(storage)  # refused before the model is traced; opened (and made) later, by open_output
     trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                                 n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     if workload.layout.is_pipeline:
