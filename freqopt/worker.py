@@ -113,6 +113,12 @@ def _what(name: str | None) -> str:
     return "a freqopt search" if name is None else f"freqopt search {name!r}"
 
 
+def _no_search(name: str | None) -> str:
+    """The start of the message for a storage without the search: "no freqopt search is running in" (no name) or
+    "no freqopt search named NAME in"; the storage follows."""
+    return "no freqopt search is running in" if name is None else f"no freqopt search named {name!r} in"
+
+
 def _start_hint(storage: str, waited: bool) -> str:
     """What to do about a storage without the search: check the URL, start the search first, or (where the worker
     did not wait) let a worker started beside its search wait for it."""
@@ -130,7 +136,7 @@ def _waiter(storage: str, wait_s: float | None, poll_s: float, on_wait, started:
 
     def wait(what: str, missing: str) -> None:
         waited = time.monotonic() - started
-        if wait_s is None or waited > wait_s:
+        if wait_s is None or waited >= wait_s:
             after = "" if wait_s is None else f" after {wait_s:g} s"
             raise StorageError(f"{missing}{after}: {_start_hint(storage, wait_s is not None)}")
         if on_wait is not None and time.monotonic() - notices[0] >= WAIT_NOTICE_S:
@@ -151,7 +157,7 @@ def _wait_for_file(storage: str, name: str | None, wait_s: float | None, poll_s:
     wait = _waiter(storage, wait_s, poll_s, on_wait, started)
     while path is not None and not path.exists():
         wait(f"{_what(name)} to create {path}",
-             f"no freqopt search in {storage} (no file {str(path)!r})")
+             f"{_no_search(name)} {storage} (no file {str(path)!r})")
 
 
 def _wait_for_search(opened, storage: str, name: str | None, wait_s: float | None, poll_s: float, on_wait,
@@ -176,7 +182,7 @@ def _wait_for_search(opened, storage: str, name: str | None, wait_s: float | Non
         if running:
             name = running[0]
         else:
-            wait(f"a freqopt search to start in {storage}", f"no freqopt search is running in {storage}")
+            wait(f"a freqopt search to start in {storage}", f"{_no_search(name)} {storage}")
     while (state := load_job(opened, name)) is None:
-        wait(f"freqopt search {name!r} to start in {storage}", f"no freqopt search named {name!r} in {storage}")
+        wait(f"freqopt search {name!r} to start in {storage}", f"{_no_search(name)} {storage}")
     return name, state["job"]
