@@ -5,6 +5,7 @@ pipeline's; one worker per GPU)."""
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from freqopt.errors import InvalidSettingError, StorageError
@@ -122,10 +123,11 @@ def _no_search(name: str | None) -> str:
 def _start_hint(storage: str, waited: bool) -> str:
     """What to do about a storage without the search: check the URL, start the search first, or (where the worker
     did not wait) let a worker started beside its search wait for it."""
+    url = shlex.quote(storage)  # a URL with ? or & runs as printed in a shell
     hint = (f"check the URL, or start the search first (`freqopt search --model gpt3-small --max-slowdown 1% --storage "
-            f"{storage}`, with your model and budget) and join it with the name it prints")
+            f"{url}`, with your model and budget) and join it with the name it prints")
     return hint if waited else hint + f"; a worker started beside its search waits for it with --wait-s: `freqopt " \
-                                      f"worker --storage {storage} --wait-s 600`"
+                                      f"worker --storage {url} --wait-s 600`"
 
 
 def _waiter(storage: str, wait_s: float | None, poll_s: float, on_wait, started: float):
