@@ -17,7 +17,7 @@ WAIT_NOTICE_S = 10.0  # while waiting for a search to appear, on_wait is called 
 
 
 def join_search(storage: str, name: str | None = None, *, backend: str | None = None, wait_s: float | None = None,
-                poll_s: float = 0.5, on_join=None, on_unit=None, on_wait=None, verbose: bool = False,
+                poll_s: float = 0.5, on_join=None, on_unit=None, on_wait=None, on_idle=None, verbose: bool = False,
                 device: int | None = None):  # fmt: skip
     """Join search ``name`` in ``storage`` (None: the one search running there), then serve it
     (freqopt.search.workers.serve) on this machine's GPU.
@@ -40,6 +40,8 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
         on_unit: called as on_unit(granularity, unit name) after each unit this worker ran.
         on_wait: called as on_wait(what, waited_s) every WAIT_NOTICE_S (10 s) while waiting for the search to
             appear (``what``: what it waits for, one line).
+        on_idle: called as on_idle(idle_s) every 10 s while, joined, it has nothing to claim and the search is not
+            done (freqopt.search.workers.serve; ``idle_s``: seconds idle so far, of at most wait_s or IDLE_S).
         verbose: let Optuna log at INFO (a line per study it creates); by default WARNING, and the caller's
             Optuna verbosity is restored on return (freqopt.search.study.optuna_logging).
         device: the GPU this worker measures on, an index among the visible ones (CUDA_VISIBLE_DEVICES order);
@@ -70,7 +72,8 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
     device = local_device(device)
     check_storage_url(storage)
     started = time.monotonic()
-    _wait_for_file(storage, name, wait_s, poll_s, on_wait, started)
+    if wait_s is None:  # a missing file is refused before the imports; one to wait for is waited for after them,
+        _wait_for_file(storage, name, wait_s, poll_s, on_wait, started)  # so that the worker is ready when it comes
 
     from freqopt.gpu.backends import get_backend
     from freqopt.gpu.specs import get_gpu
@@ -78,6 +81,7 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
     from freqopt.search.study import optuna_logging
     from freqopt.search.workers import check_worker_backend, serve, trace_from_job
 
+    _wait_for_file(storage, name, wait_s, poll_s, on_wait, started)
     opened = open_storage(storage)
     name, job = _wait_for_search(opened, storage, name, wait_s, poll_s, on_wait, started)
     idle_s = IDLE_S if wait_s is None else wait_s
@@ -90,7 +94,8 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
                 on_join(name, job, spec, backend_name, device)
 
         with optuna_logging(verbose):
-            return serve_pipeline(opened, name, job, idle_s=idle_s, poll_s=poll_s, on_unit=on_unit, on_ready=ready)
+            return serve_pipeline(opened, name, job, idle_s=idle_s, poll_s=poll_s, on_unit=on_unit, on_ready=ready,
+                                  on_idle=on_idle)
     measuring = get_backend(backend_name, get_gpu(job["gpu"]) if backend_name == "sim" else None, seed=job["seed"],
                             device=device)  # fmt: skip
     try:
@@ -104,7 +109,8 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
         if on_join is not None:
             on_join(name, job, measuring.spec, backend_name, device)
         with optuna_logging(verbose):
-            return serve(opened, name, trace, measuring, idle_s=idle_s, poll_s=poll_s, on_unit=on_unit)
+            return serve(opened, name, trace, measuring, idle_s=idle_s, poll_s=poll_s, on_unit=on_unit,
+                         on_idle=on_idle)
     finally:
         measuring.close()
 

@@ -265,3 +265,23 @@ def test_train_with_another_models_table_suggests_a_transfer_that_runs(tmp_path)
     (command,) = _suggestions(err)
     assert command[:1] == ["transfer"] and f"hf:{HF_LLAMA}" in command, err
     _runs_as_printed(command, tmp_path)
+
+
+def test_a_joined_worker_with_nothing_to_claim_says_so_every_10_s(monkeypatch):
+    """freqopt.search.workers.serve calls on_idle at least every IDLE_NOTICE_S (shortened here) while the search runs
+    with nothing to claim, then gives up after idle_s; the worker command prints each as a line."""
+    import optuna
+
+    import freqopt.search.workers as workers
+
+    storage = optuna.storages.InMemoryStorage()
+    workers.publish_job_doc(storage, "s", {"model": "gpt3-small"})  # running, no queue published yet
+    monkeypatch.setattr(workers, "IDLE_NOTICE_S", 0.05)
+    seen = []
+    report = workers.serve(storage, "s", None, None, idle_s=0.4, poll_s=0.01, on_idle=seen.append)
+    assert report.idle_timeout and report.units == 0
+    assert len(seen) >= 3 and seen == sorted(seen) and all(0.04 < s <= 0.45 for s in seen), seen
+    workers.finish_job(storage, "s")
+    seen.clear()
+    assert not workers.serve(storage, "s", None, None, idle_s=0.4, poll_s=0.01, on_idle=seen.append).idle_timeout
+    assert seen == []  # a finished search: no wait at all

@@ -418,13 +418,17 @@ def worker(storage, name, backend, wait_s, json_path, device, verbose) -> None:
     def on_wait(what: str, waited_s: float) -> None:
         console.print(f"waiting for {what} ({waited_s:.0f} s of --wait-s {wait_s:g})", soft_wrap=True)
 
+    def on_idle(idle_s: float) -> None:
+        console.print(f"nothing to claim for {idle_s:.0f} s (the search's other processes hold its units); stopping "
+                      f"after {IDLE_S if wait_s is None else wait_s:g} s", soft_wrap=True)  # fmt: skip
+
     def on_join(joined, job, spec, backend_name, index) -> None:
         where = "simulated" if backend_name == "sim" else f"GPU {index}"
         console.print(f"joined {joined}: {job['model']} on {spec.name} ({where})")
 
     report = join_search(storage, name, backend=backend, wait_s=wait_s, on_join=on_join, device=device,
                          on_unit=lambda g, unit: console.print(f"{g}: {unit} done"), on_wait=on_wait,
-                         verbose=verbose)  # fmt: skip
+                         on_idle=on_idle, verbose=verbose)  # fmt: skip
     ending = (f"nothing to claim for {IDLE_S if wait_s is None else wait_s:g} s" if report.idle_timeout
               else "the search is done")  # fmt: skip
     console.print(f"worker stopped ({ending}): {report.units} units, {report.n_new_measurements} measurements")
