@@ -31,9 +31,9 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
         name: the search's name (runner.study_prefix of its trace, GPU and seed; printed by ``freqopt search``), or
             None: the only search running in ``storage``.
         backend: "sim" or "nvml"; must be the search's own; None: the search's.
-        wait_s: wait this long (s, not negative) for the search to appear, and once joined give up after this long
-            with nothing to claim; None: refuse a storage without the search at once, and give up after IDLE_S
-            (600 s) with nothing to claim.
+        wait_s: wait this long (s, not negative, from when the worker is ready: its modules loaded) for the search
+            to appear, and once joined give up after this long with nothing to claim; None: refuse a storage
+            without the search at once, and give up after IDLE_S (600 s) with nothing to claim.
         poll_s: seconds between looks at the storage.
         on_join: called as on_join(name, job, spec, backend_name, device) once joined (job: the search's published
             dict).
@@ -71,9 +71,8 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
         raise InvalidSettingError(f"wait_s must not be negative, not {wait_s:g}", argument="wait_s")
     device = local_device(device)
     check_storage_url(storage)
-    started = time.monotonic()
     if wait_s is None:  # a missing file is refused before the imports; one to wait for is waited for after them,
-        _wait_for_file(storage, name, wait_s, poll_s, on_wait, started)  # so that the worker is ready when it comes
+        _wait_for_file(storage, name, wait_s, poll_s, on_wait, time.monotonic())  # so that the worker is ready
 
     from freqopt.gpu.backends import get_backend
     from freqopt.gpu.specs import get_gpu
@@ -81,6 +80,7 @@ def join_search(storage: str, name: str | None = None, *, backend: str | None = 
     from freqopt.search.study import optuna_logging
     from freqopt.search.workers import check_worker_backend, serve, trace_from_job
 
+    started = time.monotonic()  # wait_s counts from here: the worker is ready to join
     _wait_for_file(storage, name, wait_s, poll_s, on_wait, started)
     opened = open_storage(storage)
     name, job = _wait_for_search(opened, storage, name, wait_s, poll_s, on_wait, started)

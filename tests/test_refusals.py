@@ -270,10 +270,11 @@ def test_train_with_another_models_table_suggests_a_transfer_that_runs(tmp_path)
 def test_a_joined_worker_with_nothing_to_claim_says_so_every_10_s(monkeypatch):
     """freqopt.search.workers.serve calls on_idle at least every IDLE_NOTICE_S (shortened here) while the search runs
     with nothing to claim, then gives up after idle_s; the worker command prints each as a line."""
+    import importlib
+
     import optuna
 
-    import freqopt.search.workers as workers
-
+    workers = importlib.import_module("freqopt.search.workers")  # (freqopt.search is also a function's name)
     storage = optuna.storages.InMemoryStorage()
     workers.publish_job_doc(storage, "s", {"model": "gpt3-small"})  # running, no queue published yet
     monkeypatch.setattr(workers, "IDLE_NOTICE_S", 0.05)
