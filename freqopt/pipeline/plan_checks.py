@@ -71,10 +71,10 @@ def check_planner_arguments(profile: StageProfile | str | Path, micro_batches: i
         raise InvalidSettingError(f"stages {stages} is not the stage profile's {what}; plan the pipeline that was "
                                   "profiled", argument="stages")  # fmt: skip
     blocking_power_w = blocking_power_w_for(blocking_power_w, gpu)
-    if gpu is not None:  # also a GPU file (realized prices switches with its latency); blocking_power_w_for may not
-        from freqopt.gpu.specs import get_gpu  # have read it, where a blocking power was given
+    if gpu is not None:  # a GPU type or file (realized prices switches with its latency), which blocking_power_w_for
+        from freqopt.gpu.specs import get_gpu
 
-        get_gpu(gpu)
+        get_gpu(gpu)  # has not read where a blocking power was given
     if time_quantum_s is not None:
         check_number("time_quantum_s", time_quantum_s, minimum=0.0, strict=True)
     check_number("mip_rel_gap", mip_rel_gap, minimum=0.0)
