@@ -252,8 +252,9 @@ class ClockTable:
                 f"it was searched on; search this workload (layout {_layout_text(layout)}) at granularity "
                 f"{INSTRUCTION!r} and apply that table"
             )
-        table_arg = str(Path(name).absolute()) if Path(name).is_file() else str(name)  # from any folder
-        command = (f"freqopt transfer --table {shlex.quote(table_arg)} "
+        # a file: absolute (the command runs from any folder), quoted for a shell; a table held in memory: its name
+        table_arg = shlex.quote(str(Path(name).absolute())) if Path(name).is_file() else str(name)
+        command = (f"freqopt transfer --table {table_arg} "
                    f"--model {_model_argument(model or target['model'])} --layout dp={layout['dp']},tp={layout['tp']} "
                    f"--micro-batch-size {target['micro_batch_size']} --seq-len {target['seq_len']}")  # fmt: skip
         if sizes and target["n_heads"] is not None and target["n_heads"] != mine["n_heads"]:
