@@ -30,6 +30,9 @@ _DRIVERS: dict[str, dict[str | None, str]] = {
               "asyncmy": "asyncmy", "aiomysql": "aiomysql", "mariadbconnector": "mariadb"},
     "mariadb": {None: "MySQLdb", "mysqldb": "MySQLdb", "pymysql": "pymysql", "mariadbconnector": "mariadb"},
 }  # fmt: skip
+# SQLAlchemy 2.0's built-in dialects (sqlalchemy/dialects/__init__.py's __all__); others come from packages that
+# register them under the "sqlalchemy.dialects" entry-point group.
+_BUILT_IN_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
 # What installs each driver module (pip package), where its name is not the module's.
 _PACKAGES = {"psycopg": "psycopg[binary]", "MySQLdb": "mysqlclient", "mysql.connector": "mysql-connector-python"}
 _SCHEME = re.compile(r"^([A-Za-z0-9_]+)(?:\+([A-Za-z0-9_]+))?://")
@@ -72,9 +75,10 @@ def storage_file(url: str | None) -> Path | None:
 
 
 def check_storage_url(url: str | None) -> None:
-    """Check that ``url`` could be opened, without opening it or making anything: a known form, the driver of a
-    built-in SQLAlchemy dialect installed (found, not imported), the folder of a journal or SQLite file present. An
-    unusual dialect (a third-party one) is loaded through SQLAlchemy (importing it) to find out.
+    """Check that ``url`` could be opened, without opening it or making anything: a known form, a dialect SQLAlchemy
+    has or an installed package registers, the driver of a built-in dialect installed (found, not imported), the
+    folder of a journal or SQLite file present. Another driver, or a registered third-party dialect, is loaded
+    through SQLAlchemy (importing it) to find out.
 
     Raises:
         StorageError: not a URL of a known form, no file after ``journal:``, an unknown dialect, or the folder of
@@ -95,6 +99,9 @@ def check_storage_url(url: str | None) -> None:
             raise _cannot_open(url, "not journal:PATH nor a database URL dialect://...")
         dialect, driver = match.group(1), match.group(2)
         module = _DRIVERS.get(dialect, {}).get(driver)
+        if dialect not in _BUILT_IN_DIALECTS and not _registered(dialect, driver):
+            raise _cannot_open(url, f"no database dialect {dialect!r}: SQLAlchemy has none, and no installed package "
+                                    "registers one")  # fmt: skip
         if module is None:
             _check_through_sqlalchemy(url)
         elif importlib.util.find_spec(module.split(".")[0]) is None:
@@ -102,6 +109,15 @@ def check_storage_url(url: str | None) -> None:
     path = storage_file(url)
     if path is not None and not path.parent.is_dir():
         raise _cannot_open(url, f"no folder {str(path.parent)!r}")
+
+
+def _registered(dialect: str, driver: str | None) -> bool:
+    """Whether an installed package registers SQLAlchemy dialect ``dialect`` (or ``dialect.driver``): the
+    "sqlalchemy.dialects" entry points SQLAlchemy loads third-party dialects from (read, not imported)."""
+    from importlib.metadata import entry_points
+
+    names = {e.name for e in entry_points(group="sqlalchemy.dialects")}
+    return dialect in names or f"{dialect}.{driver}" in names
 
 
 def _check_through_sqlalchemy(url: str) -> None:

@@ -55,7 +55,7 @@ REFUSALS = [
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "dp=abc"], "--layout 'dp=abc'"),
     (["search", "--model", "hf:{tmp}/missing", "--max-slowdown", "1%"], "no Hugging Face config"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "nope://x"],
-     "cannot open Optuna storage 'nope://x'"),
+     "cannot open Optuna storage 'nope://x' (no database dialect 'nope'"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--storage", "journal:{tmp}/missing/s.journal"],
      "no folder"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "nope"], "unknown granularity"),
@@ -95,6 +95,8 @@ REFUSALS = [
     (["worker", "--storage", "nope://x"], "cannot open Optuna storage"),
     (["worker", "--storage", "journal:{tmp}/w.journal", "--wait-s", "-1"], "--wait-s must not be negative"),
     (["worker", "--storage", "journal:{tmp}/w.journal", "--backend", "nope"], "unknown backend 'nope'"),
+    (["plan", "--micro-batches", "4"], "Missing option '--stage-profile'"),  # click's, with `freqopt plan --help`
+    (["worker", "--wait-s", "1"], "Missing option '--storage'"),
 ]  # fmt: skip
 
 
@@ -179,7 +181,7 @@ def test_storage_urls_are_checked_without_opening_them(tmp_path):
     assert storage_file("postgresql+psycopg://u@h/db") is None and storage_file(None) is None
     for url in (f"journal:{tmp_path}/a.journal", f"sqlite:///{tmp_path}/a.db", None):
         check_storage_url(url)
-    for url, reason in (("journal:", "no file after journal:"), ("nope://x", "Can't load plugin"),
+    for url, reason in (("journal:", "no file after journal:"), ("nope://x", "no database dialect 'nope'"),
                         ("a path", "not journal:PATH"), (f"journal:{tmp_path}/no/a.journal", "no folder")):  # fmt: skip
         with pytest.raises(StorageError, match=re.escape(reason)):
             check_storage_url(url)
