@@ -18,6 +18,7 @@ from pathlib import Path
 from freqopt.budget import DEFAULT_CONFIDENCE, check_confidence
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.output import check_writable_dir, check_writable_file, open_output
+from freqopt.storage_url import check_storage_url
 
 # The output checks (check_writable_dir, check_writable_file, open_output) live in freqopt.output; they are
 # re-exported here, where callers have always imported them from.
@@ -162,6 +163,7 @@ def search(
     checked = _check_arguments(model_or_trace, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity,
                                backend=backend, seed=seed, n_trials=n_trials, n_jobs=n_jobs,
                                switch_latency_ms=switch_latency_ms, confidence=confidence, host=host)  # fmt: skip
+    check_storage_url(storage)  # refused before the model is traced; opened (and made) later, by open_output
     trace, workload = resolve_trace_or_workload(model_or_trace, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                                 n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     if workload.layout.is_pipeline:
@@ -378,21 +380,19 @@ def search_pipeline(
     """
     from freqopt.budget import parse_slowdown
     from freqopt.gpu.specs import DEFAULT_GPU, check_switch_latency_ms, get_gpu
-    from freqopt.resolve import resolve_gpu, resolve_workload
-    from freqopt.pipeline.config import PipelineSearchConfig, pipeline_granularities
-    from freqopt.pipeline.result import result_pipeline_table
-    from freqopt.pipeline.search import fronts_prefix, run_pipeline_search
-    from freqopt.search.storage import open_storage
-    from freqopt.search.study import optuna_logging
-    from freqopt.workload.pipeline_trace import trace_pipeline_stages
+    from freqopt.granularities import pipeline_granularities
+    from freqopt.pipeline.dag import schedule_dag
+    from freqopt.resolve import check_workload_arguments, resolve_gpu
 
+    # The checks that need no model built first, before the modules that load PyTorch and Optuna (issue 51, item 1).
     slowdown = parse_slowdown(max_slowdown)
     confidence = check_confidence(confidence)
     _check_micro_batches(micro_batches)
-    workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
-    if not workload.layout.is_pipeline:
-        raise InvalidSettingError(f"layout {workload.layout} has no pipeline stages; give pp > 1 (e.g. pp=4), or "
+    sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+             "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    parsed = check_workload_arguments(model, **sizes)
+    if not parsed.is_pipeline:
+        raise InvalidSettingError(f"layout {parsed} has no pipeline stages; give pp > 1 (e.g. pp=4), or "
                                   "search one GPU's iteration with freqopt.search", argument="layout")  # fmt: skip
     spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
     levels = pipeline_granularities(granularities)
@@ -400,9 +400,17 @@ def search_pipeline(
     switch_s = check_switch_latency_ms(switch_latency_ms)
     if switch_s is not None:
         spec = spec.with_switch_latency(switch_s)
-    from freqopt.pipeline.dag import schedule_dag
+    dag = schedule_dag(schedule, parsed.pp, micro_batches, virtual_stages=virtual_stages)  # checks both
+    check_storage_url(storage)
+    from freqopt.pipeline.config import PipelineSearchConfig
+    from freqopt.pipeline.result import result_pipeline_table
+    from freqopt.pipeline.search import fronts_prefix, run_pipeline_search
+    from freqopt.resolve import resolve_workload
+    from freqopt.search.storage import open_storage
+    from freqopt.search.study import optuna_logging
+    from freqopt.workload.pipeline_trace import trace_pipeline_stages
 
-    dag = schedule_dag(schedule, workload.layout.pp, micro_batches, virtual_stages=virtual_stages)  # checks both
+    workload = resolve_workload(model, **sizes)
     stage_traces = trace_pipeline_stages(workload, partition_method=partition_method,
                                          model_stages=dag.stages)  # checks the partition  # fmt: skip
     out, storage = open_output(out, storage)

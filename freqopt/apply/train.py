@@ -272,7 +272,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
         partition_method = _check_pipeline_training(workload, table, source, micro_batches, partition_method)
     refuse_pipeline_options(workload.layout, micro_batches, partition_method)  # the table's layout, where it set one
     if table is not None:
-        table.check_workload(workload, source=source)
+        table.check_workload(workload, source=source, model=model if isinstance(model, str) else None)
     device = device or ("cuda" if backend == "nvml" else "cpu")
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
     if not str(device).startswith("cuda"):

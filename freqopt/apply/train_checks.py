@@ -42,16 +42,16 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
     always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the backend, steps,
     small_step off the simulated backend, the switch latency, compare without a table and read_only with one, the table
     (read), micro_batches or partition_method without pipeline stages where the layout is known before the table is
-    (given, or a Workload's, or no table to take it from), and the GPU type (given, else the table's). What needs the
-    model (heads, the table's workload, a pipeline's stages, the device and the host's memory) is checked when
-    plan_training resolves it.
+    (given, or a Workload's, or no table to take it from), micro_batches a positive integer where given, and the GPU
+    type (given, else the table's). What needs the model (heads, the table's workload, a pipeline's stages, the device
+    and the host's memory) is checked when plan_training resolves it.
 
     Raises:
         UnknownNameError: unknown model, backend or GPU type (the table's included).
         ClockTableError: the table cannot be read.
         InvalidSettingError: a bad override, layout, steps or switch_latency_ms; small_step on another backend than
             "sim"; compare without a table; read_only with one; micro_batches or partition_method without pipeline
-            stages.
+            stages; micro_batches not a positive integer.
     """
     from freqopt.errors import check_positive_int
     from freqopt.gpu.backends import check_backend
@@ -79,6 +79,7 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
     source = "clock table" if table is None else table.source or "the clock table"
     if layout is not None or not isinstance(model, str) or table is None:  # no table's layout can replace it
         refuse_pipeline_options(given_layout, micro_batches, partition_method)
+    check_positive_int("micro_batches", micro_batches, optional=True)
     requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
     return TrainingArguments(table, source, requested, switch_s)
 

@@ -185,7 +185,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
     checked = check_transfer_arguments(table, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend,
                                        n_trials=n_trials, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                        n_heads=n_heads, vocab_multiple=vocab_multiple, layout=layout,
-                                       switch_latency_ms=switch_latency_ms, confidence=confidence)  # fmt: skip
+                                       switch_latency_ms=switch_latency_ms, confidence=confidence,
+                                       storage=storage)  # fmt: skip
     workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                                 vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
     backend = checked.backend

@@ -42,22 +42,24 @@ def check_transfer_arguments(table, model, *, gpu=None, max_slowdown: float | st
                              seq_len: int | None = None, n_heads: int | None = None,
                              vocab_multiple: int | None = None, layout=None,
                              switch_latency_ms: float | None = None,
-                             confidence: float = DEFAULT_CONFIDENCE) -> TransferArguments:  # fmt: skip
+                             confidence: float = DEFAULT_CONFIDENCE, storage: str | None = None) -> TransferArguments:  # fmt: skip
     """Check the arguments of freqopt.apply.transfer.transfer (see there) that need no model built, in the order it
     always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the GPU type, the
     switch latency, the table (read, not a pipeline's, searched on the GPU type), the budget, the confidence,
-    n_trials and the backend. What needs the model (heads dividing d_model and tp, an ``hf:PATH`` config) is checked
+    n_trials, the backend and the storage URL (freqopt.storage_url.check_storage_url; opened later). What needs the model (heads dividing d_model and tp, an ``hf:PATH`` config) is checked
     when transfer resolves it.
 
     Raises:
         UnknownNameError: unknown model, GPU type or backend.
         ClockTableError: the table cannot be read, is a pipeline's, or was searched on another GPU type than ``gpu``.
         InvalidSettingError: a bad slowdown, confidence, override, layout, n_trials or switch_latency_ms.
+        StorageError, MissingDependencyError: a storage URL that cannot be opened, or whose driver is missing.
     """
     from freqopt.budget import check_confidence, parse_slowdown
     from freqopt.errors import check_positive_int
     from freqopt.gpu.specs import check_switch_latency_ms, get_gpu
     from freqopt.resolve import check_workload_arguments, resolve_backend, resolve_gpu
+    from freqopt.storage_url import check_storage_url
     from freqopt.tables import load_table
 
     check_workload_arguments(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
@@ -73,4 +75,6 @@ def check_transfer_arguments(table, model, *, gpu=None, max_slowdown: float | st
     slowdown = parse_slowdown(max_slowdown) if max_slowdown is not None else table.data["max_slowdown"]
     confidence = check_confidence(confidence)
     check_positive_int("n_trials", n_trials, optional=True)
-    return TransferArguments(table, source, spec, slowdown, switch_s, resolve_backend(backend), confidence)
+    backend = resolve_backend(backend)
+    check_storage_url(storage)
+    return TransferArguments(table, source, spec, slowdown, switch_s, backend, confidence)

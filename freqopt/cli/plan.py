@@ -63,11 +63,18 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     planner within a second and writes nothing."""
     from rich.table import Table
 
+    from freqopt.pipeline.plan_checks import check_plan_arguments
+
+    # The library's checks that need no solver, before the planner's modules (and PyTorch) load (issue 51, item 1).
+    checked = check_plan_arguments(stage_profile, micro_batches, max_slowdown=max_slowdown,
+                                   n_points=frontier_points if json_path else None, stages=stages,
+                                   blocking_power_w=blocking_power_w, gpu=gpu, schedule=schedule, node_limit=node_limit,
+                                   time_limit_s=time_limit_s, virtual_stages=virtual_stages)  # fmt: skip
     check_json_path(json_path)
     try:  # Ctrl-C anywhere from loading the planner to the last solve writes nothing
         from freqopt.pipeline.planner import PipelinePlanner
 
-        planner = PipelinePlanner(stage_profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w,
+        planner = PipelinePlanner(checked.profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w,
                                   gpu=gpu, schedule=schedule, node_limit=node_limit, time_limit_s=time_limit_s,
                                   virtual_stages=virtual_stages)  # fmt: skip
         result = planner.plan(max_slowdown=max_slowdown)

@@ -400,8 +400,10 @@ def _pipeline_notes(result) -> list[str]:
               help="The search's name (printed by `freqopt search`); default: the one search running in the storage.")
 @click.option("--backend", default=None,
               help="Measurement backend; default (and required): the search's own, sim or nvml.")
-@click.option("--wait-s", default=600.0, show_default=True, type=float,
-              help="Give up after this long with nothing to claim (or no search of that name).")
+@click.option("--wait-s", default=None, type=float,
+              help="Wait this long (s) for the search to appear in the storage (a worker started beside its search), "
+                   "and give up after this long with nothing to claim; default: a storage without the search is "
+                   "refused at once, and the worker gives up after 600 s with nothing to claim.")
 @click.option("--json", "json_path", default=None, help="Also write what this worker did as JSON to this file.")
 @click.option("--device", type=int, default=None,
               help="The GPU to measure on, an index among the visible ones (CUDA_VISIBLE_DEVICES order); default "
@@ -412,18 +414,27 @@ def worker(storage, name, backend, wait_s, json_path, device, verbose) -> None:
     search is done. One worker per GPU; several may run on one machine with the simulated GPU."""
     from rich.console import Console
 
-    from freqopt.worker import join_search
+    from freqopt.worker import IDLE_S, join_search
 
     check_json_path(json_path)
     console = Console(stderr=True)
+
+    def on_wait(what: str, waited_s: float) -> None:
+        console.print(f"waiting for {what} ({waited_s:.0f} s of --wait-s {wait_s:g})", soft_wrap=True)
+
+    def on_idle(idle_s: float) -> None:
+        console.print(f"nothing to claim for {idle_s:.0f} s (the search's other processes hold its units); stopping "
+                      f"after {IDLE_S if wait_s is None else wait_s:g} s", soft_wrap=True)  # fmt: skip
 
     def on_join(joined, job, spec, backend_name, index) -> None:
         where = "simulated" if backend_name == "sim" else f"GPU {index}"
         console.print(f"joined {joined}: {job['model']} on {spec.name} ({where})")
 
     report = join_search(storage, name, backend=backend, wait_s=wait_s, on_join=on_join, device=device,
-                         on_unit=lambda g, unit: console.print(f"{g}: {unit} done"), verbose=verbose)  # fmt: skip
-    ending = f"nothing to claim for {wait_s:g} s" if report.idle_timeout else "the search is done"
+                         on_unit=lambda g, unit: console.print(f"{g}: {unit} done"), on_wait=on_wait,
+                         on_idle=on_idle, verbose=verbose)  # fmt: skip
+    ending = (f"nothing to claim for {IDLE_S if wait_s is None else wait_s:g} s" if report.idle_timeout
+              else "the search is done")  # fmt: skip
     console.print(f"worker stopped ({ending}): {report.units} units, {report.n_new_measurements} measurements")
     write_json(json_path, {"units": report.units, "n_new_measurements": report.n_new_measurements,
                            "idle_timeout": report.idle_timeout})  # fmt: skip

@@ -18,10 +18,15 @@ def models(names, micro_batch_size, seq_len, n_heads, vocab_multiple, layout) ->
     layer hold (the tokenizer's in parentheses where padded)."""
     from rich.table import Table
 
+    from freqopt.resolve import check_workload_arguments
     from freqopt.workload.layout import parse_layout
-    from freqopt.workload.models import count_parameters, get_workload, list_models
 
     parsed = parse_layout(layout)
+    for name in names:  # the library's checks that need no model built, before the models (and PyTorch) load
+        check_workload_arguments(name, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
+                                 vocab_multiple=vocab_multiple)  # fmt: skip
+    from freqopt.workload.models import count_parameters, get_workload, list_models
+
     columns = ["model", "layers", "d_model", "heads", "seq len", "vocabulary (padded)", "parameters"]
     if not parsed.is_single_gpu:
         columns.append(f"parameters per GPU ({parsed})")
@@ -117,7 +122,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     check_transfer_arguments(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, n_trials=trials,
                              micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                              vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
-                             confidence=confidence)  # fmt: skip
+                             confidence=confidence, storage=storage)  # fmt: skip
     from freqopt.apply.transfer import transfer as run_transfer
 
     console = Console(stderr=True)

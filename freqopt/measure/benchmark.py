@@ -59,25 +59,30 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
         InvalidSettingError: a bad slowdown, confidence, override or layout; power-cap or an unknown granularity;
             repeats < 1.
     """
-    from freqopt.gpu.backends.simulated import SimulatedGPU
     from freqopt.budget import check_confidence, parse_slowdown
     from freqopt.errors import InvalidSettingError, check_positive_int
     from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
-    from freqopt.resolve import resolve_gpu, resolve_workload
-    from freqopt.search import SearchConfig
-    from freqopt.search.oracle import benchmark as run_benchmark
-    from freqopt.search.study import optuna_logging
-    from freqopt.workload.trace import trace_training_iteration
+    from freqopt.resolve import check_workload_arguments, resolve_gpu
 
+    # The checks that need no model built first, before the modules that load PyTorch and Optuna (issue 51, item 1).
     slowdown = parse_slowdown(max_slowdown)
     confidence = check_confidence(confidence)
-    workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
+    sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+             "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    check_workload_arguments(model, **sizes)
     spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
     if granularity not in ("iteration", "pass", "kernel"):
         raise InvalidSettingError(f"granularity {granularity!r}: the benchmark compares clock granularities; "
                                   "choose iteration, pass or kernel", argument="granularity")  # fmt: skip
     check_positive_int("repeats", repeats)
+    from freqopt.gpu.backends.simulated import SimulatedGPU
+    from freqopt.resolve import resolve_workload
+    from freqopt.search import SearchConfig
+    from freqopt.search.oracle import benchmark as run_benchmark
+    from freqopt.search.study import optuna_logging
+    from freqopt.workload.trace import trace_training_iteration
+
+    workload = resolve_workload(model, **sizes)
     trace = trace_training_iteration(workload)
     config = SearchConfig(max_slowdown=slowdown, seed=seed, switching=not free_switching, confidence=confidence)
     with optuna_logging(verbose):

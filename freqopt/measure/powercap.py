@@ -70,29 +70,31 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
             power-limit range, or a negative host_gap_ms.
         NVMLError, GPUPermissionError: the real GPU cannot be opened or set.
     """
-    from freqopt.gpu.backends import get_backend
     from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
-    from freqopt.resolve import resolve_backend, resolve_gpu, resolve_workload
+    from freqopt.resolve import check_workload_arguments, resolve_backend, resolve_gpu, resolve_workload
+
+    # The checks that need no model built first, before the modules that load PyTorch and Optuna (issue 51, item 1).
+    sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
+             "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
+    check_workload_arguments(model, **sizes)
+    spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
+    if caps is not None:
+        caps_w = parse_caps(caps if isinstance(caps, str) else ",".join(str(c) for c in caps))
+        for cap in caps_w:
+            spec.check_power_limit(cap)
+    if host_gap_ms < 0:
+        raise InvalidSettingError(f"host_gap_ms must not be negative, not {host_gap_ms:g}", argument="host_gap_ms")
+    backend = resolve_backend(backend)
+    from freqopt.gpu.backends import get_backend
     from freqopt.search.powercap import default_caps, sweep_power_caps
     from freqopt.search.study import optuna_logging
     from freqopt.workload.trace import MODES, trace_iteration
 
-    workload = resolve_workload(model, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
-                                vocab_multiple=vocab_multiple, layout=layout)  # fmt: skip
-    spec = resolve_gpu(gpu) or get_gpu(DEFAULT_GPU)
+    workload = resolve_workload(model, **sizes)
     if mode not in MODES:
         raise InvalidSettingError(f"mode {mode!r} is not a mode; choose train or inference", argument="mode")
     if caps is None:
         caps_w = default_caps(spec)
-    elif isinstance(caps, str):
-        caps_w = parse_caps(caps)
-    else:
-        caps_w = parse_caps(",".join(str(c) for c in caps))
-    for cap in caps_w:
-        spec.check_power_limit(cap)
-    if host_gap_ms < 0:
-        raise InvalidSettingError(f"host_gap_ms must not be negative, not {host_gap_ms:g}", argument="host_gap_ms")
-    backend = resolve_backend(backend)
     measuring = get_backend(backend, spec, seed=seed) if isinstance(backend, str) else backend
     try:
         trace = trace_iteration(workload, mode)

@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.errors import InvalidSettingError
+from freqopt.granularities import PIPELINE_GRANULARITIES, pipeline_granularities
 from freqopt.pipeline.solver import DEFAULT_NODE_LIMIT
 from freqopt.search.validate import DEFAULT_CONFIDENCE, check_confidence
 
 __all__ = ["PIPELINE_GRANULARITIES", "PipelineSearchConfig", "pipeline_granularities"]
-
-PIPELINE_GRANULARITIES = ("iteration", "stage", "instruction")
-
-
-def pipeline_granularities(granularity: str | Sequence[str]) -> tuple[str, ...]:
-    """The granularities of a pipeline search, coarse to fine, from "all", one name or a sequence of names.
-
-    Raises:
-        UnknownNameError: a name that is not a pipeline granularity (the message lists them).
-        InvalidSettingError: an empty sequence or something that is not a name.
-    """
-    names = [granularity] if isinstance(granularity, str) else granularity
-    if not isinstance(names, Sequence) or not names or not all(isinstance(g, str) for g in names):
-        raise InvalidSettingError(f"granularity must be 'all', {' or '.join(PIPELINE_GRANULARITIES)}, or a sequence of "
-                                  f"them, not {granularity!r}", argument="granularity")  # fmt: skip
-    if "all" in names:
-        return PIPELINE_GRANULARITIES
-    for g in names:
-        if g not in PIPELINE_GRANULARITIES:
-            raise UnknownNameError(f"granularity {g!r} is not searched on a pipeline (pp > 1): choose all, "
-                                   f"{', '.join(PIPELINE_GRANULARITIES)}", argument="granularity")  # fmt: skip
-    return tuple(g for g in PIPELINE_GRANULARITIES if g in names)
-
 
 @dataclass(frozen=True)
 class PipelineSearchConfig:

@@ -77,21 +77,18 @@ from pathlib import Path
 
 import numpy as np
 
-from freqopt.errors import FreqoptError, InvalidSettingError, check_positive_int
-from freqopt.pipeline.dag import SCHEDULES, schedule_dag
+from freqopt.errors import FreqoptError, InvalidSettingError
 from freqopt.pipeline.frontier import FRONTIER_ENERGY_STEP, sweep_frontier
 from freqopt.pipeline.heuristics import PLAN_TOLERANCE, KeptOptions, PlanHeuristics
 from freqopt.pipeline.plan import PipelineFrontier, PipelinePlan
-from freqopt.pipeline.profile import (InstructionOptions, StageProfile, blocking_power_w_for, check_number,
-                                      load_stage_profile)  # fmt: skip
+from freqopt.pipeline.plan_checks import check_planner_arguments
+from freqopt.pipeline.profile import InstructionOptions, StageProfile, check_number
 from freqopt.pipeline.realize import RealizedPlan, price_realized
-from freqopt.pipeline.schedules import stages_per_rank
 from freqopt.pipeline.solver import DEFAULT_NODE_LIMIT, MilpResult, PipelineModel, precedence_rows
 from freqopt.pipeline.stage_clocks import StageClockModel, StageClockPlanning
 
 __all__ = ["PipelinePlanner", "plan_pipeline", "DEFAULT_NODE_LIMIT"]
 
-METHODS = ("auto", "exact", "hull")
 # "auto" solves the whole MILP ("exact") up to this many option binaries (a few dozen instructions), else "hull".
 EXACT_MAX_BINARIES = 1500
 
@@ -135,36 +132,12 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
                  time_quantum_s: float | None = None, mip_rel_gap: float = 1e-5, node_limit: int | None = None,
                  time_limit_s: float | None = None, method: str = "auto",
                  virtual_stages: int | None = None) -> None:  # fmt: skip
-        if method not in METHODS:
-            raise InvalidSettingError(f"method {method!r} is unknown; known: {', '.join(METHODS)}", argument="method")
+        checked = check_planner_arguments(profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w,
+                                          gpu=gpu, schedule=schedule, time_quantum_s=time_quantum_s,
+                                          mip_rel_gap=mip_rel_gap, node_limit=node_limit, time_limit_s=time_limit_s,
+                                          method=method, virtual_stages=virtual_stages)  # fmt: skip
+        profile, blocking_power_w = checked.profile, checked.blocking_power_w
         self.method = method
-        if not isinstance(profile, StageProfile):
-            profile = load_stage_profile(profile)
-        check_positive_int("micro_batches", micro_batches)
-        check_positive_int("stages", stages, optional=True)
-        if schedule not in SCHEDULES:
-            raise InvalidSettingError(f"schedule {schedule!r} is unknown; known: {', '.join(SCHEDULES)}",
-                                      argument="schedule")  # fmt: skip
-        per_gpu = stages_per_rank(schedule, virtual_stages)
-        if profile.stages % per_gpu:
-            raise InvalidSettingError(f"schedule {schedule} runs {per_gpu} model stages per GPU; the stage profile's "
-                                      f"{profile.stages} stages do not divide among GPUs that way", argument="schedule")  # fmt: skip
-        gpus = profile.stages // per_gpu
-        if stages is not None and stages != gpus:
-            what = (f"{gpus} stages" if per_gpu == 1 else
-                    f"{gpus} GPUs ({profile.stages} model stages, {per_gpu} per GPU under {schedule})")
-            raise InvalidSettingError(f"stages {stages} is not the stage profile's {what}; plan the pipeline that was "
-                                      "profiled", argument="stages")  # fmt: skip
-        blocking_power_w = blocking_power_w_for(blocking_power_w, gpu)
-        if time_quantum_s is not None:
-            check_number("time_quantum_s", time_quantum_s, minimum=0.0, strict=True)
-        check_number("mip_rel_gap", mip_rel_gap, minimum=0.0)
-        if node_limit is not None and (isinstance(node_limit, bool) or not isinstance(node_limit, int)
-                                       or node_limit < 0):  # fmt: skip
-            raise InvalidSettingError(f"node_limit must be an integer >= 0 (branch-and-bound nodes), not "
-                                      f"{node_limit!r}", argument="node_limit")  # fmt: skip
-        if time_limit_s is not None:
-            check_number("time_limit_s", time_limit_s, minimum=0.0, strict=True)
         self.profile = profile
         self.gpu = gpu
         self.stages = profile.stages
@@ -174,15 +147,9 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         self.mip_rel_gap = float(mip_rel_gap)
         self.node_limit = DEFAULT_NODE_LIMIT if node_limit is None else int(node_limit)
         self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
-        self.dag = schedule_dag(schedule, gpus, micro_batches, virtual_stages=virtual_stages)
+        self.dag = checked.dag
         self.gpus = self.dag.gpus
         self.schedule = schedule
-        missing = sorted({(i.stage, i.kind) for i in self.dag.instructions} - set(profile.options))
-        if missing:
-            stage, kind = missing[0]
-            raise InvalidSettingError(f"stage_profile: schedule {schedule} runs {kind} instructions, which the profile "
-                                      f"does not give (stage {stage}, and {len(missing) - 1} more); profile them, or "
-                                      f"plan a schedule whose instructions it has", argument="stage_profile")  # fmt: skip
         # Each (stage, kind)'s kept options, fastest first: clocks, times (quantized if asked), energies.
         self._options: dict[tuple[int, str], KeptOptions] = {}
         for key, opts in profile.options.items():

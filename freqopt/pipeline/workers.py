@@ -188,7 +188,8 @@ def instruction_studies(pipeline: SimulatedPipeline, spec: GPUSpec, config: Pipe
 
 def serve_pipeline(storage, name: str, job: dict, *, idle_s: float, poll_s: float = 0.5,
                    on_unit: Callable[[str, str], None] | None = None,
-                   on_ready: Callable[[GPUSpec], None] | None = None) -> WorkerReport:  # fmt: skip
+                   on_ready: Callable[[GPUSpec], None] | None = None,
+                   on_idle: Callable[[float], None] | None = None) -> WorkerReport:  # fmt: skip
     """Claim and run instruction studies of pipeline search ``name`` (its job: pipeline_job) until it is done, or
     until nothing was claimable for ``idle_s`` seconds, on a simulated GPU of this worker's own.
 
@@ -199,6 +200,7 @@ def serve_pipeline(storage, name: str, job: dict, *, idle_s: float, poll_s: floa
         idle_s, poll_s: give up after ``idle_s`` s with nothing to claim; look every ``poll_s`` s.
         on_unit: called as on_unit("instruction", study name) after each study this worker ran.
         on_ready: called as on_ready(spec) once the pipeline is rebuilt, before the first claim.
+        on_idle: called as on_idle(idle_s) every 10 s with nothing to claim (freqopt.search.workers.serve).
 
     Raises:
         StorageError: this freqopt rebuilds another pipeline from the job (another version).
@@ -216,4 +218,5 @@ def serve_pipeline(storage, name: str, job: dict, *, idle_s: float, poll_s: floa
         stage, kind = keys[i]
         return f"stage{stage}.{kind}", _run_study(pipeline, gpu, work, keys[i], storage)
 
-    return serve(storage, name, None, gpu, idle_s=idle_s, poll_s=poll_s, on_unit=on_unit, run_claimed=run_claimed)
+    return serve(storage, name, None, gpu, idle_s=idle_s, poll_s=poll_s, on_unit=on_unit, run_claimed=run_claimed,
+                 on_idle=on_idle)

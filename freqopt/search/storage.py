@@ -14,8 +14,9 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import BaseJournalFileLock
 
 from freqopt.errors import StorageError
-from freqopt.workload.kernels import Trace
 from freqopt.search.journal import MeasurementLog
+from freqopt.storage_url import URL_EXAMPLES, check_storage_url, missing_driver_error
+from freqopt.workload.kernels import Trace
 
 __all__ = ["open_storage", "default_storage_url", "JournalFile", "JournalFileFlock", "cut_unfinished_line",
            "study_prefix", "validation_log", "DEFAULT_JOURNAL", "LOCK_TIMEOUT_S"]
@@ -48,11 +49,14 @@ def open_storage(url: str | None):
 
     Raises:
         StorageError: the URL cannot be opened (unknown scheme, missing folder, unreachable server).
+        MissingDependencyError: the database driver is not installed; the message names what installs it
+            (PostgreSQL: ``pip install 'freqopt[postgres]'``; freqopt.storage_url.check_storage_url).
     """
     import sqlalchemy
 
     if url is None:
         return None
+    check_storage_url(url)  # the checks that need nothing opened, as the command line runs them before any import
     try:
         if url.startswith("journal:"):
             path = url.removeprefix("journal:").removeprefix("//")
@@ -72,12 +76,11 @@ def open_storage(url: str | None):
                 if attempt == 4:
                     raise
                 time.sleep(0.5 * (attempt + 1))
+    except ImportError as e:  # a driver that check_storage_url found but that fails to import (a broken install)
+        raise missing_driver_error(url, e.name or str(e)) from e
     except Exception as e:  # SQLAlchemy, the drivers and the file system raise many kinds; all mean "cannot open"
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise StorageError(
-            f"cannot open Optuna storage {url!r} ({reason}); give a URL like journal:path/to/freqopt.journal, "
-            "sqlite:///path/to/freqopt.db or postgresql+psycopg://user@host/db"
-        ) from e
+        raise StorageError(f"cannot open Optuna storage {url!r} ({reason}); give a URL like {URL_EXAMPLES}") from e
 
 
 class JournalFileFlock(BaseJournalFileLock):

@@ -290,6 +290,9 @@ def check_worker_backend(job: dict, backend_name: str | None) -> str:
     return job["backend"]
 
 
+IDLE_NOTICE_S = 10.0  # serve calls on_idle at least this often while it waits with nothing to claim
+
+
 @dataclass
 class WorkerReport:
     """What a worker did: units it ran, measurements it took (not read back), and whether it stopped idle."""
@@ -301,8 +304,8 @@ class WorkerReport:
 
 def serve(storage, prefix: str, trace: Trace | None, backend: Backend, *, idle_s: float, poll_s: float = 0.5,
           on_unit: Callable[[str, str], None] | None = None,
-          run_claimed: Callable[[UnitWork, int, list[ClockSetting]], tuple[str, UnitSearch]] | None = None
-          ) -> WorkerReport:  # fmt: skip
+          run_claimed: Callable[[UnitWork, int, list[ClockSetting]], tuple[str, UnitSearch]] | None = None,
+          on_idle: Callable[[float], None] | None = None) -> WorkerReport:  # fmt: skip
     """Claim and run units of search ``prefix`` until it is done, or until nothing was claimable for ``idle_s``.
 
     Args:
@@ -313,6 +316,8 @@ def serve(storage, prefix: str, trace: Trace | None, backend: Backend, *, idle_s
         run_claimed: runs a claimed unit as run_claimed(work, unit index, warm starts) -> (unit name, its
             UnitSearch); None: a one-GPU search's unit of ``trace`` (run_unit). A pipeline search's workers give
             their own (freqopt.pipeline.workers.serve_pipeline; ``trace`` None).
+        on_idle: called as on_idle(idle_s) every IDLE_NOTICE_S (10 s) while nothing is claimable and the search is
+            not done (``idle_s``: seconds since the last unit ended, or since the worker started).
     """
     from freqopt.search.units import search_units
 
@@ -324,7 +329,7 @@ def serve(storage, prefix: str, trace: Trace | None, backend: Backend, *, idle_s
 
     run_claimed = run_claimed or run_trace_unit
     report = WorkerReport()
-    idle_since = time.monotonic()
+    idle_since = noticed = time.monotonic()
     while True:
         state = load_job(storage, prefix)
         if state and state["queue"]:
@@ -346,4 +351,7 @@ def serve(storage, prefix: str, trace: Trace | None, backend: Backend, *, idle_s
         if time.monotonic() - idle_since > idle_s:
             report.idle_timeout = True
             return report
+        if on_idle is not None and time.monotonic() - max(noticed, idle_since) >= IDLE_NOTICE_S:
+            noticed = time.monotonic()
+            on_idle(noticed - idle_since)
         time.sleep(poll_s)

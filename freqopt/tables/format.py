@@ -4,6 +4,7 @@ loaded table with the checks that refuse it for another workload or GPU."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,14 @@ def describe_workload(doc: dict[str, Any], *, sizes: bool = False) -> str:
 
 
 
+def _model_argument(model: str) -> str:
+    """A --model value for a suggested command that runs from any folder: an ``hf:PATH`` with PATH absolute (not
+    resolving links), quoted for a shell where it needs to be; a built-in name as it is."""
+    if model.startswith("hf:"):
+        model = "hf:" + str(Path(model[3:]).expanduser().absolute())
+    return shlex.quote(model)
+
+
 @dataclass(frozen=True)
 class ClockTable:
     """A loaded, validated clock table; ``data`` is the JSON document, ``source`` the file it was read from
@@ -203,13 +212,16 @@ class ClockTable:
             raise ClockTableError(f"{self.source or 'the clock table'} records no workload; search again")
         return workload_doc(self.data["workload"])
 
-    def check_workload(self, workload, *, source: str | Path | None = None) -> None:
+    def check_workload(self, workload, *, source: str | Path | None = None, model: str | None = None) -> None:
         """Refuse to apply the table to another workload than the one it was found for: another model (name,
         layers, width or heads), layout, micro-batch or sequence length.
 
         Args:
             workload: a freqopt.workload.models.Workload, or a table's ``workload`` document.
             source: how the message names the table (default its file, else "the clock table").
+            model: the model as the caller named it, for the suggested command (an ``hf:PATH``, whose workload's
+                name is only ``hf:`` and the config's folder: PATH is made absolute, so that the command runs from
+                any folder); default the workload's name.
 
         Raises:
             TableWorkloadError: one line naming both workloads and the ``freqopt transfer`` command that lays the
@@ -240,8 +252,11 @@ class ClockTable:
                 f"it was searched on; search this workload (layout {_layout_text(layout)}) at granularity "
                 f"{INSTRUCTION!r} and apply that table"
             )
-        command = (f"freqopt transfer --table {name} --model {target['model']} --layout dp={layout['dp']},"
-                   f"tp={layout['tp']} --micro-batch-size {target['micro_batch_size']} --seq-len {target['seq_len']}")
+        # a file: absolute (the command runs from any folder), quoted for a shell; a table held in memory: its name
+        table_arg = shlex.quote(str(Path(name).absolute())) if Path(name).is_file() else str(name)
+        command = (f"freqopt transfer --table {table_arg} "
+                   f"--model {_model_argument(model or target['model'])} --layout dp={layout['dp']},tp={layout['tp']} "
+                   f"--micro-batch-size {target['micro_batch_size']} --seq-len {target['seq_len']}")  # fmt: skip
         if sizes and target["n_heads"] is not None and target["n_heads"] != mine["n_heads"]:
             command += f" --n-heads {target['n_heads']}"
         raise TableWorkloadError(

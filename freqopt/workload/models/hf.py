@@ -31,7 +31,7 @@ from freqopt.errors import InvalidSettingError, UnknownNameError
 __all__ = ["HF_PREFIX", "DEFAULT_HF_SEQ_LEN", "HFConfig", "HFCausalLM", "is_hf_model", "load_hf_config",
            "build_hf_model"]
 
-from freqopt.workload.model_names import HF_PREFIX  # noqa: E402  (one spelling of the prefix)
+from freqopt.workload.model_names import HF_PREFIX, read_hf_config_json  # noqa: E402  (one spelling of the prefix)
 # Tokens per sequence when the config allows more: 2048, GPT-3's context (freqopt's default workload size), so
 # that a model with a 128k context is not traced at 128k tokens unless asked (seq_len=...).
 DEFAULT_HF_SEQ_LEN = 2048
@@ -104,20 +104,6 @@ class HFConfig:
         return transformers.AutoConfig.for_model(**data)
 
 
-def _read_config(path: Path) -> dict:
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UnknownNameError(f"no Hugging Face config at {str(path)!r}; give a config.json or a folder holding one")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidSettingError(f"cannot read the Hugging Face config {str(path)!r}: {e}") from None
-    if not isinstance(data, dict) or "model_type" not in data:
-        raise InvalidSettingError(f"{str(path)!r} is not a Hugging Face config: it names no model_type")
-    return data
-
-
 def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
     """The HFConfig of ``hf:PATH``, read with ``transformers.AutoConfig`` from a local config.json.
 
@@ -132,7 +118,7 @@ def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
     """
     transformers = _transformers()
     path = Path(model[len(HF_PREFIX):]).expanduser()
-    _read_config(path)  # clear errors for a missing or corrupt file before transformers reads it
+    read_hf_config_json(path)  # clear errors for a missing or corrupt file before transformers reads it
     folder = (path if path.is_dir() else path.parent).resolve().name or "model"
     name = HF_PREFIX + re.sub(r"[^A-Za-z0-9._-]+", "_", folder)
     try:
