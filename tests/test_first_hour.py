@@ -67,6 +67,7 @@ def test_a_pipeline_searchs_suggestion_starts_its_ranks_with_small_steps(tmp_pat
     path = write_table(table, tmp_path / "pp2.json")
     args = shlex.split(train_command("gpt3-small", table_workload(table), path, micro_batches=4))
     assert args[args.index("--layout") + 1] == "dp=1,tp=1,pp=2" and args[args.index("--micro-batches") + 1] == "4"
+    assert args[-4:] == ["--steps", "2", "--small-step", "--compare"]  # several ranks on this CPU: two steps
     launched = []
     monkeypatch.setattr(subprocess, "call", lambda cmd, env: launched.append(cmd) or 0)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -248,7 +248,7 @@ def test_cli_transfer_writes_the_comparison_and_the_reallocated_table(kernel_tab
     assert load_table(written).workload == {"model": "gpt3-small", "n_layers": 12, "d_model": 768, "n_heads": 12,
                                             "seq_len": 256, "micro_batch_size": 2, "layout": {"dp": 2, "tp": 1}}
     line = (f"apply it with `freqopt train --model gpt3-small --layout dp=2,tp=1 --micro-batch-size 2 --seq-len 256 "
-            f"--table {written} --small-step --compare`")  # the complete command, from any folder
+            f"--table {written} --steps 2 --small-step --compare`")  # the complete command, from any folder
     assert f"re-allocated table: {written} (and .csv); {line}" in printed
     # The written table is one every table reader takes: another transfer, and training with it, whose layout,
     # micro-batch and sequence are the table's (a plan: training it starts two ranks under DeepSpeed).
@@ -382,7 +382,7 @@ def test_the_apply_line_works_from_any_folder(monkeypatch):
     workload = get_workload("hf:llama", micro_batch_size=2, layout=Layout(dp=2))
     line = _train_line("hf:llama", workload, "o/t.json", None)
     assert line == (f"freqopt train --model hf:{data / 'llama'} --layout dp=2,tp=1 --micro-batch-size 2 "
-                    f"--table {data / 'o' / 't.json'} --small-step --compare")
+                    f"--table {data / 'o' / 't.json'} --steps 2 --small-step --compare")
     default = get_workload("gpt3-small")
     line = _train_line("gpt3-small", default, "/t.json", None)
     assert line == "freqopt train --model gpt3-small --layout dp=1,tp=1 --table /t.json --small-step --compare"

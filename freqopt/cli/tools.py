@@ -208,7 +208,8 @@ def _train_line(model: str, workload, table_path, vocab_multiple: int | None, ba
         line += f" --n-heads {workload.config.n_heads}"
     if vocab_multiple is not None:
         line += f" --vocab-multiple {vocab_multiple}"
-    return f"{line} --table {Path(table_path).resolve()} {' '.join(backend_options(backend))}"
+    options = backend_options(backend, multi_gpu=not workload.layout.is_single_gpu)
+    return f"{line} --table {Path(table_path).resolve()} {' '.join(options)}"
 
 
 @cli.command(short_help="Compare the Bayesian search with an exhaustive sweep.")
