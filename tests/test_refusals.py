@@ -74,6 +74,11 @@ REFUSALS = [
     (["train", "--model", "gpt3-small", "--table", "{tmp}/corrupt.json"], "is not valid JSON"),
     (["train", "--model", "gpt3-small", "--table", "{tmp}/foreign.json"], "is not a freqopt clock table"),
     (["train", "--model", "gpt3-small", "--gpu", "nope"], "unknown GPU 'nope'"),
+    # a table for gpt3-xl trained on another model, or at another sequence length or layout (certain before the
+    # model is built; the suggested transfer runs, test_every_suggestion_runs_as_printed)
+    (["train", "--model", "gpt3-small", "--table", str(TABLE)], "lay it onto this workload with `freqopt transfer"),
+    (["train", "--model", "gpt3-xl", "--table", str(TABLE), "--seq-len", "128"], "not gpt3-xl dp=1,tp=1"),
+    (["train", "--model", "gpt3-xl", "--table", str(TABLE), "--layout", "dp=2"], "not gpt3-xl dp=2,tp=1"),
     (["transfer", "--table", "{tmp}/corrupt.json", "--model", "gpt3-small"], "is not valid JSON"),
     (["transfer", "--table", "{tmp}/foreign.json", "--model", "gpt3-small"], "is not a freqopt clock table"),
     (["transfer", "--table", str(TABLE), "--model", "gpt3-small", "--layout", "pp=0"], "--layout 'pp=0'"),

@@ -13,7 +13,8 @@ from freqopt.gpu.specs import GPUSpec
 from freqopt.tables import ClockTable
 from freqopt.workload.layout import Layout
 
-__all__ = ["TrainingArguments", "check_training_arguments", "check_training_device", "refuse_pipeline_options"]
+__all__ = ["TrainingArguments", "check_training_arguments", "check_training_device", "refuse_another_models_table",
+           "refuse_pipeline_options"]
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,39 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
     if layout is not None or not isinstance(model, str) or table is None:  # no table's layout can replace it
         refuse_pipeline_options(given_layout, micro_batches, partition_method)
     check_positive_int("micro_batches", micro_batches, optional=True)
+    if table is not None:
+        refuse_another_models_table(table, model, source, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                    n_heads=n_heads, layout=given_layout if layout is not None else None)  # fmt: skip
     requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
     return TrainingArguments(table, source, requested, switch_s)
+
+
+def refuse_another_models_table(table: ClockTable, model, source: str, *, micro_batch_size: int | None,
+                                seq_len: int | None, n_heads: int | None, layout: Layout | None) -> None:
+    """Refuse, before the model is built (PyTorch imported: seconds), a one-GPU-layout table that certainly does not
+    fit the workload plan_training would build (each size given, else the table's): one found for another built-in
+    model than ``model`` (a built-in name), or for ``model`` with another micro-batch, sequence length or layout
+    than one given. ClockTable.check_workload says so in the words and with the ``freqopt transfer`` command it uses
+    once the model is built. Anything else (an ``hf:PATH``, a Workload, a pipeline's table, an n_heads given) is
+    left to that later check.
+
+    Raises:
+        TableWorkloadError: as above.
+    """
+    from freqopt.workload.model_names import MODEL_NAMES
+
+    found = table.workload
+    if not (isinstance(model, str) and model in MODEL_NAMES and found.get("model") in MODEL_NAMES) or \
+            n_heads is not None or table.is_pipeline or (layout is not None and layout.is_pipeline):  # fmt: skip
+        return
+    target = {"model": model, "n_layers": None, "d_model": None, "n_heads": None,
+              "seq_len": seq_len if seq_len is not None else found.get("seq_len"),
+              "micro_batch_size": micro_batch_size if micro_batch_size is not None else found.get("micro_batch_size"),
+              "layout": layout.as_dict() if layout is not None else found.get("layout")}  # fmt: skip
+    if found["model"] == model:
+        # the same model: its sizes are the table's (plan_training takes the table's heads where none is given)
+        target.update({k: found.get(k) for k in ("n_layers", "d_model", "n_heads")})
+    table.check_workload(target, source=source, model=model)
 
 
 def refuse_pipeline_options(layout: Layout, micro_batches: int | None, partition_method: str | None) -> None:
