@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,7 +211,9 @@ def test_nvml_locks_each_clock_and_restores_what_it_found(fast_nvml, tmp_path):
     (["--layout", "pp=2", "--gpu", "h100"], "unknown GPU"),
     (["--layout", "pp=2", "--micro-batches", "0"], "--micro-batches must be a positive integer"),
     (["--layout", "pp=2", "--out", "FOREIGN"], "is not a stage profile this command wrote"),
-    (["--layout", "pp=2", "--model", "hf:/no/such/config"], "a Hugging Face model has no layer list to split yet"),
+    (["--layout", "pp=2", "--model", f"hf:{Path(__file__).parent / 'data' / 'hf' / 'llama'}"],
+     "a Hugging Face model has no layer list to split yet"),
+    (["--layout", "pp=2", "--model", "hf:/no/such/config"], "no Hugging Face config at '/no/such/config'"),
 ])  # fmt: skip
 def test_a_bad_argument_is_refused_before_loading_pytorch(args, message, tmp_path):
     """One line, exit status 2, nothing written, and before the seconds that importing PyTorch takes (checked by
