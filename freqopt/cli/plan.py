@@ -71,25 +71,45 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
                                    blocking_power_w=blocking_power_w, gpu=gpu, schedule=schedule, node_limit=node_limit,
                                    time_limit_s=time_limit_s, virtual_stages=virtual_stages)  # fmt: skip
     check_json_path(json_path)
+    from rich.console import Console
+
+    # Each step said on stderr as it starts, under a spinner with the time elapsed on a terminal: the planner's
+    # build and solves take seconds to minutes, which no step of it should spend silent (issue 51, item 1).
+    err = Console(stderr=True)
+    status = err.status("loading the planner")
+    status.start()
+
+    def step(text: str) -> None:
+        err.print(text)
+        status.update(text)
+
     try:  # Ctrl-C anywhere from loading the planner to the last solve writes nothing
         from freqopt.pipeline.planner import PipelinePlanner
 
+        step(f"building the plan's problem: {micro_batches} micro-batches ({schedule}) on the profile's stages")
         planner = PipelinePlanner(checked.profile, micro_batches, stages=stages, blocking_power_w=blocking_power_w,
                                   gpu=gpu, schedule=schedule, node_limit=node_limit, time_limit_s=time_limit_s,
                                   virtual_stages=virtual_stages)  # fmt: skip
+        step(f"planning the clocks of {planner.dag.n:,} instructions within {max_slowdown} (MILP, at most "
+             f"{planner.node_limit} branch-and-bound nodes)")
         result = planner.plan(max_slowdown=max_slowdown)
         realized = stage_plan = None
         if gpu is not None or switch_latency_ms is not None:
+            step("pricing the plan as a runtime realizes it, and planning one clock per GPU")
             realized = planner.realized(result, None if switch_latency_ms is None else switch_latency_ms / 1e3)
             stage_plan = planner.plan_stage_clocks(result.deadline_s)
+        if json_path:
+            step("the time-energy frontier" + (f" ({frontier_points} points)" if frontier_points else ""))
         frontier = planner.frontier(frontier_points) if json_path else None
     except KeyboardInterrupt:
+        status.stop()
         # HiGHS's threads may still be stopping (a MIP notices its cancellation within about a second), and the
         # process would wait for them at exit; nothing is held or half-written here, so leave at once.
         click.echo("freqopt: interrupted; nothing written", err=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
+    status.stop()
     if json_path:
         write_json(json_path, {
             "stages": planner.stages, "gpus": planner.gpus, "micro_batches": micro_batches, "schedule": schedule,
