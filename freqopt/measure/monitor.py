@@ -494,25 +494,34 @@ def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str 
                                   "check its spelling or give its path", argument="command")  # fmt: skip
     monitor = EnergyMonitor(gpu_indices, cpu=cpu, powercap_root=powercap_root)
     received: list[int] = []
-    monitor.begin_window("command")
-    try:
-        child = subprocess.Popen(argv)
-    except OSError as e:
-        monitor.end_window("command")
-        raise InvalidSettingError(f"command {argv[0]!r} cannot be run ({e.strerror or e})", argument="command") from e
-    terminal_did = _terminal_signals_the_child(child.pid)
+    started: list[subprocess.Popen] = []  # the child, once started
+    terminal_did = False
 
     def forward(signum, frame):
         received.append(signum)
-        if signum == signal.SIGINT and terminal_did:
-            return
+        if not started or (signum == signal.SIGINT and terminal_did):
+            return  # before the child exists: delivered once it does (below)
         with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+            started[0].send_signal(signum)
 
+    monitor.begin_window("command")
+    # The handlers go in before the child starts, so that no signal in between ends freqopt instead of reaching it.
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[signum] = signal.signal(signum, forward)
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as e:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        monitor.end_window("command")
+        raise InvalidSettingError(f"command {argv[0]!r} cannot be run ({e.strerror or e})", argument="command") from e
+    terminal_did = _terminal_signals_the_child(child.pid)
+    started.append(child)
+    for signum in list(received):  # arrived while the child was starting
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
     try:
         returncode = child.wait()
     finally:
