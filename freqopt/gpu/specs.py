@@ -124,6 +124,9 @@ class GPUSpec:
         power_model: see PowerModel.
         interconnect: see Interconnect.
         waiting_power: see WaitingPower (the file's [waiting_power] table; absent: the power model's baseline).
+        power_model_bounds: each PowerModel parameter's physical (lower, upper) range, in its unit (the file's
+            [power_model_bounds] block, written by experiments/power_bounds.py by freqopt.gpu.power_bounds's
+            rules); empty where the file states none. freqopt.gpu.power_bounds.power_model_violations checks it.
         sources: where each group of figures comes from.
         memory_gb: device memory, GB, as the data sheet states it (the ``memory_gb`` key of the file's [gpu]
             table; the smaller size where a type comes in two); None where the file does not say.
@@ -177,6 +180,7 @@ class GPUSpec:
     clock_switch_range_s: tuple[float, float] = (0.0, 0.0)
     mem_clock_lock: str = "none"
     waiting_power: WaitingPower = WaitingPower()
+    power_model_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def mem_clock_runtime(self) -> bool:
@@ -516,6 +520,7 @@ def _spec_from_toml(data: dict[str, Any], path: Path) -> GPUSpec:
         provenance={k: str(v) for k, v in data.get("provenance", {}).items()},
         memory_gb=float(g["memory_gb"]) if "memory_gb" in g else None,
         waiting_power=_waiting_power(data, path),
+        power_model_bounds={k: (float(v[0]), float(v[1])) for k, v in data.get("power_model_bounds", {}).items()},
         **_actuation(data, path, clock_switch_s),
     )
     return dataclasses.replace(spec, **families) if families else spec
