@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 if any(r["family"] == f for r in rows)}  # fmt: skip
     write_files(values)
     RESULTS.write_text(json.dumps({
-        "source": "baidu-research/DeepBench da81ba7 results/train/DeepBench_NV_V100.xlsx (experiments/data/deepbench_v100)",
+        "source": "baidu-research/DeepBench da81ba7 results/train/DeepBench_NV_V100.xlsx "
+                  "(experiments/data/deepbench_v100)",
         "gpu": db.GPU, "clocks": "highest SM and memory clocks, no power limit (assumed: DeepBench states none)",
         "families": {f: {"shapes": counts[f], "before_pct": err_before[f], "fitted_pct": err_fitted[f],
                          "left_out_pct": left_out.get(f)} for f in db.FAMILIES},

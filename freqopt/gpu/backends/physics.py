@@ -12,11 +12,11 @@ from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["KernelPhysics", "KernelTerms", "waiting_power_w", "SetCallQueue", "host_gaps", "host_issue_s", "gemm_inner_dim",
-           "gemm_shape", "conv_is_3x3_stride1", "gemm_efficiency", "gemm_work", "gemm_output_bytes", "conv_channels", "voltage_rel", "bandwidth_rel",
+           "gemm_shape", "gemm_efficiency", "gemm_work", "gemm_output_bytes", "conv_channels", "voltage_rel", "bandwidth_rel",
            "attention_efficiency", "attention_head_dim", "attention_key_length", "attention_work", "attention_fixed_s",
            "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION", "ATTENTION_HEAD_DIM_TILE", "ATTENTION_SEQ_TILE",
            "CONV_CHANNEL_MULTIPLE", "CONV_DIRECTIONS", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES",
-           "ROW_WIDTH_REF"]
+           "ROW_WIDTH_REF", "conv_is_3x3_stride1"]
 
 CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
 # cuDNN's fused attention on sm90 computes on head-dimension tiles of 64 or 128: the kernels of the measured H100
