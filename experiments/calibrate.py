@@ -122,9 +122,7 @@ def main() -> int:
             "power model fitted to both data sets; each workload has its own fitted host gap per step.\n\n"
             + ("The residuals below are those of the committed constants under the current traces "
                "(`python experiments/calibrate.py --record`): the traced optimizer step gained gradient clipping "
-               "after the fit, later (issue 23) the bytes that in-place optimizer kernels write, and (issue 56) the V100's GEMM "
-               "and convolution families were fitted on DeepBench's V100 kernels (experiments/deepbench_v100.md: "
-               "gemm_efficiency 0.75 to 0.82 and a fixed time per GEMM), with the power model kept; a refit from the same start moved to another optimum of similar residuals "
+               "after the fit, and later (issue 23) the bytes that in-place optimizer kernels write; a refit from the same start moved to another optimum of similar residuals "
                "(Zeus time rms 3.64 pp, McDonald rms 2.29 pp) with a different split between SM and memory "
                "power, so the fitted constants were kept.\n\n" if args.record else "")
             + "## Zeus BERT/SQuAD power-limit sweep\n\n" + table(rows) + "\n\n## McDonald et al. 2022, training "

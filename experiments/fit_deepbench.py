@@ -1,9 +1,12 @@
-"""Fit the simulated V100's GEMM and convolution families on DeepBench's V100 kernels, judge them leave one shape out,
-and write them into the V100 files (issue 56, items 3 and 6).
+"""Fit the simulated V100's GEMM and convolution families on DeepBench's V100 kernels and judge them leave one shape
+out (issue 56, items 3 and 6); the V100 files are written only when asked (``--write``): the committed files keep
+their families, because this fit, made on DeepBench's small kernels, moves the V100's whole training steps away from
+their measurements (the report's last section).
 
-    python experiments/fit_deepbench.py             # fit, leave one shape out, write the files, the report and JSON
-    python experiments/fit_deepbench.py --no-loo    # fit and write the files only (the report keeps its last LOO)
-    python experiments/fit_deepbench.py --check     # exit 1 where a V100 file's block is not what the fit gives
+    python experiments/fit_deepbench.py             # fit, leave one shape out, write the report and JSON
+    python experiments/fit_deepbench.py --no-loo    # fit only (the report keeps its last LOO)
+    python experiments/fit_deepbench.py --write     # also write the fit into the V100 files
+    python experiments/fit_deepbench.py --check     # print the committed V100 files' errors per family
 
 Method and sources: freqopt/gpu/calibration/deepbench.py. Before: the V100 as it stood before this fit (its [model]
 gemm_efficiency, no K overhead or fixed GEMM time, the convolutions carried from h200-sxm). Writes the
@@ -97,16 +100,17 @@ def _table(before: dict, fitted: dict, left_out: dict, counts: dict) -> list[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-loo", action="store_true", help="skip leave one shape out")
-    parser.add_argument("--check", action="store_true", help="only check the V100 files' blocks")
+    parser.add_argument("--write", action="store_true", help="write the fit into the V100 files")
+    parser.add_argument("--check", action="store_true", help="only print the committed V100 files' errors")
     args = parser.parse_args(argv)
     points = db.load_points()
+    if args.check:
+        for family, pct in db.family_errors(get_gpu(db.GPU), points).items():
+            print(f"{family}: {pct:.1f} %")
+        return 0
     start = time.time()
     before = before_spec()
     fitted, values = db.fit(before, points, max_nfev=200)
-    if args.check:
-        stale = write_files(values, check=True)
-        print("stale: " + (", ".join(stale) or "none"))
-        return 1 if stale else 0
     counts = {f: sum(p.family == f for p in points) for f in db.FAMILIES}
     err_before, err_fitted = db.family_errors(before, points), db.family_errors(fitted, points)
     print(f"fitted on all {len(points)} kernels in {time.time() - start:.0f} s: "
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  left out {i + 1}/{len(shapes)} shapes ({time.time() - start:.0f} s)", flush=True)
     left_out = {f: float(np.mean([abs(r["error_pct"]) for r in rows if r["family"] == f])) for f in db.FAMILIES
                 if any(r["family"] == f for r in rows)}  # fmt: skip
-    write_files(values)
+    if args.write:
+        write_files(values)
     RESULTS.write_text(json.dumps({
         "source": "baidu-research/DeepBench da81ba7 results/train/DeepBench_NV_V100.xlsx "
                   "(experiments/data/deepbench_v100)",
@@ -152,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *_table(err_before, err_fitted, left_out, counts),
         "",
-        "Fitted on every shape (written to search_spaces/v100-sxm2.toml, carried to v100-pcie.toml):",
+        "Fitted on every shape (not written to the V100 files, which keep the *before* families: see the last "
+        "section; `--write` writes them to v100-sxm2.toml and carries them to v100-pcie.toml):",
         "",
         *(f"- `{k}` = {v:.4g}" for k, v in values.items()),
         "",
@@ -164,8 +170,17 @@ def main(argv: list[str] | None = None) -> int:
         "factors are those of small convolutions, carried to a training step's larger ones by the model's K and "
         "fixed-time terms.",
         "",
-        "ResNet-50 on the simulated V100 with these families, against NVIDIA's published 1200 img/s (issue 49's "
-        "target): experiments/cnn/report.md (`python experiments/cnn_throughput.py`).",
+        "## Why the fit is not committed",
+        "",
+        "Judged on every V100 measurement at once, the fit helps the kernels it was fitted on and moves the V100's "
+        "whole steps away from theirs. Written into the V100 files (run on 2026-12-01 with `--write`, then "
+        "`python experiments/cnn_throughput.py` and `python experiments/calibrate.py --record`): ResNet-50 on the "
+        "simulated V100 fell from 927 to 772 img/s against NVIDIA's published 1200 (0.77 to 0.64 of it), and the "
+        "Zeus BERT/SQuAD power-limit sweep's worst error rose from 7.74 to 8.48 pp of time and 5.35 to 6.78 pp of "
+        "average power (McDonald's training figures' rms 2.33 to 3.05 pp). DeepBench's convolutions run at batch "
+        "4-32, where one efficiency per direction is lower than a batch-256 training step's: the model lacks a term "
+        "for how a kernel's tiles fill the SMs, which both would need. Until it has one, the committed V100 keeps "
+        "the families carried from the H200, and the table's *before* column is what the committed files give.",
         "",
     ]  # fmt: skip
     atomic_write_text(REPORT, "\n".join(lines))

@@ -61,18 +61,17 @@ def test_a_gpu_file_without_the_new_factors_times_convolutions_as_before():
     assert gemm_efficiency(spec, fp32.kernel) == spec.gemm_efficiency
 
 
-def test_the_committed_v100_files_hold_the_reported_fit(points):
-    sxm2, pcie = get_gpu("v100-sxm2"), get_gpu("v100-pcie")
-    for key, value in REPORTED["fitted"].items():
-        for spec in (sxm2, pcie):
-            got = db.current_values(spec, [key])[key]
-            assert got == pytest.approx(value, rel=1e-5, abs=1e-9), (spec.name, key)
+def test_the_committed_v100_files_give_the_reported_before_errors_and_the_fit_improves_each_family(points):
+    """The committed V100 files keep their families (the fit moves ResNet-50 and the Zeus sweep away: the report's
+    last section), so DeepBench's errors of the committed files are the report's 'before' figures, and nothing of
+    DeepBench is fitted in them: each is a left-out figure (a physics change that moves them fails here)."""
+    sxm2 = get_gpu("v100-sxm2")
     errors = db.family_errors(sxm2, points)
     for family, row in REPORTED["families"].items():
-        assert errors[family] == pytest.approx(row["fitted_pct"], abs=0.05), family
+        assert errors[family] == pytest.approx(row["before_pct"], abs=0.05), family
         assert row["fitted_pct"] < row["before_pct"], family  # the fit helps every family in sample
-    assert sxm2.provenance["convolution"].startswith("measured")
-    assert pcie.provenance["convolution"].startswith("carried from v100-sxm2")
+        assert row["left_out_pct"] < row["before_pct"], family  # and left out
+    assert not sxm2.provenance["convolution"].startswith("measured")
 
 
 def test_the_left_out_errors_are_the_per_shape_predictions(points):
