@@ -123,6 +123,26 @@ def test_whole_h100_steps_within_five_percent(whole_steps):
         assert abs(r["energy_error_pct"]) <= WHOLE_STEPS_AIM_PCT, (r["step"], r["energy_error_pct"])
 
 
+def test_freqopt_profile_gives_the_calibrations_h100_step(whole_steps, tmp_path, capsys):
+    """`freqopt profile --attention sdpa` (the program the measured H100 steps ran: cuDNN's attention) simulates the
+    same step the calibration and experiments/h200_check.md's 'Carried to the H100' judge, to the last digit; the
+    default (freqopt's FlashAttention-2 op) is another program, slower on Hopper (attention_rate_rel)."""
+    from freqopt.cli import main
+    from freqopt.measure.profile import profile
+    from freqopt.workload.models import get_workload
+
+    row = next(r for r in whole_steps["steps"] if r["step"] == "gpt3-small-1-2048")
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len", "2048", "--gpu",
+                 "h100-sxm", "--attention", "sdpa", "--json", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    assert doc["time_s"] == pytest.approx(row["time_simulated_s"], rel=1e-9)
+    assert doc["energy_j"] == pytest.approx(row["energy_simulated_j"], rel=1e-9)
+    flash = profile(get_workload("gpt3-small", micro_batch_size=1, seq_len=2048), gpu="h100-sxm")
+    assert flash.by_kind["attention"].time_s > 1.2 * doc["by_kind"]["attention"]["time_s"]
+
+
 def test_whole_step_residuals_within_what_the_fit_reported(whole_steps):
     from freqopt.gpu.calibration.h100_steps import summarize
 

@@ -5,7 +5,11 @@ Each file is one training step of freqopt's GPT-3 modules (sequence 2048, bf16, 
 MixedPrecisionAdamW) at the GPU's default settings: time per step (CUDA events), energy per step (the NVML energy
 counter), the SM clock sampled meanwhile, and torch.profiler's device time of every CUDA kernel of a step (name,
 seconds, launches). The simulated step is ``SimulatedGPU.step`` on the trace of the same workload: the step that
-``freqopt profile``, the search's baseline and validation and the runtime all measure.
+``freqopt profile``, the search's baseline and validation and the runtime all measure. These steps called PyTorch's
+``F.scaled_dot_product_attention`` (cuDNN's fused attention on Hopper: their kernel names), so the trace is of the
+workload with ``attention="sdpa"`` (``freqopt profile --attention sdpa``); freqopt's GPT-3 modules call
+FlashAttention-2 by default, another program, which the H200 timed 1.4-1.6x slower (GPUSpec.attention_rate_rel), so
+``freqopt profile`` without ``--attention sdpa`` is no check against these steps.
 
 Two kinds of evidence, fitted in two stages (``fit``):
 
@@ -152,18 +156,15 @@ def load_steps(folder: str | Path) -> list[WholeStep]:
 
 
 def trace_steps(steps: list[WholeStep]) -> dict[str, list[Kernel]]:
-    """Each step's traced kernels (freqopt.workload.trace, the workload at its micro-batch and sequence), by step name."""
+    """Each step's traced kernels, by step name: freqopt.workload.trace of the workload at its micro-batch and sequence
+    with attention through PyTorch's SDPA (``get_workload(..., attention="sdpa")``), as these steps ran it (cuDNN's
+    kernels: top_kernels' names). The same trace ``freqopt profile --attention sdpa`` simulates, so the two agree."""
     from freqopt.workload.models import get_workload
     from freqopt.workload.trace import trace_training_iteration
 
-    from freqopt.gpu.calibration.h100 import SDPA_ATTENTION
-
-    def as_run(kernels):  # these steps called F.scaled_dot_product_attention: cuDNN's kernels (top_kernels' names)
-        return [dataclasses.replace(k, name=SDPA_ATTENTION[k.name.endswith("_backward")]) if k.kind == "attention"
-                else k for k in kernels]  # fmt: skip
-
-    return {s.name: as_run(trace_training_iteration(get_workload(s.model, micro_batch_size=s.micro_batch_size,
-                                                                  seq_len=s.seq_len)).kernels) for s in steps}  # fmt: skip
+    return {s.name: list(trace_training_iteration(get_workload(s.model, micro_batch_size=s.micro_batch_size,
+                                                               seq_len=s.seq_len, attention="sdpa")).kernels)
+            for s in steps}  # fmt: skip
 
 
 def kernel_class(kernel: Kernel) -> str:
