@@ -47,8 +47,8 @@ from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["WholeStep", "load_steps", "trace_steps", "kernel_class", "measured_classes", "simulated_classes",
-           "residuals", "summarize", "fit", "with_values", "current_values", "CLASS_PARAMETERS", "HOST_PARAMETERS",
-           "HOST_SPLIT_US", "LAUNCH_GAP_S", "KERNEL_CLASSES", "LAUNCH_BOUND"]  # fmt: skip
+           "residuals", "summarize", "fit", "leave_one_out", "with_values", "current_values", "CLASS_PARAMETERS",
+           "HOST_PARAMETERS", "HOST_SPLIT_US", "LAUNCH_GAP_S", "KERNEL_CLASSES", "LAUNCH_BOUND"]  # fmt: skip
 
 # (class, does a traced kernel belong to it, CUDA kernel-name pattern of torch.profiler's rows). Patterns are tried
 # in order; a measured kernel that matches none is "other" (cuDNN's and cuBLAS's memsets, scalar kernels).
@@ -306,3 +306,22 @@ def fit(spec: GPUSpec, steps: list[WholeStep], traces: dict[str, list[Kernel]], 
     lower, upper, x0 = (np.array(v) for v in zip(*HOST_PARAMETERS.values()))
     x = least_squares(stage2, x0, bounds=(lower, upper), diff_step=0.01, max_nfev=max_nfev).x
     return with_values(spec, dict(zip(HOST_PARAMETERS, map(float, x))))
+
+
+def leave_one_out(spec: GPUSpec, steps: list[WholeStep], traces: dict[str, list[Kernel]], *,
+                  max_nfev: int = 200) -> list[dict]:
+    """Each step predicted by ``fit`` on the other steps (both stages: the kernel classes and the host's factor):
+    the fidelity figure of the whole-step fit, where ``residuals`` of the fit on all four are in-sample. Left out,
+    LAUNCH_BOUND has no step to pin the host's factor (the GPU-bound steps barely move with it), so its figure is
+    what the fit's start and the other steps make of the host.
+
+    Returns:
+        Per step, ``residuals``' step row (measured, simulated, errors in %) of the left-out prediction, with the
+        ``host_split_scale`` fitted without it.
+    """
+    rows = []
+    for step in steps:
+        fitted = fit(spec, [s for s in steps if s is not step], traces, max_nfev=max_nfev)
+        rows.append({**_step_row(fitted, step, traces[step.name]),
+                     "host_split_scale": current_values(fitted)["host_split_scale"]})  # fmt: skip
+    return rows
