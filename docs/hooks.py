@@ -58,19 +58,24 @@ def provenance_table() -> str:
 
 
 def real_steps_table() -> str:
-    """The shared real whole steps beside the simulated ones, today's and cd5ee2c's (before the H200 fit), from the experiments' results
-    (experiments/h200_check_residuals.json; experiments/h100_whole_steps_residuals.json and its copy at cd5ee2c)."""
+    """The shared real whole steps beside the simulated ones: cd5ee2c's (before the H200 fit: the H200's as
+    h200_check_residuals.json records device_check.json's, the H100's in h100_whole_steps_residuals_cd5ee2c.json) and
+    today's with the step left out of the fits that use the steps (the H200's host factor: h200_check_residuals.json's
+    host.leave_one_out; the H100's kernel classes and host factor: h100_whole_steps_loo.json), all in experiments/."""
     import json
 
     exp = ROOT / "experiments"
     h200 = json.loads((exp / "h200_check_residuals.json").read_text())
-    h100_after = json.loads((exp / "h100_whole_steps_residuals.json").read_text())["steps"]
+    h200_loo = {r["step"]: r for r in h200["host"]["leave_one_out"]}
+    h100_loo = json.loads((exp / "h100_whole_steps_loo.json").read_text())["steps"]
     h100_before = {r["step"]: r for r in json.loads((exp / "h100_whole_steps_residuals_cd5ee2c.json").read_text())["steps"]}
-    lines = ["| GPU | step | time: before / after (%) | energy: before / after (%) |", "|---|---|---:|---:|"]
+    lines = ["| GPU | step | time: before / after, left out (%) | energy: before / after, left out (%) |",
+             "|---|---|---:|---:|"]
     for r in h200["steps"]:
-        lines.append(f"| h200-sxm | {r['step']} | {r['time_before_error_pct']:+.1f} / {r['time_error_pct']:+.1f} | "
-                     f"{r['energy_before_error_pct']:+.1f} / {r['energy_error_pct']:+.1f} |")
-    for r in h100_after:
+        lo = h200_loo[r["step"]]
+        lines.append(f"| h200-sxm | {r['step']} | {r['time_before_error_pct']:+.1f} / {lo['time_error_pct']:+.1f} | "
+                     f"{r['energy_before_error_pct']:+.1f} / {lo['energy_error_pct']:+.1f} |")
+    for r in h100_loo:
         b = h100_before[r["step"]]
         lines.append(f"| h100-sxm | {r['step']} | {b['time_error_pct']:+.1f} / {r['time_error_pct']:+.1f} | "
                      f"{b['energy_error_pct']:+.1f} / {r['energy_error_pct']:+.1f} |")

@@ -159,3 +159,32 @@ def test_the_light_list_of_model_names_is_the_models_own():
     from freqopt.workload.models import list_models
 
     assert list(MODEL_NAMES) == list_models()
+
+
+def test_attention_sdpa_traces_pytorchs_sdpa_kernels_and_computes_the_same():
+    """get_workload(..., attention="sdpa"): the GPT-3 modules call F.scaled_dot_product_attention (the program the
+    shared H100 steps ran), traced as SDPA_KERNEL_NAMES, one kernel each way as freqopt's op, with its FLOPs and
+    bytes; on real tensors both paths give the same output. Other models and other values are refused."""
+    import dataclasses
+
+    from freqopt.workload.models.gpt3 import GPTConfig
+    from freqopt.workload.models.sdpa import SDPA_KERNEL_NAMES
+    from freqopt.workload.trace import trace_training_iteration
+
+    flash = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=1, seq_len=128)).kernels
+    sdpa = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=1, seq_len=128, attention="sdpa")).kernels
+    attention = [k for k in sdpa if k.kind == "attention"]
+    assert {k.name for k in attention} == set(SDPA_KERNEL_NAMES) and len(attention) == 24
+    assert [(k.flops, k.mem_bytes) for k in attention] == [(k.flops, k.mem_bytes) for k in flash if k.kind == "attention"]
+    assert len(sdpa) == len(flash)
+    torch.manual_seed(0)
+    config = GPTConfig(n_layers=1, d_model=64, n_heads=2, vocab_size=100, seq_len=16)
+    a = build_model(config, device="cpu", dtype=torch.float32)
+    b = build_model(dataclasses.replace(config, attention="sdpa"), device="cpu", dtype=torch.float32)
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 100, (2, 16))
+    assert torch.allclose(a(idx), b(idx), atol=1e-5)
+    with pytest.raises(InvalidSettingError, match="GPT-3 models only"):
+        get_workload("bert-base", attention="sdpa")
+    with pytest.raises(InvalidSettingError, match="one of flash, sdpa"):
+        get_workload("gpt3-small", attention="math")

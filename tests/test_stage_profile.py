@@ -138,6 +138,10 @@ def test_the_blocking_power_is_the_gpu_files_waiting_power():
         assert found == pytest.approx(watts, abs=1e-9) and "[waiting_power] measurement" in source
     found, source = blocking_power(get_gpu("h100-sxm"))  # no measurement in its file: the power model's baseline
     assert 50 < found < 300 and "power-model baseline" in source
+    for name in ("b200", "l4", "rtx4090", "l40s"):  # a figure carried from another GPU: not called a measurement
+        found, source = blocking_power(get_gpu(name))
+        assert found == get_gpu(name).waiting_power.top_clocks_w and "[waiting_power] measurement" not in source, name
+        assert "not a measurement of this GPU (carried from" in source, name
 
 
 @pytest.fixture

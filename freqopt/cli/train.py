@@ -270,9 +270,13 @@ def _killed_rank_error(plan, rank: int, signum: int):
 @click.option("--host", default=None,
               help="The host issuing the kernels (a name `freqopt gpus` lists, or a host TOML file); default the GPU "
                    "file's (h100-node). nvml: the one your machine's host is measured against.")
+@click.option("--attention", type=click.Choice(["flash", "sdpa"]), default=None,
+              help="GPT-3 models: flash (freqopt's FlashAttention-2 op, the default) or sdpa (PyTorch's "
+                   "scaled_dot_product_attention, cuDNN's kernels on Hopper: what the H100 steps of "
+                   "experiments/data/h100/whole_steps ran).")
 @model_options
-def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, power_limit_w, json_path, host, layout,
-            **sizes) -> None:  # fmt: skip
+def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, power_limit_w, json_path, host, attention,
+            layout, **sizes) -> None:  # fmt: skip
     """Report one training iteration: time, energy, average power, FLOPs and a breakdown by kernel kind and by pass.
 
     On the simulated GPU the whole step runs at one setting: the GPU's defaults, or --sm-clock, --mem-clock and
@@ -292,10 +296,15 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     from freqopt.workload.layout import parse_layout
     from freqopt.measure.profile import profile as run_profile
 
+    if attention is not None:  # the model built here with its attention path, then profiled as a Workload
+        from freqopt.workload.models import get_workload
+
+        what = {"workload": get_workload(model, layout=parse_layout(layout), attention=attention, **sizes)}
+    else:
+        what = {"workload": model, "layout": layout, **sizes}
     with memory_warnings_as_lines():
-        report = run_profile(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
-                             sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
-                             host=host, **sizes)  # fmt: skip
+        report = run_profile(backend=backend, gpu=gpu, device=device, steps=steps, sm_clock_mhz=sm_clock_mhz,
+                             mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w, host=host, **what)  # fmt: skip
     nvml = report.backend == "nvml"
     console = stdout_console()
     where = f"NVML, trained on {report.device}, {report.n_steps} steps" if nvml else \

@@ -45,7 +45,8 @@ Blocking power. The planner also needs the power a GPU draws while it waits on i
 --blocking-power-w``), which no stage's own kernels show. It is taken from the GPU's file, not measured: the GPU's
 waiting power at its highest clocks (freqopt.gpu.backends.physics.waiting_power_w: the file's [waiting_power]
 measurement where it has one, e.g. Perseus's 83.64 W on an A100 SXM and 70.38 W on an A40, else the power model's
-baseline), the figure the simulated pipeline's blocked GPUs draw at the default clock. It is written in the file's
+baseline; a figure the file carries from another GPU, as on the B200, L4, L40S and RTX 4090, is said to be carried,
+not measured), the figure the simulated pipeline's blocked GPUs draw at the default clock. It is written in the file's
 header and returned (StageProfileRun.blocking_power_w).
 """
 
@@ -401,8 +402,12 @@ def blocking_power(spec) -> tuple[float, str]:
     from freqopt.gpu.backends.physics import waiting_power_w
 
     watts = float(waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1])  # (1, F), F ascending: the highest clock
-    if spec.waiting_power.top_clocks_w is not None:
+    provenance = spec.provenance.get("waiting_power", "")
+    if spec.waiting_power.top_clocks_w is not None and provenance.startswith("measured"):
         source = f"the {spec.name} GPU file's [waiting_power] measurement at the highest clocks, not measured here"
+    elif spec.waiting_power.top_clocks_w is not None:  # a figure carried from another GPU or assumed: not measured
+        source = (f"the {spec.name} GPU file's [waiting_power] figure at the highest clocks, not a measurement of this "
+                  f"GPU ({provenance or 'its file names no source'}), not measured here")  # fmt: skip
     else:
         source = (f"the {spec.name} GPU file's power-model baseline at the highest clocks (a model: the file holds "
                   "no waiting-power measurement), not measured here")  # fmt: skip

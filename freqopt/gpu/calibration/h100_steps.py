@@ -5,7 +5,11 @@ Each file is one training step of freqopt's GPT-3 modules (sequence 2048, bf16, 
 MixedPrecisionAdamW) at the GPU's default settings: time per step (CUDA events), energy per step (the NVML energy
 counter), the SM clock sampled meanwhile, and torch.profiler's device time of every CUDA kernel of a step (name,
 seconds, launches). The simulated step is ``SimulatedGPU.step`` on the trace of the same workload: the step that
-``freqopt profile``, the search's baseline and validation and the runtime all measure.
+``freqopt profile``, the search's baseline and validation and the runtime all measure. These steps called PyTorch's
+``F.scaled_dot_product_attention`` (cuDNN's fused attention on Hopper: their kernel names), so the trace is of the
+workload with ``attention="sdpa"`` (``freqopt profile --attention sdpa``); freqopt's GPT-3 modules call
+FlashAttention-2 by default, another program, which the H200 timed 1.4-1.6x slower (GPUSpec.attention_rate_rel), so
+``freqopt profile`` without ``--attention sdpa`` is no check against these steps.
 
 Two kinds of evidence, fitted in two stages (``fit``):
 
@@ -43,8 +47,8 @@ from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["WholeStep", "load_steps", "trace_steps", "kernel_class", "measured_classes", "simulated_classes",
-           "residuals", "summarize", "fit", "with_values", "current_values", "CLASS_PARAMETERS", "HOST_PARAMETERS",
-           "HOST_SPLIT_US", "LAUNCH_GAP_S", "KERNEL_CLASSES", "LAUNCH_BOUND"]  # fmt: skip
+           "residuals", "summarize", "fit", "leave_one_out", "with_values", "current_values", "CLASS_PARAMETERS",
+           "HOST_PARAMETERS", "HOST_SPLIT_US", "LAUNCH_GAP_S", "KERNEL_CLASSES", "LAUNCH_BOUND"]  # fmt: skip
 
 # (class, does a traced kernel belong to it, CUDA kernel-name pattern of torch.profiler's rows). Patterns are tried
 # in order; a measured kernel that matches none is "other" (cuDNN's and cuBLAS's memsets, scalar kernels).
@@ -152,18 +156,15 @@ def load_steps(folder: str | Path) -> list[WholeStep]:
 
 
 def trace_steps(steps: list[WholeStep]) -> dict[str, list[Kernel]]:
-    """Each step's traced kernels (freqopt.workload.trace, the workload at its micro-batch and sequence), by step name."""
+    """Each step's traced kernels, by step name: freqopt.workload.trace of the workload at its micro-batch and sequence
+    with attention through PyTorch's SDPA (``get_workload(..., attention="sdpa")``), as these steps ran it (cuDNN's
+    kernels: top_kernels' names). The same trace ``freqopt profile --attention sdpa`` simulates, so the two agree."""
     from freqopt.workload.models import get_workload
     from freqopt.workload.trace import trace_training_iteration
 
-    from freqopt.gpu.calibration.h100 import SDPA_ATTENTION
-
-    def as_run(kernels):  # these steps called F.scaled_dot_product_attention: cuDNN's kernels (top_kernels' names)
-        return [dataclasses.replace(k, name=SDPA_ATTENTION[k.name.endswith("_backward")]) if k.kind == "attention"
-                else k for k in kernels]  # fmt: skip
-
-    return {s.name: as_run(trace_training_iteration(get_workload(s.model, micro_batch_size=s.micro_batch_size,
-                                                                  seq_len=s.seq_len)).kernels) for s in steps}  # fmt: skip
+    return {s.name: list(trace_training_iteration(get_workload(s.model, micro_batch_size=s.micro_batch_size,
+                                                               seq_len=s.seq_len, attention="sdpa")).kernels)
+            for s in steps}  # fmt: skip
 
 
 def kernel_class(kernel: Kernel) -> str:
@@ -305,3 +306,22 @@ def fit(spec: GPUSpec, steps: list[WholeStep], traces: dict[str, list[Kernel]], 
     lower, upper, x0 = (np.array(v) for v in zip(*HOST_PARAMETERS.values()))
     x = least_squares(stage2, x0, bounds=(lower, upper), diff_step=0.01, max_nfev=max_nfev).x
     return with_values(spec, dict(zip(HOST_PARAMETERS, map(float, x))))
+
+
+def leave_one_out(spec: GPUSpec, steps: list[WholeStep], traces: dict[str, list[Kernel]], *,
+                  max_nfev: int = 200) -> list[dict]:
+    """Each step predicted by ``fit`` on the other steps (both stages: the kernel classes and the host's factor):
+    the fidelity figure of the whole-step fit, where ``residuals`` of the fit on all four are in-sample. Left out,
+    LAUNCH_BOUND has no step to pin the host's factor (the GPU-bound steps barely move with it), so its figure is
+    what the fit's start and the other steps make of the host.
+
+    Returns:
+        Per step, ``residuals``' step row (measured, simulated, errors in %) of the left-out prediction, with the
+        ``host_split_scale`` fitted without it.
+    """
+    rows = []
+    for step in steps:
+        fitted = fit(spec, [s for s in steps if s is not step], traces, max_nfev=max_nfev)
+        rows.append({**_step_row(fitted, step, traces[step.name]),
+                     "host_split_scale": current_values(fitted)["host_split_scale"]})  # fmt: skip
+    return rows

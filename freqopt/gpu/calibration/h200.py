@@ -41,8 +41,11 @@ this assumption misses.
   fitted on torch.profiler's device time of whole steps (freqopt.gpu.calibration.h100_steps) and carried to the H200
   by its memory bandwidth; the atlas checks it, with only the harness's host time fitted where it binds.
 
-``leave_one_out`` refits a family without each of its points in turn (the harness's host time included) and predicts
-that point: the fidelity figure experiments/h200_check.md reports, beside the in-sample residuals.
+``leave_one_out`` refits a family without each of its points in turn (the harness's host time included), and the
+families whose values its predictions use (``Family.uses``: the attention backward runs on the forward's d and key
+terms; a backward timed as a difference holds its forward) without that shape too, and predicts that point: the
+fidelity figure experiments/h200_check.md reports, beside the in-sample residuals. A point the measuring loop's host
+binds (``bound`` "harness") checks the loop, not a kernel model, and is reported apart.
 """
 
 from __future__ import annotations
@@ -112,12 +115,16 @@ class KernelPoint:
 class Family:
     """A kernel family: the GPUSpec values it fits, (lower, upper, start) each, and the harness keys it fits.
     Families of one ``group`` are fitted together (the convolutions share the GEMM's main-loop efficiency and
-    epilogue: cuDNN's implicit GEMMs), each still judged on its own points."""
+    epilogue: cuDNN's implicit GEMMs), each still judged on its own points. ``uses``: the families fitted before it
+    whose values (constants and harness times) enter its predictions (a backward's kernels run on the forward's
+    attention constants; a backward timed as a difference holds the forward's kernels and loop), so that leaving a
+    shape out refits them without that shape as well (``leave_one_out``)."""
 
     name: str
     parameters: dict[str, tuple[float, float, float]]
     harness: tuple[str, ...] = ()
     group: str | None = None
+    uses: tuple[str, ...] = ()
 
     @property
     def fit_group(self) -> str:
@@ -131,15 +138,17 @@ FAMILIES: list[Family] = [
                                  "attention_key_overhead": (0.0, 5000.0, 100.0),
                                  "attention_fixed_forward_us": (0.0, 100.0, 10.0)}, ("sdpa forward",)),
     Family("attention backward", {"attention_backward_efficiency_rel": (0.2, 1.5, 0.8),
-                                  "attention_fixed_backward_us": (0.0, 200.0, 30.0)}, ("sdpa backward",)),
+                                  "attention_fixed_backward_us": (0.0, 200.0, 30.0)}, ("sdpa backward",),
+           uses=("attention forward",)),
     Family("FlashAttention-2 forward", {"rate/freqopt.flash_attention": (0.2, 2.0, 0.7)}),
     Family("FlashAttention-2 backward", {"rate/freqopt.flash_attention_backward": (0.2, 2.0, 0.7)}),
     Family("memory-bound forward", {"layer_norm_bandwidth_rel": (0.1, 1.5, 0.5),
                                     "row/aten.native_layer_norm": (0.0, 5000.0, 300.0),
                                     "bw/aten._fused_rms_norm": (0.1, 1.5, 0.7)}, ("memory-bound forward", "norm forward")),
-    Family("memory-bound backward", {}, ("memory-bound backward",)),
+    Family("memory-bound backward", {}, ("memory-bound backward",), uses=("memory-bound forward",)),
     Family("cross-entropy forward", {"bw/aten._log_softmax": (0.1, 1.5, 0.75)}),
-    Family("cross-entropy backward", {"bw/aten._log_softmax_backward_data": (0.1, 1.5, 0.75)}),
+    Family("cross-entropy backward", {"bw/aten._log_softmax_backward_data": (0.1, 1.5, 0.75)},
+           uses=("cross-entropy forward",)),
     Family("convolution forward", {"conv/forward": (0.2, 2.0, 0.8), "conv/forward_small_channels": (0.01, 2.0, 0.3)},
            group="GEMM"),
     Family("convolution data gradient", {"conv/input": (0.2, 2.0, 0.8), "conv/input_small_channels": (0.01, 2.0, 0.3)},
@@ -147,7 +156,8 @@ FAMILIES: list[Family] = [
     Family("convolution weight gradient", {"conv/weight": (0.2, 2.0, 0.8),
                                            "conv/weight_small_channels": (0.01, 2.0, 0.3)}, group="GEMM"),
     Family("batch norm forward", {"bw/aten.native_batch_norm": (0.05, 1.5, 0.5)}, ("batch norm forward",)),
-    Family("batch norm backward", {"bw/aten.native_batch_norm_backward": (0.05, 1.5, 0.5)}, ("batch norm backward",)),
+    Family("batch norm backward", {"bw/aten.native_batch_norm_backward": (0.05, 1.5, 0.5)}, ("batch norm backward",),
+           uses=("batch norm forward",)),
 ]  # fmt: skip
 _FAMILY = {f.name: f for f in FAMILIES}
 
@@ -545,23 +555,35 @@ def fit(spec: GPUSpec, points: Sequence[KernelPoint], families: Sequence[str] | 
 
 
 def leave_one_out(spec: GPUSpec, points: Sequence[KernelPoint], family: str,
-                  harness_us: dict[str, float] | None = None) -> list[dict]:
-    """For each point of ``family``: refit the family's group (its parameters and harness keys) on the group's other
-    points, predict it. A point that alone exercises a parameter (a small-channel convolution, a family of one shape)
-    is predicted by the fit on all points and marked ``alone``: it has no leave-one-out figure.
+                  harness_us: dict[str, float] | None = None, *, labels: Sequence[str] | None = None) -> list[dict]:
+    """For each point of ``family``: refit the families its predictions use (``Family.uses``: the attention forward's
+    constants for the backward, say) on their points of the other shapes (another label), then the family's group
+    (its parameters and harness keys) on the group's other points, and predict it, so that no value fitted on the
+    left-out shape enters its prediction. A point that alone exercises a parameter (a small-channel convolution, a
+    family of one shape) is predicted by the fit on all points and marked ``alone``: it has no leave-one-out figure.
+
+    Args:
+        points: all points (the used families' included).
+        labels: the shapes to leave out and predict (default: every point of ``family``).
 
     Returns:
         Per point: label, measured_s, predicted_s (left out), error_pct (of the measured), in_sample_s (the fit on
-        all points), committed_s (``spec`` as given, with ``harness_us``), bound ("kernels" or "harness": which side of the max the left-out prediction took), alone.
+        all points), committed_s (``spec`` as given, with ``harness_us``), bound ("kernels" or "harness": which side
+        of the max the left-out prediction took; a harness-bound point times the measuring loop, not the kernels),
+        alone.
     """
     names_in = {f.name for f in _group(family)}
     group = [p for p in points if p.family in names_in]
     full, full_harness = fit_family(spec, group, family, harness_us)
     rows = []
-    for p in [q for q in group if q.family == family]:
+    for p in [q for q in group if q.family == family and (labels is None or q.label in labels)]:
         rest = [q for q in group if q is not p]
         alone = _exercised_alone(p, rest) or not any(q.family == family for q in rest)
-        left, left_harness = (full, full_harness) if alone else fit_family(spec, rest, family, harness_us)
+        if alone:
+            left, left_harness = full, full_harness
+        else:
+            left, left_harness = _without_shape(spec, points, family, p.label, harness_us)
+            left, left_harness = fit_family(left, rest, family, left_harness)
         predicted = predict(left, p, left_harness)
         gpu = kernel_time_s(left, p.kernels, p.sm_clock_mhz)
         rows.append({"label": p.label, "measured_s": p.measured_s, "predicted_s": predicted,
@@ -569,6 +591,18 @@ def leave_one_out(spec: GPUSpec, points: Sequence[KernelPoint], family: str,
                      "committed_s": predict(spec, p, harness_us),
                      "bound": "harness" if p.harness and gpu < predicted * (1 - 1e-9) else "kernels", "alone": alone})  # fmt: skip
     return rows
+
+
+def _without_shape(spec: GPUSpec, points: Sequence[KernelPoint], family: str, label: str,
+                   harness_us: dict[str, float] | None) -> tuple[GPUSpec, dict[str, float]]:
+    """``spec`` and the harness times with the families ``family`` uses (Family.uses) refitted on their points of
+    shapes other than ``label``."""
+    harness = dict(harness_us or {})
+    for name in _FAMILY[family].uses:
+        names_in = {f.name for f in _group(name)}
+        others = [q for q in points if q.family in names_in and q.label != label]
+        spec, harness = fit_family(spec, others, name, harness)
+    return spec, harness
 
 
 def _exercised_alone(point: KernelPoint, rest: Sequence[KernelPoint]) -> bool:

@@ -17,7 +17,7 @@ import torch
 from freqopt.errors import InvalidSettingError, check_positive_int
 from freqopt.workload.layout import SINGLE_GPU, Layout
 from freqopt.workload.models.bert import BERT_CONFIGS, BertConfig, BertModel
-from freqopt.workload.models.gpt3 import GPT3_CONFIGS, GPTConfig, GPTModel
+from freqopt.workload.models.gpt3 import ATTENTION_PATHS, GPT3_CONFIGS, GPTConfig, GPTModel
 from freqopt.workload.models.hf import HFConfig, build_hf_model, is_hf_model, load_hf_config
 from freqopt.workload.model_names import check_model_name
 
@@ -54,7 +54,7 @@ def list_models() -> list[str]:
 
 def get_workload(
     model: str, *, micro_batch_size: int | None = None, seq_len: int | None = None, n_heads: int | None = None,
-    layout: Layout | None = None, vocab_multiple: int | None = None,
+    layout: Layout | None = None, vocab_multiple: int | None = None, attention: str | None = None,
 ) -> Workload:
     """The named model with optional overrides, on an optional parallel layout (default one GPU).
 
@@ -69,18 +69,30 @@ def get_workload(
         layout: data- and tensor-parallel degrees (default one GPU).
         vocab_multiple: pad the embedding and output layer's vocabulary to a multiple of this (default the model's:
             128 for the GPT-3 family, as Megatron-LM; 1 for BERT); 1 = no padding (built-in models only).
+        attention: how the GPT-3 family's attention calls its fused kernel (freqopt.workload.models.gpt3.ATTENTION_PATHS):
+            "flash" (the default: freqopt.flash_attention, FlashAttention-2 on a GPU) or "sdpa" (PyTorch's
+            F.scaled_dot_product_attention, whose kernel PyTorch picks: cuDNN's on Hopper); GPT-3 models only.
 
     Raises:
         UnknownNameError: unknown model; the message lists the known ones.
-        InvalidSettingError: a non-positive override, heads that do not divide d_model, or a tensor-parallel
-            degree that does not divide the heads (and, for ``hf:``, the key/value heads).
+        InvalidSettingError: a non-positive override, heads that do not divide d_model, an ``attention`` not in
+            ATTENTION_PATHS or given for a model outside the GPT-3 family, or a tensor-parallel degree that does not
+            divide the heads (and, for ``hf:``, the key/value heads).
         FreqoptError: for ``hf:PATH``, also the errors of ``freqopt.workload.models.hf.load_hf_config``
             (transformers missing, no config or a corrupt one at PATH).
     """
     if is_hf_model(model):
+        if attention is not None:
+            raise InvalidSettingError(f"attention applies to the GPT-3 models; {model} runs its config's attention",
+                                      argument="attention")  # fmt: skip
         return _hf_workload(model, micro_batch_size, seq_len, n_heads, layout, vocab_multiple)
     check_model_name(model)
     config = MODELS[model]
+    if attention is not None:
+        if not isinstance(config, GPTConfig) or attention not in ATTENTION_PATHS:
+            raise InvalidSettingError(f"attention {attention!r}: one of {', '.join(ATTENTION_PATHS)}, for the GPT-3 "
+                                      "models only", argument="attention")  # fmt: skip
+        config = dataclasses.replace(config, attention=attention)
     for name, value in (("micro_batch_size", micro_batch_size), ("seq_len", seq_len), ("n_heads", n_heads),
                         ("vocab_multiple", vocab_multiple)):  # fmt: skip
         check_positive_int(name, value, optional=True)

@@ -17,7 +17,16 @@ import torch.nn.functional as F
 
 from freqopt.workload.models.ops import flash_attention
 
-__all__ = ["GPTConfig", "GPTModel", "GPT3_CONFIGS", "init_weights"]
+__all__ = ["GPTConfig", "GPTModel", "GPT3_CONFIGS", "init_weights", "ATTENTION_PATHS"]
+
+# How a model's attention calls its fused kernel (GPTConfig.attention):
+# * "flash": freqopt.flash_attention (freqopt.workload.models.ops), which on a CUDA GPU always runs FlashAttention-2
+#   (aten._scaled_dot_product_flash_attention); traced as freqopt.flash_attention and its backward.
+# * "sdpa": torch.nn.functional.scaled_dot_product_attention, whose kernel PyTorch picks: cuDNN's fused attention on
+#   Hopper with PyTorch 2.11 (the kernels the measured H100 steps of experiments/data/h100/whole_steps ran: their
+#   torch.profiler names are cudnn_generated_fort_native_sdpa_sm90_flash_*), FlashAttention-2 on Ampere; traced as
+#   freqopt.workload.models.sdpa.SDPA_KERNEL_NAMES, which a GPU file rates apart (GPUSpec.attention_rate_rel).
+ATTENTION_PATHS = ("flash", "sdpa")
 
 
 class AttentionShape:
@@ -63,6 +72,12 @@ class GPTConfig(AttentionShape):
     # nanoGPT pads GPT-2's 50257 to 50304): a logit GEMM with N = 50257 ran 4.5x slower than the roofline on an
     # H100. 1: no padding.
     vocab_multiple: int = 128
+    attention: str = "flash"  # ATTENTION_PATHS: freqopt's FlashAttention-2 op, or PyTorch's SDPA (its kernel choice)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_PATHS)}, not {self.attention!r}")
 
 
 # Table 2.1 of Brown et al. 2020. Two rows of the table do not multiply out, and d_head is kept:
@@ -84,7 +99,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         d = config.d_model
-        self.head_dim, self.causal = config.head_dim, config.causal
+        self.head_dim, self.causal, self.attention = config.head_dim, config.causal, config.attention
         self.q_proj = nn.Linear(d, d, bias=config.bias)
         self.k_proj = nn.Linear(d, d, bias=config.bias)
         self.v_proj = nn.Linear(d, d, bias=config.bias)
@@ -96,7 +111,10 @@ class CausalSelfAttention(nn.Module):
         q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        y = flash_attention(q, k, v, self.causal)  # (B, nh, T, hs)
+        if self.attention == "sdpa":  # PyTorch picks the kernel (ATTENTION_PATHS); traced through FusedSDPA
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (B, nh, T, hs)
+        else:
+            y = flash_attention(q, k, v, self.causal)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, d)
         return self.o_proj(y)  # (B, T, d)
 
