@@ -5,6 +5,8 @@ fitted on, in one table.
     python experiments/fidelity.py --jobs 1        # the refits one at a time (default: 2 processes)
     python experiments/fidelity.py --only NAME     # refit only these data sets' folds, keep the others' recorded
     python experiments/fidelity.py --reset-before  # record today's figures as the "before" column too
+    python experiments/fidelity.py --no-refit      # re-predict the rows with the recorded folds (what the guard
+                                                   # does), for a new note or report; not after a refit
 
 The data sets, what each leaves out and how to register another: freqopt/gpu/calibration/fidelity.py. Writes
 experiments/fidelity.json (every row, every fold's fitted values, the guard's tolerances, the "before" figures) and
@@ -44,7 +46,8 @@ def _fit(entry: str, fold: str) -> tuple[str, str, dict, float]:
 
 def _commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True)
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                             check=True)  # fmt: skip
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "freqopt", "search_spaces"], cwd=HERE,
                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         return out.stdout.strip() + (" + uncommitted changes" if dirty else "")
@@ -73,7 +76,9 @@ def report(result: dict) -> str:
            f"Produced by `python experiments/fidelity.py` on {result['date']} (commit {result['commit']}) in "
            f"{minutes} min {seconds} s of wall time with {result['jobs']} processes on a machine of "
            f"{result['cpus']} cores shared with other work ({result['fit_cpu_s']:.0f} s of refits' CPU time). Data "
-           "sets, what each leaves out, and how to register another: freqopt/gpu/calibration/fidelity.py.", "",
+           "sets, what each leaves out, and how to register another: freqopt/gpu/calibration/fidelity.py."
+           + (f" Rows re-predicted with those refits' recorded folds on {result['rows_repredicted']['date']} (commit "
+              f"{result['rows_repredicted']['commit']}, `--no-refit`)." if "rows_repredicted" in result else ""), "",
            "*Fitted on*: the committed constants' error on the data they were fitted on (a residual, not fidelity). "
            "*Left out*: each point predicted by a refit that did not see it (a workload, batch size, stage, shape or "
            "step left out at a time, per the note), the figure the targets judge. Figures are the largest |error| over "
@@ -90,7 +95,8 @@ def report(result: dict) -> str:
         if r["status"] != "computed":
             met = r["status"] if r["status"] == "not modelled yet" else f"{met} ({r['status']})"
         prior = before.get(key, {}).get("left_out")
-        out.append(f"| {r['gpu']} | {r['dataset']} | {r['kind']} | {r['metric']} | {_fmt(r['fitted_on'], r['metric'])} | "
+        out.append(f"| {r['gpu']} | {r['dataset']} | {r['kind']} | {r['metric']} | "
+                   f"{_fmt(r['fitted_on'], r['metric'])} | "
                    f"{_fmt(r['left_out'], r['metric'])} | {_fmt(prior, r['metric'])} | "
                    f"{_fmt(r['target'], r['metric'])} {unit if r['target'] is not None else ''} | {met} | "
                    f"{r['n_points'] if r['n_points'] is not None else '-'} | {r['note']} |")  # fmt: skip
@@ -115,14 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(fd.REGISTRY),
                         help="refit only these data sets' folds; the others' recorded folds are reused")
     parser.add_argument("--reset-before", action="store_true", help="record today's figures as 'before' too")
+    parser.add_argument("--no-refit", action="store_true",
+                        help="reuse every recorded fold (no refit), re-predict the rows and rewrite the report")
     args = parser.parse_args(argv)
+    if args.no_refit:
+        args.only = []
     started = time.time()
     old = json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else None
     tasks = []
     folds: dict[str, dict[str, dict]] = {name: {} for name in fd.REGISTRY}
     for name, ds in fd.REGISTRY.items():
         names = ds.fold_names()
-        if args.only and name not in args.only:
+        if args.only is not None and name not in args.only:
             recorded = (old or {}).get("entries", {}).get(name, {}).get("folds", {})
             if set(recorded) != set(names):
                 raise SystemExit(f"{name}: no recorded folds to reuse (run without --only)")
@@ -158,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
               "tolerances_note": "(absolute, relative to the recorded figure): the larger applies; why: "
                                  "freqopt/gpu/calibration/fidelity.py TOLERANCES",
               "rows": rows, "entries": entries}  # fmt: skip
+    if args.no_refit:  # the refits are the recorded ones: so are their date, commit and time
+        result.update({k: old[k] for k in ("date", "commit", "jobs", "cpus", "elapsed_s", "fit_cpu_s")},
+                      rows_repredicted={"date": date, "commit": commit})  # fmt: skip
     keep = old is not None and "before" in old and not args.reset_before
     result["before"] = old["before"] if keep else {"date": date, "commit": commit, "rows": rows}
     atomic_write_text(JSON_PATH, json.dumps(result, indent=1) + "\n")

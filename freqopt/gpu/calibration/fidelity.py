@@ -64,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["Row", "DataSet", "KINDS", "TARGETS", "TOLERANCES", "REGISTRY", "EXPERIMENTS", "registry", "not_modelled",
-           "tolerance", "target"]
+           "tolerance", "target", "regressions", "recorded_folds"]
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments"
 DATA = EXPERIMENTS / "data"
@@ -271,8 +271,10 @@ def _sweep_errors(rows: list[dict]) -> dict[str, float]:
     energy, miss = [], []
     for batch_rows in by_batch.values():
         top = max(batch_rows, key=lambda r: r["power_limit_w"])
-        e_meas = [r["time_rel_measured"] * r["avg_power_measured_w"] / top["avg_power_measured_w"] for r in batch_rows]
-        e_sim = [r["time_rel_simulated"] * r["avg_power_simulated_w"] / top["avg_power_simulated_w"] for r in batch_rows]
+        e_meas = [r["time_rel_measured"] * r["avg_power_measured_w"] / top["avg_power_measured_w"]
+                  for r in batch_rows]  # fmt: skip
+        e_sim = [r["time_rel_simulated"] * r["avg_power_simulated_w"] / top["avg_power_simulated_w"]
+                 for r in batch_rows]  # fmt: skip
         energy += [100 * (s - m) for s, m in zip(e_sim, e_meas)]
         limits = [r["power_limit_w"] for r in batch_rows]
         miss.append(limits[int(np.argmin(e_sim))] - limits[int(np.argmin(e_meas))])
@@ -307,8 +309,9 @@ def _zeus_v100() -> DataSet:
     def fit_fold(fold: str) -> dict:
         b = int(fold.split()[-1])
         points, traces, figures, figure_traces = _v100_data()
-        spec, gaps = cal.fit_power_model(_gpu(V100), [p for p in points if p.batch_size != b],
-                                         {k: v for k, v in traces.items() if k != b}, figures, figure_traces)  # fmt: skip
+        kept = [p for p in points if p.batch_size != b]
+        spec, gaps = cal.fit_power_model(_gpu(V100), kept, {k: v for k, v in traces.items() if k != b}, figures,
+                                         figure_traces)  # fmt: skip
         values = {k: float(getattr(spec.power_model, k)) for k in cal.FIT_PARAMETERS}
         return {**values, "p_const_w": float(spec.power_model.p_const_w), **gaps}
 
@@ -325,8 +328,8 @@ def _mcdonald_v100() -> DataSet:
         _, _, figures, figure_traces = _v100_data()
         got = cal.mcdonald_residuals(_gpu(V100), figures, figure_traces, _v100_gaps()["mcdonald_host_gap_s"])
         note = ("nothing left out: the five figures are the only data of this workload and fit its host gap per "
-                "step with the V100's power model; leave one figure out (five more V100 refits, 2 min each) is not "
-                "run; the Zeus rows judge the same power model left out")
+                "step with the V100's power model; leave one figure out (five more V100 refits, about 3 min of CPU "
+                "each) is not run; the Zeus rows judge the same power model left out")
         return [Row(name, V100, "McDonald et al. 2022 V100 training figures", kind, "figure_pp",
                     _max_abs(r["error_pp"] for r in got), None, len(got), target(V100, kind, "figure_pp"), note)]
 
@@ -343,7 +346,8 @@ def _sweep(stage: str):
 
 
 def _clock_metrics(summary: dict) -> dict[str, float]:
-    return {"time_rel_pp": summary["max_abs_time_rel_error_pp"], "energy_rel_pp": summary["max_abs_energy_rel_error_pp"],
+    return {"time_rel_pp": summary["max_abs_time_rel_error_pp"],
+            "energy_rel_pp": summary["max_abs_energy_rel_error_pp"],
             "optimal_clock_mhz": float(abs(summary["energy_optimal_miss_mhz"]))}  # fmt: skip
 
 
@@ -402,8 +406,8 @@ def _perseus_a40() -> DataSet:
                          top_power_weight=weights[gpu])  # fmt: skip
         return _a40_values(spec)
 
-    return DataSet(name, (gpu,), kind, "experiments/data/perseus/{bloom,gpt3-175b}+a40_bf16.csv (Chung et al., SOSP 2024)",
-                   rows, stages, fit_fold)  # fmt: skip
+    return DataSet(name, (gpu,), kind, "experiments/data/perseus/{bloom,gpt3-175b}+a40_bf16.csv (Chung et al., SOSP "
+                   "2024)", rows, stages, fit_fold)  # fmt: skip
 
 
 # -- the H100: microbenchmarks and whole steps ----------------------------------------------------------------------
@@ -455,9 +459,10 @@ def _h100_steps() -> DataSet:
             left.append(cal.residuals(cal.with_values(spec, fold_values[s.name]), [s], traces)["steps"][0])
         note = ("each step predicted by both stages of h100_steps.fit (kernel classes, then the host's split) refitted "
                 "on the other three")
-        return [Row(name, H100, "H100 whole training steps", kind, f"{q}_pct", _max_abs(r[f"{q}_error_pct"] for r in fitted),
-                    _max_abs(r[f"{q}_error_pct"] for r in left) if left else None, len(steps), target(H100, kind, f"{q}_pct"),
-                    note) for q in ("time", "energy")]  # fmt: skip
+        return [Row(name, H100, "H100 whole training steps", kind, f"{q}_pct",
+                    _max_abs(r[f"{q}_error_pct"] for r in fitted),
+                    _max_abs(r[f"{q}_error_pct"] for r in left) if left else None, len(steps),
+                    target(H100, kind, f"{q}_pct"), note) for q in ("time", "energy")]  # fmt: skip
 
     def fit_fold(step: str) -> dict:
         steps, traces = _h100_steps_data()
@@ -531,7 +536,8 @@ def _h200_families() -> DataSet:
                 left.append(abs(100 * (cal.predict(cal.with_values(spec, values), p, fold_harness) / p.measured_s - 1)))
             if judged:
                 note = (f"each shape predicted by the family's group refitted on its other shapes (h200.fit_family, as "
-                        f"h200.leave_one_out); {len(mine) - len(judged)} shape(s) alone exercising a constant not judged")
+                        f"h200.leave_one_out); {len(mine) - len(judged)} shape(s) alone exercising a constant not "
+                        "judged")
             else:
                 note = "one shape alone exercises the family's constant: nothing to leave out"
             if not judged:  # the committed constants' error on the shape(s) they alone were fitted on
@@ -551,8 +557,8 @@ def _h200_families() -> DataSet:
         values = {k: float(v) for k, v in cal.current_values(left, parameters).items() if not math.isnan(v)}
         return {**values, **{h: float(left_harness[h]) for h in harness_keys if h in left_harness}}
 
-    return DataSet(name, (H200,), kind, "experiments/data/h200/{kernel_atlas,convolutions,device_check,waiting_power}.json "
-                   "(a real H200, read-only, default settings)", rows, folds, fit_fold)  # fmt: skip
+    return DataSet(name, (H200,), kind, "experiments/data/h200/{kernel_atlas,convolutions,device_check,"
+                   "waiting_power}.json (a real H200, read-only, default settings)", rows, folds, fit_fold)  # fmt: skip
 
 
 @lru_cache(maxsize=None)
@@ -580,9 +586,10 @@ def _h200_steps() -> DataSet:
             left += [r for r in hc.steps_with_host(spec, traces, fold_values[step]["host_scale"]) if r["step"] == step]
         note = ("each step predicted with the host's factor (on the H100 server's times) refitted on the other four "
                 "(experiments/h200_check.py fit_host); the GPU's constants are fitted on kernels, not on steps")
-        return [Row(name, H200, "H200 whole training steps", kind, f"{q}_pct", _max_abs(r[f"{q}_error_pct"] for r in fitted),
-                    _max_abs(r[f"{q}_error_pct"] for r in left) if left else None, len(fitted), target(H200, kind, f"{q}_pct"),
-                    note) for q in ("time", "energy")]  # fmt: skip
+        return [Row(name, H200, "H200 whole training steps", kind, f"{q}_pct",
+                    _max_abs(r[f"{q}_error_pct"] for r in fitted),
+                    _max_abs(r[f"{q}_error_pct"] for r in left) if left else None, len(fitted),
+                    target(H200, kind, f"{q}_pct"), note) for q in ("time", "energy")]  # fmt: skip
 
     def fit_fold(step: str) -> dict:
         return {"host_scale": _experiment("h200_check").fit_host(_gpu(H200), _h200_step_traces(), leave_out=step)}
@@ -629,8 +636,8 @@ _BUILDERS: list[Callable[[], DataSet]] = [
                          "progress)"),
     lambda: not_modelled("zeus-nsdi23-rtx6000", ("quadro-rtx-6000",), "power-limit sweep",
                          "shared/calibration/zeus/nsdi23/summary_power_rtx6000.csv", "Zeus NSDI'23 power-limit sweeps",
-                         "no model reads it yet and freqopt has no Quadro RTX 6000 file (freqopt/gpu/calibration/zeus.py, "
-                         "in progress)"),
+                         "no model reads it yet and freqopt has no Quadro RTX 6000 file "
+                         "(freqopt/gpu/calibration/zeus.py, in progress)"),
     lambda: not_modelled("deepbench-v100", (V100,), "kernel family", "shared/calibration/deepbench-v100/",
                          "DeepBench V100 kernels (GEMM, convolution, RNN; fp32 and fp16)",
                          "no model reads it yet (freqopt/gpu/calibration/deepbench.py, in progress)"),
@@ -658,3 +665,34 @@ def registry() -> dict[str, DataSet]:
 
 
 REGISTRY = registry()
+
+
+def recorded_folds(recorded: dict, name: str) -> dict[str, dict]:
+    """A data set's folds' fitted values as experiments/fidelity.json records them (fold name -> values)."""
+    return {fold: f["values"] for fold, f in recorded["entries"].get(name, {}).get("folds", {}).items()}
+
+
+def regressions(rows: list[Row], recorded_rows: list[dict]) -> list[str]:
+    """What moved past its recorded figure plus its tolerance (``tolerance``), for people; empty if nothing did.
+
+    Both figures of a row are held: the left-out one (fidelity) and the fitted-on one (a data set with nothing left out
+    has only that). A row the record lacks, or a figure it had that is now missing, is a regression too: the record
+    is re-made by ``python experiments/fidelity.py``.
+    """
+    by_key = {(r["entry"], r["gpu"], r["dataset"], r["metric"]): r for r in recorded_rows}
+    out = []
+    for row in rows:
+        old = by_key.get(row.key)
+        if old is None:
+            out.append(f"{row.key}: not in the record (re-record with python experiments/fidelity.py)")
+            continue
+        for attr in ("left_out", "fitted_on"):
+            now, then = getattr(row, attr), old[attr]
+            if then is None:
+                continue
+            if now is None or not math.isfinite(now):
+                out.append(f"{row.key} {attr}: recorded {then:.4g}, now none")
+            elif abs(now) > abs(then) + tolerance(row.metric, then):
+                out.append(f"{row.key} {attr}: {abs(now):.4g} against {abs(then):.4g} recorded (tolerance "
+                           f"{tolerance(row.metric, then):.3g})")
+    return out
