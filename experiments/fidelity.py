@@ -7,6 +7,7 @@ fitted on, in one table.
     python experiments/fidelity.py --reset-before  # record today's figures as the "before" column too
     python experiments/fidelity.py --no-refit      # re-predict the rows with the recorded folds (what the guard
                                                    # does), for a new note or report; not after a refit
+    python experiments/fidelity.py --report-only   # rewrite fidelity.md from fidelity.json
 
 The data sets, what each leaves out and how to register another: freqopt/gpu/calibration/fidelity.py. Writes
 experiments/fidelity.json (every row, every fold's fitted values, the guard's tolerances, the "before" figures) and
@@ -99,7 +100,8 @@ def report(result: dict) -> str:
                    f"{_fmt(r['fitted_on'], r['metric'])} | "
                    f"{_fmt(r['left_out'], r['metric'])} | {_fmt(prior, r['metric'])} | "
                    f"{_fmt(r['target'], r['metric'])} {unit if r['target'] is not None else ''} | {met} | "
-                   f"{r['n_points'] if r['n_points'] is not None else '-'} | {r['note']} |")  # fmt: skip
+                   f"{r['n_points'] if r['n_points'] is not None else '-'} | "
+                   f"{r['note'].replace('|', '/')} |")  # fmt: skip
     judged = [r for r in result["rows"] if r["meets"] is not None]
     out += ["", f"{sum(r['meets'] for r in judged)} of {len(judged)} left-out figures with a target meet it; "
             f"{sum(r['left_out'] is None and r['status'] == 'computed' for r in result['rows'])} computed rows have no "
@@ -123,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reset-before", action="store_true", help="record today's figures as 'before' too")
     parser.add_argument("--no-refit", action="store_true",
                         help="reuse every recorded fold (no refit), re-predict the rows and rewrite the report")
+    parser.add_argument("--report-only", action="store_true", help="rewrite fidelity.md from fidelity.json")
     args = parser.parse_args(argv)
+    if args.report_only:
+        atomic_write_text(REPORT, report(json.loads(JSON_PATH.read_text())))
+        return 0
     if args.no_refit:
         args.only = []
     started = time.time()

@@ -608,8 +608,8 @@ def _spaan() -> DataSet:
         paper = _experiment("repro_spaan").PAPER
         diffs = [recorded["|".join(k)]["energy_pct"] - v[0] for k, v in paper.items() if "|".join(k) in recorded]
         note = ("recorded by experiments/repro_spaan.py (a search of 20-30 min), not recomputed here: the largest "
-                "|freqopt - paper| energy change over Table 2's rows; no RTX 3080 Ti measurement was fitted, so the "
-                "figure is left out by construction; issue 56 sets no target")
+                "absolute difference of freqopt's energy change from the paper's over Table 2's rows; no RTX 3080 Ti "
+                "measurement was fitted, so the figure is left out by construction; issue 56 sets no target")
         return [Row(name, gpu, "Spaan et al. 2026 Table 2 (energy change)", kind, "figure_pp", None, _max_abs(diffs),
                     len(diffs), None, note, "recorded")]  # fmt: skip
 
