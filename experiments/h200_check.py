@@ -62,7 +62,8 @@ BOARD_ONLY = ("layer_norm_bandwidth_rel", "row/aten.native_layer_norm")  # the H
 NOT_CARRIED = ("gemm_efficiency", "gemm_epilogue_rel", "gemm_fixed_us", "gemm_unclocked_share", *BOARD_ONLY)
 # The other GPU types (other dies) carry what no measurement of theirs covers and a CNN needs: the convolutions'
 # efficiency by direction relative to their own GEMM model, and batch norm's bandwidth relative to their copy's.
-OTHER_GPUS = ("a100-sxm4-80gb", "a40", "rtx-a4000", "rtx3080ti", "v100-pcie", "v100-sxm2")
+OTHER_GPUS = ("a100-sxm4-80gb", "a40", "rtx-a4000", "rtx3080ti", "v100-pcie", "v100-sxm2", "a100-pcie-80gb", "p100-pcie",
+              "quadro-rtx6000")
 CARRIED_TO_OTHERS = ("conv/", "bw/aten.native_batch_norm")
 STEP_TARGET_PCT, FAMILY_TARGET_PCT, H100_TARGET_PCT, WAIT_TARGET_PCT = 10.0, 15.0, 5.0, 10.0
 MAX_ROUNDS, CONVERGED_REL = 6, 1e-4  # the fixed point of the H200's and the H100's fits (run)

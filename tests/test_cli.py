@@ -206,7 +206,8 @@ def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["baseline_power_limit_w"] == 250
     assert [c["power_limit_w"] for c in doc["caps"]] == [100, 150, 200, 250]
-    assert set(doc["caps"][0]) == {"power_limit_w", "time_rel", "energy_rel", "avg_power_w"}
+    assert set(doc["caps"][0]) == {"power_limit_w", "time_rel", "energy_rel", "avg_power_w", "power_limit_met"}
+    assert all(c["power_limit_met"] for c in doc["caps"])
     by_cap = {c["power_limit_w"]: c for c in doc["caps"]}
     assert by_cap[150]["time_rel"] > 1.02 and by_cap[150]["energy_rel"] < 0.95  # capping trades time for energy
     for c in doc["caps"]:  # the limit holds, up to the readings' noise (0.5 % in energy, 0.2 % in time: 3 sigma)
@@ -464,3 +465,22 @@ def test_a_search_refuses_a_bad_argument_before_loading_pytorch_or_optuna(args, 
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "loaded: []" in proc.stdout
+
+
+def test_powercap_says_where_a_limit_below_the_lowest_clocks_power_is_not_met(tmp_path, capsys):
+    """Issue 56, item 2: a limit that even the lowest SM clock cannot hold runs there, above it, and is reported."""
+    import re
+
+    from freqopt.gpu.specs import search_spaces_dir
+
+    text = (search_spaces_dir() / "h100-sxm.toml").read_text()
+    own = tmp_path / "h100-low-limit.toml"  # the H100 with NVML's lowest limit lowered, so a 20 W cap can be asked
+    own.write_text(re.sub(r"power_limit_min_w = \d+", "power_limit_min_w = 10", text, count=1))
+    out = tmp_path / "p.json"
+    assert main(["powercap", "--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len", "512", "--gpu", str(own),
+                 "--caps", "20,700", "--json", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "20 (not met)" in printed and "not met: at 20 W" in printed
+    by_cap = {c["power_limit_w"]: c for c in json.loads(out.read_text())["caps"]}
+    assert by_cap[20]["power_limit_met"] is False and by_cap[20]["avg_power_w"] > 20
+    assert by_cap[700]["power_limit_met"] is True

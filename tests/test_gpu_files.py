@@ -12,7 +12,8 @@ import pytest
 from freqopt.gpu.specs import PROVENANCE_FAMILIES, get_gpu, list_gpus, search_spaces_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-NEW = ("h100-pcie", "a100-sxm4-40gb", "gh200", "a10g", "l40s", "l4", "rtx4090", "b200")
+NEW = ("h100-pcie", "a100-sxm4-40gb", "gh200", "a10g", "l40s", "l4", "rtx4090", "b200",
+       "a100-pcie-80gb", "p100-pcie", "quadro-rtx6000")  # issue 51; issue 56, item 5 (the GPUs of Zeus and Perseus)
 
 # Per new GPU, what its file's [sources] cite: dense BF16 tensor TFLOP/s (data sheet or whitepaper) and the SM clock
 # in MHz that figure is rated at (its boost clock, or the clock the file's sources derive), FP32 TFLOP/s and the clock
@@ -29,6 +30,11 @@ DATA_SHEET = {
     "l4": dict(bf16_tflops=121, rated_mhz=2040, fp32_tflops=30.3, bandwidth_gbs=300, bus_bits=192),
     "rtx4090": dict(bf16_tflops=165.2, rated_mhz=2520, fp32_tflops=82.6, bandwidth_gbs=1008, bus_bits=384),
     "b200": dict(bf16_tflops=2250, rated_mhz=1855, fp32_tflops=None, bandwidth_gbs=7672, bus_bits=7680),
+    "a100-pcie-80gb": dict(bf16_tflops=312, rated_mhz=1410, fp32_tflops=19.5, bandwidth_gbs=1935, bus_bits=5120),
+    # Pascal has no tensor cores and no BF16: the "tensor" rate is GP100's FP16 on CUDA cores (data sheet 18.7 TFLOP/s)
+    "p100-pcie": dict(bf16_tflops=18.7, rated_mhz=1303, fp32_tflops=9.3, bandwidth_gbs=732, bus_bits=4096),
+    # Turing has no BF16: FP16 tensor with FP32 accumulate (Quadro RTX 6000 data sheet: 130.5 TFLOP/s)
+    "quadro-rtx6000": dict(bf16_tflops=130.5, rated_mhz=1770, fp32_tflops=16.3, bandwidth_gbs=672, bus_bits=384),
 }
 
 

@@ -244,3 +244,23 @@ def test_kernel_terms_computed_once_give_the_same_physics():
         alone, shared = KernelPhysics(spec, kernels, m), KernelPhysics(spec, kernels, m, terms=terms)
         for name in ("time_s", "power_w", "energy_j", "baseline_power_w"):
             np.testing.assert_array_equal(getattr(alone, name), getattr(shared, name))
+
+
+def test_a_power_limit_below_what_the_lowest_clock_draws_is_run_there_and_reported_not_met():
+    """Issue 56, item 2: the firmware runs the highest clock whose window average meets the limit; where even the
+    lowest clock draws more, the GPU runs there, above the limit, and the measurement says the limit was not met."""
+    spec = dataclasses.replace(H100, power_limit_min_w=1.0)  # let the test ask for any limit
+    gpu = SimulatedGPU(spec, noise=False)
+    kernels = [GEMM] * 4
+    lowest = gpu.true_measure(kernels, ClockSetting(sm_clock_mhz=min(spec.sm_clocks_mhz)))
+    below = lowest.avg_power_w * 0.8  # a limit the lowest clock cannot hold
+    unmet = gpu.true_measure(kernels, ClockSetting(power_limit_w=below))
+    assert unmet.power_limit_met is False
+    assert unmet.avg_power_w > below
+    assert unmet.sm_clock_mhz == pytest.approx(min(spec.sm_clocks_mhz))
+    assert unmet.avg_power_w == pytest.approx(lowest.avg_power_w)
+    held = gpu.true_measure(kernels, ClockSetting(power_limit_w=lowest.avg_power_w * 1.5))
+    assert held.power_limit_met is True and held.avg_power_w <= lowest.avg_power_w * 1.5 + 1e-9
+    assert gpu.step(kernels, [ClockSetting(power_limit_w=below)] * 4).power_limit_met is False
+    assert SimulatedGPU(spec, seed=1).measure(kernels, ClockSetting(power_limit_w=below)).power_limit_met is False
+    assert "power_limit_met=False" in repr(unmet)

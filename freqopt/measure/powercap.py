@@ -43,10 +43,12 @@ class PowercapReport:
     points: tuple
 
     def summary(self) -> dict:
-        """{"baseline_power_limit_w", "caps": [{power_limit_w, time_rel, energy_rel, avg_power_w}]}."""
+        """{"baseline_power_limit_w", "caps": [{power_limit_w, time_rel, energy_rel, avg_power_w,
+        power_limit_met}]} (power_limit_met: CapPoint's, false where the GPU ran above the limit)."""
         return {"baseline_power_limit_w": self.spec.power_limit_default_w,
                 "caps": [{"power_limit_w": p.power_limit_w, "time_rel": p.time_rel, "energy_rel": p.energy_rel,
-                          "avg_power_w": p.avg_power_w} for p in self.points]}  # fmt: skip
+                          "avg_power_w": p.avg_power_w, "power_limit_met": p.power_limit_met}
+                         for p in self.points]}  # fmt: skip
 
 
 def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode: str = "train", backend="sim",

@@ -79,6 +79,10 @@ class Measurement:
         time_upper_s: for a mean of readings judged against a slowdown budget, the upper confidence bound of its
             time (s) at the validator's confidence, from readings paired with the default's
             (freqopt.search.validate.Validator); None where none was computed (a single reading, a sweep).
+        power_limit_met: False where the power limit could not be held: even the lowest supported SM clock draws
+            more, so the firmware runs there, above the limit, and ``avg_power_w`` exceeds it (Zeus's A40 averages
+            107 W under a 100 W limit: You et al., NSDI'23, shared/calibration/zeus); True where the simulated
+            firmware held it; None where not known (a reading from NVML: compare ``avg_power_w`` with the limit).
     """
 
     time_s: float
@@ -86,6 +90,7 @@ class Measurement:
     cost_gpu_s: float = 0.0
     sm_clock_mhz: float | None = None
     time_upper_s: float | None = None
+    power_limit_met: bool | None = None
 
     @property
     def avg_power_w(self) -> float:
@@ -101,8 +106,9 @@ class Measurement:
         # The mean clock is a time-weighted average (884.9999999999999 for a steady 885 MHz): shown to 0.1 MHz.
         clock = None if self.sm_clock_mhz is None else f"{round(self.sm_clock_mhz, 1):g}"
         upper = "" if self.time_upper_s is None else f", time_upper_s={self.time_upper_s!r}"
+        unmet = ", power_limit_met=False" if self.power_limit_met is False else ""
         return (f"Measurement(time_s={self.time_s!r}, energy_j={self.energy_j!r}, cost_gpu_s={self.cost_gpu_s!r}, "
-                f"sm_clock_mhz={clock}{upper})")  # fmt: skip
+                f"sm_clock_mhz={clock}{upper}{unmet})")  # fmt: skip
 
 
 @dataclass(frozen=True)

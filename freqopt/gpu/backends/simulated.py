@@ -59,7 +59,9 @@ and clock-tree power are already being paid); exposed, it draws its full power.
 Power limit: over each control window (``power_window_s``) the firmware runs the highest supported SM clock, at
 most the requested one, whose average power stays within the limit, and alternates with the next step up for the
 share of the window that brings the average to the limit (so the effective clock is continuous); with no locked
-clock it requests the highest.
+clock it requests the highest. Where even the lowest supported clock draws more than the limit, the firmware can go
+no lower and runs the window there, above the limit: the measurement says so (``Measurement.power_limit_met``
+False), as Zeus's A40 averages 107 W under a 100 W limit (You et al., NSDI'23).
 
 Measurement: the kernels are replayed in a loop; the window is read with the noise of a real reading (0.5 %
 run to run in energy and 0.2 % in time: assumed spreads of repeated readings, not yet measured) and an energy counter of 1 mJ resolution.
@@ -183,7 +185,7 @@ class SimulatedGPU(Backend):
                 before (``spec.nvml_call_s`` each: _delayed); until then the GPU runs at the previous setting (in a
                 loop, the first kernels inherit the last setting).
         """
-        time_s, energy_j, clocks, _, _ = self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)
+        time_s, energy_j, clocks, *_ = self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)
         return time_s, energy_j, clocks
 
     def run_with_waiting(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool,
@@ -192,12 +194,14 @@ class SimulatedGPU(Backend):
         the GPU spent waiting for the host to issue it (wait_s, s; wait_j, J, at its waiting power: host_gaps and
         waiting_power_w), each shape (K,): ``time_s - wait_s`` is the kernel's busy time. Same arguments as
         ``run``; one physics pass (``waiting`` sums the last two)."""
-        return self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)
+        return self._physics(kernels, settings, loop=loop, switch_latency_s=switch_latency_s)[:5]
 
     def _physics(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting], *, loop: bool,
                  switch_latency_s: float = 0.0) -> tuple[np.ndarray, ...]:  # fmt: skip
         """``run``'s (time_s, energy_j, sm_clock_mhz), and of each, the part spent waiting for the host before the
-        kernel (host_gaps: time, s, and energy at the GPU's waiting power, J), each shape (K,)."""
+        kernel (host_gaps: time, s, and energy at the GPU's waiting power, J), and whether the kernel ran in a control
+        window whose power limit the lowest supported SM clock could not meet (bool: the firmware runs that window at
+        the lowest clock, above the limit), each shape (K,)."""
         if switch_latency_s > 0 and len(set(settings)) > 1:
             settings = self._delayed(kernels, settings, switch_latency_s, loop)
         spec = self.spec
@@ -233,7 +237,10 @@ class SimulatedGPU(Backend):
         avg_power = np.add.reduceat(e, starts, axis=0) / np.add.reduceat(t, starts, axis=0)  # (W, F)
         window_limit = limit[starts]  # (W,)
         ok = avg_power <= window_limit[:, None] + 1e-9  # (W, F); power rises with the clock
-        best = np.where(ok.any(axis=1), n_clocks - 1 - np.argmax(ok[:, ::-1], axis=1), 0)  # (W,)
+        # Where even the lowest clock draws more than the limit, the firmware can go no lower: it runs the window
+        # there, above the limit (Zeus's A40 averages 107 W under a 100 W limit, shared/calibration/zeus).
+        met = ok.any(axis=1)  # (W,)
+        best = np.where(met, n_clocks - 1 - np.argmax(ok[:, ::-1], axis=1), 0)  # (W,)
         # Between the highest allowed clock step and the next, the firmware alternates so that the window's
         # average power meets the limit: a fraction alpha of the window's work runs one step higher.
         above = np.minimum(best + 1, n_clocks - 1)  # (W,)
@@ -256,7 +263,7 @@ class SimulatedGPU(Backend):
         if not on_stream.all():
             baseline_w = (1 - alpha) * phys.baseline_power_w[k_idx, lo] + alpha * phys.baseline_power_w[k_idx, hi]
             time_s, energy_j = overlap_streams(kernels, time_s, energy_j, baseline_w)
-        return time_s, energy_j, clocks, wait_s, wait_j
+        return time_s, energy_j, clocks, wait_s, wait_j, ~met[window]
 
     def _kernel_terms(self, kernels: Sequence[Kernel], *, step: bool) -> tuple[KernelTerms, np.ndarray, np.ndarray]:
         """What ``_physics`` needs of ``kernels`` whatever the settings: their KernelTerms, the host's issue time
@@ -299,9 +306,11 @@ class SimulatedGPU(Backend):
         return [settings[landed[i]] if i >= 0 else settings[changes[-1]] for i in idx]
 
     def true_measure(self, kernels: Sequence[Kernel], setting: ClockSetting) -> Measurement:
-        """The noiseless time and energy of one repetition (the oracle's view; no GPU-seconds charged)."""
-        t, e, clocks = self.run(kernels, [setting] * len(kernels), loop=True)
-        return Measurement(time_s=float(t.sum()), energy_j=float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
+        """The noiseless time and energy of one repetition (the oracle's view; no GPU-seconds charged), with
+        ``power_limit_met`` False where the lowest SM clock could not hold the power limit."""
+        t, e, clocks, _, _, over = self._physics(kernels, [setting] * len(kernels), loop=True)
+        return Measurement(time_s=float(t.sum()), energy_j=float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)),
+                           power_limit_met=not bool(over.any()))  # fmt: skip
 
     def kernel_times_s(self, kernels: Sequence[Kernel], setting: ClockSetting) -> np.ndarray:
         """Each kernel's noiseless time at ``setting``, the kernels replayed in a loop, shape (K,), s: this GPU
@@ -315,10 +324,11 @@ class SimulatedGPU(Backend):
         return time_s
 
     # -- measurement -----------------------------------------------------------------------------------------
-    def _noisy(self, time_s: float, energy_j: float, sm_clock_mhz: float, key: tuple, sample: int | None) -> Measurement:
+    def _noisy(self, time_s: float, energy_j: float, sm_clock_mhz: float, key: tuple, sample: int | None,
+               power_limit_met: bool | None = None) -> Measurement:  # fmt: skip
         cost = self.protocol.cost_gpu_s(self.spec.energy_counter_period_s, time_s)  # whole repetitions of time_s
         if not self.noise:
-            return Measurement(time_s, energy_j, cost, sm_clock_mhz)
+            return Measurement(time_s, energy_j, cost, sm_clock_mhz, power_limit_met=power_limit_met)
         if sample is None:
             sample = self._repeats[key]
         self._repeats[key] = sample + 1
@@ -328,13 +338,15 @@ class SimulatedGPU(Backend):
         reps = max(1.0, self.protocol.window_s(self.spec.energy_counter_period_s) / time_s)
         window_energy = energy_j * reps * (1.0 + ENERGY_NOISE_REL * rng.standard_normal())
         window_energy = np.round(window_energy / ENERGY_COUNTER_RESOLUTION_J) * ENERGY_COUNTER_RESOLUTION_J
-        return Measurement(float(time_meas), float(window_energy / reps), cost, sm_clock_mhz)
+        return Measurement(float(time_meas), float(window_energy / reps), cost, sm_clock_mhz,
+                           power_limit_met=power_limit_met)
 
     def measure(self, kernels: Sequence[Kernel], setting: ClockSetting, *, key: str = "",
                 sample: int | None = None) -> Measurement:  # fmt: skip
         true = self.true_measure(kernels, setting)
         self._meter(true.time_s, true.energy_j)
-        return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting), sample)
+        return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, setting), sample,
+                           true.power_limit_met)
 
     def step(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting] | None = None, *,
              switching: bool = False) -> Measurement:  # fmt: skip
@@ -351,8 +363,9 @@ class SimulatedGPU(Backend):
         if hit is not None:
             return hit
         latency = self.spec.clock_switch_s if switching else 0.0
-        t, e, clocks = self.run(kernels, settings, loop=False, switch_latency_s=latency)
-        result = Measurement(float(t.sum()), float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)))
+        t, e, clocks, _, _, over = self._physics(kernels, settings, loop=False, switch_latency_s=latency)
+        result = Measurement(float(t.sum()), float(e.sum()), sm_clock_mhz=float(np.average(clocks, weights=t)),
+                             power_limit_met=not bool(over.any()))
         return self._steps.put(kernels, key, result)
 
     def waiting(self, kernels: Sequence[Kernel], settings: Sequence[ClockSetting] | None = None, *,
@@ -364,7 +377,7 @@ class SimulatedGPU(Backend):
         energy there at no cost in time (issue 35, item 4)."""
         settings = [DEFAULT_SETTING] * len(kernels) if settings is None else settings
         latency = self.spec.clock_switch_s if switching else 0.0
-        *_, wait_s, wait_j = self._physics(kernels, settings, loop=False, switch_latency_s=latency)
+        *_, wait_s, wait_j, _ = self._physics(kernels, settings, loop=False, switch_latency_s=latency)
         return Measurement(float(wait_s.sum()), float(wait_j.sum()))
 
     def measure_schedule(
@@ -377,4 +390,4 @@ class SimulatedGPU(Backend):
         true = self.step(kernels, settings, switching=switching)
         self._meter(true.time_s, true.energy_j)
         return self._noisy(true.time_s, true.energy_j, true.sm_clock_mhz, (key, "schedule", switching, tuple(settings)),
-                           sample)  # fmt: skip
+                           sample, true.power_limit_met)  # fmt: skip
