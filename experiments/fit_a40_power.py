@@ -3,6 +3,7 @@
 
     python experiments/fit_a40_power.py           # fit, left-out folds, write the A40's [power_model], report, JSON
     python experiments/fit_a40_power.py --check   # only print the committed constants' errors
+    python experiments/fit_a40_power.py --report-only   # rewrite the report from a40_power_fit.json, no fit
 
 Method and sources: freqopt/gpu/calibration/zeus.py (the Zeus sweeps, the joint fit, the family prior toward the
 A100 80GB's voltage curve) and freqopt/gpu/calibration/dvfs.py (the Perseus stages). Workloads: the Zeus networks
@@ -151,7 +152,7 @@ def report(doc: dict) -> str:
            "time and energy relative to 1740 MHz, pp. Targets (issue 56): Zeus within "
            f"{TARGETS['zeus_pp']:g} pp at every limit and the optimum within {TARGETS['zeus_optimum_w']:g} W; "
            f"Perseus within {TARGETS['perseus_time_pp']:g} pp (time) and {TARGETS['perseus_energy_pp']:g} pp "
-           "(energy).", "", "## Before and after", "", doc["before_after"], "",
+           "(energy).", "", "## Verdict", "", verdict(doc), "", "## Before and after", "", doc["before_after"], "",
            "## Fitted constants", "", "| parameter | before (fit_dvfs.py) | all workloads | "
            + " | ".join(f"without {n}" for n in doc["folds"]) + " |", "|---|" + "---:|" * (2 + len(doc["folds"]))]
     for k in doc["fitted"]:
@@ -187,11 +188,43 @@ def report(doc: dict) -> str:
     return "\n".join(out)
 
 
+def _met(name: str, s: dict) -> bool:
+    if name in STAGES:
+        return (s["max_abs_time_rel_error_pp"] <= TARGETS["perseus_time_pp"]
+                and s["max_abs_energy_rel_error_pp"] <= TARGETS["perseus_energy_pp"])
+    return (s["max_abs_time_rel_error_pp"] <= TARGETS["zeus_pp"] and s["max_abs_energy_rel_error_pp"] <= TARGETS["zeus_pp"]
+            and abs(s["energy_optimal_error_w"]) <= TARGETS["zeus_optimum_w"])
+
+
+def verdict(doc: dict) -> str:
+    """Which workloads meet issue 56's targets, fitted on and left out."""
+    lines = []
+    for key, what in (("fitted_on", "Fitted on every workload"), ("left_out", "Left out")):
+        met, missed = [], []
+        for n in (*SWEEPS, *STAGES):
+            items = doc[key][n].items() if n in SWEEPS else [(n, doc[key][n])]
+            for name, s in items:
+                (met if _met(n, s) else missed).append(name)
+        lines.append(f"{what}: targets met on {', '.join(met) or 'none'}; missed on {', '.join(missed) or 'none'}.")
+    lines.append("The cliff of issue 56 is gone (the before-and-after table), every parameter is inside its physical "
+                 "range, but the targets are not met: the Zeus sweeps' worst points are the 100-125 W limits, and a "
+                 "Zeus network left out is predicted far worse than fitted (the other network and the stages do not "
+                 "pin its power curve: the fold without ShuffleNetV2 moves the GEMM and link efficiencies to 0.69 "
+                 "and 0.62). The Perseus stages' top-clock power comes out about a third low: with the static floor "
+                 "bounded by the idle draw, the model's all-reduces over PCIe draw little, where the boards averaged "
+                 "294 W.")
+    return "\n\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only print the committed constants' errors")
     parser.add_argument("--jobs", type=int, default=2, help="fits run at once (default 2)")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the JSON, no fit")
     args = parser.parse_args()
+    if args.report_only:
+        atomic_write_text(REPORT, report(json.loads(RESULTS.read_text())) + "\n")
+        return 0
     sweeps, stages = workloads()
     committed = get_gpu(GPU)
     if args.check:
