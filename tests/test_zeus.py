@@ -94,3 +94,15 @@ def test_every_fold_stores_parameters_within_the_a40s_bounds():
             value = p[key] * top if key == "f_knee_rel" else p[key]
             assert lo - 1e-6 <= value <= hi + 1e-6, (name, key)
     assert np.isfinite([f["cost"] for f in FIT["folds"].values()]).all()
+
+
+def test_a_stored_fold_re_predicts_its_left_out_sweep(sweeps):
+    """What the fidelity scoreboard does: rebuild the fold fitted without bert-base from its stored parameters and
+    predict the sweep it never saw; the figure is the report's left-out one."""
+    from freqopt.gpu.calibration import dvfs as cd
+
+    fold = cd.with_values(get_gpu("a40"), FIT["folds"]["bert_base_uncased"]["parameters"])
+    got = cz.summarize(cz.sweep_errors(fold, sweeps["bert_base_uncased@128"]))
+    reported = FIT["left_out"]["bert_base_uncased"]["bert_base_uncased@128"]
+    assert got["max_abs_time_rel_error_pp"] == pytest.approx(reported["max_abs_time_rel_error_pp"], abs=0.05)
+    assert got["max_abs_energy_rel_error_pp"] == pytest.approx(reported["max_abs_energy_rel_error_pp"], abs=0.05)

@@ -19,7 +19,10 @@ point.
 
 Compared (``sweep_errors``): per limit the time and the energy relative to the highest limit (percentage points)
 and the average power; the energy-optimal limit (W). Targets (issue 56): within 8 pp of relative time and of
-relative energy at every limit, the energy-optimal limit within 25 W.
+relative energy at every limit, the energy-optimal limit within 25 W. A fold's stored parameters
+(experiments/a40_power_fit.json, ``folds[name]["parameters"]``) rebuild its spec with
+``dvfs.with_values(get_gpu("a40"), parameters)``, so a scoreboard can re-predict a left-out sweep with
+``sweep_errors`` (a few tenths of a second per sweep once its trace is cached).
 
 The power model (freqopt.gpu.spec_parts.PowerModel) is an AccelWattch/GPUWattch-style component model: a static
 floor (``p_const_w``), leakage ~ V, dynamic SM power ~ activity x V^2 f, memory power by clock and traffic. ``fit``
