@@ -192,7 +192,8 @@ def _met(name: str, s: dict) -> bool:
     if name in STAGES:
         return (s["max_abs_time_rel_error_pp"] <= TARGETS["perseus_time_pp"]
                 and s["max_abs_energy_rel_error_pp"] <= TARGETS["perseus_energy_pp"])
-    return (s["max_abs_time_rel_error_pp"] <= TARGETS["zeus_pp"] and s["max_abs_energy_rel_error_pp"] <= TARGETS["zeus_pp"]
+    return (s["max_abs_time_rel_error_pp"] <= TARGETS["zeus_pp"]
+            and s["max_abs_energy_rel_error_pp"] <= TARGETS["zeus_pp"]
             and abs(s["energy_optimal_error_w"]) <= TARGETS["zeus_optimum_w"])
 
 
@@ -273,7 +274,8 @@ def before_after(before, after) -> str:
         a = {p["power_limit_w"]: p for p in cz.sweep_errors(after, s)["points"]}
         for w in (100.0, 150.0, 175.0):
             if w in b:
-                lines.append(f"| {name} | {w:.0f} | {b[w]['time_rel_measured']:.2f}x, {b[w]['avg_power_measured_w']:.0f} | "
+                lines.append(f"| {name} | {w:.0f} | {b[w]['time_rel_measured']:.2f}x, "
+                             f"{b[w]['avg_power_measured_w']:.0f} | "
                              f"{b[w]['time_rel_simulated']:.2f}x, {b[w]['avg_power_simulated_w']:.0f} | "
                              f"{a[w]['time_rel_simulated']:.2f}x, {a[w]['avg_power_simulated_w']:.0f} |")
     return "\n".join(lines)

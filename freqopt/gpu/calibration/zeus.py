@@ -37,7 +37,6 @@ that a GPU whose own data is thin borrows its curve's shape from its family.
 from __future__ import annotations
 
 import csv
-import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
