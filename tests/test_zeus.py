@@ -69,6 +69,8 @@ def test_sweep_errors_flags_averages_above_the_limit(sweeps):
     first = r["points"][0]
     assert first["power_limit_w"] == 100 and not first["limit_met_measured"]
     assert all(p["limit_met_measured"] for p in r["points"][4:])
+    assert not first["limit_met_simulated"] and not first["firmware_limit_met_simulated"]
+    assert all(p["firmware_limit_met_simulated"] for p in r["points"][2:])
     assert r["energy_optimal_measured_w"] == 175.0
 
 

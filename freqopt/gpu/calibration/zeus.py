@@ -248,12 +248,14 @@ def waiting_power_top_w(spec: GPUSpec) -> float:
     return float(waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1])
 
 
-def simulate_sweep(spec: GPUSpec, trace: Trace, power_limit_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(time_s, energy_j), each shape (L,): one training step's kernels (the host's launches included) under each
-    power limit, noiseless, without the step's host gap."""
+def simulate_sweep(spec: GPUSpec, trace: Trace, power_limit_w: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(time_s, energy_j, limit_met), each shape (L,): one training step's kernels (the host's launches included)
+    under each power limit, noiseless, without the step's host gap; ``limit_met`` False where the firmware found no
+    clock that holds the limit and ran the lowest (Measurement.power_limit_met)."""
     sim = SimulatedGPU(spec, noise=False)
     out = [sim.true_measure(trace.kernels, ClockSetting(power_limit_w=float(w))) for w in power_limit_w]
-    return np.array([m.time_s for m in out]), np.array([m.energy_j for m in out])
+    met = np.array([getattr(m, "power_limit_met", None) is not False for m in out])
+    return np.array([m.time_s for m in out]), np.array([m.energy_j for m in out]), met
 
 
 def anchored_host_gap_s(spec: GPUSpec, sweep: ZeusSweep, gpu_time_s: np.ndarray, gpu_energy_j: np.ndarray) -> float:
@@ -279,14 +281,15 @@ def sweep_errors(spec: GPUSpec, sweep: ZeusSweep, host_gap_s: float | None = Non
     Returns:
         dict with ``sweep``, ``host_gap_s``, ``points`` (per limit: power_limit_w, time_rel and energy_rel
         measured / simulated / error_pp, avg_power measured / simulated (W), ``limit_met_measured`` /
-        ``limit_met_simulated``: the average at most the limit + 1 W), ``energy_optimal_measured_w``,
+        ``limit_met_simulated``: the average at most the limit + 1 W; ``firmware_limit_met_simulated``: False where
+        the lowest clock could not hold the limit), ``energy_optimal_measured_w``,
         ``energy_optimal_simulated_w`` and ``energy_optimal_error_w``; relative figures are to the highest limit.
 
     Raises:
         KeyError: a network with no trace builder (NETWORKS).
     """
     trace = trace if trace is not None else network_trace(sweep.network, sweep.batch_size)
-    t_gpu, e_gpu = simulate_sweep(spec, trace, sweep.power_limit_w)
+    t_gpu, e_gpu, firmware_met = simulate_sweep(spec, trace, sweep.power_limit_w)
     gap = anchored_host_gap_s(spec, sweep, t_gpu, e_gpu) if host_gap_s is None else float(host_gap_s)
     t_sim = t_gpu + gap
     e_sim = e_gpu + gap * waiting_power_top_w(spec)
@@ -297,9 +300,10 @@ def sweep_errors(spec: GPUSpec, sweep: ZeusSweep, host_gap_s: float | None = Non
                "time_rel_error_pp": float(100 * (b - a)), "energy_rel_measured": float(c),
                "energy_rel_simulated": float(d), "energy_rel_error_pp": float(100 * (d - c)),
                "avg_power_measured_w": float(pm), "avg_power_simulated_w": float(ps),
-               "limit_met_measured": bool(pm <= w + 1.0), "limit_met_simulated": bool(ps <= w + 1.0)}
-              for w, a, b, c, d, pm, ps in zip(sweep.power_limit_w, tr_m, tr_s, er_m, er_s, sweep.average_power_w,
-                                                p_sim)]  # fmt: skip
+               "limit_met_measured": bool(pm <= w + 1.0), "limit_met_simulated": bool(ps <= w + 1.0),
+               "firmware_limit_met_simulated": bool(ok)}
+              for w, a, b, c, d, pm, ps, ok in zip(sweep.power_limit_w, tr_m, tr_s, er_m, er_s, sweep.average_power_w,
+                                                    p_sim, firmware_met)]  # fmt: skip
     opt_m = float(sweep.power_limit_w[np.argmin(sweep.energy_j)])
     opt_s = float(sweep.power_limit_w[np.argmin(e_sim)])
     return {"sweep": sweep.name, "gpu": spec.name, "host_gap_s": gap, "gpu_step_s": float(t_gpu[-1]),
