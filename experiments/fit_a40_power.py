@@ -233,7 +233,7 @@ def main() -> int:
         return 0
     before = {"parameters": values(committed), "errors": judge(committed, sweeps, stages)}
     for sw in sweeps:  # traced once here, before the workers fork
-        cz.network_trace(sw.network, sw.batch_size)
+        cz.network_trace(sw.network, sw.batch_size, sw.dataset)
     for n in STAGES:
         cd.stage_kernels(n)
     names = (*SWEEPS, *STAGES)

@@ -56,7 +56,7 @@ def test_the_a40s_175_w_cliff_is_gone(sweeps):
     """Issue 56: every limit at or below 175 W fell to the lowest clock (ShuffleNetV2 at batch 1024: 1.93x the 300 W
     time at 175 W, measured 1.08x). The refit runs it above the lowest clock and within 8 pp of the measurement."""
     spec = get_gpu("a40")
-    trace = cz.network_trace("shufflenetv2", 1024)
+    trace = cz.network_trace("shufflenetv2", 1024, "cifar100")
     m = SimulatedGPU(spec, noise=False).true_measure(trace.kernels, ClockSetting(power_limit_w=175.0))
     assert m.sm_clock_mhz > min(spec.sm_clocks_mhz) + 300
     point = {p["power_limit_w"]: p for p in cz.sweep_errors(spec, sweeps["shufflenetv2@1024"])["points"]}[175.0]
@@ -108,3 +108,16 @@ def test_a_stored_fold_re_predicts_its_left_out_sweep(sweeps):
     reported = FIT["left_out"]["bert_base_uncased"]["bert_base_uncased@128"]
     assert got["max_abs_time_rel_error_pp"] == pytest.approx(reported["max_abs_time_rel_error_pp"], abs=0.05)
     assert got["max_abs_energy_rel_error_pp"] == pytest.approx(reported["max_abs_energy_rel_error_pp"], abs=0.05)
+
+
+def test_a_network_on_two_datasets_gets_two_sweeps_and_two_traces(tmp_path):
+    """The Quadro RTX 6000's file has bert-base on Sentiment140 and on SQuAD at the same batch size: two sweeps, each
+    labelled by its dataset, and SQuAD's step is the 384-token one."""
+    path = tmp_path / "summary_power_x.csv"
+    path.write_text("dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power\n"
+                    "sentiment140,bert_base_uncased,8,adamw,100,1.0,90\nsquad,bert_base_uncased,8,adamw,100,2.0,95\n")
+    sweeps = cz.load_sweeps(path)
+    assert [s.label for s in sweeps] == ["sentiment140/bert_base_uncased@8", "squad/bert_base_uncased@8"]
+    squad = cz.network_trace("bert_base_uncased", 8, "squad")
+    sentiment = cz.network_trace("bert_base_uncased", 8, "sentiment140")
+    assert squad.total_flops > 2.5 * sentiment.total_flops

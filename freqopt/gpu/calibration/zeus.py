@@ -92,7 +92,13 @@ class ZeusSweep:
 
     @property
     def name(self) -> str:
+        """``network@batch_size``: unique within a file whose networks each ran on one dataset (the A40's)."""
         return f"{self.network}@{self.batch_size}"
+
+    @property
+    def label(self) -> str:
+        """``dataset/network@batch_size``: unique in every file (the RTX 6000 ran bert-base on two datasets)."""
+        return f"{self.dataset}/{self.network}@{self.batch_size}"
 
     @property
     def energy_j(self) -> np.ndarray:
@@ -231,12 +237,17 @@ NETWORKS = {"shufflenetv2": _shufflenet_trace, "bert_base_uncased": _bert_trace}
 
 
 @lru_cache(maxsize=None)
-def network_trace(network: str, batch_size: int) -> Trace:
-    """The traced training step of a Zeus network (``NETWORKS``), cached in-process.
+def network_trace(network: str, batch_size: int, dataset: str | None = None) -> Trace:
+    """The traced training step of a Zeus network (``NETWORKS``), cached in-process; bert-base on SQuAD is
+    v100.bert_squad_trace's (sequence 384, a span head), on any other dataset Sentiment140's shape.
 
     Raises:
         KeyError: a network with no trace builder here.
     """
+    if network == "bert_base_uncased" and dataset == "squad":
+        from freqopt.gpu.calibration.v100 import bert_squad_trace
+
+        return bert_squad_trace(batch_size)
     return NETWORKS[network](batch_size)
 
 
@@ -276,7 +287,8 @@ def sweep_errors(spec: GPUSpec, sweep: ZeusSweep, host_gap_s: float | None = Non
         spec: the GPU type.
         sweep: one (network, batch size) sweep.
         host_gap_s: the host gap per step, s; None: ``anchored_host_gap_s`` (from the highest limit's power).
-        trace: the step's trace; default ``network_trace(sweep.network, sweep.batch_size)`` (cached).
+        trace: the step's trace; default ``network_trace(sweep.network, sweep.batch_size, sweep.dataset)``
+            (cached).
 
     Returns:
         dict with ``sweep``, ``host_gap_s``, ``points`` (per limit: power_limit_w, time_rel and energy_rel
@@ -288,7 +300,7 @@ def sweep_errors(spec: GPUSpec, sweep: ZeusSweep, host_gap_s: float | None = Non
     Raises:
         KeyError: a network with no trace builder (NETWORKS).
     """
-    trace = trace if trace is not None else network_trace(sweep.network, sweep.batch_size)
+    trace = trace if trace is not None else network_trace(sweep.network, sweep.batch_size, sweep.dataset)
     t_gpu, e_gpu, firmware_met = simulate_sweep(spec, trace, sweep.power_limit_w)
     gap = anchored_host_gap_s(spec, sweep, t_gpu, e_gpu) if host_gap_s is None else float(host_gap_s)
     t_sim = t_gpu + gap
@@ -362,7 +374,7 @@ def fit(spec: GPUSpec, stages: list, sweeps: list[ZeusSweep], *, prior: dict[str
     prior = prior or {}
     stages = [(stage, cd.Sweep(sw.sm_clock_mhz[::-stage_clock_stride][::-1], sw.time_s[::-stage_clock_stride][::-1],
                                sw.energy_j[::-stage_clock_stride][::-1])) for stage, sw in stages]  # fmt: skip
-    traces = {s.name: network_trace(s.network, s.batch_size) for s in sweeps}
+    traces = {s.label: network_trace(s.network, s.batch_size, s.dataset) for s in sweeps}
 
     def fun(x):
         cand = cd.with_values(spec, dict(zip(names, x)))
@@ -373,7 +385,7 @@ def fit(spec: GPUSpec, stages: list, sweeps: list[ZeusSweep], *, prior: dict[str
             out.append(e / e[-1] - sw.energy_j / sw.energy_j[-1])
             out.append([top_power_weight * ((e[-1] / t[-1]) / (sw.energy_j[-1] / sw.time_s[-1]) - 1)])
         for sw in sweeps:
-            r = sweep_errors(cand, sw, trace=traces[sw.name])["points"]
+            r = sweep_errors(cand, sw, trace=traces[sw.label])["points"]
             out.append([p["time_rel_error_pp"] / 100 for p in r[:-1]])
             out.append([p["energy_rel_error_pp"] / 100 for p in r[:-1]])
             out.append([POWER_WEIGHT * (p["avg_power_simulated_w"] / p["avg_power_measured_w"] - 1) for p in r])
