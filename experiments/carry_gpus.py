@@ -19,6 +19,9 @@ names each fit), changed by one of two rules, both assumptions that the files' [
   leakage scale by the ratio of default power limits (the board is sized so that dense work reaches its limit, as
   the sibling's is); the memory terms scale with memory bandwidth; the voltage curve keeps its shape, its knee at
   the same fraction of the highest SM clock.
+
+Either way a carried term outside the target's [power_model_bounds] (freqopt.gpu.power_bounds: a constant above
+the board's idle draw, say) is clipped into it, and the file's note says so (issue 56).
 """
 
 from __future__ import annotations
@@ -77,6 +80,14 @@ def carried_power_model(sibling: GPUSpec, target: GPUSpec, rule: str) -> tuple[P
                f"the top clock, memory terms x {mem:.4g} (bandwidth)")  # fmt: skip
     else:
         raise ValueError(f"unknown rule {rule!r}: same-die or other-die")
+    clipped = []
+    for k, v in out.items():  # issue 56: a carried term never leaves the target's physical range
+        lo, hi = target.power_model_bounds[k]
+        if not lo <= v <= hi:
+            out[k] = min(max(v, lo), hi)
+            clipped.append(f"{k} {v:.4g} clipped to {out[k]:.4g}")
+    if clipped:
+        how += "; " + ", ".join(clipped) + " (the file's [power_model_bounds])"
     return dataclasses.replace(pm, **out), how
 
 

@@ -30,14 +30,19 @@ def test_the_a100_and_a40_files_take_perseuss_measured_blocking_power(name):
     """Their files set the waiting power at the highest clock to Perseus's P2P-blocking measurement (83.64 W on the
     A100, 70.38 W on the A40): provenance, not a check of the physics (issue 49, item 4: a figure fitted to a
     measurement cannot be judged by it). What the measurement does judge is the fitted power model alone, whose
-    loaded baseline the GPU waited at before issue 36: it misses by far (experiments/pipeline/report.md prints it)."""
+    loaded baseline the GPU waited at before issue 36: the A100's misses by far (experiments/pipeline/report.md
+    prints it); the A40's did too (376.8 W) until its refit inside physical bounds (issue 56,
+    experiments/fit_a40_power.py, which never reads this figure's baseline), now within 15 % of it."""
     spec = get_gpu(name)
     measured = perseus_blocking_power_w(spec)
     assert spec.waiting_power.top_clocks_w == measured
     assert waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1] == pytest.approx(measured, rel=1e-9)
     assert spec.provenance["waiting_power"].startswith("measured") and f"{measured:g} W" in spec.provenance["waiting_power"]
     base = KernelPhysics(spec, [IDLE], np.array([spec.max_mem_clock_mhz], dtype=float)).baseline_power_w[0, -1]
-    assert base > 1.5 * measured
+    if name == "a40":
+        assert base == pytest.approx(measured, rel=0.15)
+    else:
+        assert base > 1.5 * measured
 
 
 def test_the_share_that_falls_with_the_clock_is_carried_from_the_h100s_idle_readings():
