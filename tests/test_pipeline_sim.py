@@ -86,9 +86,11 @@ def test_energy_is_the_instructions_plus_blocked_power_while_idle(stages):
     assert pipe.blocked_power_w() == pytest.approx(physics.wait_power_w[0, -1])
     assert pipe.blocked_power_w(1050) < pipe.blocked_power_w(1230) < pipe.blocked_power_w()
     # At the highest clock it is the A100 file's waiting power, Perseus's measured 83.64 W (taken from the measurement:
-    # provenance, not a check), not the loaded power model's baseline (147 W before issue 36).
+    # provenance, not a check), not the loaded power model's baseline (147 W before issue 36; since issue 56's joint
+    # fit, which holds that baseline to the same measurement, 83.1 W: within 2 % of it, and not the same figure).
     assert pipe.blocked_power_w() == pytest.approx(83.64, rel=1e-9)
-    assert physics.baseline_power_w[0, -1] > 1.5 * 83.64
+    assert physics.baseline_power_w[0, -1] == pytest.approx(83.64, rel=0.02)
+    assert physics.baseline_power_w[0, -1] != pytest.approx(83.64, rel=1e-6)
     assert perseus_blocking_power_w(A100) == 83.64 and perseus_blocking_power_w(get_gpu("h100-sxm")) is None
     # Perseus's constant in place of the physics': the same accounting with 83.64 W at every clock.
     perseus = _pipe(stages, optimizer_step=False, blocked_power_w=83.64)

@@ -16,7 +16,7 @@ __all__ = ["KernelPhysics", "KernelTerms", "waiting_power_w", "SetCallQueue", "h
            "attention_efficiency", "attention_head_dim", "attention_key_length", "attention_work", "attention_fixed_s",
            "SFU_OPS", "ATTENTION_BACKWARD_WORK", "CAUSAL_WORK_FRACTION", "ATTENTION_HEAD_DIM_TILE", "ATTENTION_SEQ_TILE",
            "CONV_CHANNEL_MULTIPLE", "CONV_DIRECTIONS", "MULTI_TENSOR", "MULTI_TENSOR_PREFIXES",
-           "ROW_WIDTH_REF"]
+           "ROW_WIDTH_REF", "conv_is_3x3_stride1"]
 
 CAUSAL_WORK_FRACTION = 0.5  # FlashAttention skips the fully masked key blocks: about half the work (Dao 2022)
 # cuDNN's fused attention on sm90 computes on head-dimension tiles of 64 or 128: the kernels of the measured H100
@@ -93,6 +93,24 @@ def gemm_shape(kernel: Kernel) -> tuple[int, int, int, int] | None:
     return int(np.prod(a[:-2])) if len(a) > 2 else 1, int(a[-2]), int(b[-1]), int(a[-1])
 
 
+def conv_is_3x3_stride1(kernel: Kernel) -> bool:
+    """Whether a convolution kernel has a 3x3 window at stride 1: its weight (C_out, C_in / groups, 3, 3) and as many
+    output positions per image as input ones (the "same" padding of a 3x3 layer; from its FLOPs, as ``gemm_shape``
+    reads them). False for another kernel or shapes it cannot read."""
+    direction = CONV_DIRECTIONS.get(kernel.name)
+    if direction is None:
+        return False
+    try:
+        x = kernel.shapes[0] if direction == "forward" else kernel.shapes[1]
+        weight = kernel.shapes[1] if direction == "forward" else kernel.shapes[2]
+        if tuple(int(d) for d in weight[2:]) != (3, 3):
+            return False
+        out_hw = kernel.flops / (2.0 * int(x[0]) * int(weight[0]) * int(weight[1]) * 9)
+        return abs(out_hw - int(np.prod(x[2:]))) <= 0.01 * out_hw
+    except (IndexError, ValueError, ZeroDivisionError):
+        return False
+
+
 def gemm_inner_dim(kernel: Kernel) -> int | None:
     """K of a GEMM kernel (``gemm_shape``'s reduced dimension), None for other kernels."""
     shape = gemm_shape(kernel)
@@ -105,16 +123,30 @@ def gemm_efficiency(spec: GPUSpec, kernel: Kernel) -> float:
     ``conv_efficiency_rel`` of its direction for a convolution (and of ``<direction>_small_channels`` where its input
     channels are padded, ``conv_channels``: ResNet's 3-channel stem). Where the GPU type states
     ``gemm_epilogue_rel``, the store of the output is timed apart (``gemm_output_bytes``) and ``gemm_k_overhead``
-    is 0: the K term was a tile's epilogue against its main loop."""
+    is 0: the K term was a tile's epilogue against its main loop. A convolution on CUDA cores (fp32, no tensor
+    cores) runs at ``gemm_efficiency`` times ``conv_efficiency_rel`` of ``<direction>_cuda_cores``; a 3x3 window at
+    stride 1 (``conv_is_3x3_stride1``: where cuDNN's heuristics choose Winograd's transforms, fewer multiplies than
+    the FLOPs counted) besides at ``<direction>_3x3`` (``<direction>_3x3_cuda_cores`` on CUDA cores). Each factor is
+    1 where the GPU type does not state it (fitted on the V100's DeepBench convolutions:
+    freqopt.gpu.calibration.deepbench)."""
     eff = spec.gemm_efficiency
-    shape = gemm_shape(kernel) if kernel.tensor_core else None
+    direction = CONV_DIRECTIONS.get(kernel.name)
+    if not kernel.tensor_core:
+        if direction is None:
+            return eff
+        eff *= spec.conv_efficiency_rel.get(f"{direction}_cuda_cores", 1.0)
+        if conv_is_3x3_stride1(kernel):
+            eff *= spec.conv_efficiency_rel.get(f"{direction}_3x3_cuda_cores", 1.0)
+        return eff
+    shape = gemm_shape(kernel)
     if shape is None:
         return eff
     if spec.gemm_k_overhead > 0:
         eff *= shape[3] / (shape[3] + spec.gemm_k_overhead)
-    direction = CONV_DIRECTIONS.get(kernel.name)
     if direction is not None:
         eff *= spec.conv_efficiency_rel.get(direction, 1.0)
+        if conv_is_3x3_stride1(kernel):
+            eff *= spec.conv_efficiency_rel.get(f"{direction}_3x3", 1.0)
         padded, c_in = conv_channels(kernel)
         if padded != c_in:  # fewer channels than a tensor-core tile takes: cuDNN's other kernels (ResNet's stem)
             eff *= spec.conv_efficiency_rel.get(f"{direction}_small_channels", 1.0)
