@@ -548,6 +548,9 @@ def _h200_families() -> DataSet:
                 note = (f"each shape predicted by the family's group refitted on its other shapes, the families its "
                         f"prediction uses refitted without it too (h200.leave_one_out); {len(mine) - len(judged) - bound} "
                         f"shape(s) alone exercising a constant and {bound} bound by the measuring loop not judged")
+                if not cal._FAMILY[family].parameters:
+                    note += ("; nothing of this family is fitted on its own shapes (it rests on the constants of "
+                             f"{', '.join(cal._FAMILY[family].uses)}), so left out equals fitted on")
             else:
                 note = "one shape alone exercises the family's constant: nothing to leave out"
             if not judged:  # the committed constants' error on the shape(s) they alone were fitted on
@@ -734,7 +737,7 @@ def _perseus_pipelines() -> DataSet:
 
     return DataSet(name, ("a100-pcie-80gb", "a40"), kind, "experiments/data/zeus/sosp24/{a100,a40}_zeus_global.csv "
                    "(Chung et al., SOSP 2024)", rows,
-                   lambda: tuple(k for k in a100.data_sets() if "power-limit" in k), fit_fold, cheap=False)
+                   lambda: tuple(k for k in a100.data_sets() if "power-limit" in k), fit_fold)
 
 
 def _deepbench_v100() -> DataSet:
