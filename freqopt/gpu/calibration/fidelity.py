@@ -239,6 +239,15 @@ def _max_abs(values) -> float:
     return float(max(abs(v) for v in values))
 
 
+def _step_rows(name: str, gpu: str, dataset: str, kind: str, fitted: list[dict], left: list[dict] | None,
+               n_points: int, note: str) -> list[Row]:
+    """A whole-step data set's two rows, time and energy: the largest |error| (%) of the steps with the committed
+    constants (``fitted``) and of each step predicted by its fold (``left``; None where a fold is missing)."""
+    return [Row(name, gpu, dataset, kind, f"{q}_pct", _max_abs(r[f"{q}_error_pct"] for r in fitted),
+                _max_abs(r[f"{q}_error_pct"] for r in left) if left else None, n_points,
+                target(gpu, kind, f"{q}_pct"), note) for q in ("time", "energy")]  # fmt: skip
+
+
 # -- the V100: Zeus's BERT/SQuAD power-limit sweep and McDonald et al.'s figures ----------------------------------
 V100 = "v100-pcie"
 
@@ -462,10 +471,7 @@ def _h100_steps() -> DataSet:
             left.append(cal.residuals(cal.with_values(spec, fold_values[s.name]), [s], traces)["steps"][0])
         note = ("each step predicted by both stages of h100_steps.fit (kernel classes, then the host's split) refitted "
                 "on the other three")
-        return [Row(name, H100, "H100 whole training steps", kind, f"{q}_pct",
-                    _max_abs(r[f"{q}_error_pct"] for r in fitted),
-                    _max_abs(r[f"{q}_error_pct"] for r in left) if left else None, len(steps),
-                    target(H100, kind, f"{q}_pct"), note) for q in ("time", "energy")]  # fmt: skip
+        return _step_rows(name, H100, "H100 whole training steps", kind, fitted, left, len(steps), note)
 
     def fit_fold(step: str) -> dict:
         steps, traces = _h100_steps_data()
@@ -603,10 +609,7 @@ def _h200_steps() -> DataSet:
             left += [r for r in hc.steps_with_host(spec, traces, fold_values[step]["host_scale"]) if r["step"] == step]
         note = ("each step predicted with the host's factor (on the H100 server's times) refitted on the other four "
                 "(experiments/h200_check.py fit_host); the GPU's constants are fitted on kernels, not on steps")
-        return [Row(name, H200, "H200 whole training steps", kind, f"{q}_pct",
-                    _max_abs(r[f"{q}_error_pct"] for r in fitted),
-                    _max_abs(r[f"{q}_error_pct"] for r in left) if left else None, len(fitted),
-                    target(H200, kind, f"{q}_pct"), note) for q in ("time", "energy")]  # fmt: skip
+        return _step_rows(name, H200, "H200 whole training steps", kind, fitted, left, len(fitted), note)
 
     def fit_fold(step: str) -> dict:
         return {"host_scale": _experiment("h200_check").fit_host(_gpu(H200), _h200_step_traces(), leave_out=step)}
