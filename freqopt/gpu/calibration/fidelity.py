@@ -784,8 +784,13 @@ def registry() -> dict[str, DataSet]:
     """Every registered data set by name, in the table's order.
 
     Raises:
+        FileNotFoundError: no experiments/ folder beside the package: the data sets and the fits' records live in
+            a source checkout (an installed wheel has none).
         ValueError: two data sets of one name.
     """
+    if not DATA.is_dir():
+        raise FileNotFoundError(f"the fidelity scoreboard reads {DATA}, which is not there: run it from a source "
+                                "checkout of freqopt (git clone, then pip install -e .)")
     out: dict[str, DataSet] = {}
     for build in _BUILDERS:
         ds = build()
@@ -795,7 +800,11 @@ def registry() -> dict[str, DataSet]:
     return out
 
 
-REGISTRY = registry()
+def __getattr__(name: str):
+    """``REGISTRY``: registry()'s data sets, built on first use, so that importing this module reads no file."""
+    if name == "REGISTRY":
+        return registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def recorded_folds(recorded: dict, name: str) -> dict[str, dict]:
