@@ -1,4 +1,4 @@
-"""The physical range of every power-model parameter of a GPU type (issue 56, item 1).
+"""The physical range of every power-model parameter of a GPU type.
 
 A GPU file's [power_model] is fitted (or carried) within the ranges its [power_model_bounds] block states, and
 tests/test_gpu_files.py holds every file to them. The block is written by experiments/power_bounds.py from the
@@ -80,7 +80,7 @@ def physical_bounds(*, idle_power_w: float, power_limit_max_w: float, min_sm_clo
 
 def static_floor_violation(spec: Any) -> str | None:
     """Why a GPU type's constant power term is unphysical, or None: ``p_const_w`` may never exceed what the board
-    draws idle with its memory clocked, ``idle_power_w + p_mem_clock_w`` (issue 56). ``spec``: a GPUSpec."""
+    draws idle with its memory clocked, ``idle_power_w + p_mem_clock_w``. ``spec``: a GPUSpec."""
     pm = spec.power_model
     ceiling = spec.idle_power_w + pm.p_mem_clock_w
     if pm.p_const_w > ceiling + 1e-9:

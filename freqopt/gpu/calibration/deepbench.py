@@ -1,4 +1,4 @@
-"""The simulated V100's GEMMs and convolutions against Baidu's DeepBench on a real V100 (issue 56, items 3 and 6).
+"""The simulated V100's GEMMs and convolutions against Baidu's DeepBench on a real V100.
 
 DeepBench (baidu-research/DeepBench, commit da81ba7, ``results/train/DeepBench_NV_V100.xlsx``; copied unchanged from
 shared/calibration/deepbench-v100 to experiments/data/deepbench_v100) timed, one shape at a time on one V100 of a

@@ -1,5 +1,5 @@
 """One scoreboard of the simulated GPUs' fidelity: every public and shared measurement, each judged on data it was not
-fitted on (issue 56, items 3 and 4).
+fitted on.
 
 A *data set* (``DataSet``) is one body of measurements of one or more GPU types. It knows its GPUs, its kind
 (``KINDS``), where the data come from, and how to judge the committed constants on it:
@@ -47,8 +47,8 @@ What is left out, per data set (``REGISTRY``):
         return DataSet("zeus-nsdi23-p100", ("p100",), "power-limit sweep", "shared/calibration/zeus/nsdi23/...",
                        rows, folds=("shufflenetv2", "resnet50", ...), fit_fold=fit_fold)
 
-then re-record with ``python experiments/fidelity.py``. Targets by kind and metric are ``TARGETS`` (issue 56's
-"done when"); tolerances of the guard are ``TOLERANCES``.
+then re-record with ``python experiments/fidelity.py``. Targets by kind and metric are ``TARGETS`` (the
+accuracy asked of each kind); tolerances of the guard are ``TOLERANCES``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ DATA = EXPERIMENTS / "data"
 
 KINDS = ("power-limit sweep", "clock sweep", "kernel family", "whole step", "headline figure")
 
-# Issue 56's targets, on left-out data: (kind, metric) -> the largest error that meets it.
+# The targets, on left-out data: (kind, metric) -> the largest error that meets it.
 TARGETS: dict[tuple[str, str], float] = {
     ("power-limit sweep", "time_rel_pp"): 8.0,  # relative time at every limit, percentage points
     ("power-limit sweep", "energy_rel_pp"): 8.0,
@@ -140,7 +140,7 @@ class Row:
         left_out: the error of each point predicted by a refit that did not see it; None where nothing is left out
             (``note`` says why).
         n_points: measured points the figure covers (left out where there is a left-out figure).
-        target: issue 56's target (``target``); None where it sets none.
+        target: the target of its kind and metric (``target``); None where it sets none.
         note: how the figure was left out, or why it was not, or where a recorded figure comes from.
         status: "computed", "recorded" (read from another experiment's output, not recomputed here) or
             "not modelled yet".
@@ -629,14 +629,14 @@ def _spaan() -> DataSet:
         diffs = [recorded["|".join(k)]["energy_pct"] - v[0] for k, v in paper.items() if "|".join(k) in recorded]
         note = ("recorded by experiments/repro_spaan.py (a search of 20-30 min), not recomputed here: the largest "
                 "absolute difference of freqopt's energy change from the paper's over Table 2's rows; no RTX 3080 Ti "
-                "measurement was fitted, so the figure is left out by construction; issue 56 sets no target")
+                "measurement was fitted, so the figure is left out by construction; no target is set for it")
         return [Row(name, gpu, "Spaan et al. 2026 Table 2 (energy change)", kind, "figure_pp", None, _max_abs(diffs),
                     len(diffs), None, note, "recorded")]  # fmt: skip
 
     return DataSet(name, (gpu,), kind, "shared/calibration/published.md (Spaan et al., CF 2026)", rows)
 
 
-# -- fits recorded by their own experiments (issue 56): the folds' values read from each fit's JSON ---------------------
+# -- fits recorded by their own experiments: the folds' values read from each fit's JSON ---------------------
 def _recorded_fit(name: str) -> dict:
     return json.loads((EXPERIMENTS / name).read_text())
 

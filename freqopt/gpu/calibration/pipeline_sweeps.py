@@ -1,5 +1,5 @@
 """Whole pipelines under a power limit: Perseus's Zeus baseline on the A100 PCIe and A40 testbeds, every stage's GPU
-at one power limit, against the simulated GPU (issue 56, item 3).
+at one power limit, against the simulated GPU.
 
 Data: Chung et al., "Perseus: Reducing Energy Bloat in Large Model Training", SOSP'24 artifact (ml-energy/zeus,
 branch ``kronos``, ``sosp24_data/zeus/csv/{A100,A40}/zeus_global.csv``; shared/calibration/zeus/sosp24/): per

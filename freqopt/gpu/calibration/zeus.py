@@ -1,5 +1,5 @@
 """Zeus's measured power-limit sweeps (NSDI'23) on the simulated GPU, and the A40 power model fitted on them jointly
-with Perseus's locked-clock stage sweeps (issue 56, items 1-2).
+with Perseus's locked-clock stage sweeps.
 
 Data: You, Chung, Chowdhury, "Zeus: Understanding and Optimizing GPU Energy Consumption of DNN Training", NSDI'23;
 ``summary_power_{gpu}.csv`` of ml-energy/zeus (commit 75a8b93), copied to shared/calibration/zeus/nsdi23/ (README
@@ -18,7 +18,7 @@ compared, the curve under lower limits, is predicted, and a left-out sweep needs
 point.
 
 Compared (``sweep_errors``): per limit the time and the energy relative to the highest limit (percentage points)
-and the average power; the energy-optimal limit (W). Targets (issue 56): within 8 pp of relative time and of
+and the average power; the energy-optimal limit (W). Targets (the fidelity scoreboard's, freqopt.gpu.calibration.fidelity.TARGETS): within 8 pp of relative time and of
 relative energy at every limit, the energy-optimal limit within 25 W. A fold's stored parameters
 (experiments/a40_power_fit.json, ``folds[name]["parameters"]``) rebuild its spec with
 ``dvfs.with_values(get_gpu("a40"), parameters)``, so a scoreboard can re-predict a left-out sweep with
