@@ -23,16 +23,22 @@ from freqopt.search.study import UnitSearch
 from freqopt.search.units import TuningUnit
 from freqopt.search.validate import Validator, per_kernel_settings
 
-__all__ = ["Allocation", "allocate_validated", "confirmed", "allocate_applied", "candidate_schedules",
+# Fractions of the slowdown budget the allocator aims at, in turn, where every schedule chosen at the budget's edge
+# failed its confirmation (allocate_validated): each costs one validation and one confirmation.
+FALLBACK_MARGINS = (0.5, 0.25, 0.0)
+
+__all__ = ["FALLBACK_MARGINS", "Allocation", "allocate_validated", "confirmed", "allocate_applied", "candidate_schedules",
            "coarser_settings", "settings_on"]
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """One option per unit and the whole iteration measured with them."""
+    """One option per unit and the whole iteration measured with them; ``reason``: why the defaults stand, where
+    they do (empty otherwise)."""
 
     chosen: tuple  # Option per unit
     validated: Measurement
+    reason: str = ""
 
 
 def allocate_validated(
@@ -48,7 +54,9 @@ def allocate_validated(
     the choice: ``confirmed``): a secant step on validated slowdown, kept inside the bracket of budgets known to
     meet and to break the limit, else bisection. ``candidates``: schedules (one setting per unit, each among its
     unit's options: the coarser granularities' schedules, candidate_schedules) validated before the allocator's,
-    so the result is never worse than any of them.
+    so the result is never worse than any of them. Where every choice that met the limit fails its confirmation,
+    the allocator aims at FALLBACK_MARGINS of the budget in turn, each choice confirmed once; where none holds, the
+    defaults stand and ``reason`` says why.
     """
     options = [[(o.time_s, o.energy_j) for o in s.options] for s in searches]
     accepted: list[Allocation] = []  # every allocation whose bound met the limit
@@ -95,11 +103,52 @@ def allocate_validated(
             if not meets < step < breaks:
                 step = (meets * breaks) ** 0.5
         budget = step
-    return confirmed(accepted, validator, baseline, limit_s,
-                     lambda a, m: Allocation(a.chosen, m)) or Allocation(tuple(s.default for s in searches), baseline)
+    def rebuild(choice: Allocation, confirmation: Measurement) -> Allocation:
+        return Allocation(choice.chosen, confirmation)
+
+    tried: dict = {}  # schedule -> (its confirmed slowdown bound, energy_j): each confirmed once (a second chance would spend
+    # the confidence)
+    hit = confirmed(accepted, validator, baseline, limit_s, rebuild, tried=tried)
+    # Where every choice near the budget's edge failed its confirmation, the allocator is asked again for schedules
+    # that aim at a fraction of the budget (FALLBACK_MARGINS), each confirmed in turn: a schedule that saves less
+    # but holds the limit on fresh readings beats the defaults.
+    base = meets if meets is not None else budget
+    for margin in FALLBACK_MARGINS:
+        if hit is not None:
+            break
+        try:
+            picks = allocate(options, base * (1.0 + margin * max_slowdown) / (1.0 + max_slowdown))
+        except InvalidSettingError:
+            continue
+        before = len(accepted)
+        evaluate(tuple(s.options[j] for s, j in zip(searches, picks)))
+        hit = confirmed(accepted[before:], validator, baseline, limit_s, rebuild, tried=tried)
+    if hit is not None:
+        return hit
+    return Allocation(tuple(s.default for s in searches), baseline,
+                      reason=_defaults_reason(accepted, tried, validator, baseline, max_slowdown))
 
 
-def confirmed(accepted: Sequence, validator: Validator, baseline: Measurement, limit_s: float, rebuild):
+def _defaults_reason(accepted: list, tried: dict, validator: Validator, baseline: Measurement,
+                     max_slowdown: float) -> str:
+    """Why a level ends at the defaults, in one sentence for the user."""
+    budget = f"{100 * max_slowdown:g} %"
+    if not tried:
+        return (f"no schedule the studies found saved energy with its slowdown's upper {100 * validator.confidence:g} "
+                f"% confidence bound within {budget} (widen the budget, or read the unit studies' fronts)")
+    broke = [bound for bound, _ in tried.values() if bound > max_slowdown]
+    saved_nothing = sum(1 for bound, energy_j in tried.values() if bound <= max_slowdown
+                        and energy_j >= baseline.energy_j)  # fmt: skip
+    how = [f"{len(broke)} broke it (slowdown bounds up to {100 * max(broke):+.2f} % at "
+           f"{100 * validator.confidence:g} % confidence)"] if broke else []  # fmt: skip
+    how += [f"{saved_nothing} saved no energy"] if saved_nothing else []
+    return (f"the {len(tried)} schedule(s) that met {budget} on their readings did not hold on fresh confirming "
+            f"readings: {' and '.join(how)}; more validation readings (validation_repeats) or a wider budget may "
+            f"let one hold")
+
+
+def confirmed(accepted: Sequence, validator: Validator, baseline: Measurement, limit_s: float, rebuild, *,
+              tried: dict | None = None):
     """The accepted choice (each with a ``validated`` Measurement whose bound met ``limit_s``) of least energy
     whose confirmation (Validator.confirm: fresh paired readings, independent of the choice) also meets the limit
     and still saves energy, rebuilt with the confirmation's figures as ``rebuild(choice, confirmation)``; the next
@@ -107,8 +156,18 @@ def confirmed(accepted: Sequence, validator: Validator, baseline: Measurement, l
     stand)."""
     unique: dict = {}  # each schedule once, at its least energy
     for choice in sorted(accepted, key=lambda a: a.validated.energy_j):
-        unique.setdefault(validator.schedule_of(choice.validated), choice)
-    hit = first_confirmed(unique.values(), lambda a: validator.confirm(a.validated),
+        schedule = validator.schedule_of(choice.validated)
+        if tried is None or schedule not in tried:
+            unique.setdefault(schedule, choice)
+
+    def confirm(choice):
+        fresh = validator.confirm(choice.validated)
+        if tried is not None:
+            schedule = validator.schedule_of(choice.validated)
+            tried[schedule] = (fresh.time_bound_s / baseline.time_s - 1.0, fresh.energy_j)
+        return fresh
+
+    hit = first_confirmed(unique.values(), confirm,
                           lambda m: m.time_bound_s <= limit_s and m.energy_j < baseline.energy_j)
     return None if hit is None else rebuild(*hit)
 

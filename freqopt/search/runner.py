@@ -191,6 +191,7 @@ def _search_granularity(
         search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + validator.cost_gpu_s - measured_before[1]
         + (ideal_validator.cost_gpu_s - ideal_before[1] if ideal_validator else 0.0),
         unit_searches=tuple(searches),
+        note=f"ended at the default: {result.reason}" if result.reason else "",
     )
 
 

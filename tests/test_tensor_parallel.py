@@ -1,0 +1,95 @@
+"""Tensor-parallel layouts searched as data-parallel ones are: the search saves what one clock saves."""
+
+import dataclasses
+
+import pytest
+
+import freqopt
+from freqopt.gpu.backends.base import ClockSetting
+from freqopt.gpu.backends.simulated import SimulatedGPU
+from freqopt.gpu.specs import get_gpu
+from freqopt.resolve import resolve_trace_or_workload
+from freqopt.search import SearchConfig
+from freqopt.search.allocation import allocate_validated
+from freqopt.search.validate import Validator
+from freqopt.workload.trace import trace_training_iteration
+
+MAX_SLOWDOWN = 0.01
+# The search holds the upper 95 % confidence bound of its slowdown to the budget on readings with 0.2 % time noise
+# each, where the noiseless sweep holds the true slowdown: the clock it may keep sits a step or two above the sweep's.
+# On gpt3-small's one-GPU iteration the two differ by 1.2 points (1.81 % against 2.98 %), so a tensor-parallel
+# search within 1.5 points of its sweep is searched as well as the one-GPU iteration is.
+TOLERANCE_PP = 1.5
+
+
+def one_clock_sweep(trace, spec) -> tuple[float, float]:
+    """The noiseless sweep of one clock pair for the whole iteration (SimulatedGPU.step): the largest energy saving
+    (%) within MAX_SLOWDOWN, and its slowdown (%)."""
+    sim = SimulatedGPU(spec, noise=False)
+    default = sim.step(trace.kernels)
+    best = (0.0, 0.0)
+    for mem in spec.mem_clocks_mhz:
+        for sm in spec.sm_clocks_mhz:
+            m = sim.step(trace.kernels, [ClockSetting(sm_clock_mhz=sm, mem_clock_mhz=mem)] * len(trace))
+            if m.time_s <= (1 + MAX_SLOWDOWN) * default.time_s:
+                best = max(best, (100 * (1 - m.energy_j / default.energy_j), 100 * (m.time_s / default.time_s - 1)))
+    return best
+
+
+@pytest.mark.parametrize("layout", ["dp=1,tp=2", "dp=1,tp=4"])
+def test_a_tensor_parallel_search_saves_what_one_clock_saves_in_a_noiseless_sweep(layout, tmp_path):
+    _, workload = resolve_trace_or_workload("gpt3-small", micro_batch_size=None, seq_len=None, n_heads=None,
+                                            vocab_multiple=None, layout=layout)  # fmt: skip
+    trace = trace_training_iteration(workload)
+    assert any(k.kind == "all-reduce" for k in trace.kernels), "the tensor-parallel all-reduces are in the step"
+    swept_pct, _ = one_clock_sweep(trace, get_gpu("h100-sxm"))
+    result = freqopt.search(trace, max_slowdown=MAX_SLOWDOWN, granularity="iteration", out=tmp_path)
+    level = result.results["iteration"]
+    saved_pct = 100 * (1 - level.validated.energy_j / result.baseline.energy_j)
+    assert level.note == ""
+    assert swept_pct > 5.0  # the step waits on its all-reduces and its host: one clock saves much
+    assert swept_pct - TOLERANCE_PP <= saved_pct <= swept_pct + 0.5
+    sim = SimulatedGPU(get_gpu("h100-sxm"), noise=False)
+    setting = level.units[0][1]
+    true_slowdown = sim.step(trace.kernels, [setting] * len(trace)).time_s / sim.step(trace.kernels).time_s - 1
+    assert true_slowdown <= MAX_SLOWDOWN
+
+
+def test_a_level_whose_choices_all_fail_confirmation_falls_back_to_a_safer_one():
+    """The allocator's choices near the budget's edge fail their fresh confirming readings: it aims lower, and a
+    schedule that holds the limit beats the defaults."""
+    from freqopt.search.unit_studies import run_unit_studies
+
+    trace = trace_training_iteration(resolve_trace_or_workload("gpt3-small", micro_batch_size=None, seq_len=None,
+                                                               n_heads=None, vocab_multiple=None,
+                                                               layout="dp=1,tp=2")[1])  # fmt: skip
+
+    backend = SimulatedGPU(get_gpu("h100-sxm"), seed=0)
+    config = SearchConfig(max_slowdown=MAX_SLOWDOWN, granularities=("iteration",))
+    validator = Validator.for_search(trace, backend, config)
+    baseline = validator.baseline()
+    units, searches = run_unit_studies(trace, backend, config, "iteration", storage=None)
+    real_confirm = validator.confirm
+    failed = []
+
+    def strict_confirm(measurement, key="confirm"):  # the first confirmation breaks the limit, as by bad luck
+        fresh = real_confirm(measurement, key)
+        if not failed:
+            failed.append(validator.schedule_of(measurement))
+            return dataclasses.replace(fresh, time_upper_s=2 * baseline.time_s)
+        return fresh
+
+    validator.confirm = strict_confirm
+    result = allocate_validated(units, searches, validator, baseline, MAX_SLOWDOWN, rounds=config.max_validation_rounds)
+    assert failed
+    assert result.reason == ""
+    assert result.validated.energy_j < baseline.energy_j
+    assert validator.schedule_of(result.validated) != failed[0]
+
+
+def test_a_level_that_ends_at_the_default_says_why(small_trace, tmp_path):
+    result = freqopt.search(small_trace, max_slowdown=1e-6, granularity="iteration", out=tmp_path)
+    level = result.results["iteration"]
+    assert level.validated.energy_j == result.baseline.energy_j
+    assert level.note.startswith("ended at the default: ")
+    assert "within 0.0001 %" in level.note
