@@ -16,7 +16,7 @@ from freqopt.workload.trace import trace_training_iteration
 from freqopt.errors import ClockTableError, InvalidSettingError, OutputError, TableWorkloadError
 from freqopt.apply.train import plan_training
 from freqopt.search.study import Option
-from freqopt.apply.reallocate import _with_front
+from freqopt.apply.reallocate import _with_front, backed_off, reallocate_requests
 from freqopt.apply.transfer import (BY_KIND, EXACT, UNMATCHED, evaluate_transfer, has_fronts, reallocate,
                                     transfer_table)
 
@@ -329,9 +329,10 @@ def _phase_table(small_trace, micro_batch_size: int = 1) -> ClockTable:
     })  # fmt: skip
 
 
-def test_a_phase_table_is_written_for_the_target_workload_as_it_stands(small_trace, tmp_path):
-    """A phase-level table transfers as it stands; the transfer writes it for the target, so that `train` (which
-    refuses a table of another workload) takes it there; --json names the file."""
+def test_a_phase_table_is_reallocated_and_written_for_the_target_workload(small_trace, tmp_path):
+    """A phase-level table's requests are laid on the target at their phases and re-allocated there within the
+    budget (reallocate_requests); the transfer writes the result for the target, so that `train` (which refuses a
+    table of another workload) takes it there; --json names the file."""
     from freqopt.apply.transfer import transfer
 
     source = tmp_path / "phase.json"
@@ -341,10 +342,13 @@ def test_a_phase_table_is_written_for_the_target_workload_as_it_stands(small_tra
     written = (out / "gpt3-small-h100-sxm-dp2tp1-2pct-phase-transferred.json").resolve()
     assert report.table_path == written and report.summary()["table"] == str(written)
     table = load_table(written)
-    assert table.entries == load_table(source).entries and table.data["max_slowdown"] == 0.02
+    assert [e["request_phase"] for e in table.entries] == [e["request_phase"] for e in load_table(source).entries]
+    assert table.is_phase_schedule and table.data["max_slowdown"] == 0.02
     assert table.workload["layout"] == {"dp": 2, "tp": 1} and table.workload["micro_batch_size"] == 2
-    t = report.summary()["transferred"]
-    assert table.data["validated"]["energy_saved_pct"] == pytest.approx(t["energy_saved_pct"])
+    r = report.summary()["reallocated"]
+    assert r["within_budget"] and r["slowdown_bound_pct"] <= 2.0 and r["energy_saved_pct"] > 0
+    assert report.summary()["not_reallocated"] is None
+    assert table.data["validated"]["energy_saved_pct"] == pytest.approx(r["energy_saved_pct"])
     assert table.data["provenance"]["transferred_from"]["workload"]["micro_batch_size"] == 1
     plan = plan_training("gpt3-small", table=str(written))
     assert plan.workload.layout == Layout(dp=2) and plan.workload.micro_batch_size == 2
@@ -408,3 +412,64 @@ def test_a_transfer_holds_its_slowdown_at_the_confidence_given(small_trace, tmp_
     with pytest.raises(InvalidSettingError, match="^confidence 1 is not a confidence level") as e:
         transfer(str(source), "gpt3-small", confidence=1)
     assert e.value.argument == "confidence"
+
+
+def test_backed_off_moves_the_sm_clock_toward_the_default_onto_a_supported_clock():
+    clocks = sorted(H100.sm_clocks_mhz)
+    setting = ClockSetting(sm_clock_mhz=1200, mem_clock_mhz=2619)
+    assert backed_off(setting, 0.0, clocks) == setting
+    assert backed_off(setting, 1.0, clocks) == DEFAULT_SETTING
+    half = backed_off(setting, 0.5, clocks)
+    assert half.mem_clock_mhz == 2619 and half.sm_clock_mhz in clocks
+    assert 1590 <= half.sm_clock_mhz < 1590 + 15  # 1200 + 0.5 x (1980 - 1200), snapped up
+    assert backed_off(DEFAULT_SETTING, 0.5, clocks) == DEFAULT_SETTING
+
+
+def test_a_phase_table_that_breaks_the_budget_on_the_target_is_backed_off_within_it(small_trace):
+    """The forward at 345 MHz and the backward at 360 MHz break a 1 % budget everywhere: re-allocated, the
+    requests' clocks back off toward the defaults until the whole target iteration holds the budget on fresh
+    readings, and still save energy."""
+    from freqopt.search.validate import Validator
+
+    doc = _phase_table(small_trace).data
+    entries = [dict(e, sm_clock_mhz=c) for e, c in zip(doc["entries"], (345, 360))]
+    doc = {**doc, "max_slowdown": 0.01, "entries": entries}
+    table = ClockTable(doc)
+    target = trace_training_iteration(get_workload("gpt3-small", micro_batch_size=2, seq_len=256))
+    backend = SimulatedGPU(H100, seed=3)
+    config = SearchConfig(max_slowdown=0.01)
+    validator = Validator.for_search(target, backend, config)
+    baseline = validator.baseline()
+    schedule = transfer_table(table, target)
+    as_transferred = validator.requests(schedule.per_kernel(), limit_s=1.01 * baseline.time_s)
+    assert as_transferred.time_bound_s > 1.01 * baseline.time_s  # the table as it stands breaks the budget
+    result = reallocate_requests(schedule, table, backend, config, validator, baseline)
+    assert result.granularity == "phase" and result.requests == tuple(e["request_phase"] for e in table.entries)
+    assert result.validated.time_bound_s <= 1.01 * baseline.time_s
+    assert result.validated.energy_j < baseline.energy_j
+    assert "backed off" in result.note
+    clocks = [s.sm_clock_mhz for _, s in result.units]
+    assert clocks[0] > 345 and clocks[1] > 360  # moved toward the defaults, each by the same fraction
+    not_phase = ClockTable({**doc, "granularity": "kernel",
+                            "entries": [{k: v for k, v in e.items() if k != "request_phase"} for e in doc["entries"]]})
+    with pytest.raises(ClockTableError, match="takes a phase schedule"):
+        reallocate_requests(schedule, not_phase, backend, config, validator, baseline)
+
+
+def test_cli_transfer_writes_nothing_out_of_budget_and_names_the_native_search(small_trace, tmp_path, capsys):
+    """An iteration-level table at the lowest clock breaks the budget on the target and carries no fronts to
+    re-allocate from: no table is written, and the message gives the search that finds one which holds there."""
+    doc = _phase_table(small_trace).data
+    doc = {**doc, "granularity": "iteration", "max_slowdown": 0.01,
+           "entries": [{"unit": "iteration", "sm_clock_mhz": 345, "mem_clock_mhz": 2619, "power_limit_w": None}]}
+    source = tmp_path / "iteration.json"
+    write_table(ClockTable(doc), source)
+    out = tmp_path / "o"
+    code = main(["transfer", "--table", str(source), "--model", "gpt3-small", "--seq-len", "256",
+                 "--micro-batch-size", "2", "--no-native", "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out.replace("\n", " ")
+    assert code == 0
+    assert "no table written" in printed
+    assert ("freqopt search --model gpt3-small --layout dp=1,tp=1 --micro-batch-size 2 --seq-len 256 "
+            "--granularity iteration --max-slowdown 1%") in printed
+    assert not list(out.glob("*-transferred.json"))

@@ -23,7 +23,7 @@ from freqopt.search.validate import Validator
 from freqopt.search.workers import UnitWork, run_unit
 from freqopt.tables import ClockTable
 
-__all__ = ["has_fronts", "no_fronts_reason", "reallocate"]
+__all__ = ["BACKOFF_STEPS", "backed_off", "has_fronts", "no_fronts_reason", "reallocate", "reallocate_requests"]
 
 
 def has_fronts(table: ClockTable) -> bool:
@@ -188,3 +188,111 @@ def _measure_units(schedule: TransferredSchedule, table: ClockTable, backend: Ba
         if on_unit is not None:
             on_unit("transfer", done, len(units))
     return searches
+
+
+# Validations at most of the back-off's bisection (reallocate_requests), after the table's own clocks: each halves the
+# interval of back-off fractions known to hold and to break the budget, so six place the edge within 1/64 of the way
+# from the table's clocks to the defaults.
+BACKOFF_STEPS = 6
+
+
+def backed_off(setting: ClockSetting, fraction: float, sm_clocks_mhz: Sequence[int]) -> ClockSetting:
+    """``setting`` moved toward the defaults: its SM clock ``fraction`` of the way (0: as it is; 1: the GPU's
+    highest, its default) snapped up to the nearest supported clock of ``sm_clocks_mhz`` (ascending, MHz); its
+    memory clock and power limit kept. The defaults as they are, and the defaults at ``fraction`` 1."""
+    if fraction >= 1.0 or setting == DEFAULT_SETTING or setting.sm_clock_mhz is None:
+        return DEFAULT_SETTING if fraction >= 1.0 else setting
+    top = sm_clocks_mhz[-1]
+    target = setting.sm_clock_mhz + fraction * (top - setting.sm_clock_mhz)
+    sm = next(c for c in sm_clocks_mhz if c >= target - 1e-9)
+    return dataclasses.replace(setting, sm_clock_mhz=int(sm))
+
+
+def reallocate_requests(schedule: TransferredSchedule, table: ClockTable, backend: Backend, config: SearchConfig,
+                        validator: Validator, baseline: Measurement, *,
+                        coarser: Sequence[GranularityResult] = ()) -> GranularityResult:  # fmt: skip
+    """A phase schedule of requests (a phase-level table, or a finer level's that ended on phase blocks) fitted to
+    the target's budget: the requests kept at their phases, their SM clocks backed off toward the defaults by one
+    fraction (backed_off: 0 the table's clocks, 1 the defaults). Such a table carries no units' fronts to re-allocate
+    from, and its requests' phases are the target's too, so the budget moves along the one line from the table's
+    clocks to the defaults: the table's own first, then bisection on the fraction (BACKOFF_STEPS validations of the
+    whole target iteration, measured as requested, each held to the budget at the validator's confidence and
+    required to save energy and be deliverable), then the least-energy fractions that held confirmed on fresh
+    readings (freqopt.search.allocation.confirmed). Where none holds, the defaults stand, with a note. The target's
+    iteration level (``coarser``) is kept instead where its one clock validated less energy, laid on as the same
+    requests, and its own phase schedule where that validated less still (never worse than the target's coarser
+    levels, as reallocate is); the coarser levels' measurements are counted in the result's.
+
+    Args:
+        schedule: ``table`` laid onto the target (transfer_table: granularity "phase").
+        table: the phase schedule (ClockTable.is_phase_schedule).
+        backend, config: the target GPU; the budget.
+        validator, baseline: measures the target's whole iterations; its default-settings measurement.
+        coarser: the target's validated results at the coarser levels (native_granularities).
+
+    Returns:
+        GranularityResult at granularity "phase", one unit per table entry with its ``requests``, its note saying
+        the fraction backed off.
+
+    Raises:
+        ClockTableError: ``table`` is not a phase schedule.
+    """
+    from freqopt.search.allocation import Allocation, confirmed
+
+    if not table.is_phase_schedule:
+        raise ClockTableError("reallocate_requests takes a phase schedule of requests; re-allocate a table with "
+                              "fronts with reallocate")  # fmt: skip
+    clocks = sorted(backend.spec.sm_clocks_mhz)
+    limit_s = (1.0 + config.max_slowdown) * baseline.time_s
+    before = (validator.n_measurements, validator.cost_gpu_s)
+    accepted: list[Allocation] = []
+
+    def per_kernel(fraction: float) -> tuple[ClockSetting, ...]:
+        settings = [DEFAULT_SETTING] * len(schedule.trace)
+        for m in schedule.matches:
+            for i in m.unit.kernel_indices:
+                settings[i] = backed_off(m.setting, fraction, clocks)
+        return tuple(settings)
+
+    def holds(fraction: float) -> bool:
+        measured = validator.requests(per_kernel(fraction), key=f"transfer-backoff-{fraction:.4f}", limit_s=limit_s)
+        ok = (measured.time_bound_s <= limit_s and measured.energy_j < baseline.energy_j
+              and validator.deliverable(measured))  # fmt: skip
+        if ok:
+            accepted.append(Allocation(fraction, measured))
+        return ok
+
+    if not holds(0.0):
+        holding, breaking = 1.0, 0.0  # backed off this far holds (the defaults, trivially); this far does not
+        for _ in range(BACKOFF_STEPS):
+            mid = 0.5 * (holding + breaking)
+            if holds(mid):
+                holding = mid
+            else:
+                breaking = mid
+    hit = confirmed(accepted, validator, baseline, limit_s, lambda a, m: Allocation(a.chosen, m))
+    fraction, validated = (hit.chosen, hit.validated) if hit is not None else (1.0, baseline)
+    iteration = next((r for r in coarser if r.granularity == "iteration"), None)
+    phase = next((r for r in coarser if r.granularity == "phase" and r.requests), None)
+    labels = tuple(e["request_phase"] for e in table.entries)
+    spent = (sum(r.n_measurements for r in coarser), sum(r.search_cost_gpu_s for r in coarser))
+    if phase is not None and phase.validated.energy_j < min(validated.energy_j, iteration.validated.energy_j
+                                                            if iteration is not None else validated.energy_j):
+        return dataclasses.replace(
+            phase, note="the target's own phase schedule, which validated less energy than the table's requests "
+                        "backed off toward the defaults", n_measurements=spent[0] + validator.n_measurements - before[0],
+            search_cost_gpu_s=spent[1] + validator.cost_gpu_s - before[1])  # fmt: skip
+    if iteration is not None and iteration.validated.energy_j < validated.energy_j:
+        setting = iteration.units[0][1]
+        units = tuple((m.unit, setting) for m in schedule.matches)
+        validated, note = iteration.validated, ("the target's iteration level's one clock, which validated less "
+                                                 "energy than the table's requests backed off toward the defaults")  # fmt: skip
+    else:
+        units = tuple((m.unit, backed_off(m.setting, fraction, clocks)) for m in schedule.matches)
+        note = (f"the table's requests, their SM clocks backed off {100 * fraction:.1f} % of the way to the defaults"
+                if hit is not None else "no backed-off schedule held the budget and saved energy: the defaults stand")  # fmt: skip
+    return GranularityResult(
+        granularity="phase", units=units, predicted=validated, predicted_baseline=baseline, validated=validated,
+        n_measurements=spent[0] + validator.n_measurements - before[0],
+        search_cost_gpu_s=spent[1] + validator.cost_gpu_s - before[1], requests=labels, note=note,
+    )  # fmt: skip

@@ -17,9 +17,11 @@ Pass-level tables match by pass name, iteration-level and power-cap tables apply
 A phase-level table is a schedule of requests at named phases (module boundaries and the optimizer step); every
 layout and micro-batch of the same model has the same phases, so it is laid onto the target as it stands, each
 entry requesting its setting at its phase there (freqopt.apply.runtime.plan_phases, as the runtime applies it), and it
-is validated as requested. It carries no fronts: the target's own phase schedule is its native search. The
-transfer writes it for the target workload (TransferReport.table), since a table applies only to the workload it
-names (freqopt.tables.ClockTable.check_workload).
+is validated as requested. It carries no fronts, so its budget is re-allocated along the one line from its clocks
+to the defaults (freqopt.apply.reallocate.reallocate_requests: its requests' SM clocks backed off by one fraction,
+bisected on validations of the whole target iteration), never worse than the target's own iteration and phase
+schedules. The transfer writes the result for the target workload (TransferReport.table), since a table applies
+only to the workload it names (freqopt.tables.ClockTable.check_workload).
 
 Reusing the clocks as they were ignores that on another layout the same clocks cost another slowdown (an
 all-reduce on the critical path, a GEMM of another shape). A table written by this freqopt also carries each
@@ -31,7 +33,8 @@ budget is calibrated by validating the whole target iteration, as the search its
 (freqopt.search.allocation). A table without fronts (one setting for the iteration, a finer level its source
 realized as one clock, or an older freqopt's: no_fronts_reason) cannot be re-allocated; the transfer writes it as
 transferred, one entry per target unit with its figures as validated on the target, where it meets the budget
-there, and says why it was not re-allocated.
+there, and says why it was not re-allocated. No table out of the budget is ever written: where nothing holds, the
+report says so and the CLI names the native search that finds a table which does.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from freqopt.gpu.backends.base import Backend, switch_latency
 from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Trace
 from freqopt.apply.transfer_checks import TransferArguments, check_transfer_arguments
-from freqopt.apply.reallocate import has_fronts, no_fronts_reason, reallocate
+from freqopt.apply.reallocate import has_fronts, no_fronts_reason, reallocate, reallocate_requests
 from freqopt.apply.transfer_match import BY_KIND, EXACT, UNMATCHED, Match, TransferredSchedule, transfer_table
 from freqopt.apply.transfer_report import TransferReport, target_table_path
 from freqopt.search.config import SearchConfig
@@ -74,7 +77,9 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     ``config.switching``); with ``native``, search the target natively with ``config`` (its granularities
     replaced by native_granularities of the table's), else only the clock granularities coarser than the table's;
     and re-allocate the budget on the target from the table's fronts, starting from the coarser level's result
-    (reallocate; skipped for a table without fronts). All against one shared baseline measurement.
+    (reallocate), or, for a phase schedule, by backing its requests' clocks off toward the defaults
+    (reallocate_requests); other tables without fronts are not re-allocated. All against one shared baseline
+    measurement.
 
     Args:
         on_unit: called as on_unit(granularity, units_done, units_total): during the searched granularities, then
@@ -95,18 +100,22 @@ def evaluate_transfer(table: ClockTable, trace: Trace, backend: Backend, config:
     # confidence bound of its time (Validator.requests).
     transferred = measure(schedule.per_kernel(), key="transferred",
                           limit_s=(1.0 + config.max_slowdown) * baseline.time_s)
-    levels = native_granularities(schedule.granularity, config.switching)
+    # The native search of the table's own level (a kernel-level table that ended on phase blocks: the kernel level,
+    # whose phase level is then among the coarser ones).
+    levels = native_granularities(table.granularity, config.switching)
     # The whole native search, whose coarser levels are the re-allocation's too; without it the coarser levels
     # only (cheap: one and three units), which a table without fronts does not need.
-    searching = levels if native else levels[:-1] if has_fronts(table) else ()
+    searching = levels if native else levels[:-1] if has_fronts(table) or table.is_phase_schedule else ()
     searched = run_search(trace, backend, dataclasses.replace(config, granularities=searching), on_unit=on_unit,
                           validator=validator) if searching else None  # fmt: skip
     coarse = searched.results if searched else {}
     reallocated = None
+    coarser = [coarse[g] for g in levels[:-1] if g in coarse]
     if has_fronts(table):
-        reallocated = reallocate(schedule, table, backend, config, validator, baseline,
-                                 coarser=[coarse[g] for g in levels[:-1] if g in coarse], storage=storage,
-                                 on_unit=on_unit)  # fmt: skip
+        reallocated = reallocate(schedule, table, backend, config, validator, baseline, coarser=coarser,
+                                 storage=storage, on_unit=on_unit)  # fmt: skip
+    elif table.is_phase_schedule:
+        reallocated = reallocate_requests(schedule, table, backend, config, validator, baseline, coarser=coarser)
     return TransferReport(schedule, baseline, transferred, reallocated, searched if native else None,
                           config.max_slowdown, table, backend.spec, backend.name, config.seed,
                           config.storage, confidence=config.confidence)  # fmt: skip
@@ -119,8 +128,7 @@ def _check_target(out: Path, table: ClockTable, trace: Trace, spec: GPUSpec, slo
     from freqopt.tables import check_table_target, table_identity, workload_doc
 
     source = table.data
-    # A phase-level table keeps the budget it was found for; a re-allocated one is found for the transfer's.
-    budget = source["max_slowdown"] if table.is_phase_schedule else slowdown
+    budget = slowdown  # every table a transfer writes holds the transfer's budget on the target
     path = target_table_path(out, trace, spec.name, budget, seed, table.granularity)
     check_table_target(path, table_identity({
         "gpu": {"name": spec.name}, "workload": workload_doc(trace.workload), "granularity": table.granularity,
@@ -137,8 +145,8 @@ def transfer(table, model, *, gpu=None, max_slowdown: float | str | None = None,
              on_unit=None, verbose: bool = False) -> TransferReport:  # fmt: skip
     """Apply clock table ``table`` to ``model`` (another model, size or layout): validate it as transferred,
     re-allocate the budget on the target from the fronts it carries, and search the target natively under the same
-    budget (evaluate_transfer). With ``out``, the target's table (the re-allocated one; a phase-level table as it
-    stands; another table without fronts as transferred, where that meets the budget on the target) is written
+    budget (evaluate_transfer). With ``out``, the target's table (the re-allocated one where it saves energy within
+    the budget; else a table without fronts as transferred, where that does on the target) is written
     there for the target workload (TransferReport.write_table), and its absolute path is the report's
     ``table_path`` (None where nothing was written: the summary's not_reallocated says why).
 
@@ -222,8 +230,7 @@ def _transfer_on(measuring: Backend, checked: TransferArguments, workload, *, ou
         on_start(table, trace, spec)
     with optuna_logging(verbose):
         report = evaluate_transfer(table, trace, measuring, config, on_unit=on_unit, native=native)
-    written = (report.reallocated is not None or table.is_phase_schedule
-               or report._figures(report.transferred)["within_budget"])  # fmt: skip
+    written = report.writes_table()
     if out is not None and written:
         report = dataclasses.replace(report, table_path=report.write_table(out))
     return report

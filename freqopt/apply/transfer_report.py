@@ -62,6 +62,30 @@ class TransferReport:
                 "slowdown_pct": 100.0 * (m.time_s / self.baseline.time_s - 1.0), "slowdown_bound_pct": bound,
                 "within_budget": m.time_bound_s <= self.baseline.time_s * (1.0 + self.max_slowdown) * (1 + 1e-11)}  # fmt: skip
 
+    def _kept_reallocation(self) -> GranularityResult | None:
+        """The re-allocated schedule where it saves energy within the budget on the target, else None."""
+        r = self.reallocated
+        if r is None or not self._figures(r.validated)["within_budget"]:
+            return None
+        return r if r.validated.energy_j < self.baseline.energy_j else None
+
+    def not_reallocated_reason(self) -> str:
+        """Why the target's table is not a re-allocated one ("" where it is): the table could not be re-allocated
+        (no_fronts_reason), or its re-allocation saved nothing within the budget."""
+        if self.reallocated is None:
+            return no_fronts_reason(self.source)
+        if self._kept_reallocation() is None:
+            return f"re-allocated on the target, it saved nothing within the {100 * self.max_slowdown:g} % budget"
+        return ""
+
+    def writes_table(self) -> bool:
+        """Whether the transfer has a table to write for the target: the re-allocated schedule where it saves
+        energy within the budget, else the table as transferred where that does; never one out of budget."""
+        if self._kept_reallocation() is not None:
+            return True
+        figures = self._figures(self.transferred)
+        return figures["within_budget"] and self.transferred.energy_j < self.baseline.energy_j
+
     def summary(self) -> dict:
         """{"max_slowdown_pct", "transferred": {energy_saved_pct, slowdown_pct, slowdown_bound_pct, within_budget,
         matched_exact, matched_by_kind, unmatched}, "reallocated": {energy_saved_pct, slowdown_pct,
@@ -78,7 +102,7 @@ class TransferReport:
             "transferred": {**self._figures(self.transferred), "matched_exact": self.schedule.count(EXACT),
                             "matched_by_kind": self.schedule.count(BY_KIND), "unmatched": self.schedule.count(UNMATCHED)},
             "reallocated": None,
-            "not_reallocated": no_fronts_reason(self.source) or None,
+            "not_reallocated": self.not_reallocated_reason() or None,
             "native": None,
             "table": None if self.table_path is None else str(self.table_path),
         }  # fmt: skip
@@ -90,7 +114,8 @@ class TransferReport:
                 "n_measurements": r.n_measurements, "search_cost_gpu_s": r.search_cost_gpu_s,
             }  # fmt: skip
         if self.native is not None:
-            g, n = self.schedule.granularity, self.native
+            n = self.native
+            g = self.source.granularity if self.source.granularity in n.results else self.schedule.granularity
             searched = list(n.results.values())  # the levels it searched (native_granularities)
             doc["native"] = {"energy_saved_pct": n.energy_saved_pct(g), "slowdown_pct": n.slowdown_pct(g),
                              "slowdown_bound_pct": n.slowdown_bound_pct(g),
@@ -145,7 +170,13 @@ class TransferReport:
         transferred_from = {"workload": source["workload"], "granularity": source["granularity"],
                             "max_slowdown": source["max_slowdown"],
                             "created_utc": source["provenance"].get("created_utc")}  # fmt: skip
-        if self.schedule.granularity == "phase":
+        kept = self._kept_reallocation()
+        if self.schedule.granularity == "phase" and kept is None:
+            if not self._figures(self.transferred)["within_budget"]:
+                raise ClockTableError(
+                    f"as transferred, the phase schedule takes {self._figures(self.transferred)['slowdown_pct']:+.2f} "
+                    f"% time on the target, past the {100 * self.max_slowdown:g} % budget; search the target "
+                    "instead")  # fmt: skip
             base = self.baseline
             validated = {**self._figures(self.transferred), "time_s": self.transferred.time_s,
                          "energy_j": self.transferred.energy_j}  # fmt: skip
@@ -160,7 +191,7 @@ class TransferReport:
                                    "backend": self.backend_name, "seed": self.seed, "storage": self.storage,
                                    "transferred_from": transferred_from}}  # fmt: skip
             return ClockTable(data)
-        result = self.reallocated
+        result = kept
         if result is None:  # the table as it stands, laid onto the target and validated there
             figures = self._figures(self.transferred)
             if not figures["within_budget"]:
@@ -175,8 +206,8 @@ class TransferReport:
         table = table_from_result(self._result(result), self.schedule.granularity, self.spec,
                                   backend=self.backend_name, seed=self.seed)  # fmt: skip
         table.data["provenance"]["transferred_from"] = transferred_from
-        if self.reallocated is None:
-            transferred_from["not_reallocated"] = no_fronts_reason(self.source)
+        if kept is None:
+            transferred_from["not_reallocated"] = self.not_reallocated_reason()
         return table
 
 

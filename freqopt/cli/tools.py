@@ -164,24 +164,57 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     out = stdout_console()
     out.print(rich_table)
     out.print(f"units matched exactly / by kind / not: {t['matched_exact']} / {t['matched_by_kind']} / {t['unmatched']}")
+    search_line = _search_line(model, workload, report.source.granularity, limit, vocab_multiple)
     if not t["within_budget"]:
-        instead = ("use the re-allocated table" if report.table_path is not None else
-                   f"search this layout: freqopt search --granularity {report.schedule.granularity} ...")  # fmt: skip
+        instead = ("use the re-allocated table" if report.table_path is not None and not summary["not_reallocated"]
+                   else f"a table that holds there comes from a search of this layout: {search_line}")  # fmt: skip
         bound = ("" if t["slowdown_bound_pct"] is None
                  else f", at most {t['slowdown_bound_pct']:+.2f} % at {100 * report.confidence:g} %")  # fmt: skip
         out.print(f"as transferred, the table is not within the {limit:g} % budget on this layout "
                   f"({t['slowdown_pct']:+.2f} % time{bound}); {instead}")  # fmt: skip
     why_not = summary["not_reallocated"]
     if report.table_path is not None:
-        what = ("phase-level table for this workload" if report.schedule.granularity == "phase"
-                else "re-allocated table" if report.reallocated is not None
+        what = ("re-allocated table" if not why_not
+                else "phase-level table for this workload" if report.schedule.granularity == "phase"
                 else f"table as transferred (not re-allocated: {why_not})")  # fmt: skip
         out.print(f"{what}: {report.table_path} (and .csv); apply it with `"
                   f"{_train_line(model, workload, report.table_path, vocab_multiple, backend)}` or freqopt.DVFSRuntime",
                   soft_wrap=True)  # fmt: skip
     else:
-        out.print(f"no table written: as transferred it breaks the budget, and it cannot be re-allocated ({why_not})")
+        why = f"it cannot be re-allocated ({why_not})" if report.reallocated is None else why_not
+        out.print(f"no table written: as transferred it saves nothing within the budget, and {why}; search this "
+                  f"layout for one: {search_line}", soft_wrap=True)  # fmt: skip
     write_json(json_path, summary)
+
+
+def _model_options(model: str, workload, vocab_multiple: int | None) -> str:
+    """The options that name ``workload`` for a command: the model (an ``hf:PATH`` with PATH absolute), its layout,
+    and its micro-batch, sequence length and heads where not the model's defaults (and --vocab-multiple where
+    given)."""
+    from pathlib import Path
+
+    from freqopt.workload.models import get_workload
+    from freqopt.workload.models.hf import is_hf_model
+
+    default = get_workload(model)
+    name = f"hf:{Path(model[3:]).resolve()}" if is_hf_model(model) else model
+    line = f"--model {name} --layout {workload.layout}"
+    if workload.micro_batch_size != default.micro_batch_size:
+        line += f" --micro-batch-size {workload.micro_batch_size}"
+    if workload.config.seq_len != default.config.seq_len:
+        line += f" --seq-len {workload.config.seq_len}"
+    if workload.config.n_heads != default.config.n_heads:
+        line += f" --n-heads {workload.config.n_heads}"
+    if vocab_multiple is not None:
+        line += f" --vocab-multiple {vocab_multiple}"
+    return line
+
+
+def _search_line(model: str, workload, granularity: str, max_slowdown_pct: float, vocab_multiple: int | None) -> str:
+    """The `freqopt search` command of ``workload`` at ``granularity`` within ``max_slowdown_pct`` (%): the native
+    search whose table holds on this layout."""
+    return (f"freqopt search {_model_options(model, workload, vocab_multiple)} --granularity {granularity} "
+            f"--max-slowdown {max_slowdown_pct:g}%")
 
 
 def _train_line(model: str, workload, table_path, vocab_multiple: int | None, backend: str = "sim") -> str:
@@ -194,20 +227,7 @@ def _train_line(model: str, workload, table_path, vocab_multiple: int | None, ba
 
     from freqopt.cli.suggest import backend_options
 
-    from freqopt.workload.models import get_workload
-    from freqopt.workload.models.hf import is_hf_model
-
-    default = get_workload(model)
-    name = f"hf:{Path(model[3:]).resolve()}" if is_hf_model(model) else model
-    line = f"freqopt train --model {name} --layout {workload.layout}"
-    if workload.micro_batch_size != default.micro_batch_size:
-        line += f" --micro-batch-size {workload.micro_batch_size}"
-    if workload.config.seq_len != default.config.seq_len:
-        line += f" --seq-len {workload.config.seq_len}"
-    if workload.config.n_heads != default.config.n_heads:
-        line += f" --n-heads {workload.config.n_heads}"
-    if vocab_multiple is not None:
-        line += f" --vocab-multiple {vocab_multiple}"
+    line = f"freqopt train {_model_options(model, workload, vocab_multiple)}"
     options = backend_options(backend, multi_gpu=not workload.layout.is_single_gpu)
     return f"{line} --table {Path(table_path).resolve()} {' '.join(options)}"
 
