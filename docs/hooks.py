@@ -58,17 +58,19 @@ def provenance_table() -> str:
 
 
 def real_steps_table() -> str:
-    """The shared real whole steps beside the simulated ones: cd5ee2c's (before the H200 fit: the H200's as
-    h200_check_residuals.json records device_check.json's, the H100's in h100_whole_steps_residuals_cd5ee2c.json) and
-    today's with the step left out of the fits that use the steps (the H200's host factor: h200_check_residuals.json's
-    host.leave_one_out; the H100's kernel classes and host factor: h100_whole_steps_loo.json), all in experiments/."""
+    """The shared real whole steps beside the simulated ones: the simulated GPU's before its fit on them (the H200's
+    as h200_check_residuals.json records device_check.json's, the H100's in the one h100_whole_steps_residuals_*.json)
+    and the fitted one's with the step left out of the fits that use the steps (the H200's host
+    factor: h200_check_residuals.json's host.leave_one_out; the H100's kernel classes and host factor:
+    h100_whole_steps_loo.json), all in experiments/."""
     import json
 
     exp = ROOT / "experiments"
     h200 = json.loads((exp / "h200_check_residuals.json").read_text())
     h200_loo = {r["step"]: r for r in h200["host"]["leave_one_out"]}
     h100_loo = json.loads((exp / "h100_whole_steps_loo.json").read_text())["steps"]
-    h100_before = {r["step"]: r for r in json.loads((exp / "h100_whole_steps_residuals_cd5ee2c.json").read_text())["steps"]}
+    (before,) = exp.glob("h100_whole_steps_residuals_*.json")  # exactly one: the unfitted GPU's residuals
+    h100_before = {r["step"]: r for r in json.loads(before.read_text())["steps"]}
     lines = ["| GPU | step | time: before / after, left out (%) | energy: before / after, left out (%) |",
              "|---|---|---:|---:|"]
     for r in h200["steps"]:

@@ -159,7 +159,7 @@ def search(
     from freqopt.resolve import open_backend, resolve_trace_or_workload
 
     # Every check before any work or any file is touched; those that need no model built (nor PyTorch imported)
-    # first, so that a wrong argument is refused at once (issue 38, item 4).
+    # first, so that a wrong argument is refused at once.
     checked = _check_arguments(model_or_trace, max_slowdown=max_slowdown, gpu=gpu, granularity=granularity,
                                backend=backend, seed=seed, n_trials=n_trials, n_jobs=n_jobs,
                                switch_latency_ms=switch_latency_ms, confidence=confidence, host=host)  # fmt: skip
@@ -384,7 +384,7 @@ def search_pipeline(
     from freqopt.pipeline.dag import schedule_dag
     from freqopt.resolve import check_workload_arguments, resolve_gpu
 
-    # The checks that need no model built first, before the modules that load PyTorch and Optuna (issue 51, item 1).
+    # The checks that need no model built first, before the modules that load PyTorch and Optuna.
     slowdown = parse_slowdown(max_slowdown)
     confidence = check_confidence(confidence)
     _check_micro_batches(micro_batches)

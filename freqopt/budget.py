@@ -54,7 +54,7 @@ def parse_slowdown(value: float | str, *, argument: str = "max_slowdown") -> flo
 
 
 # The confidence at which a schedule's slowdown is promised to be within the budget: its upper one-sided confidence
-# bound must be (issue 35, item 1). 95 % is the field's default one-sided level; 0.5 judges on the mean alone.
+# bound must be. 95 % is the field's default one-sided level; 0.5 judges on the mean alone.
 DEFAULT_CONFIDENCE = 0.95
 
 # Schedules confirmed at most, least energy first, on fresh readings after a level's choice before it falls back to

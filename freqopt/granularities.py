@@ -1,6 +1,6 @@
 """The one-GPU search's granularities, by name, without the search (no Optuna or PyTorch import): so that a wrong
-name is refused at once (issue 38, item 4). freqopt.search.units partitions a trace at each. Also a pipeline
-search's (freqopt.pipeline.config; issue 51, item 1)."""
+name is refused at once. freqopt.search.units partitions a trace at each. Also a pipeline
+search's (freqopt.pipeline.config)."""
 
 from __future__ import annotations
 

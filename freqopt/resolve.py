@@ -44,8 +44,8 @@ def check_workload_arguments(model, *, micro_batch_size: int | None = None, seq_
     overrides given with a Workload, a model that is neither a name nor a Workload, the layout's text, the model's
     name (freqopt.workload.model_names.check_model_name; an ``hf:PATH`` passes, its config is read later) and the
     overrides that must be positive integers (for ``hf:PATH`` the micro-batch and sequence length). resolve_workload
-    runs them first; a caller that refuses a wrong argument before importing PyTorch runs them alone (issue 38, item
-    4), and the checks that need the model's configuration (heads dividing d_model and tp) come when it is resolved.
+    runs them first; a caller that refuses a wrong argument before importing PyTorch runs them alone, and
+    the checks that need the model's configuration (heads dividing d_model and tp) come when it is resolved.
 
     Returns:
         The layout the workload takes: a Workload's own, else ``layout`` parsed (one GPU where None).

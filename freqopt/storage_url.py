@@ -1,6 +1,6 @@
 """An Optuna storage URL checked without opening it (nor importing Optuna, SQLAlchemy or PyTorch), so that a search,
-a transfer or a worker refuses a wrong ``--storage`` at once, before the seconds those imports take (issue 51, item
-1); freqopt.search.storage.open_storage opens it and runs the same checks first.
+a transfer or a worker refuses a wrong ``--storage`` at once, before the seconds those imports take;
+freqopt.search.storage.open_storage opens it and runs the same checks first.
 
 URLs (freqopt.search.storage.open_storage): ``journal:PATH`` (an Optuna journal file), or an SQLAlchemy URL
 ``dialect[+driver]://...`` (sqlite:///path.db, postgresql+psycopg://user@host/db, mysql+pymysql://...).

@@ -24,7 +24,7 @@ counts the instructions of each training iteration (an ``eval_batch``'s forward 
 nothing). Both instance attributes are removed when the runtime exits. At each forward or backward pass the runtime
 checks that the pass is the one the 1F1B order expects next (else the engine runs another schedule than the plan:
 FreqoptError) and, where the pass's clock differs from the last one asked for, puts the request on the worker's queue
-(freqopt.apply.runtime's worker thread, issue 15): the training thread never calls NVML nor waits for it. On CUDA the
+(freqopt.apply.runtime's worker thread): the training thread never calls NVML nor waits for it. On CUDA the
 request carries an event recorded at the pass's start, so the worker sets the clock when the GPU reaches the pass,
 not when the host issues it. As in Perseus (Chung et al., SOSP'24: its client sets an instruction's frequency when
 the instruction begins), the clock lands one switch latency into the pass; an instruction lasts tens of

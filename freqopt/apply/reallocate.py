@@ -37,8 +37,8 @@ def no_fronts_reason(table: ClockTable) -> str:
 
     A phase-level table is a schedule of requests, laid on as it stands; an iteration-level or power-cap table holds
     one setting for the whole iteration, with nothing to share a budget between; a finer level that its search did
-    not search (the table's ``note``: a step shorter than two clock switches keeps the iteration level's clock,
-    issue 25) carries no units' fronts; otherwise an older freqopt wrote it."""
+    not search (the table's ``note``: a step shorter than two clock switches keeps the iteration level's clock)
+    carries no units' fronts; otherwise an older freqopt wrote it."""
     if has_fronts(table):
         return ""
     if table.is_phase_schedule:
@@ -133,7 +133,7 @@ def reallocate(schedule: TransferredSchedule, table: ClockTable, backend: Backen
 
 def _one_clock_result(schedule: TransferredSchedule, backend: Backend, config: SearchConfig, validator: Validator,
                       coarser: Sequence[GranularityResult]) -> GranularityResult | None:  # fmt: skip
-    """As a native search does (issue 25): where the target realizes one clock only (one_clock_reason) and
+    """As a native search does: where the target realizes one clock only (one_clock_reason) and
     ``coarser`` holds its iteration level, that level's clock at the schedule's granularity, costing what the coarser
     levels cost; None otherwise."""
     trace, granularity = schedule.trace, schedule.granularity

@@ -22,7 +22,7 @@ The training thread never waits for NVML: at a boundary the hook only puts (CUDA
 waits for its event (the GPU has reached the boundary; the worker waits, the training stream is never
 synchronized), lets a later request the GPU has reached too supersede it (set calls that fell behind are not
 replayed), skips a setting the GPU already holds, and calls the backend (NVML set calls block for 10-20 ms,
-ml-energy/zeus issue #29). An error in a set call is raised in the training thread at its next boundary. On exit,
+ml-energy/zeus#29). An error in a set call is raised in the training thread at its next boundary. On exit,
 error or signal the queue is drained, the worker stopped and the backend restores the GPU
 (freqopt.gpu.nvml.GPUStateGuard).
 

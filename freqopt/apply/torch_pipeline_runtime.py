@@ -1,4 +1,4 @@
-"""The DVFS runtime inside a ``torch.distributed.pipelining`` schedule (issue 37, item 2).
+"""The DVFS runtime inside a ``torch.distributed.pipelining`` schedule.
 
 PyTorch's pipeline schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble, ...;
 freqopt.pipeline.schedules) run each action of a rank on its PipelineStage objects: ``forward_one_chunk`` for a
@@ -181,8 +181,8 @@ def _setting(value) -> ClockSetting:
 
 
 class StragglerFollower:
-    """Which of a pipeline's plans to run so that it ends with the slowest data-parallel pipeline (issue 37, item
-    3; freqopt.pipeline.stragglers says why): every ``every_n_steps`` steps each pipeline reports the iteration time
+    """Which of a pipeline's plans to run so that it ends with the slowest data-parallel pipeline
+    (freqopt.pipeline.stragglers says why): every ``every_n_steps`` steps each pipeline reports the iteration time
     it would take on its fastest plan - its measured time scaled by the fastest plan's predicted time over the
     running plan's - and the reports are all-reduced to their maximum, the slowest pipeline's own pace; each
     pipeline then runs the least-energy plan (the slowest of ``plans``) predicted to fit that pace, and returns to

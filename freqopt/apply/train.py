@@ -12,8 +12,8 @@ hooks and optimizer step, which mark the phases it switches at); their order doe
 the simulated GPU's figures come from the trace of the full workload, not from the CPU's run. So a step may run one
 sequence of at most 32 tokens (train_loop.batch_shape) instead of the workload's micro-batch: the same requests,
 switches, time and energy per step, with the model, its weights and optimizer at full size: gpt3-small at 4 x 2048
-tokens took 1.0 s a step on a 2-core CPU (2026-11-28; the whole run of 8 steps 23 s), where issue 51 measured 127 s a
-step at full size; only the loss is the small batch's. It is what ``freqopt search`` suggests on the simulated GPU, so
+tokens takes 1.0 s a step on a 2-core CPU (the whole run of 8 steps 23 s), where a step at full size takes 127 s;
+only the loss is the small batch's. It is what ``freqopt search`` suggests on the simulated GPU, so
 that the suggested run finishes where the search ran. On a real GPU (nvml) the step measured is the step run, and
 small_step is refused.
 

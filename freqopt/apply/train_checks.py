@@ -1,6 +1,6 @@
 """The checks of a training run's arguments that need no model built (nor PyTorch imported), and its table read:
 freqopt.apply.train.plan_training runs them first, and the command line runs them before it imports the modules that
-load PyTorch, so that a wrong argument is refused at once (issue 38, item 4). Also the check that this torch can
+load PyTorch, so that a wrong argument is refused at once. Also the check that this torch can
 train on a device (check_training_device), which imports PyTorch when it is called.
 """
 

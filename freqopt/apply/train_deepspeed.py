@@ -35,8 +35,8 @@ def init_distributed(*, on_cuda: bool, on_status=None) -> None:
 
     On CPU ranks DeepSpeed's communication backend would first JIT-compile its shared-memory all-reduce
     (ShareMemCommBuilder, op ``deepspeed_shm_comm``; deepspeed/comm/torch.py, build_shm_op, DeepSpeed 0.19), even
-    with DS_BUILD_OPS=0, which only governs what ``pip install`` prebuilds: 2 min 24 s of silent compiling on a
-    loaded 2-core CPU (measured 2026-11-28; about 4 minutes in issue 51) the first time, cached under
+    with DS_BUILD_OPS=0, which only governs what ``pip install`` prebuilds: 2 min 24 s to about 4 minutes of silent
+    compiling on a loaded 2-core CPU the first time, cached under
     ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR) afterwards. Only DeepSpeed's
     ``inference_all_reduce`` uses that op (AutoTP's row-parallel layers), and without it that call is
     ``torch.distributed.all_reduce`` over gloo, the same sum; so the op is marked incompatible in

@@ -26,8 +26,8 @@ __all__ = ["SMALL_STEP_MICRO_BATCH_SIZE", "SMALL_STEP_SEQ_LEN", "StepRecord", "T
            "synthetic_batch", "train"]
 
 # train's small_step: the batch each step runs on this machine's CPU, one sequence of at most 32 tokens. Chosen, not
-# derived: a gpt3-small step (125 M parameters, FP32 AdamW) took 1.0 s on a 2-core CPU (2026-11-28), where its full
-# 4 x 2048 tokens took 127 s (issue 51), and it still runs every module the phases hook.
+# derived: a gpt3-small step (125 M parameters, FP32 AdamW) takes 1.0 s on a 2-core CPU, where its full
+# 4 x 2048 tokens take 127 s, and it still runs every module the phases hook.
 SMALL_STEP_MICRO_BATCH_SIZE = 1
 SMALL_STEP_SEQ_LEN = 32
 

@@ -1,6 +1,6 @@
 """The checks of a transfer's arguments that need no model built (nor PyTorch imported), and its source table read:
 freqopt.apply.transfer.transfer runs them first, and the command line runs them before it imports the modules that
-load PyTorch, so that a wrong argument is refused at once (issue 38, item 4).
+load PyTorch, so that a wrong argument is refused at once.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
 
     from freqopt.pipeline.plan_checks import check_plan_arguments
 
-    # The library's checks that need no solver, before the planner's modules (and PyTorch) load (issue 51, item 1).
+    # The library's checks that need no solver, before the planner's modules (and PyTorch) load.
     checked = check_plan_arguments(stage_profile, micro_batches, max_slowdown=max_slowdown,
                                    n_points=frontier_points if json_path else None, stages=stages,
                                    blocking_power_w=blocking_power_w, gpu=gpu, schedule=schedule, node_limit=node_limit,
@@ -74,7 +74,7 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     from rich.console import Console
 
     # Each step said on stderr as it starts, under a spinner with the time elapsed on a terminal: the planner's
-    # build and solves take seconds to minutes, which no step of it should spend silent (issue 51, item 1).
+    # build and solves take seconds to minutes, which no step of it should spend silent.
     err = Console(stderr=True)
     status = err.status("loading the planner")
     status.start()
@@ -252,7 +252,7 @@ def stage_profile(model, out, gpu, backend, read_only, sm_clocks_mhz, sm_clock_s
                    virtual_stages=virtual_stages, partition_method=partition_method,
                    micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads, vocab_multiple=vocab_multiple,
                    seed=seed, device=device)  # fmt: skip
-    checked = check_stage_profile_arguments(model, **options)  # before PyTorch is imported (issue 38, item 4)
+    checked = check_stage_profile_arguments(model, **options)  # before PyTorch is imported
     check_positive_int("micro_batches", micro_batches, optional=True)
     _stage_profile_run(model, options, micro_batches or 2 * checked.layout.pp)
 

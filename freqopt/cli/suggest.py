@@ -2,17 +2,17 @@
 from any folder, and finishes on the machine it was suggested on.
 
 On the simulated backend (``sim``, and a search whose backend is not known) the model would otherwise train at the
-workload's full micro-batch on this machine's CPU: gpt3-small's 4 x 2048 tokens took 127 s a step on a 2-core CPU (issue
-51), eight steps by default. The suggestion adds ``--small-step`` (each step runs one short sequence on the CPU while
+workload's full micro-batch on this machine's CPU: gpt3-small's 4 x 2048 tokens take 127 s a step on a 2-core CPU,
+eight steps by default. The suggestion adds ``--small-step`` (each step runs one short sequence on the CPU while
 the simulated GPU's figures stay the full workload's: freqopt.apply.train's module docstring, "Small steps"; the
-README's main search's suggestion took 23 s in all on 2 cores, 2026-11-28), and ``--compare``, so that the run measures
+README's main search's suggestion takes 23 s in all on 2 cores), and ``--compare``, so that the run measures
 the table's saving against the default clocks in alternating blocks. On a real GPU (``nvml``) the step measured is the
 step run: the suggestion trains the full workload there (``--backend nvml``), with ``--compare``.
 
 A layout of several GPUs runs one process per rank on this machine's CPU under DeepSpeed's launcher, each step a
 collective round: the simulated suggestion adds ``--steps 2`` there (the search's pp=2 example's suggestion at the
-default 8 steps took 376 s on 2 cores beside the test suite, over the 5 minutes issue 51 allows; at 2 steps 69 s, with
-the same 25.51 % saving; 2026-11-28).
+default 8 steps takes 376 s on 2 cores beside the test suite, over the 5 minutes a suggested run may take; at 2 steps
+69 s, with the same 25.51 % saving).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def transfer(table_path, model, gpu, max_slowdown, backend, storage, out_dir, na
     check_json_path(json_path)
     from freqopt.apply.transfer_checks import check_transfer_arguments
 
-    # The library's checks that need no model built, before the modules that load PyTorch (issue 38, item 4).
+    # The library's checks that need no model built, before the modules that load PyTorch.
     check_transfer_arguments(table_path, model, gpu=gpu, max_slowdown=max_slowdown, backend=backend, n_trials=trials,
                              micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                              vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,

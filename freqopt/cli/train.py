@@ -49,7 +49,7 @@ def train(model, table_path, steps, backend, gpu, compare, read_only, device, js
     check_json_path(json_path)
     from freqopt.apply.train_checks import check_training_arguments
 
-    # The library's checks that need no model built, before the modules that load PyTorch (issue 38, item 4).
+    # The library's checks that need no model built, before the modules that load PyTorch.
     check_training_arguments(model, table=table_path, steps=steps, backend=backend, gpu=gpu, compare=compare,
                              read_only=read_only, micro_batch_size=micro_batch_size, seq_len=seq_len, n_heads=n_heads,
                              vocab_multiple=vocab_multiple, layout=layout, switch_latency_ms=switch_latency_ms,
@@ -288,7 +288,7 @@ def profile(model, gpu, backend, device, steps, sm_clock_mhz, mem_clock_mhz, pow
     check_json_path(json_path)
     from freqopt.measure.profile_checks import check_profile_arguments
 
-    # The library's checks that need no model built, before the modules that load PyTorch (issue 38, item 4).
+    # The library's checks that need no model built, before the modules that load PyTorch.
     check_profile_arguments(model, backend, gpu=gpu, device=device, steps=steps, layout=layout,
                             sm_clock_mhz=sm_clock_mhz, mem_clock_mhz=mem_clock_mhz, power_limit_w=power_limit_w,
                             host=host, **sizes)  # fmt: skip

@@ -47,7 +47,7 @@ class PowerModel:
 class WaitingPower:
     """Board power while the GPU waits with a context open and nothing to run: between the host's kernel launches,
     and blocked in a collective or P2P receive (a NCCL kernel spinning on a flag), as a function of the SM clock
-    it holds (issue 36, item 2).
+    it holds.
 
     With ``top_clocks_w`` given (a measurement at the highest clocks, the file's [waiting_power] table):
     ``P(f, m) = top_clocks_w * ((1 - clock_share) + clock_share * (V/V_max)^2 * f/f_max)

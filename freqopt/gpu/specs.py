@@ -3,7 +3,7 @@
 One TOML file per GPU type. Each file names the source of every figure (data sheet, whitepaper, an
 ``nvidia-smi -q -d SUPPORTED_CLOCKS,POWER`` dump, or the calibration fit in experiments/calibrate.py).
 
-Its [actuation] table states what a runtime can do to the GPU while a job runs (issue 22): how long an NVML clock-set
+Its [actuation] table states what a runtime can do to the GPU while a job runs: how long an NVML clock-set
 call blocks its caller, how long the clock then takes to change (request delay and transition), both as (min, max)
 ranges in ms, the resulting plausible range of the effective switch latency and the value the simulator uses
 ([model] clock_switch_ms, the cautious end where a figure is unknown), and whether the memory clock can be locked
@@ -97,10 +97,10 @@ class GPUSpec:
             fused attention, PyTorch's default on Hopper); the file's [attention_rate_rel] table.
         gemm_epilogue_rel: how much of a GEMM's output store (its M x N outputs at a copy's bandwidth) adds to its
             time after its main loop (1: all of it, the tile's epilogue not overlapped; 0: the store overlaps the
-            main loop as any traffic does, the model before issue 49); [model] gemm_epilogue_rel.
+            main loop as any traffic does); [model] gemm_epilogue_rel.
         gemm_unclocked_share: the share of a GEMM's main-loop time at the highest SM clock that does not stretch as
             the clock falls (waiting on memory and L2); at clock f its main loop takes
-            ``(1 - share) f_max / f + share`` of its time at f_max (0: all of it scales, the model before issue 49);
+            ``(1 - share) f_max / f + share`` of its time at f_max (0: all of it scales);
             [model] gemm_unclocked_share.
         conv_efficiency_rel: convolution direction ("forward", "input", "weight") -> its efficiency relative to a
             GEMM of the same implicit-GEMM shape; the file's [conv_efficiency_rel] table.

@@ -64,7 +64,7 @@ def benchmark(model, *, gpu=None, granularity: str = "kernel", max_slowdown: flo
     from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
     from freqopt.resolve import check_workload_arguments, resolve_gpu
 
-    # The checks that need no model built first, before the modules that load PyTorch and Optuna (issue 51, item 1).
+    # The checks that need no model built first, before the modules that load PyTorch and Optuna.
     slowdown = parse_slowdown(max_slowdown)
     confidence = check_confidence(confidence)
     sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,

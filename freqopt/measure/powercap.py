@@ -75,7 +75,7 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
     from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
     from freqopt.resolve import check_workload_arguments, resolve_backend, resolve_gpu, resolve_workload
 
-    # The checks that need no model built first, before the modules that load PyTorch and Optuna (issue 51, item 1).
+    # The checks that need no model built first, before the modules that load PyTorch and Optuna.
     sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,
              "vocab_multiple": vocab_multiple, "layout": layout}  # fmt: skip
     check_workload_arguments(model, **sizes)

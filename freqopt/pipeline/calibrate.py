@@ -58,7 +58,7 @@ def calibrated(planner: PipelinePlanner, realize: Callable, validator: PipelineV
                plan_with: Callable | None = None) -> Calibrated:
     """The planner's plan whose realized schedule has the least validated energy within ``max_slowdown`` (the upper
     confidence bound of its time, confirmed on fresh readings: PipelineValidator.confirm) and whose busiest GPU's
-    clock switches one runtime thread can issue (GPUSpec.max_switches_per_s; issue 35, item 6), its
+    clock switches one runtime thread can issue (GPUSpec.max_switches_per_s), its
     budget (relative to the planner's fastest plan) moved by the validated slowdown: a secant step, kept inside the
     bracket of budgets known to meet and to break the limit, else their geometric mean (as
     freqopt.search.allocation.allocate_validated). ``candidates``: schedules already measured, kept when they win
@@ -88,7 +88,7 @@ def calibrated(planner: PipelinePlanner, realize: Callable, validator: PipelineV
         try:
             plan = (plan_with or planner.plan)(max_slowdown=min(max(target, 0.0), 0.999))
         except FreqoptError:  # no plan at this budget (a solve stopped at a limit without one): nothing is learnt
-            # about the limit here, so the bracket stays as it is (issue 50: this once counted as a budget met), and
+            # about the limit here, so the bracket stays as it is (it is not a budget met), and
             # a looser budget is tried next, toward the one known to break the limit where there is one
             target = target * 1.5 + 1e-4 if breaks is None else math.sqrt((1.0 + target) * (1.0 + breaks)) - 1.0
             continue

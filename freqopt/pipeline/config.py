@@ -24,7 +24,7 @@ class PipelineSearchConfig:
         validation_max_repeats: measurements at most of a schedule whose upper confidence bound is over the limit
             while its mean is not clearly over it (PipelineValidator).
         confidence: a schedule is accepted only if the upper one-sided confidence bound of its slowdown, at this
-            level, is within the budget (issue 35, item 1); in [0.5, 1), 0.5 judging on the mean alone.
+            level, is within the budget; in [0.5, 1), 0.5 judging on the mean alone.
         max_validation_rounds: plans validated while calibrating the instruction level's deadline.
         frontier_points: deadlines of the time-energy frontier (PipelinePlanner.frontier).
         plan_rel_gap: the planner's proven relative optimality gap at which HiGHS stops (PipelinePlanner's

@@ -57,7 +57,7 @@ KINDS = (FORWARD, BACKWARD)
 # BACKWARD_INPUT, BACKWARD_WEIGHT.
 ALL_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 # "1f1b" is DeepSpeed's TrainSchedule (one_f_one_b, the default); the others are torch.distributed.pipelining's
-# schedules, their orders taken from the classes (freqopt.pipeline.schedules, issue 37).
+# schedules, their orders taken from the classes (freqopt.pipeline.schedules).
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb-v", "dualpipe-v")
 
 

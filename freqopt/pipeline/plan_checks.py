@@ -2,7 +2,7 @@
 read, the schedule, the stage count, the blocking power, the solver's limits, and the schedule's DAG built and
 matched against the profile. freqopt.pipeline.planner.PipelinePlanner runs them first; ``freqopt plan`` runs them
 (with the budget and the frontier's points, check_plan_arguments) before it imports the planner, so that a wrong
-argument is refused at once (issue 51, item 1).
+argument is refused at once.
 """
 
 from __future__ import annotations

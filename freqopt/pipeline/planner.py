@@ -44,7 +44,7 @@ it afterwards otherwise.
    profile, 8 stages, 1 % above the fastest time, M = 24: 0.73 % after 30 s, against the heuristic's 0.58 % in
    0.2 s). On BLOOM/A100 at M = 12 and 2 %, HiGHS's root node alone takes about 20 s of this restricted MILP and
    narrows the heuristic's proven gap from 0.206 % to 0.179 %; 100 nodes take 25 s, 1,000 42 s, for the same plan
-   (2-core machine, 2026-11-28). HiGHS's incumbent may overstep the deadline by its feasibility tolerance (1e-7 of
+   (2-core CPU machine). HiGHS's incumbent may overstep the deadline by its feasibility tolerance (1e-7 of
    a row: BLOOM on the A100 at M = 12 once ended 1.8e-7 s past it), so it is repaired to the deadline, then
    reclaimed, and replaces the plan only if cheaper: never a plan worse than the heuristic's, never one past the deadline.
 

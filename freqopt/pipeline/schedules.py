@@ -1,4 +1,4 @@
-"""Pipeline schedules as PyTorch's ``torch.distributed.pipelining`` orders them, as instruction DAGs (issue 37).
+"""Pipeline schedules as PyTorch's ``torch.distributed.pipelining`` orders them, as instruction DAGs.
 
 Each schedule class of ``torch.distributed.pipelining.schedules`` computes, when it is built, every rank's list of
 actions for one iteration (its ``pipeline_order``: compute actions F, B, I, W and, for DualPipeV, overlapped F+B

@@ -4,7 +4,7 @@ clock for the whole iteration ("iteration"), one per stage that never switches (
 
 Stage level. One SM clock per stage for all its instructions (PipelinePlanner.plan_stage_clocks on the instruction
 level's fronts), validated like the others: what balancing the stages gives without a single clock switch, the
-baseline that separates that from what switching per instruction adds (issue 34).
+baseline that separates that from what switching per instruction adds.
 
 Iteration level. One SM clock for every GPU of the pipeline for the whole iteration: a Bayesian study
 (freqopt.search.study.search_unit, Optuna's GPSampler, constrained to the budget's neighbourhood) whose every
@@ -25,8 +25,8 @@ Switches. A runtime asks for a clock at an instruction's start and it lands ``sp
 plan is realized before it is measured: asked for one switch latency ahead, the faster clock held over its
 neighbours, so that no instruction runs slower than planned (freqopt.pipeline.realize). The planner's deadline
 is then calibrated by validating the realized plan on the noisy pipeline with switch latency (a secant step on the
-upper confidence bound of the validated slowdown, from readings paired with the defaults' (PipelineValidator; issue
-35, item 1), inside the bracket of deadlines known to meet and to break the budget, as
+upper confidence bound of the validated slowdown, from readings paired with the defaults' (PipelineValidator),
+inside the bracket of deadlines known to meet and to break the budget, as
 freqopt.search.allocation does for the other levels; freqopt.pipeline.calibrate), keeping the least validated energy whose bound is within the
 budget; the
 iteration level's clock (validated) and the defaults are candidates, so the instruction level never ends worse.
@@ -293,7 +293,7 @@ def _since(validator: PipelineValidator) -> tuple[float, int, float]:
 
 
 def _stage_level(run: _Search, fronts: _Fronts, candidates: list[Candidate]) -> PipelineLevelResult:
-    """One clock per stage, never switching: what balancing the stages alone gives (issue 34). Its requests are its
+    """One clock per stage, never switching: what balancing the stages alone gives. Its requests are its
     clocks (nothing to ask ahead); it counts the fronts' measurements as its own."""
     since = _since(run.validator)
     stage = calibrated(fronts.planner, _as_planned, run.validator, run.baseline, run.max_slowdown,
@@ -380,7 +380,7 @@ def run_pipeline_search(stage_traces: Sequence, spec: GPUSpec, micro_batches: in
 def _with_waiting_range(levels: dict, stage_traces: Sequence, spec: GPUSpec, micro_batches: int,
                         pipeline: SimulatedPipeline) -> dict:
     """``levels`` with each level's noiseless saving at the two ends of the blocked GPUs' power range
-    (PipelineLevelResult.saving_pct_waiting_range; freqopt.gpu.specs.WaitingPower, issue 36, item 2): the level's
+    (PipelineLevelResult.saving_pct_waiting_range; freqopt.gpu.specs.WaitingPower): the level's
     requests as validated (with switch latency) against the defaults, on ``pipeline`` and on the same pipeline
     whose waiting power does not fall with the clock."""
     from freqopt.gpu.specs import WAITING_CLOCK_SCALES

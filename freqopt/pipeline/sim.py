@@ -27,8 +27,7 @@ start, without blocking; one runtime thread per stage serves the requests one at
 ``spec.nvml_call_s`` (SetCallQueue: a request waits while the thread is busy, and one still waiting when a newer one
 comes is dropped), and a request lands ``spec.clock_switch_s`` after its call starts (SimulatedGPU's switch
 latency): until then the GPU keeps the clock it had; a kernel runs at the clock in force when it starts (as
-SimulatedGPU._delayed). Before issue 35's item 6 every request landed one latency after it was made, any number in
-flight. The measured iteration is the second of two run back to back, so it starts
+SimulatedGPU._delayed). The measured iteration is the second of two run back to back, so it starts
 with the clocks (and switches in flight) the plan leaves at the end of an iteration, as in steady training.
 ``switching=False`` lands every request at once (the free-switching ideal).
 
@@ -38,7 +37,7 @@ nothing yet: no FLOPs and no bytes, so it draws the GPU's waiting power at the c
 (freqopt.gpu.backends.physics.waiting_power_w, ``blocked_power_w``): static plus clock-dependent power. Perseus
 measured this power on P2P-blocked GPUs, 83.64 W on an A100 SXM and 70.38 W on an A40 (Chung et al., SOSP'24;
 github.com/ml-energy/zeus, branch ``kronos``, lowtime/scripts/perseus.py), which the A100's and A40's GPU files
-take as their waiting power at the highest clocks (issue 36, item 2); how much of it falls at a lower clock is
+take as their waiting power at the highest clocks; how much of it falls at a lower clock is
 a range (freqopt.gpu.specs.WaitingPower). ``perseus_blocking_power_w`` returns Perseus's constants for the
 planner's accounting, which experiments/pipeline/report.md compares. The energy of an iteration is every GPU's
 instructions and optimizer step plus its blocked power over the rest of the iteration: with a constant blocked

@@ -8,7 +8,7 @@ time-energy frontier changes only column bounds:
 - ``lp(deadline_s)``: the hull LP (x relaxed to [0, 1]). The model stays in one ``highspy.Highs`` whose simplex basis
   is kept between calls, so a nearby deadline is re-solved from the last optimal basis (a hot start: on Perseus's
   BLOOM A100 profile at M = 96, 1,536 instructions x 29 options, a few to a few hundred dual simplex iterations and
-  10-170 ms, where a cold solve takes 19,120 iterations and 1.2 s; measured 2026-11-26 on the 2-core machine).
+  10-170 ms, where a cold solve takes 19,120 iterations and 1.2 s, on a 2-core CPU machine).
 - ``milp(deadline_s, fixed=..., start=...)``: the MILP, optionally with some instructions fixed to one option, a
   feasible start (HiGHS's ``setSolution``), a node limit (HiGHS's ``mip_max_nodes``), a relative gap and, only if
   the caller asks, a time limit; its incumbent, its proven dual bound and why it stopped come back.
@@ -45,10 +45,10 @@ _POLL_S = 0.05
 LP_ITERATION_LIMIT = 1_000_000
 # The branch-and-bound nodes of one planner MILP solve (the whole MILP for "exact", the fractional instructions' for
 # "hull"; freqopt.pipeline.planner) unless its node_limit says otherwise: a limit of work, so a plan does not depend
-# on the machine's speed or load. Measured on the 2-core machine, 2026-11-28 (beside a test run): issue 34's small
-# smooth case (4 stages, 22 clocks, 2 %) at 6 and 8 micro-batches takes 7 and 13 s to 100 nodes (proven gap 0.090 %
-# and 0.135 %, from the heuristic's 0.145 % and 0.191 %) and 10 and 19 s to 1,000 (0.079 %, 0.134 %); BLOOM/A100 at
-# M = 12 and 2 % takes 25 s to 100 nodes and 42 s to 1,000, for the same plan.
+# on the machine's speed or load. On a 2-core CPU machine beside a test run, the small smooth case of
+# tests/test_pipeline_plan.py (smooth_profile: 4 stages, 22 clocks, 2 %) at 6 and 8 micro-batches takes 7 and 13 s
+# to 100 nodes (proven gap 0.090 % and 0.135 %, from the heuristic's 0.145 % and 0.191 %) and 10 and 19 s to 1,000
+# (0.079 %, 0.134 %); BLOOM/A100 at M = 12 and 2 % takes 25 s to 100 nodes and 42 s to 1,000, for the same plan.
 DEFAULT_NODE_LIMIT = 100
 # How long (s) a Ctrl-C waits for HiGHS to stop before it reaches the caller anyway.
 _CANCEL_WAIT_S = 0.3

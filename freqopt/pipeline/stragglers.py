@@ -1,4 +1,4 @@
-"""Stragglers: data-parallel pipelines wait for the slowest, so the others can run slower for free (issue 37, item 3).
+"""Stragglers: data-parallel pipelines wait for the slowest, so the others can run slower for free.
 
 In data-parallel training every pipeline's iteration ends at the gradient all-reduce, so all of them wait for the
 slowest one (a straggler: a throttled or degraded GPU, a slow node). Perseus (Chung et al., "Perseus: Reducing

@@ -1,4 +1,4 @@
-"""A pipeline search's instruction studies shared with ``freqopt worker`` processes (issue 38, item 1).
+"""A pipeline search's instruction studies shared with ``freqopt worker`` processes.
 
 The instruction level's fronts are one Optuna study per (model stage, instruction kind) (freqopt.pipeline.search,
 "Instruction level"); the studies do not couple, so they can run on as many GPUs at once. With a persistent storage

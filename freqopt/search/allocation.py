@@ -227,8 +227,7 @@ def candidate_schedules(trace: Trace, coarser: Sequence[GranularityResult], unit
                         baseline: Measurement, kernel_time_s: np.ndarray | None = None) -> list[list[ClockSetting]]:  # fmt: skip
     """The coarser granularities' validated schedules that saved energy, each laid onto ``units``
     (coarser_settings), without repeats: the candidates a finer granularity chooses among beside its allocator's
-    schedules, so that it never ends worse than one clock for the iteration, one per pass or one per phase block
-    (issue 22, item 1)."""
+    schedules, so that it never ends worse than one clock for the iteration, one per pass or one per phase block."""
     out: list[list[ClockSetting]] = []
     for result in coarser:
         if result.validated.energy_j >= baseline.energy_j:

@@ -32,7 +32,7 @@ class SearchConfig:
             budget's limit while its mean is not clearly over it (Validator.requests); it is read again, one pair
             of measurements at a time, until the bound is inside or it has this many.
         confidence: a schedule is accepted only if the upper one-sided confidence bound of its slowdown, at this
-            level, is within the budget, from readings paired with the defaults' (Validator; issue 35, item 1);
+            level, is within the budget, from readings paired with the defaults' (Validator);
             in [0.5, 1), 0.5 judging on the mean alone.
         max_validation_rounds: allocations tried before giving up on meeting the budget when validated.
         seed: seeds the samplers.
@@ -42,22 +42,22 @@ class SearchConfig:
             included; the free-switching ("ideal") figure is measured beside it.
         free_switching: with ``switching``, also search and validate each level's free-switching figure (the
             pass and kernel levels' allocations as if switching were free, even where a runtime can realize only
-            one clock: issue 35, item 3). False measures only what a runtime realizes (``freqopt benchmark``,
+            one clock). False measures only what a runtime realizes (``freqopt benchmark``,
             which prices finding the realizable schedule against a sweep).
         share_classes: at kernel level, each family of kernel classes (kind, group size and arithmetic
-            intensity: freqopt.search.units.kernel_families) shares one study and one setting (issue 25).
+            intensity: freqopt.search.units.kernel_families) shares one study and one setting.
         n_jobs: processes (joblib) that run this process's tuning units; the simulated backend only (one
             process per real GPU: start ``freqopt worker`` on each).
         max_phase_blocks: phase level: at most about this many blocks of phases (freqopt.search.schedule).
         patience: a unit's study stops before its trials are spent once this many trials in a row added nothing
             to its Pareto front near the default's time (search_unit); None (the default): every study runs all
             its trials. Off by default: at 4 it cut the kernel level's measurements on gpt3-xl / RTX 3080 Ti by a
-            third, but with free switching its saving fell from 7.40 % to 2.74 % (issue 25; 2-D fronts stall
+            third, but with free switching its saving fell from 7.40 % to 2.74 % (2-D fronts stall
             before they are explored). The phase level has its own (phase_patience).
         phase_patience: the same for the phase level's block studies, each of whose measurements is a whole
             iteration (4 by default; None: every block's study runs all its trials). At 4 it cut the phase level on
             gpt3-xl / RTX 3080 Ti (100 ms switches, 1 % budget) from 348 to 198 measurements and gpt3-xl's kernel level
-            on the H100 from 592 to 569, with the same validated savings (issue 25; the free-switching figures do
+            on the H100 from 592 to 569, with the same validated savings (the free-switching figures do
             not use the phase level).
         phase_finalist_repeats: phase level: extra measurements of each finalist. Its measurements are whole
             iterations, whose noise is large against one block's share, so it repeats more than the other levels.

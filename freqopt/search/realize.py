@@ -87,7 +87,7 @@ def phase_leaders(marks: Sequence[tuple[str, int]], units: Sequence, kernel_time
 
     realizable_settings gives each phase the setting its kernels spend most time in, so a unit that leads no
     phase never has its own setting applied: it only adds its time to the setting it shares with others. Its study
-    cannot move what a phase-switching runtime realizes except through such a coincidence (issue 25: on gpt3-xl,
+    cannot move what a phase-switching runtime realizes except through such a coincidence (on gpt3-xl,
     4 of 11 kernel families, flash attention's backward among them, lead no phase).
 
     Args:

@@ -17,7 +17,7 @@ __all__ = ["GranularityResult", "SearchResult", "HOST_BOUND_PCT", "setting_text"
 
 # A step whose GPU waits for the host for at least this share (%) of the time is host-bound enough that the output
 # says how much of its saving is the waiting GPU's (SearchResult.waiting_statement): a quarter, where the waiting
-# GPU's power is already of the order of the savings a compute-bound step sees (issue 35, item 4).
+# GPU's power is already of the order of the savings a compute-bound step sees.
 HOST_BOUND_PCT = 25.0
 
 
@@ -223,7 +223,7 @@ class SearchResult:
     def waiting_statement(self) -> str:
         """One line on how much of the saving comes from the GPU waiting for the host, where it waits for at least
         HOST_BOUND_PCT of the default step (else ""): there a lower clock saves the waiting GPU's power at no cost
-        in time, which is why such steps save far more than compute-bound ones (issue 35, item 4)."""
+        in time, which is why such steps save far more than compute-bound ones."""
         if self.host_wait_pct is None or self.host_wait_pct < HOST_BOUND_PCT:
             return ""
         shares = {g: r.waiting_saved_pct for g, r in self.results.items() if r.waiting_saved_pct is not None}
@@ -279,7 +279,7 @@ class SearchResult:
 
     def slowdown_bound_pct(self, g: str) -> float | None:
         """The upper confidence bound (%, at ``confidence``) of level ``g``'s slowdown, from its readings paired
-        with the defaults' (Measurement.time_upper_s; issue 35, item 1): the figure held to the budget. None where
+        with the defaults' (Measurement.time_upper_s): the figure held to the budget. None where
         no bound was computed (the defaults, a schedule not held to the budget)."""
         upper = self.results[g].validated.time_upper_s
         return None if upper is None else 100.0 * (upper / self.baseline.time_s - 1.0)

@@ -42,7 +42,7 @@ __all__ = ["SearchConfig", "GranularityResult", "SearchResult", "run_search", "l
            "job_mem_clock_mhz", "FREE_SWITCHING_SEARCHED", "unit_slack"]
 
 
-# The coarser schedules each clock granularity chooses among beside its own allocation (issue 22, item 1): one clock
+# The coarser schedules each clock granularity chooses among beside its own allocation: one clock
 # for the iteration, one per pass, one per phase block (the phase level's blocks only where switching has a cost:
 # with free switching the kernel level's own schedule is applied as allocated). A granularity searched without them
 # searches them first itself, so that realizable kernel >= phase, pass >= iteration >= 0 by construction.
@@ -78,7 +78,7 @@ def at_least_the_coarser_schedules(trace: Trace, result: GranularityResult,
     """``result`` (a finer level's), or the iteration or pass level's schedule where that validated less energy.
 
     Those schedules are exact on kernel classes (a class lies in one pass), but the kernel level allocates over
-    families of classes (issue 25), which may span passes, so its candidates were their projections onto the
+    families of classes, which may span passes, so its candidates are their projections onto the
     families (candidate_schedules), not always the schedules themselves. The level then ends on the coarser
     schedule as it stands, each class at its pass's setting, with that level's validated measurement and
     prediction (the same per-kernel schedule, so the same measurement); it keeps its own measurements, studies and
@@ -114,7 +114,7 @@ def _predicted_as_it_runs(result: GranularityResult, coarser: list[GranularityRe
     runs (the validator's realized requests, Validator.schedule_of) may be exactly a coarser level's, as the main
     job's gpt3-xl kernel level on the H100 runs the phase level's two blocks. Its validated figure is then that
     schedule's, and so is the prediction shown beside it (the units' sum of the per-unit settings, 6.92 % there,
-    predicted free switching, not what ran: issue 35, item 2), with a note saying so. Where it runs as another
+    predicted free switching, not what ran), with a note saying so. Where it runs as another
     schedule of one setting per phase block, requested as the phase level requests its own, the phase level's
     block model predicts it (freqopt.search.schedule.BlockModel: the blocks' in-situ changes, where the units' sum,
     measured in replay loops of each unit alone, said 6.31 % for gpt3-xl's two-setting schedule that validated
@@ -232,8 +232,7 @@ def one_clock_reason(trace: Trace, backend: Backend, config: SearchConfig, kerne
     A runtime switching clocks pays the GPU's clock-switch latency for each change; phase_blocks makes a single
     block of an iteration shorter than two latencies, or of one whose passes hold no two runs of phases at least
     one latency long each (freqopt.search.schedule), and then the pass, kernel and phase levels could only ever
-    realize the iteration level's one clock: their studies could not move the result, so they are not measured
-    (issue 25).
+    realize the iteration level's one clock: their studies could not move the result, so they are not measured.
 
     Args:
         kernel_time_s: every kernel's time at the default setting, shape (K,), s (Validator.kernel_time_s).

@@ -312,7 +312,7 @@ def search_phase_schedule(
     # same bounds. The means of the options the MILP picked as best-looking are optimistic by about that much (the
     # optimizer's curse: Smith and Winkler 2006, Management Science 52(3)); on gpt3-xl on the RTX 3080 Ti (1 %,
     # 100 ms switches, seeds 0-5) the means predicted up to 1.4 points more than validation measured, the bounds at
-    # most 0.5 (issue 25). The estimates along the SM clock are a fit on all the block's readings (_block_choices).
+    # most 0.5. The estimates along the SM clock are a fit on all the block's readings (_block_choices).
     window = 1.0 + 2 * finalist_slowdown  # the fit's window, relative to each block's own default (_block_choices)
     choices = [_block_choices(s, reference, backend.spec.sm_clocks_mhz, s.default.time_s * window) for s in searches]
     deltas = [[(dt, de) for _, dt, de in c] for c in choices]

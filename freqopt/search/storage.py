@@ -22,15 +22,15 @@ __all__ = ["open_storage", "default_storage_url", "JournalFile", "JournalFileFlo
            "study_prefix", "validation_log", "DEFAULT_JOURNAL", "LOCK_TIMEOUT_S"]
 
 DEFAULT_JOURNAL = "freqopt.journal"  # the default storage's file in a search's output folder
-_LEGACY_SQLITE = "freqopt.db"  # the default before issue 25: still used when a folder holds one and no journal
+_LEGACY_SQLITE = "freqopt.db"  # an older default: still used when a folder holds one and no journal
 LOCK_TIMEOUT_S = 60.0  # how long a writer waits for another process's lock, as SQLite's busy timeout (open_storage)
 
 
 def default_storage_url(out) -> str:
     """The storage a search in folder ``out`` uses when none is given: ``journal:OUT/freqopt.journal`` (absolute).
 
-    A folder that holds an SQLite ``freqopt.db`` and no journal (a search begun before issue 25 made the journal
-    the default) keeps ``sqlite:///OUT/freqopt.db``, so that the same command resumes that search.
+    A folder that holds an SQLite ``freqopt.db`` and no journal (a search begun by a freqopt whose default storage
+    was SQLite) keeps ``sqlite:///OUT/freqopt.db``, so that the same command resumes that search.
     """
     out = Path(out).resolve()
     if (out / _LEGACY_SQLITE).exists() and not (out / DEFAULT_JOURNAL).exists():

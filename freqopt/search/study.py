@@ -75,7 +75,7 @@ class GridGPSampler(optuna.samplers.GPSampler):
         """GPSampler.sample_relative with PyTorch's ``__torch_function__`` handling off (torch._C.DisableTorchFunction).
 
         Optuna runs the GP under ``with torch.device("cpu")`` so that a global ``torch.set_default_device("cuda")``
-        does not move its tensors (Optuna issue 6113). That context is a TorchFunctionMode: a Python call on every
+        does not move its tensors (optuna/optuna#6113). That context is a TorchFunctionMode: a Python call on every
         torch operation of the fit, a quarter of the GP's time on these small matrices. With torch-function
         handling off, no mode runs and every tensor is made on the CPU, as Optuna intends; the suggestions are the
         same (a 30-trial constrained two-objective study, same seed: identical trials, 12.4 s instead of 17.2 s;
@@ -292,7 +292,7 @@ def _budget_edges(objective: _Objective, space: str, limit_s: float) -> list[Clo
     above the energy-optimal clock) lies at its slow end. Tracks are walked from the fastest memory clock down,
     and the walk stops at the first whose fastest setting breaks the budget (slower memory is slower still). The
     memory clock's own saving at the edge (a few tenths of a percent on GDDR6X) is of the order of one reading's
-    noise, so a GP left to itself may never measure the edge at the memory clock that saves most (issue 25:
+    noise, so a GP left to itself may never measure the edge at the memory clock that saves most (on
     gpt3-xl on the RTX 3080 Ti, SM 2085 MHz at memory 9251 against 9501), nor the power limit at the edge (the
     main job's, 640 W). A time reading's noise (0.2 %) is small against one SM clock step's effect (0.7 % there),
     so first readings locate the edge.
@@ -363,7 +363,7 @@ def search_unit(
             has several. Warm-start settings are taken as given.
         patience: stop before ``n_trials`` once this many trials in a row, after the warm starts, added nothing to
             the Pareto front within ``finalist_slowdown`` of the default (_stalled): the region the allocator
-            chooses from has stopped moving, and further trials would not change its choice (issue 25). None:
+            chooses from has stopped moving, and further trials would not change its choice. None:
             always ``n_trials``.
         edge_slowdown: the budget (a fraction of the default's time) a unit that is the whole iteration is held
             to: after the study, the budget's edge at each memory clock (or in power limit) is measured and

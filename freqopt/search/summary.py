@@ -21,7 +21,7 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
         "n_measurements", "search_cost_gpu_s", "table", "note", "waiting_saved_pct", "saving_pct_waiting_range",
         "switches_per_s"}}, "n_new_measurements", "host_wait_pct", "max_switches_per_s", "confidence"}``, granularities coarse to
         fine. "slowdown_bound_pct": the upper confidence bound of the slowdown at "confidence", from readings paired
-        with the defaults', the figure held to the budget (None where none was computed; issue 35, item 1).
+        with the defaults', the figure held to the budget (None where none was computed).
         Percentages are of the baseline (validated: the whole iteration measured with the schedule as a runtime
         realizes it; ideal: with free, instant switching, kernel level only, else None; predicted: the sum of the
         units' own measurements). time_s in s, energy_j in J per iteration, search_cost_gpu_s in GPU-seconds;
@@ -29,11 +29,11 @@ def summarize(result, table_paths: Mapping[str, str | Path] | None = None) -> di
         searched itself, or which coarser level's schedule it runs as (GranularityResult.note), else None.
         "host_wait_pct": the share of the default step the GPU waits for the host; "waiting_saved_pct": the share
         of the level's noiseless saving saved while it waits; "saving_pct_waiting_range": [the noiseless saving with
-        a waiting power flat in the clock, as modelled] (freqopt.gpu.specs.WaitingPower; issue 36, item 2) (all three
-        simulated GPU only, else None; issue 35, item 4).
+        a waiting power flat in the clock, as modelled] (freqopt.gpu.specs.WaitingPower) (all three
+        simulated GPU only, else None).
         "switches_per_s": the clock switches per second the level's schedule asks for as a runtime realizes it
         (None without switching); "max_switches_per_s": the most one runtime thread can issue on this GPU
-        (GPUSpec.max_switches_per_s; issue 35, item 6).
+        (GPUSpec.max_switches_per_s).
     """
     paths = dict(table_paths or {})
     base = result.baseline

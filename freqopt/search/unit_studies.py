@@ -79,7 +79,7 @@ def _run_units(trace: Trace, backend: Backend, config: SearchConfig, work: UnitW
 def job_mem_clock_mhz(spec, n_units: int) -> int | None:
     """The memory clock the units of a granularity with ``n_units`` units are searched at: None (searched, a
     dimension) where the GPU can change its memory clock while a job runs (GPUSpec.mem_clock_runtime) or the unit
-    is the whole iteration (one setting for the job); else the GPU's highest, its default (issue 22, item 2: on
+    is the whole iteration (one setting for the job); else the GPU's highest, its default (on
     such a GPU the memory clock is a per-job setting, so a finer schedule may not change it)."""
     if n_units == 1 or len(spec.mem_clocks_mhz) == 1 or spec.mem_clock_runtime:
         return None
@@ -116,7 +116,7 @@ def run_unit_studies(
     """Partition the trace (search_units) and run (or resume) each tuning unit's study.
 
     Kernel level, with ``config.share_classes``: each family of kernel classes (kernel_families: kind, group
-    size and arithmetic intensity) is one unit, with one study and one setting (issue 25: 11 studies in place of
+    size and arithmetic intensity) is one unit, with one study and one setting (11 studies in place of
     gpt3-small's 54 classes).
 
     With a storage other processes can see, the units are a queue that ``freqopt worker`` processes join
@@ -128,7 +128,7 @@ def run_unit_studies(
             offer (the coarser granularities' choices).
         kernel_time_s: every kernel's time at the default setting, shape (K,), s, where a phase-switching runtime
             realizes the schedule (Validator.kernel_time_s, with switching costs): units that lead no phase
-            (realize.phase_leaders) are then not searched, only measured at their warm starts (issue 25). None:
+            (realize.phase_leaders) are then not searched, only measured at their warm starts. None:
             every unit is searched.
 
     Returns:

@@ -83,7 +83,7 @@ def kernel_families(trace: Trace, units: list[TuningUnit]) -> list[list[int]]:
 def family_units(trace: Trace, units: list[TuningUnit], families: list[list[int]] | None = None) -> list[TuningUnit]:
     """Kernel-class units merged by kernel_families: one unit per family, holding its classes' kernels, named
     after its representative ("CLASS +N classes" for a family of N + 1). The classes of a family sit at one place
-    on the roofline, so their best clocks coincide (issue 25): one study and one setting serve them all.
+    on the roofline, so their best clocks coincide: one study and one setting serve them all.
     ``families``: kernel_families(trace, units), where the caller has it already."""
     out = []
     for family in kernel_families(trace, units) if families is None else families:

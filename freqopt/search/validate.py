@@ -116,7 +116,7 @@ class Validator:
     """Measures whole iterations, once per distinct per-kernel schedule, and counts what that cost.
 
     Every schedule is read ``repeats`` times and its mean reported. A schedule held to a slowdown budget (measured
-    with ``limit_s``) is held to it at a stated confidence (issue 35, item 1):
+    with ``limit_s``) is held to it at a stated confidence:
 
     - Each of its readings is paired with a reading of the defaults taken just before it (candidate and default
       alternated, so that drift cancels), and it meets the limit only if the upper confidence bound of its time
@@ -267,7 +267,7 @@ class Validator:
         partly for its luck: its readings are the ones that came out fast and frugal (the winner's curse; Smith
         and Winkler 2006, Management Science 52(3)). Readings taken after the choice are independent of it, so
         their bound holds at ``confidence`` for the schedule chosen, and their mean is an unbiased figure of its
-        saving (issue 35, item 1).
+        saving.
 
         Raises:
             ValueError: ``measurement`` is not one of this validator's means.
@@ -319,7 +319,7 @@ class Validator:
     def deliverable(self, measurement: Measurement) -> bool:
         """Whether one runtime thread can issue the clock switches the schedule behind ``measurement`` asks for:
         its switches per second (switches_per_s) at most the GPU's GPUSpec.max_switches_per_s (each NVML set call
-        blocks its caller, one at a time: issue 35, item 6). A schedule that asks for more would not run as it was
+        blocks its caller, one at a time). A schedule that asks for more would not run as it was
         measured, so no level keeps one. True where nothing switches, or the GPU states no limit."""
         return not self.backend.spec.over_switch_limit(self.switches_per_s(measurement))
 
@@ -343,8 +343,8 @@ class Validator:
     def waiting_saved_pct(self, measurement: Measurement) -> float | None:
         """The share (%) of the noiseless energy saving of the schedule behind ``measurement`` (one of this
         validator's means: schedule_of) that is saved while the GPU waits for the host: at a lower clock a waiting
-        GPU draws less power at no cost in time, which is most of what a host-bound step can save (issue 35,
-        item 4). From the simulated GPU's physics (SimulatedGPU.waiting, step); None on a real GPU, for a schedule
+        GPU draws less power at no cost in time, which is most of what a host-bound step can save.
+        From the simulated GPU's physics (SimulatedGPU.waiting, step); None on a real GPU, for a schedule
         this validator did not measure, or one that saves nothing."""
         schedule = self.schedule_of(measurement)
         if self._default_step_and_wait is None or schedule is None:
@@ -370,8 +370,8 @@ class Validator:
 
     def waiting_range_saved_pct(self, measurement: Measurement) -> tuple[float, float] | None:
         """The noiseless energy saving (%) of the schedule behind ``measurement`` (one of this validator's means:
-        schedule_of) against the defaults at the two ends of the waiting GPU's power range (issue 36, item 2;
-        freqopt.gpu.specs.WaitingPower): (waiting power flat in the clock, waiting power as modelled: the
+        schedule_of) against the defaults at the two ends of the waiting GPU's power range
+        (freqopt.gpu.specs.WaitingPower): (waiting power flat in the clock, waiting power as modelled: the
         backend's own). A host-bound step's saving is mostly the waiting GPU's power, which no measurement pins
         at a locked low clock. None on a real GPU or for a schedule this validator did not measure."""
         schedule = self.schedule_of(measurement)

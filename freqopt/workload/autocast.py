@@ -5,7 +5,7 @@ dtype=torch.bfloat16)``: Hugging Face's ``Trainer(bf16=True)``, most AMP recipes
 in bf16 on a GPU. Traced where freqopt traces, it would not: on a machine without CUDA, ``torch.autocast("cuda")``
 warns "CUDA is not available ... Disabling autocast" and the step runs in fp32; and even with CUDA present, autocast
 acts on CUDA tensors only (its dispatch key), never on the meta tensors freqopt traces. The trace would hold fp32
-kernels and the simulated step would run 3-4x slower than the GPU's (issue 49: a ResNet-50 step so traced).
+kernels and the simulated step would run 3-4x slower than the GPU's (as a ResNet-50 step so traced does).
 
 ``CudaAutocast`` (a TorchFunctionMode, active while freqopt traces) applies CUDA autocast's casting policy itself,
 wherever ``torch.is_autocast_enabled("cuda")`` says a region is on, with the region's ``torch.get_autocast_dtype``:

@@ -1,5 +1,5 @@
 """The built-in models' names, without building any (no torch import): so that a wrong name is refused at once,
-before the seconds PyTorch takes to import (issue 38, item 4). freqopt.workload.models.MODELS holds their
+before the seconds PyTorch takes to import. freqopt.workload.models.MODELS holds their
 configurations, in the same order; a test keeps the two equal."""
 
 from __future__ import annotations

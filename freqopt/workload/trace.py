@@ -76,7 +76,7 @@ MODES = ("train", "inference")
 OP_KINDS = {
     "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "baddbmm": "gemm",
     # Convolutions run as cuDNN's implicit GEMMs, on tensor cores in bf16/fp16 (FLOPs from the shapes:
-    # torch.utils.flop_counter's convolution formulas; issue 36, item 3).
+    # torch.utils.flop_counter's convolution formulas).
     "convolution": "gemm", "convolution_backward": "gemm", "_convolution": "gemm",
     "flash_attention": "attention", "flash_attention_backward": "attention",
     "native_layer_norm": "normalization", "native_layer_norm_backward": "normalization",

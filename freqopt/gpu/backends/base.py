@@ -13,7 +13,7 @@ import numpy as np
 
 from freqopt.gpu.specs import GPUSpec
 
-if TYPE_CHECKING:  # annotations only: the backends' protocol loads no PyTorch (fast errors, issue 38, item 4)
+if TYPE_CHECKING:  # annotations only: the backends' protocol loads no PyTorch (fast errors)
     from freqopt.workload.kernels import Kernel
 
 __all__ = ["ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "Backend", "switch_latency"]
@@ -138,7 +138,7 @@ class MeasurementProtocol:
         A measurement replays whole steps (or whole replay loops) of ``step_s`` each: through the warm-up until
         ``warmup_s`` has passed, then through the window until ``window_s`` has (as NVMLBackend._loop and
         _timed_window run them), so each lasts a whole number of steps, at least one. A 508 s step's measurement
-        costs two steps, 1,016 s, not the 1 s of a short one (issue 35, item 7). ``step_s`` None or 0: the
+        costs two steps, 1,016 s, not the 1 s of a short one. ``step_s`` None or 0: the
         protocol's fixed durations (a step much shorter than them).
         """
         warmup_s, window_s = self.warmup_s, self.window_s(counter_period_s)

@@ -505,14 +505,14 @@ def voltage_rel(spec: GPUSpec, sm_clock_mhz: np.ndarray | float) -> np.ndarray:
 
 
 class SetCallQueue:
-    """One runtime thread serving clock-set requests one at a time (issue 35, item 6).
+    """One runtime thread serving clock-set requests one at a time.
 
     NVML serves set calls one at a time, each blocking its caller ``call_s`` (GPUSpec.nvml_call_s, the slow end of
     the GPU file's [actuation] nvml_call_ms); a request made while the thread is busy waits, and one still waiting
     when a newer request arrives is dropped (freqopt.apply.runtime's worker applies only the latest request the GPU
     has reached). The call serving a request starts at ``submit``'s time; the setting lands one switch latency
     (GPUSpec.clock_switch_s, which includes the call) after that. With ``call_s`` 0 every request is served as it is
-    made, the model before item 6.
+    made.
 
     Requests must be submitted in time order; times in s on any one origin (``shift`` moves it).
     """

@@ -374,7 +374,7 @@ class SimulatedGPU(Backend):
         its kernels: their time_s and the energy_j the GPU draws meanwhile (its waiting power at the clock it
         holds: freqopt.gpu.backends.physics.host_gaps and waiting_power_w).
         Noiseless; no GPU-seconds charged. Where a step is host-bound this is most of it, and a lower clock saves
-        energy there at no cost in time (issue 35, item 4)."""
+        energy there at no cost in time."""
         settings = [DEFAULT_SETTING] * len(kernels) if settings is None else settings
         latency = self.spec.clock_switch_s if switching else 0.0
         *_, wait_s, wait_j, _ = self._physics(kernels, settings, loop=False, switch_latency_s=latency)

@@ -79,9 +79,9 @@ TARGETS: dict[tuple[str, str], float] = {
     ("power-limit sweep", "optimal_limit_w"): 25.0,  # the energy-optimal power limit's miss, W
     ("clock sweep", "time_rel_pp"): 3.0,  # relative time at every locked clock
     ("clock sweep", "energy_rel_pp"): 4.0,
-    ("clock sweep", "optimal_clock_mhz"): 60.0,  # issue 36's: the energy-optimal clock's miss
+    ("clock sweep", "optimal_clock_mhz"): 60.0,  # the energy-optimal clock's miss, MHz
     ("kernel family", "mean_abs_pct"): 15.0,  # mean |error| of a family's shapes, % of the measured time
-    ("whole step", "time_pct"): 5.0,  # the H100's (issue 23); the H200's is 10 (TARGET_BY_GPU)
+    ("whole step", "time_pct"): 5.0,  # the H100's; the H200's is 10 (TARGET_BY_GPU)
     ("whole step", "energy_pct"): 5.0,
     ("headline figure", "figure_pp"): 8.0,  # McDonald's figures are power-limit points: the sweeps' target
 }
@@ -119,7 +119,7 @@ def tolerance(metric: str, recorded: float) -> float:
 
 
 def target(gpu: str, kind: str, metric: str) -> float | None:
-    """Issue 56's target for a metric of a data set's kind (TARGETS, TARGET_BY_GPU); None where it sets none."""
+    """The target for a metric of a data set's kind (TARGETS, TARGET_BY_GPU); None where it sets none."""
     return TARGET_BY_GPU.get((gpu, kind, metric), TARGETS.get((kind, metric)))
 
 

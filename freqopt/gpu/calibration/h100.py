@@ -10,9 +10,9 @@ holds it under the 700 W limit. Each *point* is a list of kernels replayed in a 
 * kernel classes of a gpt3-small iteration replayed by freqopt's NVML backend (``kernel_classes_replayed.json``):
   the GEMM classes and the attention forward ran as themselves; every other class ran as a device copy of its
   bytes, so it is a copy point (that is what the GPU ran). Left out: the attention backward (replayed through
-  the math path that issue 11 removed), the two vocabulary GEMMs whose N = 50257 is not a multiple of 8
-  (cuBLAS's unaligned fallback, 4.5x slower; the vocabulary is now padded to 50304), and copies of 1-100 MB,
-  which a replay loop runs from L2 (``L2_RESIDENT_BYTES``);
+  PyTorch's math path, which freqopt's attention does not take), the two vocabulary GEMMs whose N = 50257 is not a
+  multiple of 8 (cuBLAS's unaligned fallback, 4.5x slower; freqopt pads the vocabulary to 50304), and copies of
+  1-100 MB, which a replay loop runs from L2 (``L2_RESIDENT_BYTES``);
 * idle with a CUDA context at 1980 MHz (two readings, 119.5 and 128.5 W) and idle at 405 MHz without one
   (``nvidia-smi-q.txt``: 71.6 W instantaneous) pin the board's baseline power at two clocks.
 
@@ -47,8 +47,9 @@ __all__ = ["Point", "load_points", "residuals", "summarize", "fit", "FIT_PARAMET
            "voltage_floor_from"]
 
 BF16_BYTES = 2
-# Copy-replayed classes carry only their simulated time at commit d174579; their bytes are recovered from it by
-# that commit's roofline (DRAM-bound: t = bytes / (3352 GB/s x 0.9) + 4 us, h100-sxm.toml of that commit).
+# Copy-replayed classes carry only their simulated time as the replaying freqopt computed it (its version in
+# experiments/data/h100/README.md); their bytes are recovered from it by that version's roofline (DRAM-bound:
+# t = bytes / (3352 GB/s x 0.9) + 4 us, its h100-sxm.toml).
 _OLD_STREAM_BPS, _OLD_FIXED_S = 3352e9 * 0.9, 4e-6
 IDLE_CONTEXT_W = (119.47898898396062 + 128.451840689106) / 2  # microbenchmarks.json "idle", two readings
 IDLE_405_MHZ_W = 71.58  # nvidia-smi-q.txt: Instantaneous Power Draw at 405 MHz, no context
@@ -158,7 +159,7 @@ def _micro_kernel(r: dict) -> Kernel:
 
 
 def _replay_kernel(unit: dict) -> Kernel | None:
-    """The kernel that the NVML backend of d174579 ran for one kernel of a replayed class; None if excluded."""
+    """The kernel that the replaying NVML backend ran for one kernel of a replayed class; None if excluded."""
     pass_name, rest = unit["unit"].split("/", 1)
     kind, name, dtype, shapes = rest.split("|")[:4]
     if kind == "gemm":
@@ -174,7 +175,7 @@ def _replay_kernel(unit: dict) -> Kernel | None:
             return None
         b, nh, t, hs = map(int, shapes.split(",")[0].split("x"))
         flops = 4.0 * b * nh * t * t * hs
-        # Replayed at d174579, whose freqopt.flash_attention ran F.scaled_dot_product_attention on CUDA: cuDNN's
+        # Replayed by a freqopt whose freqopt.flash_attention ran F.scaled_dot_product_attention on CUDA: cuDNN's
         # kernel on this H100 (78.7 us at gpt3-small's shape, as cuDNN's on the H200, 80.7; FlashAttention-2 took
         # 128 us there: experiments/h200_check.md).
         return Kernel(SDPA_ATTENTION[0], "attention", pass_name, flops, 4.0 * BF16_BYTES * b * nh * t * hs, dtype,
@@ -245,7 +246,7 @@ def voltage_floor_from(reference: GPUSpec, *, with_knee: bool = False, target: G
 
     Why: every point here lies at 1335-1980 MHz (the GPU's default settings). They pin the voltage curve's slope
     there, not how far down it goes: the floor and the knee trade off along one line. A measured sweep of another
-    GPU pins the floor. Issue 23 carries the floor of the A100's fit on Perseus's BLOOM stage sweep
+    GPU pins the floor. The fit carries the floor of the A100's fit on Perseus's BLOOM stage sweep
     (experiments/fit_dvfs.py, experiments/dvfs_fit.md), the only fitted curve not held at its bounds (the A40's
     floor sits at its lower bound, its clock ratios pinned by the time model's split instead). The A100's knee
     does not carry: its steeper rise to the top clock puts the H100's launch-bound whole step (gpt3-small at

@@ -85,7 +85,7 @@ LAUNCH_BOUND = "gpt3-small-1-2048"  # the launch-bound step: the host's time per
 # forward, 5.93 ms backward, 2.16 ms optimizer (MixedPrecisionAdamW) per step, minimum of 40 steps, over the 151,
 # 322 and 209 kernels gpt3-small's trace has in each pass, less the 1.0 us a bare operator call takes there
 # (torch.add of two 8-element tensors): what autograd, the modules' Python and the optimizer's add per kernel.
-# Measured 2026-11-25 by experiments/fit_whole_steps.py --measure-host-split; the data cannot split the passes
+# Measured by experiments/fit_whole_steps.py --measure-host-split; the data cannot split the passes
 # (one launch-bound step), so this split is an assumption: the forward's module code costs most per kernel,
 # the backward's C++ autograd engine less, the optimizer's list code least.
 HOST_SPLIT_US = {"forward": 28.3, "backward": 17.4, "optimizer": 9.3}
