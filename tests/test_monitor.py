@@ -518,7 +518,15 @@ def test_measure_command_refuses_a_missing_or_unknown_program(nvml):
     assert nvml.calls == []  # refused before NVML was opened
 
 
-def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rapl, monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def narrow_terminal(monkeypatch):
+    """The environment that wrapped the table at 80 columns: a dumb terminal 40 columns wide."""
+    monkeypatch.setenv("COLUMNS", "40")
+    monkeypatch.setenv("TERM", "dumb")
+
+
+def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rapl, monkeypatch, tmp_path, capsys,
+                                                                       narrow_terminal):  # fmt: skip
     for gpu in nvml.gpus:
         gpu.realtime = True  # the counter advances with the wall clock, at 400 and 300 W
     monkeypatch.setattr(monitor_module, "POWERCAP_ROOT", str(rapl.root))
@@ -529,8 +537,15 @@ def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rap
     assert main(["measure", "--json", str(out), "--", sys.executable, "-c", child]) == 3
     captured = capsys.readouterr()
     assert "child out" not in captured.err  # the child's stdout is its own (not captured by capsys: a subprocess)
-    assert re.search(r"GPU 0 \(NVIDIA H100 80GB HBM3\)\s+│\s+[\d.,]+ J", captured.err)
-    assert "CPU package 0" in captured.err and "DRAM of package 0" in captured.err and "(exit status 3)" in captured.err
+    first = captured.err.splitlines()[0]  # the command on one line, however long its path
+    assert first.startswith(f"freqopt: {sys.executable} -c import sys") and first.endswith("… (exit status 3)")
+    rows = {line.split("│")[1].strip(): line.split("│")[2:] for line in captured.err.splitlines() if "│" in line}
+    assert set(rows) >= {"time", "GPU 0 (NVIDIA H100 80GB HBM3)", "GPU 1 (NVIDIA H100 80GB HBM3)", "GPUs together",
+                         "CPU package 0", "DRAM of package 0", "total energy"}, rows  # fmt: skip
+    assert re.fullmatch(r"[\d.,]+ J", rows["GPU 0 (NVIDIA H100 80GB HBM3)"][0].strip())
+    assert "every process on it (NVML energy counter)" in rows["GPU 0 (NVIDIA H100 80GB HBM3)"][1]
+    assert "idle ones too" in rows["GPUs together"][1]
+    assert "the whole socket" in rows["CPU package 0"][1] and "not the command alone" in rows["total energy"][1]
     doc = json.loads(out.read_text())
     assert (doc["returncode"], doc["exit_code"], doc["interrupted"], doc["name"]) == (3, 3, [], "command")
     assert doc["command"] == [sys.executable, "-c", child] and doc["rapl_unavailable"] is None
@@ -540,19 +555,24 @@ def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rap
     for index, power_w in (("0", 400.0), ("1", 300.0)):  # within one counter period (0.1 s) of power x time
         assert abs(doc["gpu_energy_j"][index] - power_w * t) <= power_w * 0.1 + 1.0
     assert doc["total_energy_j"] == pytest.approx(sum(doc["gpu_energy_j"].values()) + 2.5)
+    assert doc["gpu_total_energy_j"] == pytest.approx(sum(doc["gpu_energy_j"].values()))
+    assert (doc["cpu_total_energy_j"], doc["dram_total_energy_j"]) == (pytest.approx(2.5), 0.0)
+    assert doc["gpu_energy_source"] == {"0": COUNTER, "1": COUNTER} and doc["covers"] == COVERS
     assert_only_reads(nvml)
 
 
-def test_cli_exit_status_of_a_killed_command_and_of_success(nvml, monkeypatch, tmp_path, capsys):
+def test_cli_exit_status_of_a_killed_command_and_of_success(nvml, monkeypatch, tmp_path, capsys, narrow_terminal):
     monkeypatch.setattr(monitor_module, "POWERCAP_ROOT", str(tmp_path / "absent"))
     assert main(["measure", "--gpus", "none", "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
     err = capsys.readouterr().err
-    assert err.startswith("freqopt: warning: CPU and DRAM energy are not measured:") and "(exit status 137)" in err
+    assert err.startswith("freqopt: warning: CPU and DRAM energy are not measured:")
+    assert err.splitlines()[1] == f"freqopt: {sys.executable} -c import os; os.kill(os.getpid(), 9) (exit status 137)"
     assert "nothing measured" in err and " J " not in err  # no total of 0 J for energy nobody measured
     assert main(["measure", "--gpus", "0", "--", sys.executable, "-c", "pass"]) == 0
     err = capsys.readouterr().err
-    assert "GPU 0 (" in err and "GPU 1 (" not in err and "(exit status 0)" in err
-    assert "total energy (the parts above)" in err and "nothing measured" not in err
+    assert f"freqopt: {sys.executable} -c pass (exit status 0)\n" in err
+    assert "GPU 0 (" in err and "GPU 1 (" not in err and "GPUs together" not in err
+    assert "not the command alone" in err and "nothing measured" not in err
 
 
 @pytest.mark.parametrize("args, message", [
