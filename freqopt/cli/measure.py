@@ -1,6 +1,6 @@
 """``freqopt measure -- CMD [ARGS...]``: run a command in one measurement window (freqopt.measure.monitor) and
-report its time and energy per GPU, CPU package and DRAM, each with what it covers. It imports neither PyTorch nor Optuna, so a bad argument
-is refused at once."""
+report its time and energy per GPU, CPU package and DRAM, each with what it covers. It imports neither PyTorch
+nor Optuna, so a bad argument is refused at once."""
 
 from __future__ import annotations
 
