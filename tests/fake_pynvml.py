@@ -2,10 +2,12 @@
 
 It keeps real pynvml's error classes and constants (so ``except pynvml.NVMLError`` and ``e.value`` behave as with
 the real library) and models what freqopt relies on: devices with names, UUIDs and supported clock lists; a power
-limit in mW within constraints; locked SM and memory clocks and their reset; application clocks; permission (every
+limit in mW within constraints; the board's power draw (nvmlDeviceGetPowerUsage, mW: ``power_w``); locked SM and memory clocks and their reset; application clocks; permission (every
 set and reset call fails with NVML_ERROR_NO_PERMISSION unless the fake runs as "root"); and an energy counter in mJ
 that advances with a fake clock at the board's power but changes only at its update period, as real counters do.
-Every call is logged, so tests can prove which calls were made.
+A GPU can lack the energy counter (``energy_counter=False``, as before Volta) and the power reading
+(``power_reading=False``): those calls then raise NVMLError_NotSupported. Every call is logged, so tests can prove
+which calls were made.
 
 It refuses what the GPU refuses: nvmlDeviceSetMemoryLockedClocks and its reset raise NVMLError_NotSupported
 (NVML_ERROR_NOT_SUPPORTED, real pynvml's class) on a GPU whose memory clock does not lock at run time: as the
@@ -47,6 +49,7 @@ class FakeGPU:
     realtime: bool = False  # advance with the wall clock at every counter read
     mem_clock_lock: str | None = None  # "runtime", "per-job", "none"; None: as search_spaces/ says for its name
     energy_counter: bool = True  # False: nvmlDeviceGetTotalEnergyConsumption is not supported (before Volta)
+    power_reading: bool = True  # False: nvmlDeviceGetPowerUsage is not supported either
     _last_real_s: float | None = None
     _pending_mj: float = 0.0
     _since_update_s: float = 0.0
@@ -197,6 +200,13 @@ class FakeNVML:
                     g.advance(now - g._last_real_s)
                 g._last_real_s = now
             return int(g.energy_mj)
+
+        @logged
+        def nvmlDeviceGetPowerUsage(h):
+            g = gpu(h)
+            if not g.power_reading:
+                raise err(_real.NVML_ERROR_NOT_SUPPORTED)
+            return int(round(g.power_w * 1000))  # mW, as NVML gives it
 
         @logged
         def nvmlDeviceGetClockInfo(h, which):

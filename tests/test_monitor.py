@@ -1,6 +1,8 @@
 """Measurement windows (freqopt.measure.monitor) on the stand-in NVML (tests/fake_pynvml.py) and a fake powercap tree:
-exact window energies, nested and overlapping windows, refusals, RAPL's wrap-around and unreadable counters, that
-nothing is ever set on a GPU, and ``freqopt measure -- CMD`` (exit status, JSON, Ctrl-C)."""
+exact window energies, nested and overlapping windows, windows shorter than the energy counter's period (power x
+time), GPUs without an energy counter (power samples), synchronization of PyTorch's CUDA work, refusals, RAPL's
+wrap-around and unreadable counters, that nothing is ever set on a GPU, and ``freqopt measure -- CMD`` (exit status,
+JSON, Ctrl-C, a table that reads the same at any terminal width)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.nvml import NVMLError
 from freqopt.measure import monitor as monitor_module
-from freqopt.measure.monitor import EnergyMonitor, RAPLWarning, WindowMeasurement, measure_command
+from freqopt.measure.monitor import (COUNTER, COVERS, POWER_SAMPLES, POWER_X_TIME, EnergyMonitor, RAPLWarning,
+                                     ShortWindowWarning, WindowMeasurement, measure_command)  # fmt: skip
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_pynvml import SETTERS, FakeGPU, FakeNVML  # noqa: E402
@@ -31,7 +34,8 @@ TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 # The NVML calls a read-only monitor may make: discovery, names, the energy counter.
 READS = {"nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID",
-         "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetTotalEnergyConsumption"}  # fmt: skip
+         "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetTotalEnergyConsumption",
+         "nvmlDeviceGetPowerUsage"}  # fmt: skip
 
 
 class FakePowercap:
@@ -94,6 +98,27 @@ def rapl(tmp_path):
     return FakePowercap(tmp_path / "powercap")
 
 
+class FakeClock:
+    """The monitor's time.monotonic, moved only by ``advance`` (the stand-in GPUs keep their own fake time)."""
+
+    def __init__(self):
+        self.now_s = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake clock for the monitor's readings: windows last exactly what the test says."""
+    fake = FakeClock()
+    monkeypatch.setattr(monitor_module, "time", fake)
+    return fake
+
+
 def assert_only_reads(fake: FakeNVML) -> None:
     names = {c[0] for c in fake.calls}
     assert fake.set_calls() == [] and not names & set(SETTERS)
@@ -101,10 +126,13 @@ def assert_only_reads(fake: FakeNVML) -> None:
 
 
 # -- windows ---------------------------------------------------------------------------------------------------------
-def test_a_window_is_the_counters_difference_exactly(nvml, rapl):
+def test_a_window_is_the_counters_difference_exactly(nvml, rapl, clock):
     monitor = EnergyMonitor(powercap_root=rapl.root)
     assert monitor.gpu_indices == (0, 1) and monitor.rapl_unavailable is None
+    assert monitor.gpu_energy_sources == {0: COUNTER, 1: COUNTER}
+    assert monitor.counter_period_s == {0: 0.1, 1: 0.1}  # the H100's, from search_spaces/h100-sxm.toml
     monitor.begin_window("step")
+    clock.advance(1.0)
     nvml.gpus[0].energy_mj += 123_456  # mJ
     nvml.gpus[1].advance(1.0)  # 300 W for 1 s: 300 J, in ten counter updates
     rapl.add("package-0", 5_000_000)  # µJ
@@ -112,43 +140,187 @@ def test_a_window_is_the_counters_difference_exactly(nvml, rapl):
     rapl.add("core-package-0", 9_000_000)  # inside the package: not counted again
     rapl.add("psys", 7_000_000)  # the platform: not a package
     rapl.add("mmio", 8_000_000)  # package 0 again, through MMIO: not counted twice
-    time.sleep(0.01)
-    m = monitor.end_window("step")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a whole second: no short-window warning
+        m = monitor.end_window("step")
     assert isinstance(m, WindowMeasurement) and m.name == "step"
     assert m.gpu_energy_j == {0: pytest.approx(123.456, abs=1e-9), 1: pytest.approx(300.0, abs=1e-9)}
+    assert m.gpu_energy_source == {0: COUNTER, 1: COUNTER}
     assert m.cpu_energy_j == {0: pytest.approx(5.0, abs=1e-12)}
     assert m.dram_energy_j == {0: pytest.approx(1.5, abs=1e-12)}
+    assert (m.gpu_total_energy_j, m.cpu_total_energy_j, m.dram_total_energy_j) == pytest.approx((423.456, 5.0, 1.5))
     assert m.total_energy_j == pytest.approx(123.456 + 300 + 5 + 1.5, abs=1e-9)
-    assert 0.01 <= m.time_s < 5
-    assert m.summary()["gpu_energy_j"] == {"0": m.gpu_energy_j[0], "1": m.gpu_energy_j[1]}
+    assert m.time_s == pytest.approx(1.0)
+    summary = m.summary()
+    assert summary["gpu_energy_j"] == {"0": m.gpu_energy_j[0], "1": m.gpu_energy_j[1]}
+    assert summary["gpu_energy_source"] == {"0": COUNTER, "1": COUNTER} and summary["covers"] == COVERS
+    assert (summary["gpu_total_energy_j"], summary["cpu_total_energy_j"]) == pytest.approx((423.456, 5.0))
+    assert "every process" in COVERS["gpu"] and "idle" in COVERS["gpu"] and "every process" in COVERS["cpu"]
     assert_only_reads(nvml)
 
 
-def test_a_window_shorter_than_the_counters_period_reads_zero(nvml):
-    """NVML's counter moves at its update period (the stand-in's: 100 ms); half a period reads 0 J."""
+def test_a_window_shorter_than_the_counters_period_is_power_times_time_with_a_warning(nvml, clock):
+    """NVML's counter moves at its update period (the stand-in's and the H100's: 100 ms): over half a period the
+    counter reads 0 J, then a whole period's 30 J; power x time gives 15 J for each half, and a warning says so."""
     monitor = EnergyMonitor(gpu_indices=[1], cpu=False)
-    monitor.begin_window("short")
-    nvml.gpus[1].advance(0.05)
-    assert monitor.end_window("short").gpu_energy_j == {1: 0.0}
-    monitor.begin_window("next")
-    nvml.gpus[1].advance(0.05)  # the period completes inside this window: the whole 100 ms lands here
-    assert monitor.end_window("next").gpu_energy_j == {1: pytest.approx(30.0)}
+    for name in ("short", "next"):
+        monitor.begin_window(name)
+        nvml.gpus[1].advance(0.05)
+        clock.advance(0.05)
+        with pytest.warns(ShortWindowWarning) as caught:
+            m = monitor.end_window(name)
+        assert m.gpu_energy_j == {1: pytest.approx(300 * 0.05)} and m.gpu_energy_source == {1: POWER_X_TIME}
+    assert nvml.gpus[1].energy_mj == 1_000_000 + 30_000  # the counter did read 0 J, then 30 J
+    message = str(caught[0].message)
+    assert message == ("window 'next' lasted 50.0 ms, under the energy counter's update period: GPU 1 (100 ms) "
+                       "estimated as power x time (nvmlDeviceGetPowerUsage at the window's end); measure many steps "
+                       "in one window for the counter's own figure")  # fmt: skip
+    monitor.begin_window("long")  # a whole period and more: the counter's own figure, no warning
+    nvml.gpus[1].advance(0.2)
+    clock.advance(0.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = monitor.end_window("long")
+    assert m.gpu_energy_j == {1: pytest.approx(60.0)} and m.gpu_energy_source == {1: COUNTER}
 
 
-def test_windows_nest_and_overlap_each_as_if_alone(nvml, rapl):
+def test_a_short_window_without_a_power_reading_keeps_the_counter_and_says_it_may_read_zero(nvml, clock):
+    nvml.gpus[0].power_reading = False
+    monitor = EnergyMonitor(cpu=False, energy_counter_period_s=0.5)  # the period given: both GPUs' 500 ms
+    assert monitor.counter_period_s == {0: 0.5, 1: 0.5}
+    monitor.begin_window("w")
+    clock.advance(0.2)
+    for gpu in nvml.gpus:
+        gpu.advance(0.05)
+    with pytest.warns(ShortWindowWarning, match=r"GPU 1 \(500 ms\) estimated as power x time.*; GPU 0 \(500 ms\) "
+                                                r"kept the counter's difference, which may read 0 J"):  # fmt: skip
+        m = monitor.end_window("w")
+    assert m.gpu_energy_j == {0: 0.0, 1: pytest.approx(300 * 0.2)}
+    assert m.gpu_energy_source == {0: COUNTER, 1: POWER_X_TIME}
+
+
+def test_a_gpu_without_an_energy_counter_is_measured_from_power_samples_by_the_trapezoid_rule(nvml, clock):
+    """Every begin and end samples every such GPU's power, so nested windows give the trapezoid exactly: 100 W at
+    t = 0, 500 W at t = 1 s and t = 2 s."""
+    gpu = nvml.gpus[1]
+    gpu.energy_counter, gpu.power_w = False, 100.0
+    monitor = EnergyMonitor(cpu=False, power_sample_period_s=3600)  # no background sample within the test
+    assert monitor.gpu_energy_sources == {0: COUNTER, 1: POWER_SAMPLES} and set(monitor.counter_period_s) == {0}
+    monitor.begin_window("a")
+    clock.advance(1.0)
+    gpu.power_w = 500.0
+    monitor.begin_window("b")
+    clock.advance(1.0)
+    nvml.gpus[0].advance(2.0)  # the GPU with a counter: 400 W for 2 s
+    a = monitor.end_window("a")
+    b = monitor.end_window("b")
+    trapezoid_j = (100 + 500) / 2 * 1.0 + 500 * 1.0
+    assert a.gpu_energy_j == {0: pytest.approx(800.0, abs=0.01), 1: pytest.approx(trapezoid_j)}  # int mJ: 799.999
+    assert b.gpu_energy_j[1] == pytest.approx(500.0)
+    assert a.gpu_energy_source == {0: COUNTER, 1: POWER_SAMPLES}
+    monitor.begin_window("short")  # shorter than any counter period: a sampled GPU needs no estimate
+    clock.advance(0.01)
+    with pytest.warns(ShortWindowWarning, match=r"GPU 0 \(100 ms\) estimated") as caught:
+        short = monitor.end_window("short")
+    assert "GPU 1" not in str(caught[0].message)
+    assert short.gpu_energy_j[1] == pytest.approx(5.0) and short.gpu_energy_source[1] == POWER_SAMPLES
+    assert_only_reads(nvml)
+
+
+def test_power_is_sampled_in_the_background_while_a_window_is_open(nvml):
+    gpu = nvml.gpus[0]
+    gpu.energy_counter = False
+    monitor = EnergyMonitor([0], cpu=False, power_sample_period_s=0.01)
+    names = lambda: [t.name for t in threading.enumerate()]  # noqa: E731
+    assert "freqopt-power-sample" not in names()
+    with monitor.window("w") as w:
+        before = len(nvml.calls)
+        time.sleep(0.3)
+        sampled = sum(c[0] == "nvmlDeviceGetPowerUsage" for c in nvml.calls[before:])
+        assert "freqopt-power-sample" in names()
+    assert sampled >= 3  # 30 periods slept; a loaded machine may run the thread late, never not at all
+    assert "freqopt-power-sample" not in names()  # stopped with the last window
+    assert w.result.gpu_energy_j[0] == pytest.approx(400.0 * w.result.time_s, rel=1e-9)  # constant 400 W
+
+
+def test_a_gpu_with_neither_counter_nor_power_reading_is_named(nvml):
+    nvml.gpus[1].energy_counter = nvml.gpus[1].power_reading = False
+    with pytest.raises(NVMLError, match=r"gpu_indices: GPU 1 \(NVIDIA H100 80GB HBM3\) has neither an energy "
+                                        r"counter .* nor a power reading .*; leave it out") as e:  # fmt: skip
+        EnergyMonitor(cpu=False)
+    assert e.value.argument == "gpu_indices"
+    assert EnergyMonitor([0], cpu=False).gpu_indices == (0,)
+
+
+class FakeCUDA:
+    """torch.cuda's calls the monitor makes, recorded."""
+
+    def __init__(self, *, available=True, initialized=True, count=2):
+        self.available, self.initialized, self.count, self.synchronized = available, initialized, count, []
+
+    def install(self, monkeypatch):
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: self.available)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: self.initialized)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.count)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: self.synchronized.append(device))
+        return self
+
+
+def test_every_monitored_gpu_is_synchronized_at_begin_and_end_by_default(nvml, monkeypatch):
+    cuda = FakeCUDA().install(monkeypatch)
+    monitor = EnergyMonitor(cpu=False)
+    assert monitor.sync is not None
+    monitor.begin_window("w")
+    assert cuda.synchronized == [0, 1]
+    monitor.end_window("w")
+    assert cuda.synchronized == [0, 1, 0, 1]
+    cuda.synchronized.clear()
+    with EnergyMonitor([1], cpu=False).window("one"):
+        pass
+    assert cuda.synchronized == [1, 1]
+    cuda.synchronized.clear()
+    with EnergyMonitor(cpu=False, sync=False).window("off"):  # turned off: queued work may land later
+        pass
+    assert cuda.synchronized == []
+    cuda.initialized = False  # a process that never used CUDA has queued nothing: no context is made for it
+    with EnergyMonitor(cpu=False).window("no cuda work"):
+        pass
+    assert cuda.synchronized == []
+
+
+def test_without_cuda_nothing_is_synchronized_and_a_callable_sync_is_called(nvml, monkeypatch):
+    FakeCUDA(available=False).install(monkeypatch)
+    assert EnergyMonitor(cpu=False).sync is None and EnergyMonitor([], cpu=False).sync is None
+    called = []
+    monitor = EnergyMonitor(cpu=False, sync=lambda: called.append(len(monitor.open_windows)))
+    with monitor.window("w"):
+        pass
+    assert called == [0, 1]  # before the begin's reading (nothing open yet) and before the end's
+    with pytest.raises(InvalidSettingError, match="sync must be True, False or a callable, not 'yes'") as e:
+        EnergyMonitor(cpu=False, sync="yes")
+    assert e.value.argument == "sync"
+
+
+def test_windows_nest_and_overlap_each_as_if_alone(nvml, rapl, clock):
     monitor = EnergyMonitor(gpu_indices="0", powercap_root=rapl.root)
     gpu = nvml.gpus[0]
     monitor.begin_window("outer")
+    clock.advance(1.0)
     gpu.energy_mj += 1_000
     rapl.add("package-0", 1_000_000)
     monitor.begin_window("a")
     gpu.energy_mj += 2_000
     rapl.add("package-0", 2_000_000)
+    clock.advance(1.0)
     monitor.begin_window("b")  # overlaps a: begins inside it, ends after it
     gpu.energy_mj += 4_000
     rapl.add("package-0", 4_000_000)
+    clock.advance(1.0)
     assert monitor.open_windows == ("outer", "a", "b")
     a = monitor.end_window("a")
+    clock.advance(1.0)
     gpu.energy_mj += 8_000
     rapl.add("package-0", 8_000_000)
     b = monitor.end_window("b")
@@ -159,14 +331,16 @@ def test_windows_nest_and_overlap_each_as_if_alone(nvml, rapl):
     assert monitor.open_windows == ()
 
 
-def test_the_context_manager_fills_its_result_at_exit_also_on_an_exception(nvml):
+def test_the_context_manager_fills_its_result_at_exit_also_on_an_exception(nvml, clock):
     monitor = EnergyMonitor(gpu_indices=[0], cpu=False)
     with monitor.window("block") as w:
         assert w.result is None and monitor.open_windows == ("block",)
+        clock.advance(1.0)
         nvml.gpus[0].energy_mj += 42_000
     assert w.result.name == "block" and w.result.gpu_energy_j == {0: pytest.approx(42.0)}
     with pytest.raises(RuntimeError, match="boom"):
         with monitor.window("failing") as failing:
+            clock.advance(1.0)
             nvml.gpus[0].energy_mj += 1_000
             raise RuntimeError("boom")
     assert failing.result.gpu_energy_j == {0: pytest.approx(1.0)} and monitor.open_windows == ()
@@ -205,11 +379,12 @@ def test_bad_gpu_indices_are_refused(nvml, value, message):
     assert e.value.argument == "gpu_indices"
 
 
-def test_gpu_indices_follow_cuda_visible_devices(nvml, monkeypatch):
+def test_gpu_indices_follow_cuda_visible_devices(nvml, monkeypatch, clock):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     monitor = EnergyMonitor(cpu=False)
     assert monitor.gpu_indices == (0,)
     monitor.begin_window("w")
+    clock.advance(1.0)
     nvml.gpus[1].energy_mj += 5_000  # the GPU CUDA calls 0
     nvml.gpus[0].energy_mj += 9_000
     assert monitor.end_window("w").gpu_energy_j == {0: pytest.approx(5.0)}
@@ -229,14 +404,6 @@ def test_without_nvml_the_gpu_part_fails_clearly_unless_no_gpu_is_asked_for(nvml
             pass
         assert w.result.gpu_energy_j == {} and w.result.total_energy_j == 0.0 and w.result.time_s >= 0
     assert nvml.calls == []  # NVML was never touched
-
-
-def test_a_gpu_without_an_energy_counter_is_named(nvml):
-    nvml.gpus[1].energy_counter = False
-    with pytest.raises(NVMLError, match=r"gpu_indices: GPU 1 \(NVIDIA H100 80GB HBM3\) has no energy counter.*"
-                                        r"Volta or newer\); leave it out"):  # fmt: skip
-        EnergyMonitor(cpu=False)
-    assert EnergyMonitor([0], cpu=False).gpu_indices == (0,)
 
 
 # -- RAPL ----------------------------------------------------------------------------------------------------------
@@ -291,7 +458,7 @@ def _deny(monkeypatch, path: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["patched", "chmod"])
-def test_an_unreadable_counter_gives_none_and_one_warning_that_says_what_to_do(nvml, rapl, monkeypatch, how):
+def test_an_unreadable_counter_gives_none_and_one_warning_that_says_what_to_do(nvml, rapl, monkeypatch, clock, how):
     counter = rapl.zones["package-0"] / "energy_uj"
     if how == "chmod":
         if os.geteuid() == 0:
@@ -306,6 +473,7 @@ def test_an_unreadable_counter_gives_none_and_one_warning_that_says_what_to_do(n
     assert f"{counter} is readable by root only" in message
     assert f"sudo chmod o+r {rapl.root}/intel-rapl:*/energy_uj" in message and "run as root" in message
     with monitor.window("w") as w:
+        clock.advance(1.0)
         nvml.gpus[0].energy_mj += 2_000
     assert (w.result.cpu_energy_j, w.result.dram_energy_j) == (None, None)
     assert w.result.gpu_energy_j == {0: pytest.approx(2.0)} and w.result.total_energy_j == pytest.approx(2.0)
@@ -334,6 +502,10 @@ def test_bad_monitor_settings(nvml):
         EnergyMonitor([], cpu="yes")
     with pytest.raises(InvalidSettingError, match="rapl_poll_s must be positive"):
         EnergyMonitor([], rapl_poll_s=0)
+    for argument in ("power_sample_period_s", "energy_counter_period_s"):
+        with pytest.raises(InvalidSettingError, match=f"{argument} must be positive \\(seconds\\)") as e:
+            EnergyMonitor([], cpu=False, **{argument: -1.0})
+        assert e.value.argument == argument
 
 
 # -- a whole command -----------------------------------------------------------------------------------------------
@@ -346,7 +518,15 @@ def test_measure_command_refuses_a_missing_or_unknown_program(nvml):
     assert nvml.calls == []  # refused before NVML was opened
 
 
-def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rapl, monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def narrow_terminal(monkeypatch):
+    """The environment that wrapped the table at 80 columns: a dumb terminal 40 columns wide."""
+    monkeypatch.setenv("COLUMNS", "40")
+    monkeypatch.setenv("TERM", "dumb")
+
+
+def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rapl, monkeypatch, tmp_path, capsys,
+                                                                       narrow_terminal):  # fmt: skip
     for gpu in nvml.gpus:
         gpu.realtime = True  # the counter advances with the wall clock, at 400 and 300 W
     monkeypatch.setattr(monitor_module, "POWERCAP_ROOT", str(rapl.root))
@@ -357,8 +537,15 @@ def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rap
     assert main(["measure", "--json", str(out), "--", sys.executable, "-c", child]) == 3
     captured = capsys.readouterr()
     assert "child out" not in captured.err  # the child's stdout is its own (not captured by capsys: a subprocess)
-    assert re.search(r"GPU 0 \(NVIDIA H100 80GB HBM3\)\s+│\s+[\d.,]+ J", captured.err)
-    assert "CPU package 0" in captured.err and "DRAM of package 0" in captured.err and "(exit status 3)" in captured.err
+    first = captured.err.splitlines()[0]  # the command on one line, however long its path
+    assert first.startswith(f"freqopt: {sys.executable} -c import sys") and first.endswith("… (exit status 3)")
+    rows = {line.split("│")[1].strip(): line.split("│")[2:] for line in captured.err.splitlines() if "│" in line}
+    assert set(rows) >= {"time", "GPU 0 (NVIDIA H100 80GB HBM3)", "GPU 1 (NVIDIA H100 80GB HBM3)", "GPUs together",
+                         "CPU package 0", "DRAM of package 0", "total energy"}, rows  # fmt: skip
+    assert re.fullmatch(r"[\d.,]+ J", rows["GPU 0 (NVIDIA H100 80GB HBM3)"][0].strip())
+    assert "every process on it (NVML energy counter)" in rows["GPU 0 (NVIDIA H100 80GB HBM3)"][1]
+    assert "idle ones too" in rows["GPUs together"][1]
+    assert "the whole socket" in rows["CPU package 0"][1] and "not the command alone" in rows["total energy"][1]
     doc = json.loads(out.read_text())
     assert (doc["returncode"], doc["exit_code"], doc["interrupted"], doc["name"]) == (3, 3, [], "command")
     assert doc["command"] == [sys.executable, "-c", child] and doc["rapl_unavailable"] is None
@@ -368,19 +555,24 @@ def test_cli_measures_a_command_passes_its_exit_status_and_writes_json(nvml, rap
     for index, power_w in (("0", 400.0), ("1", 300.0)):  # within one counter period (0.1 s) of power x time
         assert abs(doc["gpu_energy_j"][index] - power_w * t) <= power_w * 0.1 + 1.0
     assert doc["total_energy_j"] == pytest.approx(sum(doc["gpu_energy_j"].values()) + 2.5)
+    assert doc["gpu_total_energy_j"] == pytest.approx(sum(doc["gpu_energy_j"].values()))
+    assert (doc["cpu_total_energy_j"], doc["dram_total_energy_j"]) == (pytest.approx(2.5), 0.0)
+    assert doc["gpu_energy_source"] == {"0": COUNTER, "1": COUNTER} and doc["covers"] == COVERS
     assert_only_reads(nvml)
 
 
-def test_cli_exit_status_of_a_killed_command_and_of_success(nvml, monkeypatch, tmp_path, capsys):
+def test_cli_exit_status_of_a_killed_command_and_of_success(nvml, monkeypatch, tmp_path, capsys, narrow_terminal):
     monkeypatch.setattr(monitor_module, "POWERCAP_ROOT", str(tmp_path / "absent"))
     assert main(["measure", "--gpus", "none", "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
     err = capsys.readouterr().err
-    assert err.startswith("freqopt: warning: CPU and DRAM energy are not measured:") and "(exit status 137)" in err
+    assert err.startswith("freqopt: warning: CPU and DRAM energy are not measured:")
+    assert err.splitlines()[1] == f"freqopt: {sys.executable} -c import os; os.kill(os.getpid(), 9) (exit status 137)"
     assert "nothing measured" in err and " J " not in err  # no total of 0 J for energy nobody measured
     assert main(["measure", "--gpus", "0", "--", sys.executable, "-c", "pass"]) == 0
     err = capsys.readouterr().err
-    assert "GPU 0 (" in err and "GPU 1 (" not in err and "(exit status 0)" in err
-    assert "total energy (the parts above)" in err and "nothing measured" not in err
+    assert f"freqopt: {sys.executable} -c pass (exit status 0)\n" in err
+    assert "GPU 0 (" in err and "GPU 1 (" not in err and "GPUs together" not in err
+    assert "not the command alone" in err and "nothing measured" not in err
 
 
 @pytest.mark.parametrize("args, message", [

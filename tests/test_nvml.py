@@ -73,6 +73,17 @@ def test_energy_counter_is_read_in_joules_and_moves_only_at_its_period(fake):
     assert device.energy_j() == pytest.approx(start + 400 * 0.1)
 
 
+def test_power_is_read_in_watts_and_a_missing_counter_or_reading_is_not_supported(fake):
+    device = open_devices()[1]
+    fake.gpus[1].power_w = 312.5
+    assert device.power_w() == pytest.approx(312.5)  # 312,500 mW
+    fake.gpus[1].energy_counter = fake.gpus[1].power_reading = False
+    with pytest.raises(NVMLNotSupportedError, match="nvmlDeviceGetTotalEnergyConsumption"):
+        device.energy_j()
+    with pytest.raises(NVMLNotSupportedError, match="nvmlDeviceGetPowerUsage"):
+        device.power_w()
+
+
 def test_set_without_permission_says_how_to_proceed(fake):
     device = open_devices()[0]
     with pytest.raises(GPUPermissionError, match="CAP_SYS_ADMIN.*read-only"):

@@ -13,7 +13,7 @@ NVML calls used (NVML API reference, r535+): nvmlInit, nvmlDeviceGetCount, nvmlD
 nvmlDeviceGetHandleByUUID, nvmlDeviceGetName, nvmlDeviceGetUUID, nvmlDeviceGetSupportedMemoryClocks,
 nvmlDeviceGetSupportedGraphicsClocks, nvmlDeviceGetPowerManagementLimitConstraints,
 nvmlDeviceGetPowerManagementDefaultLimit, nvmlDeviceGetPowerManagementLimit, nvmlDeviceGetTotalEnergyConsumption
-(mJ since the driver loaded, Volta+), nvmlDeviceGetClockInfo, nvmlDeviceGetApplicationsClock, and the set calls
+(mJ since the driver loaded, Volta+), nvmlDeviceGetPowerUsage (board power, mW), nvmlDeviceGetClockInfo, nvmlDeviceGetApplicationsClock, and the set calls
 nvmlDeviceSetGpuLockedClocks (Volta+), nvmlDeviceSetMemoryLockedClocks (Ampere+), their Reset calls,
 nvmlDeviceSetPowerManagementLimit (mW) and nvmlDeviceSetApplicationsClocks, each of which needs root or
 CAP_SYS_ADMIN. A call the GPU does not support raises NVMLNotSupportedError (NVML_ERROR_NOT_SUPPORTED): the memory-clock
@@ -118,9 +118,24 @@ class NVMLDevice:
         return _call("nvmlDeviceGetPowerManagementLimit", nv.nvmlDeviceGetPowerManagementLimit, self.handle) / 1000.0
 
     def energy_j(self) -> float:
-        """The cumulative energy counter, J (NVML counts mJ; converted here, once)."""
+        """The cumulative energy counter, J (NVML counts mJ; converted here, once).
+
+        Raises:
+            NVMLNotSupportedError: the GPU has no energy counter (before Volta, and some boards since).
+        """
         nv = _pynvml()
         return _call("nvmlDeviceGetTotalEnergyConsumption", nv.nvmlDeviceGetTotalEnergyConsumption, self.handle) / 1000.0
+
+    def power_w(self) -> float:
+        """The board's power draw, W (nvmlDeviceGetPowerUsage counts mW; converted here, once). NVML's reference: on
+        GA100 and older GPUs the reading is instantaneous; on other Ampere and newer GPUs it is the average over the
+        last second.
+
+        Raises:
+            NVMLNotSupportedError: the GPU has no power reading (power management not supported).
+        """
+        nv = _pynvml()
+        return _call("nvmlDeviceGetPowerUsage", nv.nvmlDeviceGetPowerUsage, self.handle) / 1000.0
 
     def sm_clock_mhz(self) -> int:
         nv = _pynvml()

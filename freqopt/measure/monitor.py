@@ -2,13 +2,28 @@
 ``end_window(name)`` (or ``with monitor.window(name)``) give the window's time and energy, per GPU through NVML and,
 where the host exposes it, per CPU package and its DRAM through RAPL; ``measure_command`` wraps a whole command.
 
+What each figure covers: a GPU's figure is its whole board (its memory included) over every process that uses
+it, and a GPU that sits idle through the window still draws its idle power; a CPU package's figure is the whole
+socket over every process on the host, and DRAM's the memory attached to it. None is the energy of one program
+alone.
+
 Sources:
     GPU energy: NVML's ``nvmlDeviceGetTotalEnergyConsumption`` (NVML API reference, Device Queries): the energy the
     GPU used since the driver was last loaded, in mJ, on Volta and newer GPUs; read through freqopt.gpu.nvml (the
     device opened read-only, so no set call can reach NVML). The counter moves at the driver's update period, not
     continuously: every 20-100 ms on recent GPUs (PETSc's PetscLogGpuEnergyMeter documentation; Zeus added
-    ``approx_instant_energy`` in v0.6.1 because windows shorter than it read 0 J): a window much shorter than that
-    may read 0 J.
+    ``approx_instant_energy`` in v0.6.1 because windows shorter than it read 0 J). The period per GPU type is the
+    ``energy_counter_period_ms`` of the search_spaces/ file that lists the GPU's NVML name (100 ms measured on the
+    H100 and H200; 20 ms on the V100, Yang et al. 2024, arXiv 2312.02741), else DEFAULT_COUNTER_PERIOD_S, 100 ms,
+    assumed as the A100's. A window shorter than its GPU's period is estimated as power x time instead
+    (``nvmlDeviceGetPowerUsage`` at the window's end), with a ShortWindowWarning.
+    GPUs without the counter (before Volta, and boards where NVML does not support it): the board's power
+    (``nvmlDeviceGetPowerUsage``, mW) sampled by a background thread every POWER_SAMPLE_PERIOD_S, 0.1 s, while a
+    window is open, and at each window's begin and end, integrated by the trapezoid rule. NVML's reference says the
+    reading is instantaneous on GA100 and older GPUs and a 1 s average on other Ampere and newer ones; 0.1 s is
+    the counter's own 100 ms period on A100-class GPUs and a tenth of that 1 s average.
+    Synchronization: with ``sync=True`` (the default) and PyTorch's CUDA available, ``torch.cuda.synchronize(i)``
+    for each monitored GPU before every reading, so that the work a window queued lands in that window.
     CPU and DRAM energy: Linux's power capping framework (kernel documentation, Documentation/power/powercap/
     powercap.rst), the RAPL zones under /sys/class/powercap: ``intel-rapl:N`` named ``package-P`` (or
     ``package-P-die-D`` on CPUs with several dies a package, summed into package P) and their subzones
@@ -41,12 +56,34 @@ from freqopt.errors import InvalidSettingError
 from freqopt.gpu.nvml import NVMLError, NVMLNotSupportedError, open_devices
 
 __all__ = ["EnergyMonitor", "WindowMeasurement", "MeasurementWindow", "CommandMeasurement", "RAPLWarning",
-           "measure_command", "parse_gpu_indices", "POWERCAP_ROOT", "RAPL_POLL_S"]  # fmt: skip
+           "ShortWindowWarning", "measure_command", "parse_gpu_indices", "counter_period_s", "POWERCAP_ROOT",
+           "RAPL_POLL_S", "POWER_SAMPLE_PERIOD_S", "DEFAULT_COUNTER_PERIOD_S", "COUNTER", "POWER_SAMPLES",
+           "POWER_X_TIME", "COVERS"]  # fmt: skip
 
 POWERCAP_ROOT = "/sys/class/powercap"
 # How often RAPL counters are read while a window is open, s: far within the time an Intel package's counter takes
 # to wrap (max_energy_range_uj, about 262 kJ, over 500 s even at 500 W), so no wrap goes unseen.
 RAPL_POLL_S = 10.0
+# How often a GPU without an energy counter has its power (nvmlDeviceGetPowerUsage) sampled while a window is open,
+# s: the counter's own 100 ms period on A100-class GPUs, and a tenth of the 1 s over which NVML averages the reading
+# on Ampere and newer GPUs other than GA100 (NVML API reference, nvmlDeviceGetPowerUsage).
+POWER_SAMPLE_PERIOD_S = 0.1
+# The energy counter's update period where no search_spaces/ file lists the GPU's NVML name, s: assumed as the
+# A100's (Yang et al. 2024, arXiv 2312.02741: about every 100 ms; the H100 and H200 measured the same).
+DEFAULT_COUNTER_PERIOD_S = 0.1
+
+# How a GPU's energy in a window was found (WindowMeasurement.gpu_energy_source).
+COUNTER = "energy counter"  # nvmlDeviceGetTotalEnergyConsumption, end minus begin
+POWER_SAMPLES = "power samples"  # nvmlDeviceGetPowerUsage every POWER_SAMPLE_PERIOD_S, trapezoid rule
+POWER_X_TIME = "power x time"  # window shorter than the counter's period: power at the end x the window's time
+
+# What each kind of figure covers, in the user's words (WindowMeasurement.summary, the CLI's table).
+COVERS = {
+    "gpu": "each GPU's whole board (its memory included), over every process on it; an idle GPU still draws power",
+    "cpu": "each CPU package whole (cores, caches, uncore), over every process on the host",
+    "dram": "the DRAM attached to each CPU package, over every process on the host",
+    "total": "the GPUs, CPU packages and DRAM measured, added: every process on those devices, not one program",
+}
 
 _ZONE = re.compile(r"intel-rapl:(\d+)")
 _SUBZONE = re.compile(r"intel-rapl:(\d+):(\d+)")
@@ -58,6 +95,29 @@ class RAPLWarning(UserWarning):
     message says why and what to do. Emitted once, when an EnergyMonitor with ``cpu="auto"`` is made."""
 
 
+class ShortWindowWarning(UserWarning):
+    """A window ended before its GPU's energy counter could move reliably (shorter than the counter's update
+    period): that GPU's energy is estimated as power x time, and the message says so and what to do. Emitted by
+    ``EnergyMonitor.end_window``."""
+
+
+def counter_period_s(gpu_name: str) -> float:
+    """The update period of ``nvmlDeviceGetTotalEnergyConsumption`` on a GPU of this NVML name, s: the
+    ``energy_counter_period_ms`` of the search_spaces/ file whose ``nvml_names`` list it, else
+    DEFAULT_COUNTER_PERIOD_S (0.1 s, assumed as the A100's)."""
+    from freqopt.errors import FreqoptError
+    from freqopt.gpu.specs import get_gpu, list_gpus
+
+    try:
+        for type_name in list_gpus():
+            spec = get_gpu(type_name)
+            if gpu_name in spec.nvml_names:
+                return spec.energy_counter_period_s
+    except (FreqoptError, OSError, ValueError):  # an unreadable GPU file: the assumed figure
+        pass
+    return DEFAULT_COUNTER_PERIOD_S
+
+
 @dataclass(frozen=True)
 class WindowMeasurement:
     """What one measurement window took.
@@ -65,12 +125,15 @@ class WindowMeasurement:
     Attributes:
         name: the window's name.
         time_s: wall-clock time from begin to end (time.monotonic), s.
-        gpu_energy_j: GPU index (the monitor's gpu_indices) -> energy, J (NVML's counter: mJ resolution, updated
-            every tens of ms). Empty when no GPU was measured.
-        cpu_energy_j: CPU package -> energy of the package (cores, caches, uncore), J (RAPL ``package-P``
-            zones); None where RAPL is not readable or was not asked for.
-        dram_energy_j: CPU package -> energy of the DRAM attached to it, J (RAPL ``dram`` subzones); None where
-            RAPL reports no DRAM domain (AMD, most desktop CPUs) or is not read.
+        gpu_energy_j: GPU index (the monitor's gpu_indices) -> energy of the whole board, J, over every process
+            on it (COVERS["gpu"]); how each was found is in gpu_energy_source. Empty when no GPU was measured.
+        cpu_energy_j: CPU package -> energy of the whole package (cores, caches, uncore), J, over every process on
+            the host (RAPL ``package-P`` zones); None where RAPL is not readable or was not asked for.
+        dram_energy_j: CPU package -> energy of the DRAM attached to it, J, over every process on the host (RAPL
+            ``dram`` subzones); None where RAPL reports no DRAM domain (AMD, most desktop CPUs) or is not read.
+        gpu_energy_source: GPU index -> how its energy was found: COUNTER ("energy counter", NVML's counter, mJ
+            resolution), POWER_SAMPLES ("power samples": no counter on this GPU, power integrated) or
+            POWER_X_TIME ("power x time": the window was shorter than the counter's update period).
     """
 
     name: str
@@ -78,23 +141,44 @@ class WindowMeasurement:
     gpu_energy_j: dict[int, float]
     cpu_energy_j: dict[int, float] | None = None
     dram_energy_j: dict[int, float] | None = None
+    gpu_energy_source: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def gpu_total_energy_j(self) -> float:
+        """Every measured GPU's energy added, J (0.0 when no GPU was measured; idle GPUs included)."""
+        return float(sum(self.gpu_energy_j.values()))
+
+    @property
+    def cpu_total_energy_j(self) -> float | None:
+        """Every CPU package's energy added, J (whole sockets, every process); None where not measured."""
+        return None if self.cpu_energy_j is None else float(sum(self.cpu_energy_j.values()))
+
+    @property
+    def dram_total_energy_j(self) -> float | None:
+        """Every package's DRAM energy added, J; None where not measured."""
+        return None if self.dram_energy_j is None else float(sum(self.dram_energy_j.values()))
 
     @property
     def total_energy_j(self) -> float:
-        """GPU, CPU-package and DRAM energy summed, J (the parts measured; DRAM is not inside a package's zone)."""
-        parts = [self.gpu_energy_j, self.cpu_energy_j or {}, self.dram_energy_j or {}]
-        return float(sum(sum(p.values()) for p in parts))
+        """GPU, CPU-package and DRAM energy added, J: the parts measured (DRAM is not inside a package's zone), each
+        a whole device over every process on it (COVERS["total"]); gpu_total_energy_j, cpu_total_energy_j and
+        dram_total_energy_j give them apart."""
+        return self.gpu_total_energy_j + (self.cpu_total_energy_j or 0.0) + (self.dram_total_energy_j or 0.0)
 
     def summary(self) -> dict:
-        """The measurement as JSON-ready values: {"name", "time_s", "gpu_energy_j", "cpu_energy_j",
-        "dram_energy_j", "total_energy_j"}, per-device figures keyed by the index as text."""
+        """The measurement as JSON-ready values: {"name", "time_s", "gpu_energy_j", "gpu_energy_source",
+        "cpu_energy_j", "dram_energy_j", "gpu_total_energy_j", "cpu_total_energy_j", "dram_total_energy_j",
+        "total_energy_j", "covers"}, per-device figures keyed by the index as text; "covers" is COVERS, what each
+        kind of figure includes."""
 
         def keyed(values):
             return None if values is None else {str(k): v for k, v in values.items()}
 
         return {"name": self.name, "time_s": self.time_s, "gpu_energy_j": keyed(self.gpu_energy_j),
-                "cpu_energy_j": keyed(self.cpu_energy_j), "dram_energy_j": keyed(self.dram_energy_j),
-                "total_energy_j": self.total_energy_j}  # fmt: skip
+                "gpu_energy_source": keyed(self.gpu_energy_source), "cpu_energy_j": keyed(self.cpu_energy_j),
+                "dram_energy_j": keyed(self.dram_energy_j), "gpu_total_energy_j": self.gpu_total_energy_j,
+                "cpu_total_energy_j": self.cpu_total_energy_j, "dram_total_energy_j": self.dram_total_energy_j,
+                "total_energy_j": self.total_energy_j, "covers": dict(COVERS)}  # fmt: skip
 
 
 @dataclass
@@ -230,12 +314,54 @@ def _difference(end: dict | None, begin: dict | None, scale: float) -> dict | No
     return {k: (end[k] - begin[k]) * scale for k in end}
 
 
+class _PowerIntegral:
+    """A GPU's energy from its power samples: ``read(now)`` samples the power and adds the trapezoid since the last
+    sample, returning the J since it was made; end minus begin of two reads is the window's energy."""
+
+    def __init__(self, device, now_s: float):
+        self.device = device
+        self.last_s, self.last_w = now_s, device.power_w()
+        self.total_j = 0.0
+
+    def read(self, now_s: float) -> float:
+        power_w = self.device.power_w()
+        self.total_j += 0.5 * (self.last_w + power_w) * (now_s - self.last_s)
+        self.last_s, self.last_w = now_s, power_w
+        return self.total_j
+
+
+def _cuda_sync(indices: tuple[int, ...]) -> Callable[[], None] | None:
+    """``torch.cuda.synchronize(i)`` for each of ``indices``, or None where PyTorch or its CUDA is missing."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+
+    def sync() -> None:
+        if not torch.cuda.is_initialized():
+            return  # this process has queued no GPU work; synchronizing would only make CUDA contexts
+        count = torch.cuda.device_count()
+        for i in indices:
+            if i < count:
+                torch.cuda.synchronize(i)
+
+    return sync
+
+
 class EnergyMonitor:
     """Measurement windows over GPU energy (NVML), CPU-package and DRAM energy (RAPL) and time.
 
     Windows are named; any number may be open at once, nested or overlapping, each measured as if it were alone
     (as ZeusMonitor's). The monitor only reads: the GPUs are opened read-only (freqopt.gpu.nvml refuses every set
-    call before it reaches NVML).
+    call before it reaches NVML). Every figure is a whole device over every process on it (COVERS): a GPU that
+    another job shares, or that sits idle, is in the figure all the same.
+
+    A GPU's energy is its energy counter's difference (COUNTER); where the GPU has no counter (before Volta, or
+    not supported) its power is sampled every ``power_sample_period_s`` while a window is open and integrated by
+    the trapezoid rule (POWER_SAMPLES); a window shorter than the counter's update period is estimated as power
+    x time, with a ShortWindowWarning (POWER_X_TIME).
 
         >>> monitor = EnergyMonitor(gpu_indices=[0])               # doctest: +SKIP
         >>> with monitor.window("step") as step:                   # doctest: +SKIP
@@ -250,37 +376,66 @@ class EnergyMonitor:
             must be readable (else an error); False: not read.
         powercap_root: the folder of the powercap zones; None: POWERCAP_ROOT, /sys/class/powercap (looked up at
             each call: tests point it at a fake tree).
-        sync: called before every reading (at each begin and end), e.g. ``torch.cuda.synchronize``, so that the
-            GPU work launched in a window is finished when it ends; None: nothing is called.
+        sync: True (the default): before every reading (each begin and end), ``torch.cuda.synchronize(i)`` for
+            each monitored GPU i, where PyTorch is installed, has CUDA, and this process has initialized it (a
+            process that never touched CUDA has queued nothing), so the GPU work launched in a window is finished
+            when it ends; CUDA must number the GPUs as NVML does (CUDA_DEVICE_ORDER=PCI_BUS_ID) for i to be the
+            same GPU. False or None: no synchronization (queued work then lands in a later window). A callable:
+            called instead, e.g. ``jax.effects_barrier``.
         rapl_poll_s: while a window is open, RAPL counters are also read in a background thread at least this
             often, s, so that a counter wrap between a window's begin and end is not missed; None: only at begin
             and end (windows shorter than the counter's wrap time, minutes, only).
+        power_sample_period_s: how often a GPU without an energy counter has its power sampled while a window is
+            open, s (POWER_SAMPLE_PERIOD_S, 0.1 s).
+        energy_counter_period_s: the energy counter's update period, s, below which a window is estimated as
+            power x time; None: per GPU, from its search_spaces/ file (counter_period_s), else 0.1 s assumed.
 
     Attributes:
         gpu_indices: the GPUs measured (tuple of indices); gpu_names: index -> the GPU's NVML name.
+        gpu_energy_sources: index -> COUNTER or POWER_SAMPLES, how that GPU's energy is read.
+        counter_period_s: index -> the energy counter's update period, s (GPUs with a counter).
+        sync: what is called before every reading, or None.
         rapl_unavailable: why CPU and DRAM energy are None (one line), or None where RAPL is read.
 
     Raises:
         InvalidSettingError: bad gpu_indices (argument ``gpu_indices``: not indices, or a GPU not visible), a bad
-            ``cpu`` value, ``cpu=True`` where RAPL cannot be read, or a non-positive rapl_poll_s.
-        NVMLError: GPUs asked for (gpu_indices None or not empty) but NVML is missing or fails, or a GPU has no
-            energy counter (before Volta); the message (about ``gpu_indices``) says to ask for no GPU to measure
-            time and CPU energy only.
+            ``cpu`` or ``sync`` value, ``cpu=True`` where RAPL cannot be read, or a non-positive rapl_poll_s,
+            power_sample_period_s or energy_counter_period_s.
+        NVMLError: GPUs asked for (gpu_indices None or not empty) but NVML is missing or fails, or a GPU has
+            neither an energy counter nor a power reading; the message (about ``gpu_indices``) says to leave it
+            out, or to ask for no GPU to measure time and CPU energy only.
     """
 
     def __init__(self, gpu_indices: Sequence[int] | str | None = None, *, cpu: bool | str = "auto",
-                 powercap_root: str | Path | None = None, sync: Callable[[], object] | None = None,
-                 rapl_poll_s: float | None = RAPL_POLL_S):  # fmt: skip
+                 powercap_root: str | Path | None = None, sync: bool | Callable[[], object] | None = True,
+                 rapl_poll_s: float | None = RAPL_POLL_S, power_sample_period_s: float = POWER_SAMPLE_PERIOD_S,
+                 energy_counter_period_s: float | None = None):  # fmt: skip
         if cpu not in (True, False, "auto"):
             raise InvalidSettingError(f"cpu must be True, False or 'auto', not {cpu!r}", argument="cpu")
-        if rapl_poll_s is not None and not rapl_poll_s > 0:
-            raise InvalidSettingError(f"rapl_poll_s must be positive (seconds) or None, not {rapl_poll_s!r}",
-                                      argument="rapl_poll_s")  # fmt: skip
+        if not (sync is None or isinstance(sync, bool) or callable(sync)):
+            raise InvalidSettingError(f"sync must be True, False or a callable, not {sync!r}", argument="sync")
+        for argument, value, optional in (("rapl_poll_s", rapl_poll_s, True),
+                                          ("power_sample_period_s", power_sample_period_s, False),
+                                          ("energy_counter_period_s", energy_counter_period_s, True)):  # fmt: skip
+            if (value is None and optional) or (isinstance(value, int | float) and value > 0):
+                continue
+            also = " or None" if optional else ""
+            raise InvalidSettingError(f"{argument} must be positive (seconds){also}, not {value!r}",
+                                      argument=argument)  # fmt: skip
         wanted = parse_gpu_indices(gpu_indices)
-        self.sync, self.rapl_poll_s = sync, rapl_poll_s
-        self._devices = self._open_gpus(wanted)
+        self.rapl_poll_s, self.power_sample_period_s = rapl_poll_s, power_sample_period_s
+        self._lock = threading.Lock()  # one reading at a time: the windows' and the background threads'
+        self._devices, self.gpu_energy_sources = self._open_gpus(wanted)
         self.gpu_indices: tuple[int, ...] = tuple(self._devices)
         self.gpu_names: dict[int, str] = {i: d.name for i, d in self._devices.items()}
+        self.counter_period_s: dict[int, float] = {
+            i: energy_counter_period_s or counter_period_s(d.name)
+            for i, d in self._devices.items() if self.gpu_energy_sources[i] == COUNTER}  # fmt: skip
+        self._integrals: dict[int, _PowerIntegral] = {}
+        if sync is True:
+            self.sync = _cuda_sync(self.gpu_indices) if self.gpu_indices else None
+        else:
+            self.sync = sync or None
         # Why CPU and DRAM energy are None; None where RAPL is read.
         self.rapl_unavailable: str | None = None
         self._rapl: _RAPL | None = None
@@ -296,14 +451,12 @@ class EnergyMonitor:
                                               argument="cpu") from None  # fmt: skip
                 warnings.warn(f"CPU and DRAM energy are not measured: {e}", RAPLWarning, stacklevel=2)
         self._open: dict[str, _Reading] = {}
-        self._lock = threading.Lock()
-        self._poll_stop: threading.Event | None = None
-        self._poll_thread: threading.Thread | None = None
+        self._threads: list[tuple[threading.Event, threading.Thread]] = []
 
     @staticmethod
-    def _open_gpus(wanted: list[int] | None) -> dict:
+    def _open_gpus(wanted: list[int] | None) -> tuple[dict, dict[int, str]]:
         if wanted == []:
-            return {}
+            return {}, {}
         try:
             devices = open_devices(read_only=True)
         except NVMLError as e:
@@ -319,45 +472,77 @@ class EnergyMonitor:
                                       f"{len(devices)} (indices 0 to {len(devices) - 1}, CUDA_VISIBLE_DEVICES order)",
                                       argument="gpu_indices")  # fmt: skip
         chosen = {i: devices[i] for i in wanted}
+        sources: dict[int, str] = {}
         for i, device in chosen.items():
             try:
                 device.energy_j()
+                sources[i] = COUNTER
+                continue
+            except NVMLNotSupportedError:
+                pass
+            try:
+                device.power_w()
             except NVMLNotSupportedError as e:
-                raise NVMLError(f"gpu_indices: GPU {i} ({device.name}) has no energy counter "
-                                "(nvmlDeviceGetTotalEnergyConsumption needs Volta or newer); leave it out",
-                                argument="gpu_indices") from e  # fmt: skip
-        return chosen
+                raise NVMLError(f"gpu_indices: GPU {i} ({device.name}) has neither an energy counter "
+                                "(nvmlDeviceGetTotalEnergyConsumption) nor a power reading (nvmlDeviceGetPowerUsage); "
+                                "leave it out", argument="gpu_indices") from e  # fmt: skip
+            sources[i] = POWER_SAMPLES
+        return chosen, sources
 
     # -- readings -------------------------------------------------------------------------------------------------
     def _read(self) -> _Reading:
         if self.sync is not None:
             self.sync()
-        now = time.monotonic()
-        gpu = {i: d.energy_j() for i, d in self._devices.items()}
-        cpu = dram = None
-        if self._rapl is not None:
-            with self._lock:
+        with self._lock:
+            now = time.monotonic()
+            gpu = {}
+            for i, device in self._devices.items():
+                if self.gpu_energy_sources[i] == COUNTER:
+                    gpu[i] = device.energy_j()
+                else:
+                    if i not in self._integrals:
+                        self._integrals[i] = _PowerIntegral(device, now)
+                    gpu[i] = self._integrals[i].read(now)
+            cpu = dram = None
+            if self._rapl is not None:
                 cpu, dram = self._rapl.read()
         return _Reading(now, gpu, cpu, dram)
 
-    def _poll(self, stop: threading.Event) -> None:
-        while not stop.wait(self.rapl_poll_s):
-            with self._lock, contextlib.suppress(OSError, ValueError):  # a failing read fails at the window's end
-                self._rapl.read()  # only to keep each zone's wrap count right
+    def _poll_rapl(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a failing read fails at the window's end
+            self._rapl.read()  # only to keep each zone's wrap count right
 
-    def _start_polling(self) -> None:
-        if self._rapl is None or self.rapl_poll_s is None or self._poll_thread is not None:
+    def _sample_power(self) -> None:
+        now = time.monotonic()
+        for integral in self._integrals.values():
+            with contextlib.suppress(NVMLError):  # a failed sample: the next one spans the gap
+                integral.read(now)
+
+    def _every(self, period_s: float, task: Callable[[], None], stop: threading.Event) -> None:
+        while not stop.wait(period_s):
+            with self._lock:
+                task()
+
+    def _start_threads(self) -> None:
+        if self._threads:
             return
-        self._poll_stop = threading.Event()
-        self._poll_thread = threading.Thread(target=self._poll, args=(self._poll_stop,), daemon=True,
-                                             name="freqopt-rapl-poll")  # fmt: skip
-        self._poll_thread.start()
+        tasks = []
+        if self._rapl is not None and self.rapl_poll_s is not None:
+            tasks.append(("freqopt-rapl-poll", self.rapl_poll_s, self._poll_rapl))
+        if POWER_SAMPLES in self.gpu_energy_sources.values():
+            tasks.append(("freqopt-power-sample", self.power_sample_period_s, self._sample_power))
+        for name, period_s, task in tasks:
+            stop = threading.Event()
+            thread = threading.Thread(target=self._every, args=(period_s, task, stop), daemon=True, name=name)
+            thread.start()
+            self._threads.append((stop, thread))
 
-    def _stop_polling(self) -> None:
-        if self._poll_thread is not None:
-            self._poll_stop.set()
-            self._poll_thread.join()
-            self._poll_thread = self._poll_stop = None
+    def _stop_threads(self) -> None:
+        for stop, _ in self._threads:
+            stop.set()
+        for _, thread in self._threads:
+            thread.join()
+        self._threads = []
 
     # -- windows --------------------------------------------------------------------------------------------------
     @property
@@ -366,7 +551,7 @@ class EnergyMonitor:
         return tuple(self._open)
 
     def begin_window(self, name: str) -> None:
-        """Begin the measurement window ``name`` (reads every counter now).
+        """Begin the measurement window ``name`` (synchronizes, then reads every counter now).
 
         Raises:
             InvalidSettingError: a window of that name is already open (argument ``name``).
@@ -375,14 +560,23 @@ class EnergyMonitor:
             raise InvalidSettingError(f"name {name!r} is already an open window; end it first, or give this one "
                                       "another name", argument="name")  # fmt: skip
         self._open[name] = self._read()
-        self._start_polling()
+        self._start_threads()
 
     def end_window(self, name: str) -> WindowMeasurement:
-        """End the measurement window ``name`` and return what it took.
+        """End the measurement window ``name`` (synchronizes, then reads every counter) and return what it took.
+
+        A GPU whose energy counter's update period (counter_period_s) is longer than the window gets power x time
+        instead of the counter's difference, which would read 0 J or a whole period's energy; a ShortWindowWarning
+        says so. Where that GPU has no power reading either, its counter difference stays, and the warning says it
+        may be 0 J.
 
         Raises:
             InvalidSettingError: no window of that name is open (never begun, or already ended; argument ``name``).
         """
+        return self._end(name, stacklevel=3)
+
+    def _end(self, name: str, *, stacklevel: int) -> WindowMeasurement:
+        """end_window's work; ``stacklevel`` points a ShortWindowWarning at the caller's line."""
         if name not in self._open:
             state = f"open: {', '.join(map(repr, self._open))}" if self._open else "no window is open"
             raise InvalidSettingError(f"name {name!r} is not an open window ({state}); begin_window({name!r}) "
@@ -390,11 +584,27 @@ class EnergyMonitor:
         end = self._read()
         begin = self._open.pop(name)
         if not self._open:
-            self._stop_polling()
-        return WindowMeasurement(name=name, time_s=end.time_s - begin.time_s,
-                                 gpu_energy_j={i: end.gpu_j[i] - begin.gpu_j[i] for i in end.gpu_j},
+            self._stop_threads()
+        time_s = end.time_s - begin.time_s
+        gpu_j = {i: end.gpu_j[i] - begin.gpu_j[i] for i in end.gpu_j}
+        source = dict(self.gpu_energy_sources)
+        short = [i for i, period_s in self.counter_period_s.items() if time_s < period_s]
+        if short:
+            estimated, kept = [], []
+            for i in short:
+                try:
+                    gpu_j[i] = self._devices[i].power_w() * time_s
+                except NVMLNotSupportedError:
+                    kept.append(i)
+                    continue
+                source[i] = POWER_X_TIME
+                estimated.append(i)
+            warnings.warn(_short_window_message(name, time_s, self.counter_period_s, estimated, kept),
+                          ShortWindowWarning, stacklevel=stacklevel)  # fmt: skip
+        return WindowMeasurement(name=name, time_s=time_s, gpu_energy_j=gpu_j,
                                  cpu_energy_j=_difference(end.cpu_uj, begin.cpu_uj, 1e-6),
-                                 dram_energy_j=_difference(end.dram_uj, begin.dram_uj, 1e-6))  # fmt: skip
+                                 dram_energy_j=_difference(end.dram_uj, begin.dram_uj, 1e-6),
+                                 gpu_energy_source=source)  # fmt: skip
 
     @contextlib.contextmanager
     def window(self, name: str) -> Iterator[MeasurementWindow]:
@@ -409,7 +619,22 @@ class EnergyMonitor:
         try:
             yield handle
         finally:
-            handle.result = self.end_window(name)
+            handle.result = self._end(name, stacklevel=4)  # past contextlib's frame, to the with statement
+
+
+def _short_window_message(name: str, time_s: float, period_s: dict[int, float], estimated: list[int],
+                          kept: list[int]) -> str:  # fmt: skip
+    def gpus(indices):
+        listed = ", ".join(f"{i} ({period_s[i] * 1e3:g} ms)" for i in indices)
+        return f"GPU{'s' if len(indices) > 1 else ''} {listed}"
+
+    parts = []
+    if estimated:
+        parts.append(f"{gpus(estimated)} estimated as power x time (nvmlDeviceGetPowerUsage at the window's end)")
+    if kept:
+        parts.append(f"{gpus(kept)} kept the counter's difference, which may read 0 J (no power reading)")
+    return (f"window {name!r} lasted {time_s * 1e3:.1f} ms, under the energy counter's update period: "
+            f"{'; '.join(parts)}; measure many steps in one window for the counter's own figure")
 
 
 # -- a whole command -----------------------------------------------------------------------------------------------
@@ -471,7 +696,9 @@ def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str 
 
     SIGINT, SIGTERM and SIGHUP sent to this process are passed on to the command (a Ctrl-C the terminal already
     sent to the command is not sent twice), and the window still ends when the command does: an interrupted run is
-    measured and reported, with the command's own exit status.
+    measured and reported, with the command's own exit status. The command runs in its own process, whose GPU
+    work is finished when it exits, so the window is not synchronized (``sync=False``); a command shorter than a
+    GPU's energy counter period is estimated as power x time, with a ShortWindowWarning.
 
     Args:
         command: the program and its arguments, e.g. ``["python", "train.py"]``.
@@ -492,7 +719,8 @@ def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str 
     if shutil.which(argv[0]) is None:
         raise InvalidSettingError(f"command {argv[0]!r} is not an executable program (not found, or not on PATH); "
                                   "check its spelling or give its path", argument="command")  # fmt: skip
-    monitor = EnergyMonitor(gpu_indices, cpu=cpu, powercap_root=powercap_root)
+    # The command's GPU work is its own process's, finished when it exits: nothing here to synchronize.
+    monitor = EnergyMonitor(gpu_indices, cpu=cpu, powercap_root=powercap_root, sync=False)
     received: list[int] = []
     started: list[subprocess.Popen] = []  # the child, once started
     terminal_did = False
