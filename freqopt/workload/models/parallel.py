@@ -135,8 +135,8 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> nn.Module:
         kind = getattr(config, "model_type", None) or type(model).__name__
         more = f" and {len(experts) - 1} more" if len(experts) > 1 else ""
         raise InvalidSettingError(f"layout tp={tp} would shard {kind}'s mixture-of-experts layers "
-                                  f"({experts[0]}{more}), whose expert weights freqopt does not shard: use tp=1, with data parallelism "
-                                  "(every rank holds every expert)", argument="layout")  # fmt: skip
+                                  f"({experts[0]}{more}), whose expert weights freqopt does not shard: use tp=1, with "
+                                  "data parallelism (every rank holds every expert)", argument="layout")  # fmt: skip
     fused = sorted({name for name, child in model.named_modules() if name.rsplit(".", 1)[-1] in FUSED_UNSHARDED})
     if fused:
         from freqopt.errors import InvalidSettingError
