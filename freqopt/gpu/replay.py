@@ -12,8 +12,10 @@ draws 696 W where a copy of the same bytes draws 504 W (microbenchmarks.json of 
 Data (``_fill``): floating-point tensors normal with standard deviation ``FLOAT_STD``; 0-dim floating-point
 tensors (losses, norms, clipping coefficients, step counters) 1.0, so that in-place scaling replayed again and
 again neither vanishes nor explodes and square roots stay real; AdamW's second moments non-negative; integer index
-tensors uniform within the dimension they index (embedding rows, loss classes, gathered dimension); other integer
-tensors 0; booleans random. In-place operators (``add_``, ``_foreach_*_``, ``_fused_adamw_``) re-run on the same
+tensors uniform within the dimension they index (embedding rows, loss classes, gathered dimension); a grouped
+GEMM's ``offs`` (``aten._grouped_mm``: a mixture-of-experts layer's experts) the cumulative rows of the token split
+it was traced with (freqopt.workload.moe: balanced, or the rows its shapes end with); other integer tensors 0;
+booleans random. In-place operators (``add_``, ``_foreach_*_``, ``_fused_adamw_``) re-run on the same
 buffers. ``freqopt.flash_attention_backward`` takes the forward's output and log-sum-exp where its schema has them:
 they come from one forward call on the same q, k, v at build time, so the values are consistent.
 
@@ -31,6 +33,7 @@ the tracer could not record; operators that no longer resolve; and calls that ra
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -41,6 +44,7 @@ import torch
 import freqopt.workload.models.ops  # noqa: F401  registers torch.ops.freqopt.flash_attention*
 import freqopt.workload.models.parallel  # noqa: F401  registers torch.ops.freqopt.all_reduce
 from freqopt.workload.kernels import COLLECTIVE_KINDS, DEVICE, Kernel, OpCall, TensorSpec
+from freqopt.workload.moe import expert_rows
 
 __all__ = ["ReplayPlan", "build_replay", "detect_counter_period", "resolve_op", "FLOAT_STD", "COPY_OP"]
 
@@ -148,6 +152,8 @@ def _allocate(spec: TensorSpec, fill: tuple, device: torch.device) -> torch.Tens
         base = torch.randint(0, fill[1], (n,), dtype=spec.dtype, device=device)
     elif kind == "bool":
         base = torch.randint(0, 2, (n,), device=device).bool()
+    elif kind == "offsets":
+        base = torch.tensor(fill[1], dtype=spec.dtype, device=device)
     elif kind == "zeros":
         base = torch.zeros(n, dtype=spec.dtype, device=device)
     elif kind == "ones":
@@ -159,6 +165,20 @@ def _allocate(spec: TensorSpec, fill: tuple, device: torch.device) -> torch.Tens
     return base.as_strided(spec.shape, spec.stride, spec.offset)
 
 
+def _grouped_offsets(kernel: Kernel) -> tuple[int, ...]:
+    """The ``offs`` of a traced ``aten._grouped_mm``: cumulative rows of each group, from the rows its shapes end
+    with (a stated token split), else the balanced split of the dimension the groups divide."""
+    a, b = kernel.call.args[:2]
+    offs = kernel.call.args[2] if len(kernel.call.args) > 2 else dict(kernel.call.kwargs)["offs"]
+    if len(kernel.shapes) > len(kernel.call.tensors):
+        rows = kernel.shapes[-1]
+    else:
+        dims = (len(a.shape), len(b.shape))
+        split = a.shape[0] if dims == (2, 3) else b.shape[1] if dims[0] == 3 else a.shape[1]
+        rows = expert_rows(split, offs.shape[0])
+    return tuple(itertools.accumulate(rows))
+
+
 def _arguments(kernel: Kernel, device: torch.device, cache: dict) -> tuple[list, dict]:
     """The call's arguments on ``device``: tensors from ``cache`` (key: spec, fill, and the how-many-th equal
     tensor of this kernel it is), lists as lists, DEVICE as ``device``."""
@@ -167,7 +187,8 @@ def _arguments(kernel: Kernel, device: torch.device, cache: dict) -> tuple[list,
     seen: Counter = Counter()
 
     def tensor(position, spec: TensorSpec) -> torch.Tensor:
-        fill = _fill(packet, call, position, spec)
+        fill = ("offsets", _grouped_offsets(kernel)) if packet == "_grouped_mm" and position in (2, "offs") else \
+            _fill(packet, call, position, spec)
         seen[(spec, fill)] += 1
         key = ("tensor", spec, fill, seen[(spec, fill)])
         if key not in cache:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 __all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "TracedWorkload", "record_call", "DEVICE", "PASSES",
-           "COLLECTIVE_KINDS", "GPUPathWarning"]
+           "COLLECTIVE_KINDS", "GPUPathWarning", "UntracedWarning"]
 
 PASSES = ("forward", "backward", "optimizer")
 COLLECTIVE_KINDS = ("all-reduce", "send", "recv")  # send, recv: pipeline P2P (freqopt.workload.pipeline_trace)
@@ -30,6 +30,12 @@ class GPUPathWarning(UserWarning):
     """An operator was traced on a path that PyTorch on a GPU would not take (the message names the operator and,
     where known, its module), so the trace holds other kernels than the GPU runs. freqopt.workload.trace's recorder issues
     it; its module docstring lists when."""
+
+
+class UntracedWarning(UserWarning):
+    """Part of a module's work is not in the trace: the message names the module and what is left out (an
+    operator from outside ATen, whose compute and memory traffic the tracer cannot see; expert parallelism's
+    all-to-all). freqopt.workload.trace's recorder issues it."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -150,7 +156,8 @@ class Kernel:
         mem_bytes: bytes read from and written to device memory.
         dtype: element type of the first floating-point input (``bfloat16``).
         shapes: shapes of the tensor inputs, in argument order; for multi-tensor kernels (8 or more inputs)
-            a single (tensor count, total elements) pair.
+            a single (tensor count, total elements) pair; for a grouped GEMM (``aten._grouped_mm``) traced with a
+            stated token split (freqopt.workload.moe), followed by the rows of each expert's group.
         tensor_core: runs on tensor cores (a 16-bit GEMM or attention).
         causal: an attention kernel with causal masking (FlashAttention skips the masked half of the work).
         stream: CUDA stream: 0 the training stream, 1 the communication stream that overlaps it.

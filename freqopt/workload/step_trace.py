@@ -42,6 +42,7 @@ from freqopt.workload.layout import SINGLE_GPU
 from freqopt.workload.models import Workload
 from freqopt.workload.models.meta_checks import MetaChecks
 from freqopt.workload.models.sdpa import FusedSDPA
+from freqopt.workload.moe import BALANCED, UntraceableExpertsError, check_routing
 from freqopt.workload.phases import PhaseHooks, quiet_backward_hooks
 from freqopt.workload.trace import KernelRecorder, Trace, meta_as_cuda_for_optimizers
 
@@ -78,8 +79,8 @@ class _StepRecorder(KernelRecorder):
     """The kernel recorder with the pass of each operator found from the autograd engine and torch.optim's hooks,
     and a refusal of tensors that are not on the meta device."""
 
-    def __init__(self, root: nn.Module | None = None, *, warn: bool = True) -> None:
-        super().__init__(root, warn=warn)
+    def __init__(self, root: nn.Module | None = None, *, warn: bool = True, routing=BALANCED) -> None:
+        super().__init__(root, warn=warn, routing=routing)
         self.optimizer_depth = 0  # inside an optimizer step (pre-hook run, post-hook not yet)
         self.backward_depth = 0  # inside a Tensor.backward call
 
@@ -166,7 +167,7 @@ def _run(step_fn, recorder: _StepRecorder, phase_hooks: PhaseHooks | None) -> No
         stack.enter_context(CudaAutocast())  # entered last, so it casts before FusedSDPA routes an attention call
         try:
             step_fn()
-        except _RealTensorError:
+        except (_RealTensorError, UntraceableExpertsError):  # passed on as they are
             raise
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "(no message)"
@@ -175,7 +176,7 @@ def _run(step_fn, recorder: _StepRecorder, phase_hooks: PhaseHooks | None) -> No
 
 
 def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_batch_size: int = 1,
-               seq_len: int | None = None, warmup: int = 1) -> Trace:  # fmt: skip
+               seq_len: int | None = None, warmup: int = 1, routing=BALANCED) -> Trace:  # fmt: skip
     """Trace one call of ``step_fn`` (one training step on the meta device) into the GPU kernels it launches.
 
     Args:
@@ -189,6 +190,9 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
         warmup: steps run first and not traced (default 1), so that state made lazily on the first step
             (torch.optim's moments and step counters: zeros kernels that a training loop runs once) is not traced
             as part of every iteration; 0 traces the first step as is.
+        routing: the token split of mixture-of-experts layers (transformers' experts modules, whose grouped GEMMs
+            are traced as a GPU runs them): "balanced" (the default) or per-expert shares, as
+            freqopt.workload.trace.trace_training_iteration's; ``meta["routing"]`` holds stated shares.
 
     Returns:
         Trace whose workload is ``Workload(name, StepConfig(...), micro_batch_size)`` on one GPU; ``meta`` holds
@@ -198,13 +202,16 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
     Raises:
         InvalidSettingError: an empty name, a non-callable step_fn, parameters or tensors not on the meta device
             (says to build the model under ``torch.device('meta')``), a step that raises (``step_fn raised X: ...``),
-            that runs no backward pass, or that launches no kernel.
+            that runs no backward pass, or that launches no kernel; a bad routing; an experts module running
+            transformers' "eager" loop, which cannot run on the meta device (says to build the model with
+            ``experts_implementation="grouped_mm"``).
     """
     if not isinstance(name, str) or not name.strip():
         raise InvalidSettingError(f"name must be a non-empty string naming the model, not {name!r}")
     if not callable(step_fn):
         raise InvalidSettingError(f"step_fn must be a zero-argument callable, not {type(step_fn).__name__}")
     check_positive_int("micro_batch_size", micro_batch_size)
+    shares = check_routing(routing)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise InvalidSettingError(f"warmup must be a non-negative integer, not {warmup!r}")
     if module is not None:
@@ -214,8 +221,8 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
         if off_meta:
             raise InvalidSettingError(f"module has parameters on {', '.join(off_meta)}; {_META_HINT}")
     for _ in range(warmup):  # recorded and checked as the traced step is, then dropped
-        _run(step_fn, _StepRecorder(module, warn=False), None)
-    recorder = _StepRecorder(module)
+        _run(step_fn, _StepRecorder(module, warn=False, routing=routing), None)
+    recorder = _StepRecorder(module, routing=routing)
     _run(step_fn, recorder, PhaseHooks(module, recorder.mark) if module is not None else None)
     kernels = recorder.kernels
     if not kernels:
@@ -228,6 +235,8 @@ def trace_step(step_fn, *, name: str, module: nn.Module | None = None, micro_bat
     n_params = sum(p.numel() for p in module.parameters()) if module is not None else None
     workload = Workload(name, StepConfig(name, n_params=n_params, seq_len=seq_len), micro_batch_size, SINGLE_GPU)
     meta = {"n_params": n_params, "mode": "train", "layout": SINGLE_GPU.as_dict(), "marks": tuple(recorder.marks)}
+    if shares is not None:
+        meta["routing"] = shares
     if module is not None:  # DVFSRuntime checks that it wraps this module (freqopt.workload.fingerprint)
         meta[FINGERPRINT_KEY] = module_fingerprint(module)
     return Trace(workload=workload, kernels=tuple(kernels), meta=meta)

@@ -56,18 +56,24 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from freqopt.workload.kernels import (  # noqa: F401  re-exported: a trace's data classes live in freqopt.workload.kernels
-    COLLECTIVE_KINDS, DEVICE, PASSES, GPUPathWarning, Kernel, OpCall, TensorSpec, Trace, dtype_name, record_call,
+    COLLECTIVE_KINDS, DEVICE, PASSES, GPUPathWarning, Kernel, OpCall, TensorSpec, Trace, UntracedWarning, dtype_name,
+    record_call,
 )
 from freqopt.workload.autocast import CudaAutocast, enable_cuda_autocast
 from freqopt.workload.models import Workload, build_model
 from freqopt.workload.models.ops import MixedPrecisionAdamW
 from freqopt.workload.models.parallel import COMM_STREAM, COMPUTE_STREAM, all_reduce, shard_tensor_parallel
 from freqopt.workload.models.meta_checks import MetaChecks
+from freqopt.workload.moe import (
+    BALANCED, UntraceableExpertsError, check_routing, expert_rows, experts_implementation, grouped_gemm_cost,
+    is_experts_module,
+)
 from freqopt.workload.models.sdpa import FusedSDPA, gpu_math_path_active, user_sdpa_kernel_name
 from freqopt.workload.phases import PhaseHooks, quiet_backward_hooks
 
 __all__ = ["Kernel", "OpCall", "TensorSpec", "Trace", "trace_training_iteration", "trace_inference", "trace_iteration",
-           "record_call", "MODES", "PASSES", "PRECISIONS", "GPUPathWarning", "meta_as_cuda_for_optimizers"]
+           "record_call", "MODES", "PASSES", "PRECISIONS", "GPUPathWarning", "UntracedWarning",
+           "meta_as_cuda_for_optimizers"]
 
 MODES = ("train", "inference")
 
@@ -75,6 +81,8 @@ MODES = ("train", "inference")
 # ATen operator (overload packet name) -> kernel kind; any other computing operator is elementwise.
 OP_KINDS = {
     "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "baddbmm": "gemm",
+    # A mixture-of-experts layer's experts, one grouped GEMM per projection (freqopt.workload.moe).
+    "_grouped_mm": "gemm",
     # Convolutions run as cuDNN's implicit GEMMs, on tensor cores in bf16/fp16 (FLOPs from the shapes:
     # torch.utils.flop_counter's convolution formulas).
     "convolution": "gemm", "convolution_backward": "gemm", "_convolution": "gemm",
@@ -103,6 +111,8 @@ OP_KINDS = {
 # Operators that allocate or only bookkeep: no kernel runs.
 NOT_KERNELS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "arange",
                 "_unsafe_view"}
+# Operator namespaces that launch no kernel: torch.profiler's record_function markers.
+_NO_KERNEL_NAMESPACES = {"profiler"}
 # Multi-tensor kernels (fused AdamW over every parameter) are keyed by tensor count and elements, not each shape.
 _MULTI_TENSOR_MIN_INPUTS = 8
 
@@ -214,10 +224,18 @@ class KernelRecorder(TorchDispatchMode):
     """Records every operator that computes or moves data as a Kernel (module docstring), and warns of operators
     (and recurrent layers) traced on a path a GPU would not take, naming the module whose forward ran them (its
     qualified name under ``root``, else its class), which global forward hooks track while the recorder is active;
-    ``warn=False`` records without warning (a warm-up step that is not kept)."""
+    ``warn=False`` records without warning (a warm-up step that is not kept). ``routing`` is the token split between
+    a mixture-of-experts layer's experts (freqopt.workload.moe.check_routing: "balanced" or per-expert shares).
 
-    def __init__(self, root: torch.nn.Module | None = None, *, warn: bool = True) -> None:
+    Warns ``UntracedWarning`` (once per operator and module, naming both) of work it cannot see: an operator outside
+    the ATen and freqopt namespaces (a custom operator, e.g. ``transformers::grouped_mm_fallback``, whose compute and
+    memory traffic are left out) and an experts module running with transformers' expert parallelism on (its
+    all-to-all is left out). Raises InvalidSettingError for an experts module running transformers' "eager" loop,
+    which cannot run on the meta device (freqopt.workload.moe)."""
+
+    def __init__(self, root: torch.nn.Module | None = None, *, warn: bool = True, routing=BALANCED) -> None:
         super().__init__()
+        self.routing = check_routing(routing)
         self.kernels: list[Kernel] = []
         self.pass_name = "forward"
         self.marks: list[tuple[str, int]] = []
@@ -268,6 +286,21 @@ class KernelRecorder(TorchDispatchMode):
         self._modules.append(module)
         if isinstance(module, torch.nn.RNNBase):
             self._rnn_starts[id(module)] = len(self.kernels)
+        if is_experts_module(module):
+            self._check_experts(module)
+
+    def _check_experts(self, module: torch.nn.Module) -> None:
+        """Refuse transformers' eager experts loop and warn of expert parallelism (freqopt.workload.moe)."""
+        if experts_implementation(module) == "eager":
+            raise UntraceableExpertsError(
+                f"the experts{self._module_name()} run transformers' 'eager' experts loop, which reads the routing on "
+                "the host (nonzero over the routing mask) and cannot run on the meta device; build the model with "
+                "experts_implementation='grouped_mm' (transformers' default where grouped GEMMs are available)"
+            )
+        if getattr(module, "_is_expert_parallel", False):
+            self._warn("expert parallelism", "the all-to-all dispatch and combine of the routed tokens are not traced "
+                       "(freqopt's layouts have no expert-parallel degree; every rank is traced holding every expert)",
+                       UntracedWarning)  # fmt: skip
 
     def _module_name(self) -> str:
         """The innermost running forward as ' in module NAME (Class)' (NAME qualified under the root), or '' outside
@@ -281,14 +314,14 @@ class KernelRecorder(TorchDispatchMode):
             return f" in a {kind} module"
         return f" in module {name} ({kind})" if name else f" in the root module ({kind})"
 
-    def _warn(self, op: str, message: str) -> None:
+    def _warn(self, op: str, message: str, category: type[Warning] = GPUPathWarning) -> None:
         if not self.warn:
             return
         where = self._module_name()
         if (op, where) in self._warned:
             return
         self._warned.add((op, where))
-        warnings.warn(f"{op}{where}: {message}", GPUPathWarning, stacklevel=2)
+        warnings.warn(f"{op}{where}: {message}", category, stacklevel=2)
 
     def _check_gpu_path(self, op: str, kind: str, inputs: list[torch.Tensor]) -> None:
         """Warn of an operator on a path a GPU would not take (the module docstring lists the two cases)."""
@@ -307,6 +340,9 @@ class KernelRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         packet = func._overloadpacket
         op = packet.__name__
+        if func.namespace not in ("aten", "freqopt") and func.namespace not in _NO_KERNEL_NAMESPACES:
+            self._warn(f"{func.namespace}.{op}", "an operator from outside ATen, which the tracer cannot see into: "
+                       "its compute and memory traffic are left out of the trace", UntracedWarning)  # fmt: skip
         if func.is_view or op in NOT_KERNELS or func.namespace not in ("aten", "freqopt"):
             return func(*args, **kwargs)
         call = record_call(func, args, kwargs)  # before the call: an in-place operator could change its inputs
@@ -335,6 +371,9 @@ class KernelRecorder(TorchDispatchMode):
             mem_bytes = _nll_loss_bytes(op, args, written)
         formula = flop_registry.get(packet)
         flops = float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
+        shapes = _shapes(inputs)
+        if op == "_grouped_mm":
+            flops, mem_bytes, shapes = self._grouped_gemm(args, kwargs, out, shapes)
         floating = [t for t in inputs if t.is_floating_point()] or inputs or outputs  # outputs: factories (full)
         dtype = dtype_name(floating[0].dtype)
         kind = OP_KINDS.get(op, "elementwise")
@@ -348,13 +387,27 @@ class KernelRecorder(TorchDispatchMode):
                 flops=flops,
                 mem_bytes=float(mem_bytes),
                 dtype=dtype,
-                shapes=_shapes(inputs),
+                shapes=shapes,
                 tensor_core=kind in ("gemm", "attention") and dtype in ("bfloat16", "float16"),
                 causal=kind == "attention" and bool(args[-1]),
                 call=call,
             )
         )
         return out
+
+
+    def _grouped_gemm(self, args: tuple, kwargs: dict, out: torch.Tensor, shapes: tuple) -> tuple[float, float, tuple]:
+        """FLOPs, bytes and shapes of one ``aten._grouped_mm`` under the recorder's token split (freqopt.workload.moe):
+        the split dimension's rows divided between the ``offs`` groups; with a stated split, the shapes end with the
+        rows of each group."""
+        a, b = args[0], args[1]
+        offs = args[2] if len(args) > 2 else kwargs.get("offs")
+        if offs is None:  # 3-D x 3-D: a batched GEMM, no groups
+            return (*grouped_gemm_cost(a, b, out, None), shapes)
+        split = a.shape[0] if (a.dim(), b.dim()) == (2, 3) else b.shape[1] if a.dim() == 3 else a.shape[1]
+        rows = expert_rows(split, offs.shape[0], self.routing, where=f"the grouped GEMM{self._module_name()}")
+        flops, mem_bytes = grouped_gemm_cost(a, b, out, rows)
+        return flops, mem_bytes, shapes if self.routing is None else (*shapes, rows)
 
 
 class _TrainerAdamW:
@@ -445,7 +498,8 @@ def meta_as_cuda_for_optimizers():
 PRECISIONS = ("bf16", "bf16-mixed")
 
 
-def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.bfloat16, precision: str = "bf16") -> Trace:
+def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.bfloat16, precision: str = "bf16",
+                             routing=BALANCED) -> Trace:  # fmt: skip
     """Kernels of one training iteration: forward, backward and an AdamW step.
 
     Runs on the meta device, so it needs no memory and takes seconds even for gpt3-175b.
@@ -456,30 +510,40 @@ def trace_training_iteration(workload: Workload, *, dtype: torch.dtype = torch.b
             moments.
         precision: one of PRECISIONS ("bf16", "bf16-mixed": fp32 weights under CUDA autocast, as
             Trainer(bf16=True)).
+        routing: how a mixture-of-experts layer splits its routed tokens between its experts, which is data on a
+            GPU and unknown on the meta device: "balanced" (the default, S / E token-expert pairs each) or a
+            sequence of per-expert shares (freqopt.workload.moe). Models without experts ignore it.
 
     Returns:
         Trace with kernels in issue order; ``meta`` holds the parameter count and the mode.
 
     Raises:
-        InvalidSettingError: an unknown precision.
+        InvalidSettingError: an unknown precision; a routing that is neither "balanced" nor one non-negative share
+            per expert.
     """
-    return trace_iteration(workload, "train", dtype=dtype, precision=precision)
+    return trace_iteration(workload, "train", dtype=dtype, precision=precision, routing=routing)
 
 
-def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16) -> Trace:
-    """Kernels of one inference batch: the forward pass to logits, without gradients (on the meta device)."""
-    return trace_iteration(workload, "inference", dtype=dtype)
+def trace_inference(workload: Workload, *, dtype: torch.dtype = torch.bfloat16, routing=BALANCED) -> Trace:
+    """Kernels of one inference batch: the forward pass to logits, without gradients (on the meta device);
+    ``routing`` as trace_training_iteration's."""
+    return trace_iteration(workload, "inference", dtype=dtype, routing=routing)
 
 
 def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dtype = torch.bfloat16,
-                    precision: str = "bf16") -> Trace:  # fmt: skip
+                    precision: str = "bf16", routing=BALANCED) -> Trace:  # fmt: skip
     """One training step (mode "train") or one inference batch (mode "inference") of one rank of the workload's
-    layout, traced on the meta device, in ``precision`` (PRECISIONS; "bf16" builds the model in ``dtype``).
+    layout, traced on the meta device, in ``precision`` (PRECISIONS; "bf16" builds the model in ``dtype``), with
+    ``routing`` the token split of its mixture-of-experts layers (trace_training_iteration; freqopt.workload.moe).
+
+    A mixture-of-experts model is traced as a GPU runs it: its router's GEMM, softmax and top-k, each expert
+    projection as one grouped GEMM (``aten._grouped_mm``) over the routed token-expert pairs, and shared experts as
+    ordinary MLPs; with a stated split, ``meta["routing"]`` holds its shares (normalised to sum 1).
 
     Raises:
         UnknownNameError: unknown mode.
         InvalidSettingError: an unknown precision; a pipeline layout (pp > 1): its stages are traced by
-            freqopt.workload.pipeline_trace.trace_pipeline_stages.
+            freqopt.workload.pipeline_trace.trace_pipeline_stages; a bad routing (trace_training_iteration).
     """
     from freqopt.errors import InvalidSettingError, UnknownNameError
 
@@ -487,6 +551,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
         raise UnknownNameError(f"unknown mode {mode!r}; choose train or inference")
     if precision not in PRECISIONS:
         raise InvalidSettingError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    shares = check_routing(routing)
     workload.layout.refuse_pipeline("tracing one rank's whole iteration")
     config, layout = workload.config, workload.layout
     mixed = precision == "bf16-mixed"
@@ -494,7 +559,7 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
     # Made when entered: torch.autocast("cuda") decides in its constructor whether CUDA AMP is available.
     autocast = [enable_cuda_autocast, lambda: torch.autocast("cuda", dtype=torch.bfloat16), CudaAutocast] if mixed else []
     idx = torch.zeros(workload.micro_batch_size, config.seq_len, dtype=torch.long, device="meta")  # (B, T)
-    recorder = KernelRecorder(model)
+    recorder = KernelRecorder(model, routing=routing)
     hooks = PhaseHooks(model, recorder.mark)
     if mode == "train":
         params = list(model.parameters())
@@ -532,4 +597,6 @@ def trace_iteration(workload: Workload, mode: str = "train", *, dtype: torch.dty
 
     meta = {"n_params": n_params, "mode": mode, "layout": layout.as_dict(), "marks": tuple(recorder.marks),
             FINGERPRINT_KEY: module_fingerprint(model)}  # checked by the runtime: freqopt.workload.fingerprint
+    if shares is not None:
+        meta["routing"] = shares
     return Trace(workload=workload, kernels=tuple(recorder.kernels), meta=meta)

@@ -10,7 +10,9 @@ each way: freqopt.workload.models.sdpa) and ``use_cache=False`` (training keeps 
 Tested on Llama, Mistral, Qwen2 (RMSNorm, SwiGLU MLP, rotary embeddings, grouped-query attention) and GPT-2
 (LayerNorm, GELU, learned positions, a fused q/k/v ``Conv1D``) configs in tests/data/hf. What the trace shows is
 what HF's eager modules launch: e.g. RMSNorm as separate pow/mean/rsqrt/mul kernels, rotary embeddings as
-elementwise kernels, and the loss over the logits upcast to float32.
+elementwise kernels, and the loss over the logits upcast to float32. Mixture-of-experts configs (Mixtral, Qwen2-MoE,
+DeepSeek-V3 in tests/data/hf) build with transformers' default "grouped_mm" experts, traced as grouped GEMMs
+(freqopt.workload.moe).
 
 transformers is an optional dependency: ``pip install 'freqopt[hf]'``.
 """

@@ -119,10 +119,24 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> nn.Module:
 
     Raises:
         InvalidSettingError: ``tp`` > 1 on a model with a fused projection its forward splits by the whole model's
-            head counts (FUSED_UNSHARDED: Phi-3's qkv_proj and gate_up_proj, Falcon's query_key_value, ...).
+            head counts (FUSED_UNSHARDED: Phi-3's qkv_proj and gate_up_proj, Falcon's query_key_value, ...), or with
+            mixture-of-experts layers whose experts are 3-D parameters (freqopt.workload.moe.is_experts_module:
+            AutoTP shards linear layers only, so every rank would compute every expert in full).
     """
     if tp == 1:
         return model
+    from freqopt.workload.moe import experts_modules
+
+    experts = experts_modules(model)
+    if experts:
+        from freqopt.errors import InvalidSettingError
+
+        config = getattr(getattr(model, "model", model), "config", None)
+        kind = getattr(config, "model_type", None) or type(model).__name__
+        more = f" and {len(experts) - 1} more" if len(experts) > 1 else ""
+        raise InvalidSettingError(f"layout tp={tp} would shard {kind}'s mixture-of-experts layers "
+                                  f"({experts[0]}{more}), whose expert weights freqopt does not shard: use tp=1, with "
+                                  "data parallelism (every rank holds every expert)", argument="layout")  # fmt: skip
     fused = sorted({name for name, child in model.named_modules() if name.rsplit(".", 1)[-1] in FUSED_UNSHARDED})
     if fused:
         from freqopt.errors import InvalidSettingError
