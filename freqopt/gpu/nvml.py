@@ -357,6 +357,14 @@ class GPUStateGuard:
             _state_path(self.state.uuid).unlink(missing_ok=True)
             self.state = None
 
+    def discard(self) -> None:
+        """Forget the recorded state without restoring it, and remove its state file: for a change NVML refused
+        before anything was changed (restoring would need the permission that was refused)."""
+        with self._lock:
+            if self.state is not None:
+                _state_path(self.state.uuid).unlink(missing_ok=True)
+                self.state = None
+
     def _on_signal(self, signum, frame):
         self.restore()
         previous = self._previous_handlers.get(signum)
