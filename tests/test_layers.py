@@ -19,8 +19,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "freqopt"
 LAYERS: list[tuple[str, ...]] = [
     # Foundations: errors, the atomic file write that everything writing a file uses, the slowdown budget's parser.
     # The package root only names its lazy exports (strings, imported on first use).
-    # The names a search takes that need nothing built: its granularities.
-    ("freqopt", "freqopt.errors", "freqopt.files", "freqopt.budget", "freqopt.granularities"),
+    # The names a search takes that need nothing built: its granularities. A user's command run as a child that
+    # signals reach (measured by freqopt measure, held at a table's setting by freqopt apply).
+    ("freqopt", "freqopt.errors", "freqopt.files", "freqopt.budget", "freqopt.granularities", "freqopt.command"),
     # The workload. Parallel layouts and the kernel data classes;
     # the built-in models' names;
     ("freqopt.workload.layout", "freqopt.workload.kernels", "freqopt.workload.model_names"),

@@ -249,6 +249,15 @@ def test_backend_measures_time_and_energy_from_the_counter(fake):
     assert fake.gpus[0].locked_sm_mhz is None and fake.gpus[0].power_limit_mw == 700_000
 
 
+def test_backend_without_permission_says_so_and_leaves_no_state_file(fake):
+    """The permission probe (the power limit set to the value it has) is refused: nothing changed, so no state file
+    is left behind for freqopt reset, which would need the same permission."""
+    with pytest.raises(GPUPermissionError, match="no permission"):
+        backend(fake, root=False)
+    assert not list(state_dir().glob("*.json"))
+    assert [c[0] for c in fake.set_calls()] == ["nvmlDeviceSetPowerManagementLimit"]
+
+
 def test_backend_read_only_measures_current_settings_and_sets_nothing(fake):
     from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
 

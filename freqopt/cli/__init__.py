@@ -3,7 +3,7 @@ one line and exit non-zero (``main``). The library owns every check.
 
 The commands live by group: freqopt.cli.search (search, worker), freqopt.cli.train (train, profile) and
 freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset), freqopt.cli.plan (plan),
-freqopt.cli.measure (measure).
+freqopt.cli.measure (measure), freqopt.cli.apply (apply).
 """
 
 from __future__ import annotations
@@ -183,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The command modules register their commands on ``cli`` when imported (after it exists).
-from freqopt.cli import measure, plan, search, tools, train  # noqa: E402,F401
+from freqopt.cli import apply, measure, plan, search, tools, train  # noqa: E402,F401

@@ -34,7 +34,7 @@ from pathlib import Path
 from freqopt.errors import FreqoptError, GPUPermissionError, InvalidSettingError, UnknownNameError
 
 __all__ = ["NVMLError", "NVMLNotSupportedError", "NVMLDevice", "GPUState", "GPUStateGuard", "open_devices", "state_dir", "reset_from_state_files",
-           "READ_ONLY_HINT"]
+           "parse_gpu_indices", "READ_ONLY_HINT"]
 
 READ_ONLY_HINT = "run as root or with CAP_SYS_ADMIN to change clocks, or measure read-only, at the current settings"
 
@@ -259,6 +259,34 @@ def open_devices(*, read_only: bool = False, visible: str | None = None) -> list
     return devices
 
 
+def parse_gpu_indices(value) -> list[int] | None:
+    """GPU indices from a sequence of ints, text ``"0,1"``, or ``"none"`` / ``""`` (no GPU); None stays None (all
+    visible GPUs).
+
+    Raises:
+        InvalidSettingError: not non-negative integers, or one given twice.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("", "none"):
+            return []
+        parts = [p.strip() for p in text.split(",")]
+        if not all(p.isdigit() for p in parts):
+            raise InvalidSettingError(f"gpu_indices {value!r} is not a list of GPU indices; write it like 0,1 (or "
+                                      "none for no GPU)", argument="gpu_indices")  # fmt: skip
+        indices = [int(p) for p in parts]
+    else:
+        indices = list(value)
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
+            raise InvalidSettingError(f"gpu_indices {value!r} must be GPU indices (integers from 0)",
+                                      argument="gpu_indices")  # fmt: skip
+    if len(set(indices)) != len(indices):
+        raise InvalidSettingError(f"gpu_indices {value!r} names a GPU twice", argument="gpu_indices")
+    return indices
+
+
 # -- never leave a GPU changed ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GPUState:
@@ -343,6 +371,14 @@ class GPUStateGuard:
             restore(self.device, self.state)
             _state_path(self.state.uuid).unlink(missing_ok=True)
             self.state = None
+
+    def discard(self) -> None:
+        """Forget the recorded state without restoring it, and remove its state file: for a change NVML refused
+        before anything was changed (restoring would need the permission that was refused)."""
+        with self._lock:
+            if self.state is not None:
+                _state_path(self.state.uuid).unlink(missing_ok=True)
+                self.state = None
 
     def _on_signal(self, signum, frame):
         self.restore()

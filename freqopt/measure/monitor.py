@@ -41,10 +41,7 @@ Sources:
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import signal
-import subprocess
 import threading
 import time
 import warnings
@@ -52,8 +49,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from freqopt.command import check_command, exit_status, run_command
 from freqopt.errors import InvalidSettingError
-from freqopt.gpu.nvml import NVMLError, NVMLNotSupportedError, open_devices
+from freqopt.gpu.nvml import NVMLError, NVMLNotSupportedError, open_devices, parse_gpu_indices
 
 __all__ = ["EnergyMonitor", "WindowMeasurement", "MeasurementWindow", "CommandMeasurement", "RAPLWarning",
            "ShortWindowWarning", "measure_command", "parse_gpu_indices", "counter_period_s", "POWERCAP_ROOT",
@@ -193,34 +191,6 @@ class MeasurementWindow:
 
     name: str
     result: WindowMeasurement | None = None
-
-
-def parse_gpu_indices(value) -> list[int] | None:
-    """GPU indices from a sequence of ints, text ``"0,1"``, or ``"none"`` / ``""`` (no GPU); None stays None (all
-    visible GPUs).
-
-    Raises:
-        InvalidSettingError: not non-negative integers, or one given twice.
-    """
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lower() in ("", "none"):
-            return []
-        parts = [p.strip() for p in text.split(",")]
-        if not all(p.isdigit() for p in parts):
-            raise InvalidSettingError(f"gpu_indices {value!r} is not a list of GPU indices; write it like 0,1 (or "
-                                      "none for no GPU)", argument="gpu_indices")  # fmt: skip
-        indices = [int(p) for p in parts]
-    else:
-        indices = list(value)
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
-            raise InvalidSettingError(f"gpu_indices {value!r} must be GPU indices (integers from 0)",
-                                      argument="gpu_indices")  # fmt: skip
-    if len(set(indices)) != len(indices):
-        raise InvalidSettingError(f"gpu_indices {value!r} names a GPU twice", argument="gpu_indices")
-    return indices
 
 
 # -- RAPL through /sys/class/powercap -------------------------------------------------------------------------------
@@ -662,7 +632,7 @@ class CommandMeasurement:
     @property
     def exit_code(self) -> int:
         """The exit status a shell would report: the child's, or 128 + N where signal N killed it."""
-        return self.returncode if self.returncode >= 0 else 128 - self.returncode
+        return exit_status(self.returncode)
 
     def summary(self) -> dict:
         """{"command", "returncode", "exit_code", "interrupted", "gpu_names", "rapl_unavailable", and the
@@ -671,23 +641,6 @@ class CommandMeasurement:
                 "interrupted": list(self.interrupted),
                 "gpu_names": {str(k): v for k, v in self.gpu_names.items()},
                 "rapl_unavailable": self.rapl_unavailable, **self.measurement.summary()}  # fmt: skip
-
-
-def _terminal_signals_the_child(pid: int) -> bool:
-    """Whether a Ctrl-C typed at the terminal reaches the child directly: it shares this process's group and that
-    group is the terminal's foreground group (the terminal driver signals the whole foreground group)."""
-    try:
-        if os.getpgid(pid) != os.getpgrp():
-            return False
-        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
-    except OSError:  # no controlling terminal (a batch job, a test): nobody else signals the child
-        return False
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str | None = None,
@@ -710,51 +663,13 @@ def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str 
             ``command``); bad gpu_indices or cpu as EnergyMonitor.
         NVMLError: as EnergyMonitor.
     """
-    import shutil
-
-    argv = [str(a) for a in command]
-    if not argv:
-        raise InvalidSettingError("command is missing; give the program to measure and its arguments, e.g. "
-                                  "python train.py", argument="command")  # fmt: skip
-    if shutil.which(argv[0]) is None:
-        raise InvalidSettingError(f"command {argv[0]!r} is not an executable program (not found, or not on PATH); "
-                                  "check its spelling or give its path", argument="command")  # fmt: skip
+    argv = check_command(command)
     # The command's GPU work is its own process's, finished when it exits: nothing here to synchronize.
     monitor = EnergyMonitor(gpu_indices, cpu=cpu, powercap_root=powercap_root, sync=False)
-    received: list[int] = []
-    started: list[subprocess.Popen] = []  # the child, once started
-    terminal_did = False
-
-    def forward(signum, frame):
-        received.append(signum)
-        if not started or (signum == signal.SIGINT and terminal_did):
-            return  # before the child exists: delivered once it does (below)
-        with contextlib.suppress(ProcessLookupError):
-            started[0].send_signal(signum)
-
     monitor.begin_window("command")
-    # The handlers go in before the child starts, so that no signal in between ends freqopt instead of reaching it.
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, forward)
     try:
-        child = subprocess.Popen(argv)
-    except OSError as e:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        monitor.end_window("command")
-        raise InvalidSettingError(f"command {argv[0]!r} cannot be run ({e.strerror or e})", argument="command") from e
-    terminal_did = _terminal_signals_the_child(child.pid)
-    started.append(child)
-    for signum in list(received):  # arrived while the child was starting
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-    try:
-        returncode = child.wait()
+        run = run_command(argv)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         measurement = monitor.end_window("command")
-    return CommandMeasurement(tuple(argv), returncode, measurement, tuple(received), dict(monitor.gpu_names),
+    return CommandMeasurement(tuple(argv), run.returncode, measurement, run.received, dict(monitor.gpu_names),
                               monitor.rapl_unavailable)  # fmt: skip

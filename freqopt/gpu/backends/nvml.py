@@ -83,6 +83,10 @@ class NVMLBackend(Backend):
         try:
             self.guard.before_change()
             self.device.set_power_limit_w(self.device.power_limit_w())
+        except GPUPermissionError:
+            self.guard.discard()  # refused: nothing changed, and no state file left for freqopt reset to fail on
+            self.close()
+            raise
         except BaseException:
             self.close()
             raise
