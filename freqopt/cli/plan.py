@@ -207,8 +207,9 @@ def _by_stage(dag, clocks) -> list[list[int]]:
               help="Model name (see `freqopt models`): a built-in GPT-3 or BERT; hf:PATH (a Hugging Face config.json) "
                    "is refused, having no pipeline layer list yet.")
 @click.option("--out", required=True,
-              help="The CSV to write (stage, instruction, frequency, time, energy: what plan --stage-profile reads); "
-                   "where it exists from a run of the same arguments, that run is resumed.")
+              help="The CSV to write (stage, instruction, frequency, time, energy: what plan --stage-profile and "
+                   "Perseus read), with OUT.meta.json beside it naming the run; where it exists from a run of the "
+                   "same arguments, that run is resumed.")
 @click.option("--gpu", default=None,
               help="GPU type (see `freqopt gpus`): the simulated GPU's (default h100-sxm); with --backend nvml the "
                    "real GPU must be of this type.")
