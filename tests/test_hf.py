@@ -136,7 +136,8 @@ def test_a_short_search_runs_on_an_hf_trace():
 
 def test_missing_transformers_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
-    with pytest.raises(UnknownNameError, match=r"pip install 'freqopt\[hf\]'"):
+    with pytest.raises(UnknownNameError, match=r"pip install 'transformers>=4.47' 'accelerate>=1.1' \(or pip install -e "
+                                               r"'\.\[hf\]' in the freqopt checkout\)"):
         get_workload(hf("llama"))
 
 

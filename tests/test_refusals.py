@@ -158,12 +158,13 @@ def test_a_refusal_is_one_line_before_any_heavy_import(tmp_path, argv, message, 
 @pytest.mark.parametrize("url", ["postgresql+psycopg://user@localhost/freqopt", "postgresql://user@localhost/f"])
 def test_a_missing_postgresql_driver_names_the_extra(tmp_path, url):
     """The driver is made unimportable (as if not installed): search and worker refuse the URL at once, in one line
-    that names ``pip install 'freqopt[postgres]'``."""
+    that says how to install the driver (freqopt.errors.install_hint("postgres"))."""
     for argv in (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--storage", url],
                  ["worker", "--storage", url]):  # fmt: skip
         report, err = _run(argv, tmp_path, block="psycopg,psycopg2")
         assert report["code"] == 2 and report["heavy"] == [], (report, err)
-        assert len(err.strip().splitlines()) == 1 and "pip install 'freqopt[postgres]'" in err, err
+        assert len(err.strip().splitlines()) == 1 and "pip install 'psycopg[binary]>=3.1' (or pip install -e " \
+            "'.[postgres]' in the freqopt checkout)" in err, err
 
 
 def test_open_storage_names_the_extra_too(monkeypatch):
@@ -172,7 +173,8 @@ def test_open_storage_names_the_extra_too(monkeypatch):
     from freqopt.search.storage import open_storage
 
     monkeypatch.setitem(sys.modules, "psycopg", None)
-    with pytest.raises(MissingDependencyError, match=r"psycopg, which is not installed: pip install 'freqopt\["):
+    hint = r"pip install 'psycopg\[binary\]>=3.1' \(or pip install -e '\.\[postgres\]' in the freqopt checkout\)$"
+    with pytest.raises(MissingDependencyError, match=r"psycopg, which is not installed: " + hint):
         open_storage("postgresql+psycopg://user@localhost/freqopt")
 
 

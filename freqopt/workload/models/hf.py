@@ -12,7 +12,8 @@ Tested on Llama, Mistral, Qwen2 (RMSNorm, SwiGLU MLP, rotary embeddings, grouped
 what HF's eager modules launch: e.g. RMSNorm as separate pow/mean/rsqrt/mul kernels, rotary embeddings as
 elementwise kernels, and the loss over the logits upcast to float32.
 
-transformers is an optional dependency: ``pip install 'freqopt[hf]'``.
+transformers is an optional dependency: ``pip install 'transformers>=4.47' 'accelerate>=1.1'``, or ``pip install -e
+'.[hf]'`` in the freqopt checkout (freqopt.errors.install_hint).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.errors import InvalidSettingError, UnknownNameError, install_hint
 
 __all__ = ["HF_PREFIX", "DEFAULT_HF_SEQ_LEN", "HFConfig", "HFCausalLM", "is_hf_model", "load_hf_config",
            "build_hf_model"]
@@ -35,7 +36,7 @@ from freqopt.workload.model_names import HF_PREFIX, read_hf_config_json  # noqa:
 # Tokens per sequence when the config allows more: 2048, GPT-3's context (freqopt's default workload size), so
 # that a model with a 128k context is not traced at 128k tokens unless asked (seq_len=...).
 DEFAULT_HF_SEQ_LEN = 2048
-_INSTALL = "Hugging Face models need transformers: pip install 'freqopt[hf]'"
+_INSTALL = f"Hugging Face models need transformers: {install_hint('hf')}"
 
 
 def is_hf_model(name: str) -> bool:
@@ -112,7 +113,7 @@ def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
         seq_len: tokens per sequence; at most the config's max_position_embeddings.
 
     Raises:
-        UnknownNameError: transformers missing (says to ``pip install 'freqopt[hf]'``), no config at PATH, or a
+        UnknownNameError: transformers missing (says how to install it), no config at PATH, or a
             model_type transformers does not know or has no causal LM for.
         InvalidSettingError: an unreadable or corrupt config, or seq_len beyond the config's positions.
     """
