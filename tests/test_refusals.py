@@ -167,6 +167,54 @@ def test_a_missing_postgresql_driver_names_the_extra(tmp_path, url):
             "'.[postgres]' in the freqopt checkout)" in err, err
 
 
+def _tensor_parallel_table(tmp: Path) -> Path:
+    """TABLE as if transferred to dp=2,tp=2 (what ``freqopt transfer ... --layout dp=2,tp=2`` writes)."""
+    data = json.loads(TABLE.read_text())
+    data["workload"]["layout"] = {**data["workload"]["layout"], "dp": 2, "tp": 2}
+    path = tmp / "tp-table.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["given", "the table's"])
+def test_a_tensor_parallel_train_without_transformers_is_refused_before_pytorch(tmp_path, layout):
+    """DeepSpeed's AutoTP imports transformers: with it made unimportable, a tp=2 train (its layout given, or its
+    table's) is refused in one line saying how to install it, before PyTorch is imported (so before any work)."""
+    if layout == "given":
+        argv = ["train", "--model", "gpt3-small", "--layout", "dp=2,tp=2", "--small-step"]
+    else:
+        argv = ["train", "--model", "gpt3-xl", "--table", str(_tensor_parallel_table(tmp_path)), "--small-step"]
+    report, err = _run(argv, tmp_path, block="transformers")
+    assert report["code"] == 2 and report["heavy"] == [], (report, err)
+    assert len(err.strip().splitlines()) == 1 and "--layout dp=2,tp=2: tensor parallelism" in err, err
+    assert "needs transformers, not installed: pip install 'transformers>=4.40' (or pip install -e '.[tp]' in the " \
+           "freqopt checkout)" in err, err
+
+
+def test_plan_training_refuses_tensor_parallelism_without_transformers_before_training(monkeypatch):
+    """The library's way in: plan_training refuses (argument ``layout``) with transformers not found, and nothing
+    trains; with transformers found the same layout passes the check."""
+    import importlib.util
+
+    import freqopt.apply.train as train_module
+    from freqopt.apply.train_checks import check_layout_packages
+    from freqopt.errors import MissingDependencyError
+    from freqopt.workload.layout import Layout
+
+    check_layout_packages(Layout(2, 2))  # transformers is installed here
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
+                        find_spec(name, *a))  # fmt: skip
+    monkeypatch.setattr(train_module, "train", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(MissingDependencyError, match=r"^layout dp=2,tp=2: tensor parallelism .*needs transformers"
+                                                     r".*pip install 'transformers>=4\.40'") as e:
+        train_module.plan_training("gpt3-small", layout="dp=2,tp=2", small_step=True)
+    assert e.value.argument == "layout" and len(str(e.value).splitlines()) == 1
+    check_layout_packages(Layout(4, 1))  # data parallelism needs no transformers
+    with pytest.raises(MissingDependencyError):
+        check_layout_packages(Layout(1, 2))
+
+
 def test_open_storage_names_the_extra_too(monkeypatch):
     """freqopt.search.storage.open_storage (the library's way in) refuses the same way, before SQLAlchemy."""
     from freqopt.errors import MissingDependencyError
