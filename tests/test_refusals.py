@@ -51,6 +51,7 @@ REFUSALS = [
      "--node-limit must be an integer >= 0"),
     (["plan", "--stage-profile", str(PROFILE), "--micro-batches", "4", "--gpu", "a40", "--frontier-points", "0",
       "--json", "{tmp}/plan.json"], "--frontier-points must be a positive integer"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "0%"], "--max-slowdown '0%' must be above 0"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "pp=0"], "--layout 'pp=0'"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "dp=abc"], "--layout 'dp=abc'"),
     (["search", "--model", "hf:{tmp}/missing", "--max-slowdown", "1%"], "no Hugging Face config"),

@@ -113,7 +113,7 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     if json_path:
         write_json(json_path, {
             "stages": planner.stages, "gpus": planner.gpus, "micro_batches": micro_batches, "schedule": schedule,
-            "blocking_power_w": planner.blocking_power_w, "max_slowdown": parse_slowdown(max_slowdown),
+            "blocking_power_w": planner.blocking_power_w, "max_slowdown": parse_slowdown(max_slowdown, allow_zero=True),
             "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j, "lower_bound_j": p.lower_bound_j,
                           "deadline_s": p.deadline_s, "sm_clock_mhz": _by_stage(planner.dag, p.sm_clock_mhz)}
                          for p in frontier],
