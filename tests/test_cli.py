@@ -227,10 +227,13 @@ def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):
     # step has one: freqopt.gpu.host) sets much of its pace, and a cap slows it less.
     assert main(["powercap", "--model", "bert-base", "--gpu", "v100-pcie", "--seq-len", "128", "--micro-batch-size",
                  "32", "--json", str(out)]) == 0  # fmt: skip
-    assert "250 (default)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    rows = [line.strip("│ ").split()[0] for line in printed.splitlines() if line.startswith("│")]
+    assert rows == ["250", "100", "150", "200"] and "250 (default)" in printed  # the default limit's row once
     doc = json.loads(out.read_text())
     assert doc["baseline_power_limit_w"] == 250
     assert [c["power_limit_w"] for c in doc["caps"]] == [100, 150, 200, 250]
+    assert (doc["caps"][-1]["time_rel"], doc["caps"][-1]["energy_rel"]) == (1.0, 1.0)  # the baseline, not re-measured
     assert set(doc["caps"][0]) == {"power_limit_w", "time_rel", "energy_rel", "avg_power_w", "power_limit_met"}
     assert all(c["power_limit_met"] for c in doc["caps"])
     by_cap = {c["power_limit_w"]: c for c in doc["caps"]}
