@@ -385,7 +385,7 @@ def search_pipeline(
     from freqopt.resolve import check_workload_arguments, resolve_gpu
 
     # The checks that need no model built first, before the modules that load PyTorch and Optuna.
-    slowdown = parse_slowdown(max_slowdown)
+    slowdown = parse_slowdown(max_slowdown, allow_zero=True)  # slack off the critical path saves at no slowdown
     confidence = check_confidence(confidence)
     _check_micro_batches(micro_batches)
     sizes = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "n_heads": n_heads,

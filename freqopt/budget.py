@@ -12,18 +12,24 @@ __all__ = ["CONFIRM_TRIES", "DEFAULT_CONFIDENCE", "check_confidence", "first_con
 _NUMBER = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)")
 
 
-def parse_slowdown(value: float | str, *, argument: str = "max_slowdown") -> float:
+def parse_slowdown(value: float | str, *, argument: str = "max_slowdown", allow_zero: bool = False) -> float:
     """A slowdown as a fraction of the default iteration time: 0.01, "1%", "1 %" and "0.01" all give 0.01.
+
+    A budget of zero is refused unless ``allow_zero``: a search keeps a schedule only where its slowdown's upper
+    confidence bound is within the budget, and no slower setting's readings put that bound at or below zero, so a
+    zero budget spends its measurements to return the default settings. A pipeline's plan (freqopt.pipeline) allows
+    it: instructions off the critical path slow down at no cost to the iteration.
 
     Args:
         value: a fraction (a number, or a string without "%") or a percentage (a string ending in "%").
         argument: the argument's name, for the error message.
+        allow_zero: accept 0 (a pipeline's budget).
 
     Returns:
-        The fraction, in [0, 1).
+        The fraction, in (0, 1), or [0, 1) with ``allow_zero``.
 
     Raises:
-        InvalidSettingError: not a number, negative, not finite, or 100 % or more.
+        InvalidSettingError: not a number, negative, not finite, 100 % or more, or zero without ``allow_zero``.
     """
     if isinstance(value, bool):
         raise InvalidSettingError(f"{argument} {value!r} is not a slowdown; write a fraction like 0.01 or '1%'",
@@ -35,7 +41,7 @@ def parse_slowdown(value: float | str, *, argument: str = "max_slowdown") -> flo
                 f"{argument} {value!r} is outside [0, 1); write a fraction like 0.01 or a percentage like '1%'",
                 argument=argument,
             )
-        return fraction
+        return _refuse_zero(fraction, value, argument, allow_zero)
     raw = str(value).strip()
     if raw.startswith("-"):
         raise InvalidSettingError(f"{argument} {value!r} is negative; a slowdown is in [0, 100%), like 1% or 0.01",
@@ -50,6 +56,14 @@ def parse_slowdown(value: float | str, *, argument: str = "max_slowdown") -> flo
             f"{argument} {value!r} is outside [0, 100%); write a percentage like 1% or a fraction like 0.01",
             argument=argument,
         )
+    return _refuse_zero(fraction, value, argument, allow_zero)
+
+
+def _refuse_zero(fraction: float, value, argument: str, allow_zero: bool) -> float:
+    if fraction == 0.0 and not allow_zero:
+        raise InvalidSettingError(f"{argument} {value!r} must be above 0: a search at no slowdown can only keep the "
+                                  "default settings (no slower setting is within it at any confidence); give a "
+                                  "budget like 1% or 0.01", argument=argument)  # fmt: skip
     return fraction
 
 

@@ -17,7 +17,18 @@ __all__ = [
     "TraceMismatchError",
     "MissingDependencyError",
     "check_positive_int",
+    "EXTRA_PACKAGES",
+    "install_hint",
 ]
+
+# The optional-dependency groups of pyproject.toml ([project.optional-dependencies]) that a refusal points to, and
+# what each installs, as pyproject.toml writes them (tests/test_install.py holds the two together).
+EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {
+    "hf": ("transformers>=4.47", "accelerate>=1.1"),
+    "tp": ("transformers>=4.40",),
+    "plots": ("matplotlib>=3.7",),
+    "postgres": ("psycopg[binary]>=3.1",),
+}
 
 
 class FreqoptError(Exception):
@@ -78,7 +89,21 @@ class TraceMismatchError(FreqoptError):
 
 
 class MissingDependencyError(FreqoptError, ImportError):
-    """An optional dependency is not installed; the message names the pip extra that installs it."""
+    """An optional dependency is not installed; the message says how to install it (install_hint)."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install the packages of pyproject.toml's optional-dependency group ``extra`` (EXTRA_PACKAGES), in
+    words that work where freqopt was installed from its source checkout (no package index serves freqopt):
+    ``pip install 'transformers>=4.47' 'accelerate>=1.1' (or pip install -e '.[hf]' in the freqopt checkout)``.
+
+    Raises:
+        KeyError: ``extra`` is not one of EXTRA_PACKAGES.
+    """
+    import shlex
+
+    packages = " ".join(shlex.quote(package) for package in EXTRA_PACKAGES[extra])
+    return f"pip install {packages} (or pip install -e '.[{extra}]' in the freqopt checkout)"
 
 
 def check_positive_int(name: str, value, *, optional: bool = False) -> None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 from pathlib import Path
 
-from freqopt.errors import MissingDependencyError, StorageError
+from freqopt.errors import MissingDependencyError, StorageError, install_hint
 
 __all__ = ["check_storage_url", "storage_file", "missing_driver_error", "POSTGRES_INSTALL", "URL_EXAMPLES"]
 
 URL_EXAMPLES = "journal:path/to/freqopt.journal, sqlite:///path/to/freqopt.db or postgresql+psycopg://user@host/db"
-# The pip extra that installs the PostgreSQL driver (pyproject.toml's ``postgres``: psycopg).
-POSTGRES_INSTALL = "pip install 'freqopt[postgres]'"
+# What installs the PostgreSQL driver (pyproject.toml's ``postgres`` extra: psycopg).
+POSTGRES_INSTALL = install_hint("postgres")
 
 # SQLAlchemy's built-in dialects -> {driver: the module it imports (its DBAPI)}, the dialect's default driver under
 # None; from SQLAlchemy 2.0's dialect modules (sqlalchemy/dialects/*/*.py, each driver's ``import_dbapi``).
@@ -47,10 +48,11 @@ def missing_driver_error(url: str, module: str) -> MissingDependencyError:
     """The error for ``url`` whose database driver ``module`` is not installed: it names what installs it
     (for PostgreSQL, freqopt's ``postgres`` extra: POSTGRES_INSTALL)."""
     if url.startswith("postgresql"):  # freqopt's extra installs psycopg; another driver is the user's choice
+        package = shlex.quote(_PACKAGES.get(module, module))
         install = POSTGRES_INSTALL if module == "psycopg" else \
-            f"{POSTGRES_INSTALL} and write postgresql+psycopg://..., or pip install {_PACKAGES.get(module, module)}"
+            f"{POSTGRES_INSTALL}, and write postgresql+psycopg://...; or pip install {package}"
     else:
-        install = f"pip install {_PACKAGES.get(module, module)}"
+        install = f"pip install {shlex.quote(_PACKAGES.get(module, module))}"
     return MissingDependencyError(f"Optuna storage {url!r} needs the database driver {module}, which is not "
                                   f"installed: {install}")
 
@@ -84,7 +86,7 @@ def check_storage_url(url: str | None) -> None:
         StorageError: not a URL of a known form, no file after ``journal:``, an unknown dialect, or the folder of
             the file missing.
         MissingDependencyError: the database driver is not installed; the message says what installs it
-            (PostgreSQL: ``pip install 'freqopt[postgres]'``).
+            (PostgreSQL: POSTGRES_INSTALL).
     """
     if url is None:
         return

@@ -21,6 +21,11 @@ from fake_pynvml import FakeGPU, FakeNVML  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+# Rich wraps what it prints to a file at the COLUMNS of the environment (else 80): a test that reads a table or a
+# long line (a path under a deep checkout or tmp folder) must not depend on the terminal it was started from. Every
+# command run in-process or as a subprocess of this session prints 200 columns, unless a test sets its own.
+os.environ["COLUMNS"] = "200"
+
 # A small kernel-level search (kernel level warm-starts from its coarser levels): many units, seconds each. Its
 # switches take 1 ms: at the H100's 26 ms its short step could realize one clock only, and no finer level would run.
 KERNEL_SEARCH = ["--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len", "256", "--max-slowdown", "2%",

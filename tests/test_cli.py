@@ -14,7 +14,7 @@ TRANSFER_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", 
                               "source-kernel-table.json")
 
 
-@pytest.mark.parametrize("text,value", [("1%", 0.01), ("0.01", 0.01), ("2.5 %", 0.025), ("0", 0.0), ("99%", 0.99)])
+@pytest.mark.parametrize("text,value", [("1%", 0.01), ("0.01", 0.01), ("2.5 %", 0.025), ("99%", 0.99)])
 def test_parse_slowdown(text, value):
     assert parse_slowdown(text) == pytest.approx(value)
 
@@ -25,10 +25,35 @@ def test_parse_slowdown_refuses(text):
         parse_slowdown(text)
 
 
+@pytest.mark.parametrize("value", ["0", "0%", "0.0 %", 0, 0.0])
+def test_a_zero_budget_is_refused_unless_allowed(value):
+    """No slower setting fits a zero budget at any confidence: refused in one line naming the argument; a
+    pipeline's plan (allow_zero) takes it."""
+    with pytest.raises(InvalidSettingError, match=r"^max_slowdown .* must be above 0: .*give a budget like 1%") as e:
+        parse_slowdown(value)
+    assert e.value.argument == "max_slowdown" and len(str(e.value).splitlines()) == 1
+    assert parse_slowdown(value, allow_zero=True) == 0.0
+
+
+def test_search_refuses_a_zero_budget():
+    """freqopt.search (the API) and SearchConfig refuse max_slowdown 0 (the command line's refusal, before PyTorch
+    is imported: tests/test_refusals.py)."""
+    import freqopt
+    from freqopt.search.config import SearchConfig
+
+    with pytest.raises(InvalidSettingError, match=r"^max_slowdown '0%' must be above 0") as e:
+        freqopt.search("gpt3-small", max_slowdown="0%")
+    assert e.value.argument == "max_slowdown"
+    with pytest.raises(InvalidSettingError, match=r"^max_slowdown must be above 0") as e:
+        SearchConfig(max_slowdown=0.0)
+    assert e.value.argument == "max_slowdown"
+
+
 BAD = [
     (["--model", "gpt4", "--max-slowdown", "1%"], "unknown model"),
     (["--model", "gpt3-small", "--max-slowdown", "abc"], "not a slowdown"),
     (["--model", "gpt3-small", "--max-slowdown", "-5%"], "negative"),
+    (["--model", "gpt3-small", "--max-slowdown", "0%"], "--max-slowdown '0%' must be above 0"),
     (["--model", "gpt3-small", "--max-slowdown", "100%"], "outside"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--gpu", "rtx9090"], "unknown GPU"),
     (["--model", "gpt3-small", "--max-slowdown", "1%", "--granularity", "layer"], "unknown granularity"),
@@ -202,10 +227,13 @@ def test_powercap_v100_matches_the_papers_direction(tmp_path, capsys):
     # step has one: freqopt.gpu.host) sets much of its pace, and a cap slows it less.
     assert main(["powercap", "--model", "bert-base", "--gpu", "v100-pcie", "--seq-len", "128", "--micro-batch-size",
                  "32", "--json", str(out)]) == 0  # fmt: skip
-    assert "250 (default)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    rows = [line.strip("│ ").split()[0] for line in printed.splitlines() if line.startswith("│")]
+    assert rows == ["250", "100", "150", "200"] and "250 (default)" in printed  # the default limit's row once
     doc = json.loads(out.read_text())
     assert doc["baseline_power_limit_w"] == 250
     assert [c["power_limit_w"] for c in doc["caps"]] == [100, 150, 200, 250]
+    assert (doc["caps"][-1]["time_rel"], doc["caps"][-1]["energy_rel"]) == (1.0, 1.0)  # the baseline, not re-measured
     assert set(doc["caps"][0]) == {"power_limit_w", "time_rel", "energy_rel", "avg_power_w", "power_limit_met"}
     assert all(c["power_limit_met"] for c in doc["caps"])
     by_cap = {c["power_limit_w"]: c for c in doc["caps"]}

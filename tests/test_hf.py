@@ -136,7 +136,8 @@ def test_a_short_search_runs_on_an_hf_trace():
 
 def test_missing_transformers_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
-    with pytest.raises(UnknownNameError, match=r"pip install 'freqopt\[hf\]'"):
+    with pytest.raises(UnknownNameError, match=r"pip install 'transformers>=4.47' 'accelerate>=1.1' \(or pip install -e "
+                                               r"'\.\[hf\]' in the freqopt checkout\)"):
         get_workload(hf("llama"))
 
 
@@ -218,3 +219,43 @@ def test_the_cli_refuses_an_unbuildable_config_in_one_line_and_writes_nothing(tm
                      "--out", str(out)]) == 2  # fmt: skip
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("freqopt: error: ") and not out.exists()
+
+
+# Tiny configs of a sequence-to-sequence LM and an image classifier, which hf: does not build.
+T5_CONFIG = {"model_type": "t5", "vocab_size": 128, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2,
+             "num_heads": 4, "decoder_start_token_id": 0}
+VIT_CONFIG = {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 64, "image_size": 32, "patch_size": 8, "num_labels": 10}
+
+
+@pytest.mark.parametrize("config, auto, inputs", [
+    (T5_CONFIG, "AutoModelForSeq2SeqLM", lambda: {"input_ids": torch.randint(0, 128, (2, 16)),
+                                                 "labels": torch.randint(0, 128, (2, 8))}),
+    (VIT_CONFIG, "AutoModelForImageClassification", lambda: {"pixel_values": torch.randn(2, 3, 32, 32),
+                                                            "labels": torch.randint(0, 10, (2,))}),
+], ids=["t5", "vit"])  # fmt: skip
+def test_t5_and_vit_are_refused_as_freqopts_limit_with_the_trace_step_that_traces_them(tmp_path, config, auto,
+                                                                                        inputs):  # fmt: skip
+    """hf: builds causal and masked LMs only: T5 and ViT are refused in one line saying so (freqopt's limit, not
+    transformers') with the trace_step call to use instead, and that call, as the message writes it, traces them."""
+    import transformers
+
+    import freqopt
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnknownNameError) as e:
+        get_workload(f"hf:{tmp_path}")
+    message = str(e.value)
+    assert len(message.splitlines()) == 1 and "freqopt's hf: models are causal and masked language models only" in \
+        message and f"{auto}.from_config(config) under torch.device('meta')" in message, message
+    assert "transformers has no" not in message
+    step = message[message.index("freqopt.trace_step(lambda: ("):]
+    forward = step[step.index("m(") + 2:step.index(").loss")]  # the keyword arguments the message passes
+    assert sorted(part.split("=")[0] for part in forward.split(", ")) == sorted(inputs())
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        m = getattr(transformers, auto).from_config(hf_config)
+        batch = inputs()
+    opt = torch.optim.AdamW(m.parameters())
+    trace = freqopt.trace_step(lambda: (m(**batch).loss.backward(), opt.step()), name=config["model_type"], module=m)
+    assert len(trace.kernels) > 50 and {k.pass_name for k in trace.kernels} >= {"forward", "backward", "optimizer"}

@@ -60,3 +60,30 @@ def test_the_installed_wheel_imports_answers_help_and_searches(installed):
                    "--granularity", "iteration", "--trials", "4", "--out", str(tmp / "out"))
     assert searched.returncode == 0, searched.stderr[-2000:]
     assert "iteration table:" in searched.stderr + searched.stdout
+
+
+def test_no_message_names_an_extra_of_freqopt_that_no_index_serves():
+    """freqopt is installed from its checkout, so ``pip install 'freqopt[hf]'`` finds nothing: no message or
+    docstring in freqopt/ says it; the hints say what to pip install and the checkout's ``pip install -e '.[X]'``."""
+    import re
+
+    wrong = re.compile(r"pip install\s+['\"]?freqopt\[")
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "freqopt").rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if wrong.search(line)]
+    assert not found, found
+
+
+def test_the_install_hints_name_what_pyproject_extras_install():
+    """Each extra a hint names (freqopt.errors.EXTRA_PACKAGES) installs in pyproject.toml what the hint says, so
+    that the two ways it gives install the same."""
+    import tomllib
+
+    from freqopt.errors import EXTRA_PACKAGES, install_hint
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, packages in EXTRA_PACKAGES.items():
+        assert tuple(extras[extra]) == packages, extra
+        hint = install_hint(extra)
+        assert f"pip install -e '.[{extra}]'" in hint and all(f"'{p}'" in hint for p in packages), hint
+    assert install_hint("postgres") == "pip install 'psycopg[binary]>=3.1' (or pip install -e '.[postgres]' in the " \
+                                       "freqopt checkout)"

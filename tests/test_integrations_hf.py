@@ -182,6 +182,7 @@ def test_freqopt_does_not_import_transformers_and_the_integration_says_how_to_in
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).parent.parent)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == ("freqopt.integrations.hf needs Hugging Face transformers: "
-                                   "pip install 'freqopt[hf]'")  # fmt: skip
+    assert done.stdout.strip() == ("freqopt.integrations.hf needs Hugging Face transformers: pip install "
+                                   "'transformers>=4.47' 'accelerate>=1.1' (or pip install -e '.[hf]' in the freqopt "
+                                   "checkout)")  # fmt: skip
     assert issubclass(MissingDependencyError, ImportError)

@@ -268,6 +268,10 @@ def test_plan_pipeline_max_slowdown_and_errors():
     assert plan.deadline_s == pytest.approx(1.1 * plan.default_time_s) and plan.time_s <= plan.deadline_s + 1e-9
     assert plan.energy_j < plan.default_energy_j and fastest.deadline_s is None
     assert [len(s["instructions"]) for s in plan.stage_clocks()] == [4, 4]
+    # No slowdown is a pipeline's budget too (unlike a search's, freqopt.budget.parse_slowdown): the stage off the
+    # critical path slows down for free.
+    free = plan_pipeline(profile, 2, max_slowdown="0%", blocking_power_w=1.0)
+    assert free.deadline_s == pytest.approx(fastest.time_s) and free.energy_j < free.default_energy_j
     with pytest.raises(InvalidSettingError, match="^deadline_s .* below the fastest"):
         plan_pipeline(profile, 2, deadline_s=0.5 * fastest.time_s, blocking_power_w=0.0)
     with pytest.raises(InvalidSettingError, match="^stages 3 is not the stage profile's 2"):

@@ -51,6 +51,8 @@ REFUSALS = [
      "--node-limit must be an integer >= 0"),
     (["plan", "--stage-profile", str(PROFILE), "--micro-batches", "4", "--gpu", "a40", "--frontier-points", "0",
       "--json", "{tmp}/plan.json"], "--frontier-points must be a positive integer"),
+    (["search", "--model", "gpt3-small", "--max-slowdown", "0%"], "--max-slowdown '0%' must be above 0"),
+    (["search", "--model", "gpt4", "--max-slowdown", "1%"], "unknown model 'gpt4'"),  # `freqopt models` runs
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "pp=0"], "--layout 'pp=0'"),
     (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--layout", "dp=abc"], "--layout 'dp=abc'"),
     (["search", "--model", "hf:{tmp}/missing", "--max-slowdown", "1%"], "no Hugging Face config"),
@@ -119,18 +121,30 @@ def _run(argv: list[str], tmp: Path, block: str = "") -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+def _said(err: str) -> str:
+    """``err`` without the lines that a slow stage of ``freqopt train`` adds on a loaded machine ("  ... checking
+    the run: ... (10 s)", its heartbeat every 10 s), which repeat what it is doing and are no part of a refusal."""
+    return "".join(line for line in err.splitlines(keepends=True) if not line.startswith("  ... "))
+
+
 def _suggestions(message: str) -> list[list[str]]:
     """The freqopt commands a message suggests (in backquotes), split as a shell would, without ``freqopt``."""
     return [shlex.split(c)[1:] for c in re.findall(r"`(freqopt [^`]+)`", message)]
 
 
+# Suggested commands that finish in a second or two, so a test runs them as printed: the lists of GPU types and
+# models (the error of an unknown name suggests them), each with its own options.
+_FAST_COMMANDS = ("gpus", "models")
+
+
 def _runs_as_printed(args: list[str], tmp: Path) -> None:
-    """A suggested command runs: `freqopt gpus` and any --help as printed; the others, whose run is long (a search,
-    a transfer, a worker that waits) or needs PyTorch, parsed by the command line with --help appended, which
-    refuses an unknown command or option (a suggestion that does not run) with exit status 2."""
+    """A suggested command runs: the fast ones (_FAST_COMMANDS) and any --help as printed, and must exit 0; the
+    others, whose run is long (a search, a transfer: 38 s on a loaded 2-core machine, a worker that waits) or needs
+    PyTorch, parsed by the command line with --help appended, which refuses an unknown command or option (a
+    suggestion that does not run) with exit status 2."""
     from freqopt.cli import main
 
-    cheap = args == ["gpus"] or "--help" in args
+    cheap = (bool(args) and args[0] in _FAST_COMMANDS) or "--help" in args
     old = os.getcwd()
     os.chdir(tmp)
     try:
@@ -145,6 +159,7 @@ def test_a_refusal_is_one_line_before_any_heavy_import(tmp_path, argv, message, 
     _files(tmp_path)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     report, err = _run(argv, tmp_path)
+    err = _said(err)
     assert report["code"] != 0, err
     assert len(err.strip().splitlines()) == 1 and err.startswith("freqopt: error: ") and message in err, err
     assert report["heavy"] == [], f"{argv} imported {report['heavy']} before refusing"
@@ -158,12 +173,61 @@ def test_a_refusal_is_one_line_before_any_heavy_import(tmp_path, argv, message, 
 @pytest.mark.parametrize("url", ["postgresql+psycopg://user@localhost/freqopt", "postgresql://user@localhost/f"])
 def test_a_missing_postgresql_driver_names_the_extra(tmp_path, url):
     """The driver is made unimportable (as if not installed): search and worker refuse the URL at once, in one line
-    that names ``pip install 'freqopt[postgres]'``."""
+    that says how to install the driver (freqopt.errors.install_hint("postgres"))."""
     for argv in (["search", "--model", "gpt3-small", "--max-slowdown", "1%", "--storage", url],
                  ["worker", "--storage", url]):  # fmt: skip
         report, err = _run(argv, tmp_path, block="psycopg,psycopg2")
         assert report["code"] == 2 and report["heavy"] == [], (report, err)
-        assert len(err.strip().splitlines()) == 1 and "pip install 'freqopt[postgres]'" in err, err
+        assert len(err.strip().splitlines()) == 1 and "pip install 'psycopg[binary]>=3.1' (or pip install -e " \
+            "'.[postgres]' in the freqopt checkout)" in err, err
+
+
+def _tensor_parallel_table(tmp: Path) -> Path:
+    """TABLE as if transferred to dp=2,tp=2 (what ``freqopt transfer ... --layout dp=2,tp=2`` writes)."""
+    data = json.loads(TABLE.read_text())
+    data["workload"]["layout"] = {**data["workload"]["layout"], "dp": 2, "tp": 2}
+    path = tmp / "tp-table.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["given", "the table's"])
+def test_a_tensor_parallel_train_without_transformers_is_refused_before_pytorch(tmp_path, layout):
+    """DeepSpeed's AutoTP imports transformers: with it made unimportable, a tp=2 train (its layout given, or its
+    table's) is refused in one line saying how to install it, before PyTorch is imported (so before any work)."""
+    if layout == "given":
+        argv = ["train", "--model", "gpt3-small", "--layout", "dp=2,tp=2", "--small-step"]
+    else:
+        argv = ["train", "--model", "gpt3-xl", "--table", str(_tensor_parallel_table(tmp_path)), "--small-step"]
+    report, err = _run(argv, tmp_path, block="transformers")
+    assert report["code"] == 2 and report["heavy"] == [], (report, err)
+    assert len(err.strip().splitlines()) == 1 and "--layout dp=2,tp=2: tensor parallelism" in err, err
+    assert "needs transformers, not installed: pip install 'transformers>=4.40' (or pip install -e '.[tp]' in the " \
+           "freqopt checkout)" in err, err
+
+
+def test_plan_training_refuses_tensor_parallelism_without_transformers_before_training(monkeypatch):
+    """The library's way in: plan_training refuses (argument ``layout``) with transformers not found, and nothing
+    trains; with transformers found the same layout passes the check."""
+    import importlib.util
+
+    import freqopt.apply.train as train_module
+    from freqopt.apply.train_checks import check_layout_packages
+    from freqopt.errors import MissingDependencyError
+    from freqopt.workload.layout import Layout
+
+    check_layout_packages(Layout(2, 2))  # transformers is installed here
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
+                        find_spec(name, *a))  # fmt: skip
+    monkeypatch.setattr(train_module, "train", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(MissingDependencyError, match=r"^layout dp=2,tp=2: tensor parallelism .*needs transformers"
+                                                     r".*pip install 'transformers>=4\.40'") as e:
+        train_module.plan_training("gpt3-small", layout="dp=2,tp=2", small_step=True)
+    assert e.value.argument == "layout" and len(str(e.value).splitlines()) == 1
+    check_layout_packages(Layout(4, 1))  # data parallelism needs no transformers
+    with pytest.raises(MissingDependencyError):
+        check_layout_packages(Layout(1, 2))
 
 
 def test_open_storage_names_the_extra_too(monkeypatch):
@@ -172,7 +236,8 @@ def test_open_storage_names_the_extra_too(monkeypatch):
     from freqopt.search.storage import open_storage
 
     monkeypatch.setitem(sys.modules, "psycopg", None)
-    with pytest.raises(MissingDependencyError, match=r"psycopg, which is not installed: pip install 'freqopt\["):
+    hint = r"pip install 'psycopg\[binary\]>=3.1' \(or pip install -e '\.\[postgres\]' in the freqopt checkout\)$"
+    with pytest.raises(MissingDependencyError, match=r"psycopg, which is not installed: " + hint):
         open_storage("postgresql+psycopg://user@localhost/freqopt")
 
 
@@ -268,6 +333,7 @@ def test_train_with_another_models_table_suggests_a_transfer_that_runs(tmp_path)
     pytest.importorskip("transformers")
     relative = os.path.relpath(HF_LLAMA, REPO)
     report, err = _run(["train", "--model", f"hf:{relative}", "--table", str(TABLE)], REPO)
+    err = _said(err)
     assert report["code"] == 2 and len(err.strip().splitlines()) == 1, err
     (command,) = _suggestions(err)
     assert command[:1] == ["transfer"] and f"hf:{HF_LLAMA}" in command, err

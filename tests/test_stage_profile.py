@@ -119,12 +119,60 @@ def test_a_foreign_or_corrupt_file_is_refused_and_left_alone(tmp_path):
     row = next(i for i, line in enumerate(lines) if line.startswith("1,backward,1500,"))
     corrupt = tmp_path / "corrupt.csv"
     corrupt.write_text("\n".join(lines[:row] + ["1,backward,1500,-0.001,0.5"] + lines[row + 1:]) + "\n")
+    (tmp_path / "corrupt.csv.meta.json").write_text((tmp_path / "stages.csv.meta.json").read_text())
     with pytest.raises(InvalidSettingError, match="is not a valid stage profile .*time '-0.001' is not positive"):
         measure_stage_profile(tiny_pipeline(), out=corrupt, sm_clocks_mhz=[1980, 1500])
     garbled = tmp_path / "garbled.csv"
-    garbled.write_text(lines[0][:40] + "\n" + "\n".join(lines[1:]) + "\n")  # the run's JSON cut short
+    garbled.write_text(text)
+    meta = (tmp_path / "stages.csv.meta.json").read_text()
+    (tmp_path / "garbled.csv.meta.json").write_text(meta[:40])  # the run's JSON cut short
     with pytest.raises(InvalidSettingError, match="is not a stage profile this command wrote"):
         measure_stage_profile(tiny_pipeline(), out=garbled, sm_clocks_mhz=[1980])
+    assert garbled.read_text() == text
+
+
+def test_the_profile_is_a_plain_csv_that_pandas_reads_as_perseus_does(tmp_path):
+    """pandas.read_csv(path), as Perseus's planner (lowtime/scripts/perseus.py) loads its instruction profile, reads
+    the file as written, and Perseus's per-stage query finds every row; the run's identity is in the sidecar."""
+    import json
+
+    pandas = pytest.importorskip("pandas")
+    from freqopt.measure.stage_profile import measure_stage_profile, read_run_header, sidecar_path
+
+    out = tmp_path / "stages.csv"
+    run = measure_stage_profile(tiny_pipeline(), out=out, sm_clocks_mhz=CLOCKS)
+    frame = pandas.read_csv(out)
+    assert list(frame.columns) == ["stage", "instruction", "frequency", "time", "energy"] and len(frame) == 16
+    for stage in range(2):
+        for kind in ("forward", "backward"):
+            rows = frame.query(f"stage == {stage} and instruction == '{kind}'")  # Perseus's query
+            options = run.profile.options[(stage, kind)]
+            by_clock = {int(row["frequency"]): (row["time"], row["energy"]) for _, row in rows.iterrows()}
+            assert sorted(by_clock) == sorted(CLOCKS)
+            assert by_clock == dict(zip(options.sm_clock_mhz.tolist(), zip(options.time_s, options.energy_j)))
+    meta = json.loads(sidecar_path(out).read_text())
+    assert sidecar_path(out) == tmp_path / "stages.csv.meta.json"
+    assert meta["run"] == read_run_header(out) and meta["run"]["seed"] == 0 and meta["run"]["gpu"] == "h100-sxm"
+    assert meta["blocking_power_w"] == run.blocking_power_w
+
+
+def test_a_profile_an_older_version_wrote_resumes_and_gains_a_sidecar(tmp_path):
+    """A file with the run's JSON on its first comment line (as older versions wrote it) is still this command's:
+    it resumes, and is rewritten as a plain CSV with the sidecar."""
+    import json
+
+    from freqopt.measure.stage_profile import measure_stage_profile, sidecar_path
+
+    out = tmp_path / "stages.csv"
+    measure_stage_profile(tiny_pipeline(), out=out, sm_clocks_mhz=[1980])
+    meta = sidecar_path(out)
+    header = json.loads(meta.read_text())["run"]
+    out.write_text("# freqopt stage-profile run: " + json.dumps(header) + "\n# a note\n" + out.read_text())
+    meta.unlink()
+    again = measure_stage_profile(tiny_pipeline(), out=out, sm_clocks_mhz=[1980, 1500])
+    assert (again.n_measured, again.n_reused) == (4, 4)
+    assert out.read_text().startswith("stage,instruction,frequency,time,energy\n")
+    assert json.loads(meta.read_text())["run"] == header
 
 
 def test_the_blocking_power_is_the_gpu_files_waiting_power():

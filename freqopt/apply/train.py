@@ -51,7 +51,8 @@ from freqopt.gpu.backends.base import switch_latency
 from freqopt.errors import InvalidSettingError
 from freqopt.workload.memory import StepMemory, estimate_step_memory, workload_label
 from freqopt.workload.models import Workload
-from freqopt.apply.train_checks import check_training_arguments, check_training_device, refuse_pipeline_options
+from freqopt.apply.train_checks import (check_layout_packages, check_training_arguments, check_training_device,
+                                        refuse_pipeline_options)  # fmt: skip
 from freqopt.apply.train_loop import StepRecord, TrainReport, synthetic_batch, train
 from freqopt.tables import ClockTable
 
@@ -253,6 +254,8 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
             (check_host_memory).
         TableWorkloadError: the table was found for another model, layout, micro-batch or sequence length; the
             message names the ``freqopt transfer`` command that lays it onto this workload.
+        MissingDependencyError: a tensor-parallel layout (tp > 1) without transformers, which DeepSpeed's AutoTP
+            imports (check_layout_packages).
     """
     from freqopt.resolve import resolve_workload
 
@@ -271,6 +274,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     if workload.layout.is_pipeline:
         partition_method = _check_pipeline_training(workload, table, source, micro_batches, partition_method)
     refuse_pipeline_options(workload.layout, micro_batches, partition_method)  # the table's layout, where it set one
+    check_layout_packages(workload.layout)  # the layout trained, the table's included
     if table is not None:
         table.check_workload(workload, source=source, model=model if isinstance(model, str) else None)
     device = device or ("cuda" if backend == "nvml" else "cpu")

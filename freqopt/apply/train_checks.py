@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freqopt.errors import InvalidSettingError
+from freqopt.errors import InvalidSettingError, MissingDependencyError, install_hint
 from freqopt.gpu.specs import GPUSpec
 from freqopt.tables import ClockTable
 from freqopt.workload.layout import Layout
 
 __all__ = ["TrainingArguments", "check_training_arguments", "check_training_device", "refuse_another_models_table",
-           "refuse_pipeline_options"]
+           "refuse_pipeline_options", "check_layout_packages"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
     always had: the model's name and overrides (freqopt.resolve.check_workload_arguments), the backend, steps,
     small_step off the simulated backend, the switch latency, compare without a table and read_only with one, the table
     (read), micro_batches or partition_method without pipeline stages where the layout is known before the table is
-    (given, or a Workload's, or no table to take it from), micro_batches a positive integer where given, and the GPU
-    type (given, else the table's). What needs the model (heads, the table's workload, a pipeline's stages, the device
+    (given, or a Workload's, or no table to take it from), micro_batches a positive integer where given, the packages
+    the layout (given, else the table's) trains with (check_layout_packages), and the GPU type (given, else the
+    table's). What needs the model (heads, the table's workload, a pipeline's stages, the device
     and the host's memory) is checked when plan_training resolves it.
 
     Raises:
@@ -53,6 +54,7 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
         InvalidSettingError: a bad override, layout, steps or switch_latency_ms; small_step on another backend than
             "sim"; compare without a table; read_only with one; micro_batches or partition_method without pipeline
             stages; micro_batches not a positive integer.
+        MissingDependencyError: a tensor-parallel layout without transformers (check_layout_packages).
     """
     from freqopt.errors import check_positive_int
     from freqopt.gpu.backends import check_backend
@@ -84,6 +86,11 @@ def check_training_arguments(model, *, table=None, steps: int = 8, backend: str 
     if table is not None:
         refuse_another_models_table(table, model, source, micro_batch_size=micro_batch_size, seq_len=seq_len,
                                     n_heads=n_heads, layout=given_layout if layout is not None else None)  # fmt: skip
+    if layout is None and isinstance(model, str) and table is not None:  # the table's layout is the one trained
+        found = table.workload.get("layout") or {}
+        check_layout_packages(Layout(found.get("dp", 1), found.get("tp", 1), pp=found.get("pp", 1)))
+    else:
+        check_layout_packages(given_layout)
     requested = resolve_gpu(gpu) if gpu is not None else (resolve_gpu(table.gpu) if table is not None else None)
     return TrainingArguments(table, source, requested, switch_s)
 
@@ -126,6 +133,24 @@ def refuse_pipeline_options(layout: Layout, micro_batches: int | None, partition
         name = "micro_batches" if micro_batches is not None else "partition_method"
         raise InvalidSettingError(f"{name} applies to a pipeline layout (pp > 1), not {layout}",
                                   argument=name)  # fmt: skip
+
+
+def check_layout_packages(layout: Layout) -> None:
+    """Refuse a layout whose training needs a package that is not installed, before any model is built or rank
+    started: tensor parallelism (tp > 1) runs DeepSpeed's AutoTP, which imports transformers while it picks its
+    linear-layer policies (AutoTP.update_linear_policies, deepspeed/module_inject/auto_tp.py), freqopt's own models
+    included.
+
+    Raises:
+        MissingDependencyError: tp > 1 and transformers cannot be found (importlib.util.find_spec); the message says
+            how to install it (pyproject.toml's ``tp`` extra).
+    """
+    import importlib.util
+
+    if layout.tp > 1 and importlib.util.find_spec("transformers") is None:
+        raise MissingDependencyError(f"layout {layout}: tensor parallelism (tp > 1) trains through DeepSpeed's AutoTP, "
+                                     f"which needs transformers, not installed: {install_hint('tp')}",
+                                     argument="layout")  # fmt: skip
 
 
 def check_training_device(device: str) -> None:

@@ -60,10 +60,18 @@ def deepspeed_job(workload: Workload, model: torch.nn.Module, backend: Backend, 
     """This rank of a data- or tensor-parallel job (freqopt.apply.train's module docstring): its DeepSpeed engine
     (ZeRO stage 0, AutoTP; BF16 on CUDA, torch's AdamW over DeepSpeed's FP32 master weights) and the DVFSRuntime
     following it. ``micro_batch_size``: the sequences of each batch the engine runs (default the workload's; smaller
-    under train's small_step); ``on_status`` is told each stage of the set-up."""
+    under train's small_step); ``on_status`` is told each stage of the set-up.
+
+    Raises:
+        MissingDependencyError: tp > 1 without transformers, which AutoTP imports (check_layout_packages; also
+            checked by plan_training before any rank starts).
+    """
     import deepspeed
 
+    from freqopt.apply.train_checks import check_layout_packages
     from freqopt.workload.deepspeed_profile import adamw_factory, deepspeed_config
+
+    check_layout_packages(workload.layout)  # in one line, before DeepSpeed's engine, not a traceback from AutoTP
 
     init_distributed(on_cuda=on_cuda, on_status=on_status)
     config = deepspeed_config(micro_batch_size or workload.micro_batch_size, workload.layout.tp, bf16=on_cuda)

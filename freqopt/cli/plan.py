@@ -113,7 +113,7 @@ def plan(stage_profile, stages, micro_batches, schedule, virtual_stages, max_slo
     if json_path:
         write_json(json_path, {
             "stages": planner.stages, "gpus": planner.gpus, "micro_batches": micro_batches, "schedule": schedule,
-            "blocking_power_w": planner.blocking_power_w, "max_slowdown": parse_slowdown(max_slowdown),
+            "blocking_power_w": planner.blocking_power_w, "max_slowdown": parse_slowdown(max_slowdown, allow_zero=True),
             "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j, "lower_bound_j": p.lower_bound_j,
                           "deadline_s": p.deadline_s, "sm_clock_mhz": _by_stage(planner.dag, p.sm_clock_mhz)}
                          for p in frontier],
@@ -207,8 +207,9 @@ def _by_stage(dag, clocks) -> list[list[int]]:
               help="Model name (see `freqopt models`): a built-in GPT-3 or BERT; hf:PATH (a Hugging Face config.json) "
                    "is refused, having no pipeline layer list yet.")
 @click.option("--out", required=True,
-              help="The CSV to write (stage, instruction, frequency, time, energy: what plan --stage-profile reads); "
-                   "where it exists from a run of the same arguments, that run is resumed.")
+              help="The CSV to write (stage, instruction, frequency, time, energy: what plan --stage-profile and "
+                   "Perseus read), with OUT.meta.json beside it naming the run; where it exists from a run of the "
+                   "same arguments, that run is resumed.")
 @click.option("--gpu", default=None,
               help="GPU type (see `freqopt gpus`): the simulated GPU's (default h100-sxm); with --backend nvml the "
                    "real GPU must be of this type.")

@@ -182,7 +182,9 @@ def _print_search(result, console, started: float, model: str, n_heads, vocab_mu
     for name, path in result.figure_paths.items():
         out.print(f"{name} figure: {path}", soft_wrap=True)
     if result.table_paths and not result.figure_paths:
-        console.print("no figures: install matplotlib (pip install 'freqopt[plots]') for them")
+        from freqopt.errors import install_hint
+
+        console.print(f"no figures: install matplotlib for them: {install_hint('plots')}", soft_wrap=True)
     if result.n_stored_measurements:
         what = "resumed" if result.resumed else "shared with workers"
         console.print(f"{what}: {result.n_stored_measurements} measurements read back from "

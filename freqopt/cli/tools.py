@@ -326,6 +326,8 @@ def powercap(model, gpu, caps, mode, backend, json_path, seed, host_gap_ms, micr
     table.add_row(f"{spec.power_limit_default_w:g} (default)", "1.000", "1.000", f"{base.avg_power_w:.1f}",
                   f"{base.time_s:.5f}", f"{base.energy_j:.3f}")  # fmt: skip
     for p in report.points:
+        if p.power_limit_w == spec.power_limit_default_w:
+            continue  # the default limit's row above (sweep_power_caps measures it once)
         table.add_row(f"{p.power_limit_w:g}" + ("" if p.power_limit_met else " (not met)"), f"{p.time_rel:.3f}",
                       f"{p.energy_rel:.3f}", f"{p.avg_power_w:.1f}", f"{p.time_s:.5f}", f"{p.energy_j:.3f}")  # fmt: skip
     stdout_console().print(table)

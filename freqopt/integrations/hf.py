@@ -18,7 +18,8 @@ model and, on a real GPU, the table's clocks. Three things restore it: the ``wit
 when the process exits (atexit) or receives SIGINT or SIGTERM; and, after a SIGKILL, ``freqopt reset``.
 
 transformers is optional: ``import freqopt`` never imports it, and importing this module without it raises
-``MissingDependencyError`` naming ``pip install 'freqopt[hf]'``.
+``MissingDependencyError`` saying how to install it (freqopt.errors.install_hint("hf"): ``pip install
+'transformers>=4.47' 'accelerate>=1.1'``, or ``pip install -e '.[hf]'`` in the freqopt checkout).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import torch
 
 from freqopt.gpu.backends.base import Backend, Measurement
-from freqopt.errors import InvalidSettingError, MissingDependencyError, UnknownNameError
+from freqopt.errors import InvalidSettingError, MissingDependencyError, UnknownNameError, install_hint
 from freqopt.workload.models.gpt3 import GPTConfig, GPTModel
 from freqopt.apply.runtime import DVFSRuntime
 from freqopt.tables import ClockTable, load_table
@@ -40,7 +41,7 @@ except ModuleNotFoundError as e:
     if e.name is None or e.name.split(".")[0] != "transformers":
         raise
     raise MissingDependencyError(
-        "freqopt.integrations.hf needs Hugging Face transformers: pip install 'freqopt[hf]'"
+        f"freqopt.integrations.hf needs Hugging Face transformers: {install_hint('hf')}"
     ) from e
 
 __all__ = ["FreqoptCallback", "TrainerGPT", "BACKEND_CHOICES"]

@@ -60,7 +60,8 @@ def powercap(model, *, gpu=None, caps: str | Sequence[float] | None = None, mode
         model: a model name (with the get_workload overrides below) or a Workload.
         gpu: GPU type name or GPUSpec; default h100-sxm (nvml: the real GPU's).
         caps: power limits in W, a sequence or text "100,150,200"; default four from the GPU's lowest limit to
-            its default (freqopt.search.powercap.default_caps).
+            its default (freqopt.search.powercap.default_caps). A cap at the default limit is the baseline's
+            measurement (relative figures 1), not measured twice.
         mode: "train" (one training step) or "inference" (one forward batch).
         backend: "sim" or "nvml"; closed when done (a real GPU goes back to the limit it was found with).
         seed: seed of the simulated noise.

@@ -23,16 +23,18 @@ profiles), by ``Backend.measure_schedule``:
 
 ``repeats`` readings of each (stage, instruction, clock) are averaged.
 
-The file. Under a few comment lines, which load_stage_profile skips, the rows: stage, instruction, frequency (MHz),
-time (s), energy (J) of one instruction, by stage, clock (highest first) and instruction, as Perseus orders them.
-The first comment line identifies the run (``# freqopt stage-profile run: {JSON}``: the model and its sizes, the
-layout, partition, schedule, GPU type, backend, seed and repeats).
+The file. A plain CSV, ``stage, instruction, frequency, time, energy`` on its first line, then one row per
+instruction: frequency (MHz), time (s) and energy (J) of one instruction, by stage, clock (highest first) and
+instruction, as Perseus orders them; ``pandas.read_csv(path)``, as Perseus's planner loads its profile, reads it as
+it is. What identifies the run (the model and its sizes, the layout, partition, schedule, GPU type, backend, seed and
+repeats) and the blocking power to plan with are in a JSON file beside it, ``PATH.meta.json`` (sidecar_path).
 
-Resuming. The whole file is written again, atomically (freqopt.files.atomic_write_text), after each clock, and once
-more with the rows measured so far when the run stops early (an exception, Ctrl-C), whenever every stage then has a
-row of every instruction: the file on disk is always a stage profile the planner reads, or absent. A run with the
-same arguments reads its rows back and measures only those missing; rows at clocks it was not asked for are kept
-(a later run may add clocks). A file whose first line does not identify a run, that identifies another run, or whose
+Resuming. The whole file is written again, atomically (freqopt.files.atomic_write_text; the sidecar first, then the
+CSV), after each clock, and once more with the rows measured so far when the run stops early (an exception,
+Ctrl-C), whenever every stage then has a row of every instruction: the file on disk is always a stage profile the
+planner reads, or absent. A run with the same arguments reads its rows back and measures only those missing; rows at
+clocks it was not asked for are kept (a later run may add clocks). A file with no sidecar identifying a run (or, as
+older versions wrote it, a first line ``# freqopt stage-profile run: {JSON}``), one that another run wrote, or whose
 rows are not a stage profile, is refused and left as it is.
 
 A real GPU. Its clocks are set through NVMLBackend, whose guard (freqopt.gpu.nvml.GPUStateGuard) puts back what it
@@ -67,10 +69,12 @@ from freqopt.files import atomic_write_text
 from freqopt.pipeline.profile import PROFILE_COLUMNS, StageProfile, load_stage_profile, stage_profile_from_rows
 
 __all__ = ["StageProfileRun", "measure_stage_profile", "check_stage_profile_arguments", "blocking_power",
-           "RUN_HEADER"]
+           "sidecar_path", "read_run_header"]
 
-# The first line of a stage profile this module writes; the JSON after it identifies the run (module docstring).
-RUN_HEADER = "# freqopt stage-profile run: "
+# What the JSON sidecar beside a stage profile is called: the CSV's name and this (module docstring, "The file").
+SIDECAR_SUFFIX = ".meta.json"
+# The first line of a stage profile as older versions wrote it, the run's JSON after it; still read back.
+_LEGACY_RUN_HEADER = "# freqopt stage-profile run: "
 _PARTITION_METHODS = ("parameters", "uniform")  # and "type:REGEX" (freqopt.workload.pipeline_partition)
 
 
@@ -314,13 +318,55 @@ def _out_error(path: Path, message: str) -> InvalidSettingError:
     return InvalidSettingError(f"out {path} {message}", argument="out")
 
 
+def sidecar_path(path: str | Path) -> Path:
+    """The JSON file beside the stage profile ``path`` that identifies its run: ``PATH.meta.json`` (module
+    docstring, "The file")."""
+    path = Path(path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def read_run_header(path: str | Path) -> dict | None:
+    """The run header of the stage profile ``path`` (what identifies the run: model, sizes, layout, partition,
+    schedule, GPU type, backend, seed, repeats), from its sidecar (sidecar_path), or from the first line of a file
+    an older version wrote (``# freqopt stage-profile run: {JSON}``); None where neither holds one.
+
+    Raises:
+        InvalidSettingError (argument ``out``): the sidecar exists but cannot be read.
+    """
+    path = Path(path)
+    meta = sidecar_path(path)
+    if meta.exists():
+        try:
+            document = json.loads(meta.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise _out_error(path, f"has a sidecar {meta} that cannot be read ({reason}); remove both or give another "
+                                   "path") from None  # fmt: skip
+        except ValueError:
+            return None
+        run = document.get("run") if isinstance(document, dict) else None
+        return run if isinstance(run, dict) else None
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not first.startswith(_LEGACY_RUN_HEADER):
+        return None
+    try:
+        header = json.loads(first[len(_LEGACY_RUN_HEADER):])
+    except ValueError:
+        return None
+    return header if isinstance(header, dict) else None
+
+
 def _read_out(path: Path) -> tuple[dict, dict] | None:
     """The run header and rows ((stage, kind, MHz) -> (time_s, energy_j)) of a stage profile this module wrote at
     ``path``, or None where there is no file.
 
     Raises:
-        InvalidSettingError (argument ``out``): a file that cannot be read, whose first line is not a run header,
-            or whose rows are not a stage profile.
+        InvalidSettingError (argument ``out``): a file that cannot be read, with no sidecar identifying its run (nor
+            an older version's first line), or whose rows are not a stage profile.
     """
     if not path.exists():
         return None
@@ -330,16 +376,11 @@ def _read_out(path: Path) -> tuple[dict, dict] | None:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise _out_error(path, f"cannot be read ({reason}); give another path") from None
     lines = text.splitlines()
-    header = None
-    if lines and lines[0].startswith(RUN_HEADER):
-        try:
-            header = json.loads(lines[0][len(RUN_HEADER):])
-        except ValueError:
-            header = None
-    if not isinstance(header, dict):
-        raise _out_error(path, "exists and is not a stage profile this command wrote (its first line is not "
-                               f"{RUN_HEADER.strip()!r} and the run's JSON), so it is left as it is; give another "
-                               "path, or remove the file to measure anew")  # fmt: skip
+    header = read_run_header(path)
+    if header is None:
+        raise _out_error(path, "exists and is not a stage profile this command wrote (no readable "
+                               f"{sidecar_path(path).name} beside it saying which run wrote it), so it is left as it "
+                               "is; give another path, or remove the file to measure anew")  # fmt: skip
     body = [line for line in lines if not line.lstrip().startswith("#")]
     reader = csv.DictReader(body)
     if reader.fieldnames is None:
@@ -371,20 +412,19 @@ def _check_same_run(path: Path, found: dict, expected: dict) -> None:
                                "path, or the same arguments to resume it")  # fmt: skip
 
 
-def _write(path: Path, header: dict, rows: dict, kinds: Sequence[str], notes: Sequence[str]) -> None:
-    """The whole file, atomically: the run header, the notes as comment lines, the CSV rows by stage, clock (highest
-    first) and instruction kind (Perseus's order), each figure as Python's shortest repr of the float (read back
-    exactly)."""
+def _write(path: Path, header: dict, rows: dict, kinds: Sequence[str], notes: dict) -> None:
+    """The whole profile, atomically: first its sidecar (the run header and ``notes``), then the CSV, the column
+    names on its first line and the rows by stage, clock (highest first) and instruction kind (Perseus's order),
+    each figure as Python's shortest repr of the float (read back exactly)."""
     order = {kind: i for i, kind in enumerate(kinds)}
     buffer = io.StringIO()
-    buffer.write(RUN_HEADER + json.dumps(header, sort_keys=True) + "\n")
-    for note in notes:
-        buffer.write(f"# {note}\n")
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(PROFILE_COLUMNS)
     for (stage, kind, f) in sorted(rows, key=lambda k: (k[0], -k[2], order.get(k[1], len(order)))):
         time_s, energy_j = rows[(stage, kind, f)]
         writer.writerow([stage, kind, f, repr(time_s), repr(energy_j)])
+    document = {"profile": path.name, "run": header, **notes}
+    atomic_write_text(sidecar_path(path), json.dumps(document, indent=2, sort_keys=True) + "\n")
     atomic_write_text(path, buffer.getvalue())
 
 
@@ -552,15 +592,19 @@ def _run_header(checked: _Checked, workload, spec) -> dict:
             "gpu": spec.name}  # fmt: skip
 
 
-def _notes(spec, checked: _Checked, watts: float, source: str) -> list[str]:
-    """The comment lines under the run header: what the rows are, and the blocking power to plan with."""
+def _notes(spec, checked: _Checked, watts: float, source: str) -> dict:
+    """What the sidecar says besides the run header: what the rows are, and the blocking power to plan with."""
     where = "the simulated GPU" if checked.backend_name == "sim" else "a real GPU through NVML"
-    return [f"Written by freqopt stage-profile (freqopt.measure.stage_profile) on {where} ({spec.name}): per "
-            "pipeline stage, instruction (one micro-batch's forward or backward, or a backward's input- or "
-            "weight-gradient half), locked SM clock (MHz), time (s) and energy (J). Rewritten after each clock; the "
-            "same command resumes it.",
-            f"blocking_power_w {watts!r}: the power a GPU draws while it waits on its neighbours, from {source}; "
-            "plan with freqopt plan --blocking-power-w."]  # fmt: skip
+    return {"written_by": f"freqopt stage-profile (freqopt.measure.stage_profile) on {where} ({spec.name}); "
+                          "rewritten after each clock; the same command resumes it",
+            "columns": {"stage": "pipeline stage (model stage), from 0",
+                        "instruction": "one micro-batch's forward or backward, or a backward's input- or "
+                                       "weight-gradient half (backward_input, backward_weight)",
+                        "frequency": "locked SM clock (MHz)", "time": "time of one instruction (s)",
+                        "energy": "energy of one instruction (J)"},
+            "blocking_power_w": watts,
+            "blocking_power_source": f"the power a GPU draws while it waits on its neighbours, from {source}; plan "
+                                     "with freqopt plan --blocking-power-w"}  # fmt: skip
 
 
 def _measure(backend, kernels: dict, clocks: Sequence[int], kinds: Sequence[str], stages: int, repeats: int,

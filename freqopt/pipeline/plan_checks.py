@@ -107,6 +107,6 @@ def check_plan_arguments(profile: StageProfile | str | Path, micro_batches: int,
     if max_slowdown is not None:
         from freqopt.budget import parse_slowdown
 
-        parse_slowdown(max_slowdown)
+        parse_slowdown(max_slowdown, allow_zero=True)  # slack off the critical path saves at no slowdown
     check_positive_int("n_points", n_points, optional=True)
     return checked

@@ -297,7 +297,7 @@ class PipelinePlanner(PlanHeuristics, StageClockPlanning):
         if max_slowdown is not None:
             from freqopt.budget import parse_slowdown
 
-            deadline_s = fastest.time_s * (1.0 + parse_slowdown(max_slowdown))
+            deadline_s = fastest.time_s * (1.0 + parse_slowdown(max_slowdown, allow_zero=True))
         if deadline_s is None:
             return None
         check_number("deadline_s", deadline_s, minimum=0.0, strict=True)

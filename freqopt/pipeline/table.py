@@ -68,7 +68,7 @@ def pipeline_table(workload, spec: GPUSpec, profile: StageProfile, plan: Pipelin
         ClockTableError: the document fails load_table's checks (a clock the plan picked that the profile does not
             list for that pass, one ``spec`` does not support).
     """
-    slowdown = parse_slowdown(max_slowdown)
+    slowdown = parse_slowdown(max_slowdown, allow_zero=True)  # a pipeline's plan saves at no slowdown too
     _check_inputs(workload, profile, plan, blocking_power_w, defaults)
     entries = _stage_entries(profile, plan.dag.stages, defaults, front_samples)
     if requests is not None and len(requests) != plan.dag.n:

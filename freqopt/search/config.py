@@ -16,7 +16,8 @@ class SearchConfig:
     """How to search.
 
     Attributes:
-        max_slowdown: allowed fractional slowdown of the iteration, in [0, 1) (0.01 = 1 %).
+        max_slowdown: allowed fractional slowdown of the iteration, in (0, 1) (0.01 = 1 %; zero is refused:
+            freqopt.budget.parse_slowdown).
         granularities: which of GRANULARITIES to search.
         n_trials_1d: trials per unit when the space has one dimension (SM clock only, or power limit).
         n_trials_2d: trials per unit when memory clocks are searched too; None: ``n_trials_1d`` plus
@@ -88,8 +89,9 @@ class SearchConfig:
     def __post_init__(self):
         if self.n_jobs < 1:
             raise InvalidSettingError(f"n_jobs must be a positive integer, not {self.n_jobs}")
-        if not 0.0 <= self.max_slowdown < 1.0:
-            raise InvalidSettingError(f"max slowdown must be in [0, 100 %), not {self.max_slowdown:.4g}")
+        if not 0.0 < self.max_slowdown < 1.0:
+            raise InvalidSettingError(f"max_slowdown must be above 0 and below 1 (100 %), not {self.max_slowdown:.4g}"
+                                      "; give a budget like 0.01", argument="max_slowdown")  # fmt: skip
         for g in self.granularities:
             check_granularity(g)
         check_confidence(self.confidence)

@@ -24,7 +24,7 @@ __all__ = ["plot_energy_time", "plot_clocks", "clock_series", "timeline_ms", "wr
 
 
 def have_matplotlib() -> bool:
-    """Whether matplotlib can be imported (``pip install 'freqopt[plots]'``)."""
+    """Whether matplotlib can be imported (freqopt.errors.install_hint("plots") says how to install it)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -167,13 +167,15 @@ def write_search_figures(result, out: str | Path) -> dict[str, Path]:
         figure name ("energy-time", "clocks") -> path.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'freqopt[plots]'``).
+        ImportError: matplotlib is not installed (the message says how to install it).
         OutputError: ``out`` cannot be written.
     """
     from freqopt.tables import table_stem
 
     if not have_matplotlib():
-        raise ImportError("figures need matplotlib: pip install 'freqopt[plots]'")
+        from freqopt.errors import install_hint
+
+        raise ImportError(f"figures need matplotlib: {install_hint('plots')}")
     out = Path(out)
     stem = table_stem(result.trace.workload, result.gpu, result.max_slowdown, result.seed)
     paths = {"energy-time": plot_energy_time(result, out / f"{stem}-energy-time.png")}

@@ -60,7 +60,9 @@ def sweep_power_caps(
             cap does not slow it, so it flattens the time curve (calibration: freqopt/gpu/calibration/v100.py).
 
     Returns:
-        The default-limit measurement and one CapPoint per cap, in the order given.
+        The default-limit measurement and one CapPoint per cap, in the order given. A cap at the GPU's default limit
+        is that measurement, not a second one (whose noise would read as a saving or a loss of the default against
+        itself): its time_rel and energy_rel are 1.
 
     Raises:
         InvalidSettingError: a cap outside the GPU's power-limit range.
@@ -78,10 +80,13 @@ def sweep_power_caps(
         gap_j = host_gap_s * backend.spec.idle_power_w
         return Measurement(m.time_s + host_gap_s, m.energy_j + gap_j, m.cost_gpu_s), m.avg_power_w
 
-    base, _ = measure(ClockSetting())
+    base, base_busy_w = measure(ClockSetting())
     points = []
     for cap in caps_w:
-        m, busy_w = measure(ClockSetting(power_limit_w=float(cap)))
+        if float(cap) == float(backend.spec.power_limit_default_w):
+            m, busy_w = base, base_busy_w  # the default limit, measured once
+        else:
+            m, busy_w = measure(ClockSetting(power_limit_w=float(cap)))
         met = busy_w <= float(cap) * (1 + LIMIT_READING_TOLERANCE)
         points.append(CapPoint(float(cap), m.time_s, m.energy_j, m.time_s / base.time_s, m.energy_j / base.energy_j,
                                met))  # fmt: skip

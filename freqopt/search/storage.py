@@ -50,7 +50,7 @@ def open_storage(url: str | None):
     Raises:
         StorageError: the URL cannot be opened (unknown scheme, missing folder, unreachable server).
         MissingDependencyError: the database driver is not installed; the message names what installs it
-            (PostgreSQL: ``pip install 'freqopt[postgres]'``; freqopt.storage_url.check_storage_url).
+            (PostgreSQL: freqopt's ``postgres`` extra, psycopg; freqopt.storage_url.check_storage_url).
     """
     import sqlalchemy
 

@@ -14,7 +14,8 @@ elementwise kernels, and the loss over the logits upcast to float32. Mixture-of-
 DeepSeek-V3 in tests/data/hf) build with transformers' default "grouped_mm" experts, traced as grouped GEMMs
 (freqopt.workload.moe).
 
-transformers is an optional dependency: ``pip install 'freqopt[hf]'``.
+transformers is an optional dependency: ``pip install 'transformers>=4.47' 'accelerate>=1.1'``, or ``pip install -e
+'.[hf]'`` in the freqopt checkout (freqopt.errors.install_hint).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from freqopt.errors import InvalidSettingError, UnknownNameError
+from freqopt.errors import InvalidSettingError, UnknownNameError, install_hint
 
 __all__ = ["HF_PREFIX", "DEFAULT_HF_SEQ_LEN", "HFConfig", "HFCausalLM", "is_hf_model", "load_hf_config",
            "build_hf_model"]
@@ -37,7 +38,7 @@ from freqopt.workload.model_names import HF_PREFIX, read_hf_config_json  # noqa:
 # Tokens per sequence when the config allows more: 2048, GPT-3's context (freqopt's default workload size), so
 # that a model with a 128k context is not traced at 128k tokens unless asked (seq_len=...).
 DEFAULT_HF_SEQ_LEN = 2048
-_INSTALL = "Hugging Face models need transformers: pip install 'freqopt[hf]'"
+_INSTALL = f"Hugging Face models need transformers: {install_hint('hf')}"
 
 
 def is_hf_model(name: str) -> bool:
@@ -114,8 +115,9 @@ def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
         seq_len: tokens per sequence; at most the config's max_position_embeddings.
 
     Raises:
-        UnknownNameError: transformers missing (says to ``pip install 'freqopt[hf]'``), no config at PATH, or a
-            model_type transformers does not know or has no causal LM for.
+        UnknownNameError: transformers missing (says how to install it), no config at PATH, or a
+            model_type transformers does not know or that is no causal or masked language model (the message says
+            how to trace it with freqopt.trace_step instead).
         InvalidSettingError: an unreadable or corrupt config, or seq_len beyond the config's positions.
     """
     transformers = _transformers()
@@ -129,8 +131,7 @@ def load_hf_config(model: str, *, seq_len: int | None = None) -> HFConfig:
         raise UnknownNameError(f"transformers cannot build the config {str(path)!r}: {str(e).splitlines()[0]}") from None
     task = _task(transformers, config)
     if task is None:
-        raise UnknownNameError(f"{str(path)!r}: transformers has no causal or masked language model for model_type "
-                               f"{config.model_type!r}")  # fmt: skip
+        raise UnknownNameError(_not_a_language_model(transformers, config, path))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_heads = text.num_attention_heads
     n_kv_heads = getattr(text, "num_key_value_heads", None) or n_heads
@@ -159,6 +160,33 @@ def _task(transformers, config) -> str | None:
     if type(config) in transformers.AutoModelForCausalLM._model_mapping:
         return "causal-lm"
     return None
+
+
+# What to trace with freqopt.trace_step where hf: builds no model: (the transformers auto class whose mapping holds
+# the config, what it is, the step to trace, one line). Both traced so in tests/test_hf.py.
+_TRACE_STEP_EXAMPLES = (
+    ("AutoModelForSeq2SeqLM", "a sequence-to-sequence LM",
+     "m = AutoModelForSeq2SeqLM.from_config(config) under torch.device('meta'), then freqopt.trace_step(lambda: "
+     "(m(input_ids=x, labels=y).loss.backward(), opt.step()), name='t5', module=m)"),
+    ("AutoModelForImageClassification", "an image classifier",
+     "m = AutoModelForImageClassification.from_config(config) under torch.device('meta'), then "
+     "freqopt.trace_step(lambda: (m(pixel_values=x, labels=y).loss.backward(), opt.step()), name='vit', module=m)"),
+)
+
+
+def _not_a_language_model(transformers, config, path: Path) -> str:
+    """The one-line refusal of a config that hf: cannot train: freqopt's hf: builds causal and masked language
+    models only (token ids in, a language model's loss out); where the model is one transformers builds otherwise,
+    how to trace its step with freqopt.trace_step instead."""
+    where = f"{str(path)!r} (model_type {config.model_type!r})"
+    for auto, what, example in _TRACE_STEP_EXAMPLES:
+        mapping = getattr(getattr(transformers, auto, None), "_model_mapping", None)
+        if mapping is not None and type(config) in mapping:
+            return (f"{where} is {what} ({auto}); freqopt's hf: models are causal and masked language models only, "
+                    f"so trace its training step with freqopt.trace_step on the meta device instead: {example}")
+    return (f"{where}: freqopt's hf: models are causal and masked language models only, and transformers has "
+            "neither for it; trace its training step with freqopt.trace_step(step_fn, name=..., module=model) on "
+            "the meta device instead")
 
 
 class HFCausalLM(nn.Module):
