@@ -4,8 +4,9 @@ simulated GPU, against which the Bayesian search is measured.
 The oracle measures each unit at every supported (SM clock, memory clock) pair without noise (the simulated GPU's
 true values), and charges for each the GPU-seconds a real sweep would spend on it (the backend's measurement
 protocol: warm-up plus a window of several energy-counter updates), as Spaan et al. 2026 spent about 3 GPU-days.
-Its options go through the same exact allocation and the same validation as the search's, so the two validated
-savings compare like with like.
+It sweeps every kind of schedule the search may end on at a granularity (one clock for the iteration, one per
+pass, one per phase block, one per kernel class: oracle_search), judges each on its noiseless step, and keeps the
+best that the search's own validation accepts, so the two validated savings compare like with like.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from dataclasses import dataclass
 from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting, Measurement
 from freqopt.gpu.backends.simulated import SimulatedGPU
 from freqopt.workload.kernels import Trace
-from freqopt.search.allocation import allocate_validated
 from freqopt.search.config import SearchConfig
 from freqopt.search.result import SearchResult
 from freqopt.search.runner import job_mem_clock_mhz, run_search
 from freqopt.search.study import Option, UnitSearch
 from freqopt.search.units import GRANULARITIES, partition
-from freqopt.search.validate import Validator
+from freqopt.search.validate import Validator, per_kernel_settings
 
 __all__ = ["OracleResult", "oracle_search", "BenchmarkResult", "benchmark", "noiseless_figures", "noiseless_saved_pct"]
 
@@ -38,6 +38,8 @@ class OracleResult:
         search_cost_gpu_s: their GPU-seconds.
         true_energy_saved_pct, true_slowdown_pct: the same schedule's noiseless saving and slowdown
             (noiseless_figures).
+        level: the level whose schedule the sweep ended on (iteration, pass, phase or kernel: oracle_search);
+            None where it kept the defaults.
     """
 
     energy_saved_pct: float
@@ -46,6 +48,7 @@ class OracleResult:
     search_cost_gpu_s: float
     true_energy_saved_pct: float | None = None
     true_slowdown_pct: float | None = None
+    level: str | None = None
 
 
 def noiseless_figures(validator: Validator, validated: Measurement) -> tuple[float, float] | None:
@@ -71,53 +74,218 @@ def noiseless_saved_pct(validator: Validator, validated: Measurement) -> float |
     return None if figures is None else figures[0]
 
 
+# The budgets each level's exact allocation is solved at, as multiples of the slowdown budget over the units' own
+# defaults (the phase level: of the reference schedule's slack): the units' sum and the step as a runtime realizes it
+# differ, so the sweep allocates over a range of budgets and judges each schedule on its own noiseless step.
+BUDGET_FACTORS = tuple(0.1 * i for i in range(1, 31))
+# The phase level's budgets: the reference schedule's slack within the budget plus these multiples of the slowdown
+# budget. Blocks changed together slow the step more than their changes measured one at a time add up to (each
+# change brings its own switches), so most of the range lies below the slack.
+PHASE_BUDGET_FACTORS = tuple(0.05 * i for i in range(-80, 21))
+
+
 def oracle_search(trace: Trace, backend: SimulatedGPU, config: SearchConfig, granularity: str = "kernel",
                   validator: Validator | None = None) -> OracleResult:  # fmt: skip
-    """Sweep every unit of ``granularity`` at every supported clock pair, allocate ``config.max_slowdown`` exactly
-    and validate (``validator``: share the search's, so both see one baseline measurement)."""
+    """The exhaustive counterpart of a search at ``granularity``: every kind of schedule that search may end on,
+    swept without noise, and the best that its validation accepts.
+
+    A search at a granularity ends on the best of its own allocation and of the coarser schedules it chooses among
+    (freqopt.search.runner.CANDIDATES: one clock for the iteration, one per pass, one per phase block where clock
+    switches cost time), so the sweep's candidates are, coarse to fine:
+
+    - iteration: one clock pair for the whole step, at every supported pair;
+    - pass and kernel: each unit measured at every supported pair (the job's memory clock where the GPU sets it
+      per job), allocated exactly over all units (freqopt.search.allocate's MILP) at each budget of
+      BUDGET_FACTORS;
+    - phase (the kernel level's candidate, with switching costs and more than one block): the phase level's blocks
+      each changed alone from the best confirmed one-clock schedule (as the phase level starts from the iteration
+      level's clock) at every supported SM clock, on the whole step, allocated the same way at each budget of
+      PHASE_BUDGET_FACTORS.
+
+    Every candidate is judged on its noiseless step as a runtime requests it (SimulatedGPU.step, switching as
+    the validator measures). Those within the budget that save energy are validated least noiseless energy first
+    as the search validates its own (held to the budget at the validator's confidence, deliverable, then confirmed
+    on fresh readings: Validator.confirm), and the first accepted is the result: the least noiseless energy of
+    every candidate the search's validation accepts. A candidate at the budget's very edge is seldom accepted (its
+    upper bound lies over it), so the next is tried. The work is bounded by the candidates: the clock pairs, and
+    len(BUDGET_FACTORS) allocations per level, each validated at most once.
+
+    Args:
+        trace: the iteration's kernels.
+        backend: the simulated GPU (its true values are the sweep's measurements).
+        config: the budget (max_slowdown), switching, validation and phase-block settings the search used.
+        granularity: iteration, pass or kernel.
+        validator: share the search's, so both see one baseline measurement; default a new one for ``config``.
+
+    Returns:
+        OracleResult; ``level`` names the level whose candidate it ended on (None where it kept the defaults).
+    """
     spec = backend.spec
     validator = validator or Validator.for_search(trace, backend, config)
     before = (validator.n_measurements, validator.cost_gpu_s)  # the baseline's readings included, as a search's
     baseline = validator.baseline()
-    units = partition(trace, granularity)
-    def cost_s(m) -> float:  # one measurement of m's replay loop: whole loops over warm-up and window
-        return backend.protocol.cost_gpu_s(spec.energy_counter_period_s, m.time_s)
+    count = [0, 0.0]  # the sweep's own measurements and GPU-seconds
 
-    pairs = spec.clock_pairs()
-    job_mem = job_mem_clock_mhz(spec, len(units))  # a memory clock set per job: the units sweep the SM clock at it
-    unit_pairs = [(sm, mem) for sm, mem in pairs if job_mem is None or mem == job_mem]
+    def charge(measurements) -> None:  # each as a real sweep spends it: whole replay loops over warm-up and window
+        for m in measurements:
+            count[0] += 1
+            count[1] += backend.protocol.cost_gpu_s(spec.energy_counter_period_s, m.time_s)
+
+    candidates = _Candidates(trace, backend, validator, baseline, config.max_slowdown)
+    uniform = [ClockSetting(sm, mem) for sm, mem in spec.clock_pairs()]
+    charge([candidates.add("iteration", tuple([s] * len(trace)), requested=True) for s in uniform])
+    best = candidates.first_accepted()  # the best confirmed one clock: the phase level's reference
+    levels = [g for g in ("pass", "kernel") if GRANULARITIES.index(g) <= GRANULARITIES.index(granularity)]
+    for g in levels:
+        units = partition(trace, g)
+        searches = _unit_sweeps(trace, backend, units, charge)
+        options = [[(o.time_s, o.energy_j) for o in u.options] for u in searches]
+        budget_s = sum(u.default.time_s for u in searches)
+        for factor in BUDGET_FACTORS:
+            picks = _allocate(options, budget_s * (1.0 + factor * config.max_slowdown))
+            if picks is not None:
+                settings = [u.options[j].setting for u, j in zip(searches, picks)]
+                candidates.add(g, tuple(per_kernel_settings(trace, zip(units, settings))))
+        if g == "kernel" and validator.switching:
+            reference = best[0][0] if best else DEFAULT_SETTING
+            for schedule in _phase_schedules(trace, backend, config, reference, charge):
+                candidates.add("phase", schedule, requested=True)
+    best = candidates.first_accepted()
+    if best is None:
+        validated, level, true = baseline, None, (0.0, 0.0)
+    else:
+        _, validated, level = best
+        true = noiseless_figures(validator, validated)
+    return OracleResult(
+        energy_saved_pct=100.0 * (1.0 - validated.energy_j / baseline.energy_j),
+        slowdown_pct=100.0 * (validated.time_s / baseline.time_s - 1.0),
+        n_measurements=count[0] + validator.n_measurements - before[0],
+        search_cost_gpu_s=count[1] + validator.cost_gpu_s - before[1],
+        true_energy_saved_pct=true[0], true_slowdown_pct=true[1], level=level,
+    )
+
+
+class _Candidates:
+    """The sweep's candidate schedules, each as a runtime requests it, with its noiseless step; validated least
+    noiseless energy first (first_accepted)."""
+
+    def __init__(self, trace: Trace, backend: SimulatedGPU, validator: Validator, baseline: Measurement,
+                 max_slowdown: float):  # fmt: skip
+        self.trace, self.backend, self.validator, self.baseline = trace, backend, validator, baseline
+        self.default = backend.step(trace.kernels)
+        self.max_slowdown = max_slowdown
+        self.steps: dict[tuple, tuple[Measurement, str]] = {}  # requested schedule -> (noiseless step, level)
+        self.rejected: set[tuple] = set()  # validated and not accepted
+        self.best: tuple | None = None  # (requested schedule, confirmed measurement, level)
+
+    def add(self, level: str, schedule: tuple, *, requested: bool = False) -> Measurement:
+        """Add the per-kernel ``schedule`` (shape (K,); ``requested``: already as a runtime requests it, else
+        realized as the validator realizes it) found at ``level``, the coarsest level first; its noiseless step."""
+        v = self.validator
+        if not requested and v.switching:
+            schedule = v.realize.requests(schedule)
+        if schedule not in self.steps:
+            self.steps[schedule] = (self.backend.step(self.trace.kernels, list(schedule), switching=v.switching),
+                                    level)  # fmt: skip
+        return self.steps[schedule][0]
+
+    def first_accepted(self) -> tuple | None:
+        """The candidate of least noiseless energy that the search's validation accepts, as (requested schedule,
+        its confirmed Measurement, level), trying every candidate within the budget without noise that saves
+        energy, least noiseless energy first, until one is; None where none is (each is validated once)."""
+        v, limit_s = self.validator, (1.0 + self.max_slowdown) * self.baseline.time_s
+        order = sorted(((m.energy_j, schedule) for schedule, (m, _) in self.steps.items()
+                        if m.time_s <= (1.0 + self.max_slowdown) * self.default.time_s
+                        and m.energy_j < self.default.energy_j), key=lambda x: x[0])  # fmt: skip
+        for energy_j, schedule in order:
+            if self.best is not None and energy_j >= self.steps[self.best[0]][0].energy_j:
+                break
+            if schedule in self.rejected:
+                continue
+            measured = v.requests(schedule, f"oracle-{self.steps[schedule][1]}", limit_s=limit_s)
+            if (measured.time_bound_s <= limit_s and measured.energy_j < self.baseline.energy_j
+                    and v.deliverable(measured)):  # fmt: skip
+                fresh = v.confirm(measured)
+                if fresh.time_bound_s <= limit_s and fresh.energy_j < self.baseline.energy_j:
+                    self.best = (schedule, fresh, self.steps[schedule][1])
+                    break
+            self.rejected.add(schedule)
+        return self.best
+
+
+def _allocate(options, budget_s: float) -> list[int] | None:
+    """freqopt.search.allocate.allocate, or None where no choice meets ``budget_s``."""
+    from freqopt.errors import InvalidSettingError
+    from freqopt.search.allocate import allocate
+
+    try:
+        return allocate(options, budget_s)
+    except InvalidSettingError:
+        return None
+
+
+def _unit_sweeps(trace: Trace, backend: SimulatedGPU, units: list, charge) -> list[UnitSearch]:
+    """Each unit measured without noise (SimulatedGPU.true_measure) at the defaults and at every supported pair
+    (every SM clock at the job's memory clock where the GPU sets that per job: job_mem_clock_mhz), as UnitSearch
+    outcomes the allocator takes; each measurement charged (``charge``) as a real sweep would spend it."""
+    spec = backend.spec
+    job_mem = job_mem_clock_mhz(spec, len(units))
+    pairs = [(sm, mem) for sm, mem in spec.clock_pairs() if job_mem is None or mem == job_mem]
     searches = []
     for unit in units:
         kernels = unit.kernels(trace)
         default = backend.true_measure(kernels, DEFAULT_SETTING)
         options = [Option(DEFAULT_SETTING, default.time_s, default.energy_j, 1)]
-        for sm, mem in unit_pairs:
+        for sm, mem in pairs:
             m = backend.true_measure(kernels, ClockSetting(sm, mem))
             options.append(Option(ClockSetting(sm, mem), m.time_s, m.energy_j, 1))
-        searches.append(UnitSearch(unit.name, "oracle", options[0], tuple(options), len(options),
-                                   sum(cost_s(o) for o in options)))
-    # The exhaustive space holds every uniform schedule too (one pair for all units): sweep the whole iteration at
-    # every pair, as the search's coarse-to-fine chain starts from its iteration level, and offer the best one
-    # that meets the budget (validated) as the first candidate.
-    sweep = [(backend.step(trace.kernels, [ClockSetting(sm, mem)] * len(trace)), ClockSetting(sm, mem))
-             for sm, mem in pairs]  # whole steps, as validation measures them
-    sweep_cost = (len(pairs), sum(cost_s(m) for m, _ in sweep))
-    within = [(m.energy_j, s) for m, s in sweep if m.time_s <= baseline.time_s * (1 + config.max_slowdown)]
-    first = None
-    if within:
-        uniform = min(within, key=lambda x: x[0])[1]
-        first = [uniform] * len(units)
-    result = allocate_validated(units, searches, validator, baseline, config.max_slowdown,
-                                rounds=config.max_validation_rounds, key=f"oracle-{granularity}",
-                                candidates=[first] if first else ())  # fmt: skip
-    true = noiseless_figures(validator, result.validated) or (None, None)
-    return OracleResult(
-        energy_saved_pct=100.0 * (1.0 - result.validated.energy_j / baseline.energy_j),
-        slowdown_pct=100.0 * (result.validated.time_s / baseline.time_s - 1.0),
-        n_measurements=sum(s.n_measurements for s in searches) + sweep_cost[0] + validator.n_measurements - before[0],
-        search_cost_gpu_s=sum(s.cost_gpu_s for s in searches) + sweep_cost[1] + validator.cost_gpu_s - before[1],
-        true_energy_saved_pct=true[0], true_slowdown_pct=true[1],
-    )
+        charge(options)
+        cost = sum(backend.protocol.cost_gpu_s(spec.energy_counter_period_s, o.time_s) for o in options)
+        searches.append(UnitSearch(unit.name, "oracle", options[0], tuple(options), len(options), cost))
+    return searches
+
+
+def _phase_schedules(trace: Trace, backend: SimulatedGPU, config: SearchConfig, reference: ClockSetting,
+                     charge) -> list[tuple]:  # fmt: skip
+    """The phase level's candidates, as a runtime requests them (request_schedule): the phase level's blocks
+    (search_blocks), each changed alone from ``reference`` at every supported SM clock (at the reference's memory
+    clock where the GPU sets it per job, as the phase level searches), the whole step measured without noise with
+    switching (each measurement charged), and those changes allocated over the blocks at each budget of
+    PHASE_BUDGET_FACTORS (around the reference schedule's slack). Empty where the iteration makes one block (the
+    one-clock schedules are then all of them)."""
+    from freqopt.search.schedule import request_schedule, search_blocks
+
+    spec, kernels = backend.spec, trace.kernels
+    blocks = search_blocks(trace, backend, max_blocks=config.max_phase_blocks)
+    if len(blocks) < 2:
+        return []
+    mem = job_mem_clock_mhz(spec, 2)
+    if mem is not None and reference.mem_clock_mhz is not None:
+        mem = reference.mem_clock_mhz
+    settings = [DEFAULT_SETTING] + [ClockSetting(sm, m) for sm, m in spec.clock_pairs() if mem is None or m == mem]
+
+    def step(per_block) -> Measurement:
+        return backend.step(kernels, list(request_schedule(trace, blocks, per_block)), switching=True)
+
+    ref = step([reference] * len(blocks))
+    charge([ref])
+    choices = []  # per block: (setting, change of time_s, change of energy_j) from the reference schedule
+    for i in range(len(blocks)):
+        options = [(reference, 0.0, 0.0)]
+        for s in settings:
+            if s != reference:
+                m = step([s if j == i else reference for j in range(len(blocks))])
+                charge([m])
+                options.append((s, m.time_s - ref.time_s, m.energy_j - ref.energy_j))
+        choices.append(options)
+    deltas = [[(dt, de) for _, dt, de in c] for c in choices]
+    slack_s = (1.0 + config.max_slowdown) * backend.step(kernels).time_s - ref.time_s
+    out = []
+    for factor in PHASE_BUDGET_FACTORS:
+        picks = _allocate(deltas, slack_s + factor * config.max_slowdown * ref.time_s)
+        if picks is not None:
+            out.append(request_schedule(trace, blocks, [c[j][0] for c, j in zip(choices, picks)]))
+    return out
 
 
 @dataclass(frozen=True)
