@@ -89,7 +89,7 @@ def at_least_the_coarser_schedules(trace: Trace, result: GranularityResult,
             settings = [s or DEFAULT_SETTING for s in coarser_settings(trace, r, classes)]
             result = dataclasses.replace(result, units=tuple(zip(classes, settings)), predicted=r.predicted,
                                          predicted_baseline=r.predicted_baseline, validated=r.validated,
-                                         requests=())  # fmt: skip
+                                         requests=(), note=_not_at_the_default(result.note))  # fmt: skip
     return result
 
 
@@ -103,7 +103,12 @@ def at_least_the_phase_schedule(result: GranularityResult, phase: GranularityRes
         return result
     return dataclasses.replace(result, units=phase.units, predicted=phase.predicted,
                                predicted_baseline=phase.predicted_baseline, validated=phase.validated,
-                               requests=phase.requests)  # fmt: skip
+                               requests=phase.requests, note=_not_at_the_default(result.note))  # fmt: skip
+
+
+def _not_at_the_default(note: str) -> str:
+    """A level's note once it ends on another level's schedule: its "ended at the default" no longer holds."""
+    return "" if note.startswith("ended at the default") else note
 
 
 def _predicted_as_it_runs(result: GranularityResult, coarser: list[GranularityResult],
@@ -223,6 +228,9 @@ def _search_phase(trace: Trace, backend: Backend, config: SearchConfig, validato
         n_measurements=sum(s.n_measurements for s in r.searches) + validator.n_measurements - measured_before[0],
         search_cost_gpu_s=sum(s.cost_gpu_s for s in r.searches) + validator.cost_gpu_s - measured_before[1],
         unit_searches=r.searches, requests=tuple(labels[b.request] for b in r.blocks), block_model=r.model,
+        note="" if any(s != DEFAULT_SETTING for s in r.settings) else (
+            f"ended at the default: no phase schedule held the {100 * config.max_slowdown:g} % budget at "
+            f"{100 * validator.confidence:g} % confidence on fresh confirming readings and saved energy"),
     )  # fmt: skip
 
 
