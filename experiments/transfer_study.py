@@ -37,7 +37,7 @@ from freqopt.search.runner import SearchConfig, Validator, run_search
 from freqopt.files import atomic_write_text
 from freqopt.tables import load_table, table_from_result, write_table
 from freqopt.workload.trace import trace_training_iteration
-from freqopt.apply.transfer import evaluate_transfer, reallocate
+from freqopt.apply.transfer import evaluate_transfer, has_fronts, reallocate
 
 OUT = Path(__file__).resolve().parent / "transfer"
 GPU, MODEL, SOURCE_MICRO_BATCH, MAX_SLOWDOWN, SEED = "h100-sxm", "gpt3-xl", 4, 0.01, 0
@@ -69,16 +69,18 @@ def evaluate(family: str, layout: Layout, micro_batch: int, table_path: Path) ->
     report = evaluate_transfer(table, trace, backend, config)
     summary = report.summary()
     # The table's level: "kernel", or "phase" where the source's kernel level ended on the phase level's schedule
-    # (a schedule of requests, laid on as it stands; it carries no fronts, so nothing is re-allocated).
+    # (a schedule of requests: it carries no fronts, so its requests' clocks are backed off on the target,
+    # freqopt.apply.reallocate.reallocate_requests). The native search is the table's own level's, as
+    # `freqopt search --granularity kernel` runs it.
     level = report.schedule.granularity
-    native = report.native.results[level]
+    native = report.native.results[table.granularity]
     pass_level = report.native.results.get("pass")
     # The same schedules with free switching (the ideal a zero-latency runtime would reach); the re-allocation
     # validated that way too, from the same fronts and unit measurements (read back from the storage).
     ideal = Validator(trace, backend, config.validation_repeats)
     transferred_ideal = ideal(report.schedule.per_kernel(), key="transferred-ideal")
     reallocated_ideal = None
-    if report.reallocated is not None:
+    if report.reallocated is not None and has_fronts(table):
         reallocated_ideal = reallocate(report.schedule, table, backend, config, ideal, ideal.baseline(),
                                        coarser=[report.native.results[g] for g in ("iteration", "pass")],
                                        storage=config.storage).validated  # fmt: skip
@@ -194,7 +196,8 @@ def report_markdown(rows: list[dict], source: dict) -> str:
         return "\n".join(lines)
     cost = [r["reallocated"]["n_measurements"] / r["native"]["n_measurements"] for r in rows]
     coarse = [r["coarse_levels_n_measurements"] for r in rows]
-    ideal_rows = [r for r in rows if r["native_ideal_energy_saved_pct"] is not None]
+    ideal_rows = [r for r in rows if r["native_ideal_energy_saved_pct"] is not None
+                  and r["reallocated_ideal_energy_saved_pct"] is not None]
     ideal_gaps = [r["native_ideal_energy_saved_pct"] - r["reallocated_ideal_energy_saved_pct"] for r in ideal_rows]
     one_clock = [r for r in rows if (r.get("one_clock_note") or "").startswith("held to one clock")]
     lines += ["", verdict("Tables as transferred", "transferred"), "",
@@ -206,13 +209,20 @@ def report_markdown(rows: list[dict], source: dict) -> str:
               *([f"On {' and '.join(name(r) for r in one_clock)} the step realizes one clock only (on the first, "
                  + one_clock[0]["one_clock_note"].removeprefix("held to one clock: ")
                  + "), so both the native kernel level and the re-allocation keep the target's iteration level's "
-                 "clock (issue 25); since issue 35 the native search still searches its kernel level's "
+                 "clock; the native search still searches its kernel level's "
                  "free-switching figure (the last column), which the re-allocation does not.", ""] if one_clock else []),
+              *([f"The source's kernel level ended on its phase level's schedule (a schedule of requests at named "
+                 f"phases, {source['energy_saved_pct']:.2f} % on one GPU), so the table carries no (time, energy) "
+                 "fronts: its re-allocation keeps the requests at their phases and backs their SM clocks off toward "
+                 "the defaults until the budget holds on the target (freqopt.apply.reallocate.reallocate_requests), "
+                 "and keeps the target's own iteration or phase schedule where that validated less energy; there is "
+                 "no free-switching re-allocation to show ('-').", ""] if not ideal_rows else []),
+              ] + ([] if not ideal_rows else [
               "What the kernel-level fronts carry shows with free switching (last column): there the re-allocation "
               f"is at most 2 points behind the native kernel level, or ahead of it, on {sum(g <= 2 for g in ideal_gaps)} "
               f"of {len(ideal_rows)} layouts with a native figure (gaps {min(ideal_gaps):+.2f} to {max(ideal_gaps):+.2f} "
               "points; positive: native saves more); more than half a point behind on: "
-              + (", ".join(f"{name(r)} {g:+.2f}" for r, g in zip(ideal_rows, ideal_gaps) if g > 0.5) or "none") + "."]  # fmt: skip
+              + (", ".join(f"{name(r)} {g:+.2f}" for r, g in zip(ideal_rows, ideal_gaps) if g > 0.5) or "none") + "."])  # fmt: skip
     table = json.loads((OUT / "source-kernel-table.json").read_text())
     clocks = sorted({e["sm_clock_mhz"] for e in table["entries"] if e["sm_clock_mhz"]})
     if len(clocks) == 1:
