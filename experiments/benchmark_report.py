@@ -2,8 +2,8 @@
 
     python experiments/benchmark_report.py
 
-The runs themselves (21 s and 40 s for gpt3-small on h100-sxm, 129 s and 172 s for gpt3-xl on rtx3080ti, one after
-another on 2 cores, 2026-11-28, after issue 49):
+The runs themselves (42 s and 65 s for gpt3-small on h100-sxm, 2 min 16 s for gpt3-xl on h100-sxm, 8 min 22 s and
+4 min 5 s for gpt3-xl on rtx3080ti, one after another on 2 cores beside other work):
 
     freqopt benchmark --model gpt3-small --gpu h100-sxm --json experiments/benchmark/gpt3-small-h100-sxm.json
     freqopt benchmark --model gpt3-small --gpu h100-sxm --free-switching --json experiments/benchmark/gpt3-small-h100-sxm-free-switching.json
