@@ -272,27 +272,26 @@ def reallocate_requests(schedule: TransferredSchedule, table: ClockTable, backen
                 breaking = mid
     hit = confirmed(accepted, validator, baseline, limit_s, lambda a, m: Allocation(a.chosen, m))
     fraction, validated = (hit.chosen, hit.validated) if hit is not None else (1.0, baseline)
-    iteration = next((r for r in coarser if r.granularity == "iteration"), None)
-    phase = next((r for r in coarser if r.granularity == "phase" and r.requests), None)
+    note = (f"the table's requests, their SM clocks backed off {100 * fraction:.1f} % of the way to the defaults"
+            if hit is not None else "no backed-off schedule held the budget and saved energy: the defaults stand")
     labels = tuple(e["request_phase"] for e in table.entries)
-    spent = (sum(r.n_measurements for r in coarser), sum(r.search_cost_gpu_s for r in coarser))
-    if phase is not None and phase.validated.energy_j < min(validated.energy_j, iteration.validated.energy_j
-                                                            if iteration is not None else validated.energy_j):
-        return dataclasses.replace(
-            phase, note="the target's own phase schedule, which validated less energy than the table's requests "
-                        "backed off toward the defaults", n_measurements=spent[0] + validator.n_measurements - before[0],
-            search_cost_gpu_s=spent[1] + validator.cost_gpu_s - before[1])  # fmt: skip
-    if iteration is not None and iteration.validated.energy_j < validated.energy_j:
-        setting = iteration.units[0][1]
-        units = tuple((m.unit, setting) for m in schedule.matches)
-        validated, note = iteration.validated, ("the target's iteration level's one clock, which validated less "
-                                                 "energy than the table's requests backed off toward the defaults")  # fmt: skip
-    else:
-        units = tuple((m.unit, backed_off(m.setting, fraction, clocks)) for m in schedule.matches)
-        note = (f"the table's requests, their SM clocks backed off {100 * fraction:.1f} % of the way to the defaults"
-                if hit is not None else "no backed-off schedule held the budget and saved energy: the defaults stand")  # fmt: skip
-    return GranularityResult(
-        granularity="phase", units=units, predicted=validated, predicted_baseline=baseline, validated=validated,
-        n_measurements=spent[0] + validator.n_measurements - before[0],
-        search_cost_gpu_s=spent[1] + validator.cost_gpu_s - before[1], requests=labels, note=note,
-    )  # fmt: skip
+    # The least validated energy of: the backed-off requests, the target's one clock laid on as the same requests,
+    # and the target's own phase schedule (in that order where they tie).
+    choices = [GranularityResult(
+        granularity="phase", units=tuple((m.unit, backed_off(m.setting, fraction, clocks)) for m in schedule.matches),
+        predicted=validated, predicted_baseline=baseline, validated=validated, n_measurements=0, search_cost_gpu_s=0.0,
+        requests=labels, note=note)]  # fmt: skip
+    for r in coarser:
+        if r.granularity == "iteration":
+            choices.append(dataclasses.replace(
+                choices[0], units=tuple((m.unit, r.units[0][1]) for m in schedule.matches), predicted=r.validated,
+                validated=r.validated, note="the target's iteration level's one clock, which validated less energy "
+                                            "than the table's requests backed off toward the defaults"))  # fmt: skip
+        elif r.granularity == "phase" and r.requests:
+            choices.append(dataclasses.replace(
+                r, note="the target's own phase schedule, which validated less energy than the table's requests "
+                        "backed off toward the defaults"))  # fmt: skip
+    best = min(choices, key=lambda r: r.validated.energy_j)
+    return dataclasses.replace(
+        best, n_measurements=sum(r.n_measurements for r in coarser) + validator.n_measurements - before[0],
+        search_cost_gpu_s=sum(r.search_cost_gpu_s for r in coarser) + validator.cost_gpu_s - before[1])  # fmt: skip

@@ -62,12 +62,14 @@ class TransferReport:
                 "slowdown_pct": 100.0 * (m.time_s / self.baseline.time_s - 1.0), "slowdown_bound_pct": bound,
                 "within_budget": m.time_bound_s <= self.baseline.time_s * (1.0 + self.max_slowdown) * (1 + 1e-11)}  # fmt: skip
 
+    def _holds(self, m: Measurement) -> bool:
+        """Whether ``m`` saves energy within the budget on the target (a table worth writing)."""
+        return self._figures(m)["within_budget"] and m.energy_j < self.baseline.energy_j
+
     def _kept_reallocation(self) -> GranularityResult | None:
         """The re-allocated schedule where it saves energy within the budget on the target, else None."""
         r = self.reallocated
-        if r is None or not self._figures(r.validated)["within_budget"]:
-            return None
-        return r if r.validated.energy_j < self.baseline.energy_j else None
+        return r if r is not None and self._holds(r.validated) else None
 
     def not_reallocated_reason(self) -> str:
         """Why the target's table is not a re-allocated one ("" where it is): the table could not be re-allocated
@@ -81,10 +83,7 @@ class TransferReport:
     def writes_table(self) -> bool:
         """Whether the transfer has a table to write for the target: the re-allocated schedule where it saves
         energy within the budget, else the table as transferred where that does; never one out of budget."""
-        if self._kept_reallocation() is not None:
-            return True
-        figures = self._figures(self.transferred)
-        return figures["within_budget"] and self.transferred.energy_j < self.baseline.energy_j
+        return self._kept_reallocation() is not None or self._holds(self.transferred)
 
     def summary(self) -> dict:
         """{"max_slowdown_pct", "transferred": {energy_saved_pct, slowdown_pct, slowdown_bound_pct, within_budget,
@@ -172,13 +171,13 @@ class TransferReport:
                             "created_utc": source["provenance"].get("created_utc")}  # fmt: skip
         kept = self._kept_reallocation()
         if self.schedule.granularity == "phase" and kept is None:
-            if not self._figures(self.transferred)["within_budget"]:
+            figures = self._figures(self.transferred)
+            if not figures["within_budget"]:
                 raise ClockTableError(
-                    f"as transferred, the phase schedule takes {self._figures(self.transferred)['slowdown_pct']:+.2f} "
-                    f"% time on the target, past the {100 * self.max_slowdown:g} % budget; search the target "
-                    "instead")  # fmt: skip
+                    f"as transferred, the phase schedule takes {figures['slowdown_pct']:+.2f} % time on the target, "
+                    f"past the {100 * self.max_slowdown:g} % budget; search the target instead")  # fmt: skip
             base = self.baseline
-            validated = {**self._figures(self.transferred), "time_s": self.transferred.time_s,
+            validated = {**figures, "time_s": self.transferred.time_s,
                          "energy_j": self.transferred.energy_j}  # fmt: skip
             validated.pop("within_budget")
             data = {**copy.deepcopy(source), "workload": workload_doc(self.schedule.trace.workload),

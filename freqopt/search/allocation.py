@@ -106,8 +106,9 @@ def allocate_validated(
     def rebuild(choice: Allocation, confirmation: Measurement) -> Allocation:
         return Allocation(choice.chosen, confirmation)
 
-    tried: dict = {}  # schedule -> (its confirmed slowdown bound, energy_j): each confirmed once (a second chance would spend
-    # the confidence)
+    # schedule -> (its confirmed slowdown bound, energy_j): each confirmed once (a second chance would spend the
+    # confidence)
+    tried: dict = {}
     hit = confirmed(accepted, validator, baseline, limit_s, rebuild, tried=tried)
     # Where every choice near the budget's edge failed its confirmation, the allocator is asked again for schedules
     # that aim at a fraction of the budget (FALLBACK_MARGINS), each confirmed in turn: a schedule that saves less
@@ -126,11 +127,10 @@ def allocate_validated(
     if hit is not None:
         return hit
     return Allocation(tuple(s.default for s in searches), baseline,
-                      reason=_defaults_reason(accepted, tried, validator, baseline, max_slowdown))
+                      reason=_defaults_reason(tried, validator, baseline, max_slowdown))
 
 
-def _defaults_reason(accepted: list, tried: dict, validator: Validator, baseline: Measurement,
-                     max_slowdown: float) -> str:
+def _defaults_reason(tried: dict, validator: Validator, baseline: Measurement, max_slowdown: float) -> str:
     """Why a level ends at the defaults, in one sentence for the user."""
     budget = f"{100 * max_slowdown:g} %"
     if not tried:
