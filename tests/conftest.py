@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 import pytest
+from filelock import FileLock
 
 from freqopt.gpu.host import HostSpec
 from freqopt.workload.models import get_workload
@@ -32,6 +35,23 @@ KERNEL_SEARCH = ["--model", "gpt3-small", "--micro-batch-size", "1", "--seq-len"
                  "--trials", "6", "--granularity", "kernel", "--seed", "1", "--switch-latency-ms", "1"]  # fmt: skip
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the tests that share a module- or class-scoped fixture in one test process.
+
+    pytest-xdist (``--dist loadgroup``, pyproject.toml's addopts) hands tests out one by one, and each worker process
+    that gets a test builds the fixtures it uses: a module's search, trace or launched ranks would be built once in
+    each worker. A test using such a fixture is marked ``xdist_group`` with its module's path, so those tests go to
+    one worker and build it once, as a run in one process does; the other tests are spread over every worker.
+    (Tryfirst: xdist reads the marks in its own collection hook.)
+    """
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+        if any(d[-1].scope in ("module", "class", "package") for d in defs if d):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _remove_deepspeeds_shared_memory_buffers():
     """DeepSpeed's CPU all-reduce (deepspeed.ops.comm's shared-memory op, which gloo runs beside) leaves a 66 MB
@@ -46,17 +66,47 @@ def _remove_deepspeeds_shared_memory_buffers():
             leaked.unlink(missing_ok=True)
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder ``name`` filled by ``build(folder)`` once per test run, for every test process of the run.
+
+    Under pytest-xdist each worker process has its own session, so a session fixture runs once per worker; this
+    runs ``build`` in the first worker that asks, in a folder beside the workers' own temporary folders (their
+    common parent, pytest-xdist's "Making session-scoped fixtures execute only once"), while the others wait on its
+    lock and then read what it left. A build that raised leaves no finished mark, and the next caller builds again.
+    Without xdist the folder is in the session's own temporary folder.
+
+    Raises:
+        whatever ``build`` raises.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder, finished = root / name, root / f"{name}.finished"
+    with FileLock(str(root / f"{name}.lock")):
+        if not finished.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            finished.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def kernel_search_cli(tmp_path_factory):
-    """KERNEL_SEARCH run once per session through the command line by one uninterrupted process, in a folder of its
-    own (``--out out --json r.json``): the reference that shared (tests/test_workers.py) and killed-and-resumed
-    (tests/test_resume.py) runs of the same command must reproduce."""
-    cwd = tmp_path_factory.mktemp("kernel-search")
-    proc = subprocess.run([sys.executable, "-m", "freqopt.cli", "search", *KERNEL_SEARCH, "--out", "out", "--json",
-                           "r.json"], cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return {"args": KERNEL_SEARCH, "summary": json.loads((cwd / "r.json").read_text()), "stderr": proc.stderr}
+    """KERNEL_SEARCH run once per test run (built_once) through the command line by one uninterrupted process, in a
+    folder of its own (``--out out --json r.json``, its standard error in stderr.txt): the reference that shared
+    (tests/test_workers.py) and killed-and-resumed (tests/test_resume.py) runs of the same command must reproduce."""
+
+    def search(cwd: Path) -> None:
+        proc = subprocess.run([sys.executable, "-m", "freqopt.cli", "search", *KERNEL_SEARCH, "--out", "out",
+                               "--json", "r.json"], cwd=cwd, env={**os.environ, "COLUMNS": "200"},
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        (cwd / "stderr.txt").write_text(proc.stderr)
+
+    cwd = built_once(tmp_path_factory, "kernel-search", search)
+    return {"args": KERNEL_SEARCH, "summary": json.loads((cwd / "r.json").read_text()),
+            "stderr": (cwd / "stderr.txt").read_text()}  # fmt: skip
 
 
 @pytest.fixture(scope="session")

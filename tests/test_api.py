@@ -74,6 +74,7 @@ def test_the_units_announced_are_the_units_reported(latency_ms):
     assert started[0].n_units == len(units) and "kernel" in units
 
 
+@pytest.mark.slow
 def test_search_a_model_name_writes_tables_and_its_summary_matches_the_cli(tmp_path):
     from freqopt.cli import main
 

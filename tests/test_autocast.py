@@ -88,6 +88,7 @@ def test_a_resnet50_step_under_autocast_traces_bf16_convolutions_on_a_cpu_machin
     assert len(backward_casts) >= 53  # every weight's gradient cast back to fp32
 
 
+@pytest.mark.slow
 def test_without_autocast_the_same_step_stays_fp32_and_simulates_far_slower():
     amp, model = resnet_step(autocast=True, batch=256)  # NVIDIA's training batch: the GPU, not the host, sets the pace
     fp32, _ = resnet_step(autocast=False, batch=256)
@@ -140,6 +141,7 @@ def test_fp16_autocast_and_the_output_dtype_ops():
     assert not [k for k in forward if k.name == "aten._to_copy" and k.shapes == ((8, 128),) and k.dtype == "float16"]
 
 
+@pytest.mark.slow
 def test_trace_iteration_bf16_mixed_runs_as_trainer_bf16():
     workload = get_workload("gpt3-small", micro_batch_size=1, seq_len=256)
     bf16 = trace_training_iteration(workload)

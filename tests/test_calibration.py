@@ -22,6 +22,7 @@ def rows():
     return cal.residuals(get_gpu("v100-pcie"), points, traces, REPORTED["host_gaps_s"]["zeus_host_gap_s"])
 
 
+@pytest.mark.slow
 def test_residuals_within_what_the_fit_reported(rows):
     reported = REPORTED
     assert len(rows) == len(reported["points"]) == 21
@@ -32,6 +33,7 @@ def test_residuals_within_what_the_fit_reported(rows):
         assert rms <= reported["rms_error_pp"][key] + 0.01
 
 
+@pytest.mark.slow
 def test_mcdonald_figures_within_what_the_fit_reported():
     figures = cal.load_mcdonald_figures(EXPERIMENTS / "data" / "mcdonald_v100_training.csv")
     got = cal.mcdonald_residuals(get_gpu("v100-pcie"), figures, cal.mcdonald_traces(),
@@ -43,11 +45,13 @@ def test_mcdonald_figures_within_what_the_fit_reported():
     assert rms <= REPORTED["mcdonald"]["rms_error_pp"] + 0.01
 
 
+@pytest.mark.slow
 def test_power_stays_within_each_limit(rows):
     for r in rows:
         assert r["avg_power_simulated_w"] <= r["power_limit_w"] + 1e-6  # the idle host gap only lowers it
 
 
+@pytest.mark.slow
 def test_capping_trades_time_for_energy_as_measured(rows):
     """The qualitative result of both papers: a 150 W cap costs time and saves energy on a 250 W V100."""
     for r in rows:
@@ -116,6 +120,7 @@ def whole_steps():
     return calibration_steps.residuals(get_gpu("h100-sxm"), steps, calibration_steps.trace_steps(steps))
 
 
+@pytest.mark.slow
 def test_whole_h100_steps_within_five_percent(whole_steps):
     """`freqopt profile`'s step (SimulatedGPU.step at default settings) against the four measured H100 steps."""
     assert len(whole_steps["steps"]) == 4
@@ -124,6 +129,7 @@ def test_whole_h100_steps_within_five_percent(whole_steps):
         assert abs(r["energy_error_pct"]) <= WHOLE_STEPS_AIM_PCT, (r["step"], r["energy_error_pct"])
 
 
+@pytest.mark.slow
 def test_freqopt_profile_gives_the_calibrations_h100_step(whole_steps, tmp_path, capsys):
     """`freqopt profile --attention sdpa` (the program the measured H100 steps ran: cuDNN's attention) simulates the
     same step the calibration and experiments/h200_check.md's 'Carried to the H100' judge, to the last digit; the
@@ -144,6 +150,7 @@ def test_freqopt_profile_gives_the_calibrations_h100_step(whole_steps, tmp_path,
     assert flash.by_kind["attention"].time_s > 1.2 * doc["by_kind"]["attention"]["time_s"]
 
 
+@pytest.mark.slow
 def test_h100_whole_steps_left_out_as_recorded():
     """experiments/h100_whole_steps_loo.json (the left-out figures docs/gpus.md and docs/limits.md quote): each step
     left out of the whole-step fit and predicted again gives the recorded errors."""
@@ -159,6 +166,7 @@ def test_h100_whole_steps_left_out_as_recorded():
         assert got[name]["energy_error_pct"] == pytest.approx(r["energy_error_pct"], abs=0.05), name
 
 
+@pytest.mark.slow
 def test_whole_step_residuals_within_what_the_fit_reported(whole_steps):
     from freqopt.gpu.calibration.h100_steps import summarize
 
@@ -168,6 +176,7 @@ def test_whole_step_residuals_within_what_the_fit_reported(whole_steps):
     assert len(whole_steps["classes"]) == len(STEPS_REPORTED["classes"])
 
 
+@pytest.mark.slow
 def test_launch_bound_step_waits_for_the_host(whole_steps):
     """gpt3-small at micro-batch 1: the GPU is busy 10 ms of a 27.6 ms step; the simulated step is the host's,
     at well under the power of the steps the GPU is busy in."""

@@ -181,6 +181,7 @@ def test_models_and_gpus_list(capsys):
     assert "h100-sxm (default)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_search_writes_tables_and_json(tmp_path):
     """The installed console script, end to end, on a small configuration."""
     out_json = tmp_path / "r.json"
@@ -265,6 +266,7 @@ def test_powercap_bad_input(args, message, capsys):
     assert len(err.splitlines()) == 1 and message in err
 
 
+@pytest.mark.slow
 def test_models_per_gpu_parameters_under_a_layout(capsys):
     assert main(["models", "--layout", "tp=4"]) == 0
     out = capsys.readouterr().out
@@ -361,6 +363,7 @@ def _hint(err: str) -> list[str]:
     return line.split("to training with: freqopt ")[1].split()
 
 
+@pytest.mark.slow
 def test_a_resumed_search_says_so_and_its_hint_works_from_another_folder(tmp_path, monkeypatch, capsys):
     """A relative hf:PATH and --out: the closing hint names both absolutely, and `freqopt train` takes it as
     printed in another folder. Run again, the search says how many measurements it read back (the first run's),

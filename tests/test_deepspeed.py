@@ -55,6 +55,7 @@ def freqopt_trace(layout):
     return trace_iteration(workload, "train", dtype=torch.float32)  # CPU ranks train in FP32
 
 
+@pytest.mark.slow
 def test_same_gemm_shapes_per_rank(real_run):
     layout, ranks = real_run
     trace = freqopt_trace(layout)
@@ -66,6 +67,7 @@ def test_same_gemm_shapes_per_rank(real_run):
         assert rank["n_params"] == trace.meta["n_params"]
 
 
+@pytest.mark.slow
 def test_same_collectives_with_the_same_sizes(real_run):
     layout, ranks = real_run
     trace = freqopt_trace(layout)

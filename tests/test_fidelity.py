@@ -19,6 +19,7 @@ def recomputed() -> dict[str, list[fd.Row]]:
     return {name: ds.rows(fd.recorded_folds(RECORDED, name)) for name, ds in fd.REGISTRY.items() if ds.cheap}
 
 
+@pytest.mark.slow
 def test_no_cheap_row_moved_past_its_tolerance(recomputed):
     """Every cheap row's left-out (and fitted-on) figure within its recorded value plus its tolerance."""
     moved = [m for rows in recomputed.values() for m in fd.regressions(rows, RECORDED["rows"])]

@@ -26,6 +26,7 @@ def _suggested(stderr: str, prefix: str) -> list[str]:
     return shlex.split(lines[0].split(prefix, 1)[1])
 
 
+@pytest.mark.slow
 def test_the_training_a_search_suggests_runs_as_printed(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the search's storage and tables; the suggestion holds absolute paths
     assert main([*SEARCH, "--out", "out"]) == 0
@@ -50,6 +51,7 @@ def test_the_training_a_search_suggests_runs_as_printed(tmp_path, monkeypatch, c
     assert took < 300, took  # issue 51: under 5 minutes on a 2-core CPU (27-135 s here, with other jobs beside)
 
 
+@pytest.mark.slow
 def test_a_pipeline_searchs_suggestion_starts_its_ranks_with_small_steps(tmp_path, monkeypatch, capsys):
     """The pipeline search's suggestion (its layout and micro-batches, the table's sizes) parsed and checked by
     `freqopt train` up to starting the ranks (the launcher mocked; tests/test_pipeline_train.py trains one)."""
@@ -98,6 +100,7 @@ def test_a_real_gpus_search_suggests_the_full_step_compared():
         "--table '/t/a b.json' --small-step --compare")  # quoted for the shell; a backend not known: simulated
 
 
+@pytest.mark.slow
 def test_small_steps_give_the_full_steps_simulated_figures(tmp_path):
     """The runtime follows module hooks, whose order does not depend on the batch: the same requests, and so the
     same simulated time and energy per step, with one short sequence as with the workload's micro-batch."""

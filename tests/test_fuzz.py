@@ -97,6 +97,7 @@ def test_a_truncated_table_is_refused(cut):
         load_table_from(json.dumps(VALID_TABLE)[:cut])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(version=st.one_of(st.integers(), st.text(max_size=4), st.none()).filter(lambda v: v != 1))
 def test_another_schema_version_is_refused(version):
@@ -111,6 +112,7 @@ def test_another_gpu_type_is_refused(gpu):
         load_table_from({**VALID_TABLE, "gpu": {**VALID_TABLE["gpu"], "name": gpu}})
 
 
+@pytest.mark.slow
 @FUZZ
 @given(sm=st.integers(min_value=-10, max_value=5000).filter(lambda f: f not in get_gpu("h100-sxm").sm_clocks_mhz),
        mem=st.sampled_from([2619, 1593, 877]))  # fmt: skip
@@ -120,6 +122,7 @@ def test_clocks_the_gpu_lacks_are_refused(sm, mem):
         load_table_from({**VALID_TABLE, "entries": [entry]})
 
 
+@pytest.mark.slow
 @FUZZ
 @given(key=st.sampled_from(sorted(VALID_TABLE)), junk=st.one_of(st.none(), st.integers(), st.text(max_size=5),
                                                                 st.lists(st.integers(), max_size=2)))  # fmt: skip

@@ -228,6 +228,7 @@ VIT_CONFIG = {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 2, "n
               "intermediate_size": 64, "image_size": 32, "patch_size": 8, "num_labels": 10}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config, auto, inputs", [
     (T5_CONFIG, "AutoModelForSeq2SeqLM", lambda: {"input_ids": torch.randint(0, 128, (2, 16)),
                                                  "labels": torch.randint(0, 128, (2, 8))}),

@@ -37,6 +37,7 @@ def run(installed, *args, timeout=600):
                           timeout=timeout)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_package_and_data_file(installed):
     wheel, _, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -46,6 +47,7 @@ def test_the_wheel_holds_every_package_and_data_file(installed):
         assert f"freqopt/search_spaces/{data.relative_to(ROOT / 'search_spaces')}" in names
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_imports_answers_help_and_searches(installed):
     _, tmp, _ = installed
     got = run(installed, "-c", "import freqopt, freqopt.api, freqopt.pipeline, freqopt.tables; print(freqopt.__file__)")

@@ -75,6 +75,7 @@ def trace():
     return trace_training_iteration(Workload("tiny", TINY, 2))  # WORKLOAD
 
 
+@pytest.mark.slow
 def test_trainer_runs_under_the_runtime_on_the_simulated_gpu(tmp_path, trace):
     model = tiny_model()
     callback = FreqoptCallback(pass_table(), trace, backend=SimulatedGPU(INSTANT, noise=False))
@@ -100,6 +101,7 @@ def test_trainer_runs_under_the_runtime_on_the_simulated_gpu(tmp_path, trace):
     assert not any(m._forward_pre_hooks or m._backward_pre_hooks for m in model.modules())
 
 
+@pytest.mark.slow
 def test_switch_counts_and_settings_through_trainer(tmp_path, trace):
     model = tiny_model()
     callback = FreqoptCallback(pass_table(), trace, backend=SimulatedGPU(INSTANT, noise=False))

@@ -80,6 +80,7 @@ def test_flash_attention_on_cpu_runs_no_t_by_t_intermediate():
     assert square == []
 
 
+@pytest.mark.slow
 def test_tiny_gpt_trains_on_cpu():
     """The same module the tracer uses runs for real: the loss falls on a repeated batch."""
     torch.manual_seed(0)
@@ -111,6 +112,7 @@ def test_gpt3_vocabulary_is_padded_to_a_multiple_of_128_and_bert_is_not():
     assert get_workload("bert-base", vocab_multiple=128).config.padded_vocab_size == 30592
 
 
+@pytest.mark.slow
 def test_trace_runs_the_logit_gemm_on_the_padded_vocabulary():
     from freqopt.workload.trace import trace_training_iteration
 
@@ -125,6 +127,7 @@ def test_vocab_multiple_must_be_a_positive_integer(bad):
         get_workload("gpt3-small", vocab_multiple=bad)
 
 
+@pytest.mark.slow
 def test_cli_models_states_the_padded_vocabulary_and_checks_vocab_multiple(capsys):
     from freqopt.cli import main
 

@@ -97,6 +97,7 @@ def test_the_validation_counts_are_checked():
                 SearchConfig(max_slowdown=0.01, **{name: bad})
 
 
+@pytest.mark.slow
 def test_the_whole_iteration_study_measures_the_budget_edge_at_each_memory_clock(small_trace):
     """Without noise the edge is exact: at every memory clock whose highest SM clock meets the budget, the lowest
     SM clock that meets it and the next below are among the options; the walk stops at the first memory clock
@@ -198,6 +199,7 @@ def test_a_chosen_schedule_is_confirmed_on_fresh_readings(small_trace):
     assert confirmed([Allocation((), chosen)], validator, baseline, 1.05 * baseline.time_s, lambda a, m: m) == fresh
 
 
+@pytest.mark.slow
 def test_no_level_keeps_a_schedule_asking_more_switches_than_a_runtime_can_issue(small_trace):
     """Issue 35, item 6: one runtime thread issues NVML's blocking set calls one at a time, at most
     GPUSpec.max_switches_per_s a second; a schedule that asks for more is never kept. On this step with 1 ms

@@ -364,6 +364,7 @@ def _search_as_root(fake, tmp_path, model: str, granularity: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path, tiny_model):
     result = _search_as_root(fake, tmp_path, tiny_model, "iteration")["results"]["iteration"]
     assert result["n_measurements"] > 0 and result["search_cost_gpu_s"] > 1.0
@@ -386,6 +387,7 @@ def test_cli_search_without_permission_is_one_clear_line(fake, tmp_path, capsys)
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_cli_powercap_on_the_nvml_backend_puts_the_limit_back(fake, tmp_path, tiny_model):
     from freqopt.cli import main
 
@@ -473,6 +475,7 @@ def test_backend_trusts_a_gpu_that_accepts_a_memory_lock_its_file_reads_per_job(
     assert [r.levelname for r in caplog.records] == ["INFO"] and "reads per-job" in caplog.records[0].getMessage()
 
 
+@pytest.mark.slow
 def test_cli_search_on_a_gpu_with_a_per_job_memory_clock_completes_and_restores(fake, tmp_path, tiny_model, caplog):
     fake.gpus[0].mem_clocks_mhz = (1593, 2619)
     doc = _search_as_root(fake, tmp_path, tiny_model, "pass")

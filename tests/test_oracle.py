@@ -15,6 +15,7 @@ from freqopt.search.validate import Validator
 H100 = get_gpu("h100-sxm")
 
 
+@pytest.mark.slow
 def test_oracle_measures_every_unit_at_every_pair_and_charges_for_it(small_trace):
     config = SearchConfig(max_slowdown=0.02, switching=False)
     backend = SimulatedGPU(H100, seed=1)
@@ -33,6 +34,7 @@ def test_oracle_measures_every_unit_at_every_pair_and_charges_for_it(small_trace
     assert result.slowdown_pct <= 2.0 + 1e-9 and result.energy_saved_pct > 0
 
 
+@pytest.mark.slow
 def test_benchmark_summary_has_the_issue_keys_and_ratios(small_trace):
     result = benchmark(small_trace, SimulatedGPU(H100, seed=2),
                        SearchConfig(max_slowdown=0.02, n_trials_1d=6, switching=False), granularity="pass")
@@ -75,6 +77,7 @@ def test_cli_benchmark_bad_input(args, fragment, capsys):
     assert fragment in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_benchmark_writes_json(tmp_path):
     out = tmp_path / "b.json"
     assert main(["benchmark", "--model", "gpt3-small", "--seq-len", "256", "--micro-batch-size", "1", "--granularity",
@@ -93,6 +96,7 @@ def _coarse_h100():
                                mem_clocks_mhz=(max(H100.mem_clocks_mhz),))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_kernel_level_benchmark_with_switching_costs_has_a_savings_ratio_of_at_most_one(small_trace):
     # gpt3-small at kernel level on the H100 with switching costs: its iteration is one phase block, so the search
     # ends on one clock; a sweep without the one-clock schedules kept the defaults (savings ratio None).
@@ -105,6 +109,7 @@ def test_kernel_level_benchmark_with_switching_costs_has_a_savings_ratio_of_at_m
     assert s["oracle"]["true_slowdown_pct"] <= 1.0 and result.oracle.level is not None
 
 
+@pytest.mark.slow
 def test_oracle_holds_the_best_one_clock_within_the_budget(small_trace):
     spec = _coarse_h100()
     backend = SimulatedGPU(spec, seed=0)

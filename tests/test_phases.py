@@ -1,6 +1,7 @@
 """Phases and switching costs: where a runtime can switch, what it realizes, and what a late switch costs."""
 
 import numpy as np
+import pytest
 import torch
 
 from freqopt.gpu.backends.base import DEFAULT_SETTING, ClockSetting
@@ -52,6 +53,7 @@ def test_short_runs_keep_the_clocks_already_set():
     assert realizable_settings(marks[:1], mixed, np.full(40, 1e-3), 6e-3) == [HIGH] * 40
 
 
+@pytest.mark.slow
 def test_a_switch_lands_one_latency_late():
     spec = get_gpu("h100-sxm")
     sim = SimulatedGPU(spec, noise=False)

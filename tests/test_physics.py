@@ -228,6 +228,7 @@ def test_simulated_gpu_backend_interface():
         assert gpu.energy_j() - before == pytest.approx(s.avg_power_w * s.cost_gpu_s, abs=2e-3)
 
 
+@pytest.mark.slow
 def test_kernel_terms_computed_once_give_the_same_physics():
     """KernelPhysics with KernelTerms computed earlier (as SimulatedGPU keeps them per kernel list) gives exactly the
     arrays it computes on its own, at any memory clocks."""

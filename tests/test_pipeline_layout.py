@@ -116,6 +116,7 @@ def _deepspeed_partition(model, stages: int, method: str) -> list[int]:
     return [int(b) for b in fake.parts]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, stages", [("gpt3-small", 2), ("gpt3-small", 4), ("gpt3-small", 5), ("gpt3-xl", 3),
                                            ("gpt3-xl", 8), ("gpt3-175b", 8), ("gpt3-175b", 16), ("bert-base", 3),
                                            ("bert-large", 4)])  # fmt: skip
@@ -170,6 +171,7 @@ def _forward_backward(trace):
     return [k for k in trace.kernels if k.pass_name in ("forward", "backward") and not (k.is_collective and k.stream == 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, layout, method", [("gpt3-small", "pp=4", "parameters"), ("gpt3-small", "pp=3", "uniform"),
                                                    ("bert-base", "pp=2", "type:block"),
                                                    ("gpt3-small", "dp=2,tp=2,pp=2", "parameters")])  # fmt: skip

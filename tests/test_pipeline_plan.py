@@ -89,6 +89,7 @@ def brute_force(planner: PipelinePlanner, deadline_s: float) -> float:
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,blocking_power_w", [(0, 0.0), (1, 3.0), (2, 8.0)])
 def test_exact_planner_matches_brute_force(seed, blocking_power_w):
     planner = PipelinePlanner(random_profile(2, 3, seed), 2, blocking_power_w=blocking_power_w, method="exact",
@@ -104,6 +105,7 @@ def test_exact_planner_matches_brute_force(seed, blocking_power_w):
         assert planner.evaluate(plan.sm_clock_mhz) == pytest.approx((plan.time_s, plan.energy_j))
 
 
+@pytest.mark.slow
 def test_hull_method_is_feasible_and_bounds_the_optimum():
     planner = PipelinePlanner(random_profile(2, 3, 4), 2, blocking_power_w=2.0, method="hull")
     fastest = planner.fastest()
@@ -186,6 +188,7 @@ def test_repair_and_reclaim_keep_the_deadline_and_reach_a_fixed_point(seed):
                     assert planner._cost(trial) >= cost - 1e-9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,blocking_power_w", [(20, 0.0), (21, 1.5), (22, 4.0), (23, 1.0)])
 def test_hull_method_within_its_gap_of_the_exact_optimum(seed, blocking_power_w):
     profile = lumpy_profile(3, 6, seed)
@@ -203,6 +206,7 @@ def test_hull_method_within_its_gap_of_the_exact_optimum(seed, blocking_power_w)
 
 
 
+@pytest.mark.slow
 def test_hull_heuristic_alone_is_near_the_optimum_on_lumpy_profiles():
     """The roundings and the reclaim pass without the MILP step, against the exact optimum: where one clock step
     saves far more than its neighbours, rounding the LP down alone lost up to 1.2 % here (error diffusion keeps the
@@ -444,6 +448,7 @@ def smooth_profile(stages: int = 4, clocks: int = 22):
     return stage_profile_from_rows(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile,micro_batches,blocking_power_w", [
     (lambda: lumpy_profile(3, 7, 3), 5, 1.0), (lambda: random_profile(3, 5, 9), 4, 0.0), (smooth_profile, 3, 80.0)])
 def test_whole_frontier_is_a_dense_staircase_of_real_plans(profile, micro_batches, blocking_power_w):
@@ -537,6 +542,7 @@ def test_a_milp_answer_past_the_deadline_is_repaired(monkeypatch):
     assert critical_path(planner, planner._warm_choice(plan, deadline)) <= deadline * (1 + 1e-12)
 
 
+@pytest.mark.slow
 def test_perseus_bloom_a100_frontier_of_40_deadlines():
     # Issue 34's crash: 40 deadlines on BLOOM/A100 at M = 12 failed with a plan 1.8e-7 s past its deadline.
     planner = PipelinePlanner(PERSEUS / "bloom+a100_sxm_bf16.csv", 12, gpu="a100-sxm4-80gb")
@@ -578,6 +584,7 @@ def test_ctrl_c_stops_a_long_milp_within_a_second():
     assert time.perf_counter() - sent[0] < 5.0
 
 
+@pytest.mark.slow
 def test_cli_plan_ctrl_c_writes_nothing(tmp_path):
     import signal
     import subprocess
@@ -620,6 +627,7 @@ def test_stage_clocks_match_brute_force_over_one_clock_per_stage(seed, blocking_
     assert planner.plan_stage_clocks().energy_j == planner.fastest().energy_j
 
 
+@pytest.mark.slow
 def test_a_plan_is_the_same_under_load_because_its_milp_stops_on_nodes_not_seconds():
     """Issue 50, item 4: the MILP stops at a node limit, so the plan (clocks, energy, proven bound) is the same on a
     busy machine as on an idle one. The limit binds here (the MILP would search on), which is what makes it the
@@ -684,6 +692,7 @@ def test_realized_plan_with_instant_switches_is_the_plan():
         other.realized(plan, 0.0)
 
 
+@pytest.mark.slow
 def test_realized_plan_on_the_a100_keeps_its_time_and_pays_in_energy():
     # Issue 50, item 5: BLOOM/A100 at M = 12 asks for clocks every 51-99 ms, and the A100's switch lands 170 ms after
     # it is asked for. Realized (each clock asked for one latency ahead), no instruction runs slower than planned,
@@ -702,6 +711,7 @@ def test_realized_plan_on_the_a100_keeps_its_time_and_pays_in_energy():
     assert still.time_s == pytest.approx(stage_plan.time_s, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_cli_plan_prices_the_switch_latency(tmp_path, capsys):
     path, out = tmp_path / "profile.csv", tmp_path / "plan.json"
     profile = smooth_profile()

@@ -132,6 +132,7 @@ def test_the_hooks_are_the_engine_instances_own(table):
     assert Engine._INSTRUCTION_MAP == class_map
 
 
+@pytest.mark.slow
 def test_another_micro_batch_count_follows_the_re_planned_schedule(table):
     engine = Engine(1, 3, 6)
     with PipelineRuntime(engine, table=table, backend=SimulatedGPU(H100)) as runtime:
@@ -251,6 +252,7 @@ def test_the_simulated_step_is_the_simulated_pipeline_at_the_requested_clocks(ta
     assert {s.sm_clock_mhz for s in stage_schedule(table, 1)} != {ClockSetting().sm_clock_mhz}
 
 
+@pytest.mark.slow
 def test_a_straggler_follower_moves_the_engine_to_the_plan_that_ends_with_the_straggler(table):
     """straggler_schedules: the table's own plan first, then slower plans of the same fronts, each predicted to
     fit its slowdown and to take less energy (the planner's own figures); a StragglerFollower over them, told the

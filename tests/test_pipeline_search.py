@@ -33,6 +33,7 @@ def tiny(tmp_path_factory):
     return result, storage
 
 
+@pytest.mark.slow
 def test_the_instruction_plan_meets_the_budget_when_validated(tiny):
     result, _ = tiny
     assert list(result.levels) == ["iteration", "stage", "instruction"]  # coarse to fine
@@ -78,6 +79,7 @@ def _switches_as_run(run, dag, requests) -> tuple[int, int]:
     return sum(counts), max(counts)
 
 
+@pytest.mark.slow
 def test_each_level_reports_its_busiest_gpus_switches_per_second_beside_the_gpus_limit(tiny):
     """Issue 35, item 6 (its report): the instruction level's busiest stage asks for its switches per iteration
     over the iteration time, held against the most one runtime thread can issue (1 / the NVML call's 20 ms). The
@@ -115,6 +117,7 @@ def test_each_level_reports_its_busiest_gpus_switches_per_second_beside_the_gpus
     assert validated.switches_per_s == pytest.approx(busiest / validated.time_s)
 
 
+@pytest.mark.slow
 def test_the_result_carries_what_a_pipeline_table_needs(tiny):
     result, _ = tiny
     doc = json.loads(json.dumps(result.pipeline_doc()))  # JSON as it stands
@@ -147,6 +150,7 @@ def test_the_result_carries_what_a_pipeline_table_needs(tiny):
     assert len(requests) == len(planned) and min(requests) >= min(planned)
 
 
+@pytest.mark.slow
 def test_a_second_run_reads_every_measurement_back(tiny):
     result, storage = tiny
     again = freqopt.search_pipeline("gpt3-small", max_slowdown="5%", switch_latency_ms=0.2, storage=storage, **TINY)
@@ -156,6 +160,7 @@ def test_a_second_run_reads_every_measurement_back(tiny):
         assert again.levels[g].requests == result.levels[g].requests
 
 
+@pytest.mark.slow
 def test_the_instruction_level_never_ends_worse_than_the_iteration_level():
     # A switch latency far beyond the tiny iteration (170 ms, the A100's file): every plan runs late; the level
     # keeps what validated best, the iteration level's clock or the defaults.
@@ -193,6 +198,7 @@ CLI = ["search", "--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len"
        "--switch-latency-ms", "0.2"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_cli_searches_a_pipeline_side_by_side(tmp_path, capsys):
     out = tmp_path / "out"
     assert main([*CLI, "--out", str(out), "--json", str(tmp_path / "r.json")]) == 0
@@ -255,6 +261,7 @@ def test_the_cli_refuses_pipeline_flags_without_a_pipeline(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_every_instruction_has_a_planned_clock(tiny):
     result, _ = tiny
     dag = one_f_one_b(2, 4)

@@ -58,6 +58,7 @@ def test_each_stage_gets_its_plan_in_its_1f1b_order(planned):
         stage_schedule(table, 3)
 
 
+@pytest.mark.slow
 def test_another_micro_batch_count_is_planned_again_from_the_fronts(planned):
     """6 micro-batches instead of 5: PipelinePlanner on the table's fronts at its budget and blocking power, the
     same plan a planner on the original profile makes, asked for ahead by the table's switch latency
@@ -183,6 +184,7 @@ def test_other_appliers_refuse_a_pipeline_table(planned):
     ClockTable({"granularity": "iteration"}).refuse_pipeline("anything")  # another table passes
 
 
+@pytest.mark.slow
 def test_validated_requests_are_what_each_stage_asks_for_at_its_own_micro_batch_count(tmp_path):
     """A table with requests (the schedule a search validated, switches asked for ahead of the plan) gives the
     runtime those clocks, in each stage's 1F1B order, and the CSV shows them beside the plan; another micro-batch

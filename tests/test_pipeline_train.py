@@ -62,6 +62,7 @@ def test_a_table_that_does_not_fit_the_pipeline_is_refused_in_one_line(pp2, tmp_
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_table_of_another_granularity_or_without_its_pipeline_is_refused(pp2, tmp_path, monkeypatch, capsys):
     _no_launcher(monkeypatch)
     iteration = tmp_path / "iteration.json"

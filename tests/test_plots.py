@@ -21,6 +21,7 @@ def searched(small_trace, tmp_path_factory):
     return freqopt.search(small_trace, max_slowdown="2%", granularity=["power-cap", "pass"], n_trials=3, out=out)
 
 
+@pytest.mark.slow
 def test_search_saves_both_figures_beside_its_tables(searched):
     paths = searched.figure_paths
     assert set(paths) == {"energy-time", "clocks"}
@@ -31,6 +32,7 @@ def test_search_saves_both_figures_beside_its_tables(searched):
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000  # a drawn figure, not an empty canvas
 
 
+@pytest.mark.slow
 def test_the_clock_figure_draws_each_kernels_setting(searched):
     # A pass schedule with three different settings: the series must follow each kernel's pass.
     trace = searched.trace

@@ -48,6 +48,7 @@ def test_sim_profile_breaks_the_iteration_down_by_kind(small_trace):
     assert "measured" not in doc and "profiler_by_kind" not in doc  # nvml only
 
 
+@pytest.mark.slow
 def test_cli_profile_writes_the_json_document(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["profile", "--model", "gpt3-small", "--seq-len", "256", "--micro-batch-size", "1",
@@ -134,6 +135,7 @@ def test_every_gpu_type_states_its_memory():
     assert (memory["h100-sxm"], memory["h200-sxm"], memory["rtx3080ti"], memory["v100-pcie"]) == (80, 141, 12, 16)
 
 
+@pytest.mark.slow
 def test_profile_warns_of_a_simulated_step_that_does_not_fit_the_gpu_and_skips_a_gpu_of_unknown_memory():
     from freqopt.workload.memory import GPUMemoryWarning
 
@@ -243,6 +245,7 @@ def test_cli_profile_on_nvml_is_read_only(fake, tmp_path, capsys, monkeypatch):
     assert doc["memory"]["dtype"] == "float32" and doc["memory"]["activations_gb"] > 0  # as it trains on the CPU
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sizes", [{"micro_batch_size": 1, "seq_len": 128}, {}], ids=["mb1-seq128", "defaults"])
 def test_the_searchs_default_row_is_the_step_profile_prints(sizes):
     """One physics (issue 22, item 4): the search's baseline (three noisy readings of the whole step at the GPU's
@@ -263,6 +266,7 @@ def test_the_searchs_default_row_is_the_step_profile_prints(sizes):
 COMPUTE_BOUND = {"micro_batch_size": 8, "seq_len": 2048}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", [ClockSetting(1200), ClockSetting(900, 1593), ClockSetting(power_limit_w=250),
                                      ClockSetting(1500, None, 300)], ids=lambda s: s.label())  # fmt: skip
 def test_profile_at_a_setting_is_the_whole_step_validation_measures_there(setting, tmp_path):
@@ -288,6 +292,7 @@ def test_profile_at_a_setting_is_the_whole_step_validation_measures_there(settin
     assert doc["setting"] == dataclasses.asdict(setting)
 
 
+@pytest.mark.slow
 def test_the_setting_moves_the_step_as_the_physics_says():
     """A compute-bound step: a lower SM clock makes the GEMMs and the step slower and the step cheaper; a lower
     memory clock slows the memory-bound kernels (elementwise, optimizer) and not the GEMMs much; a power limit
@@ -353,6 +358,7 @@ def test_nvml_profile_refuses_a_setting_and_touches_nothing(fake, capsys, monkey
 SMOLLM2 = Path(__file__).parent / "data" / "hf" / "smollm2-135m"
 
 
+@pytest.mark.slow
 def test_a_host_bound_step_names_its_waiting_and_keeps_it_out_of_the_kernels(capsys, tmp_path):
     """Issue 51, item 2: a host-bound step (SmolLM2-135M's config, 1 x 64 tokens) showed its waiting for the host as
     slow elementwise kernels. The kinds now hold busy time only (their bandwidth on it), the waiting is its own

@@ -153,6 +153,7 @@ def _runs_as_printed(args: list[str], tmp: Path) -> None:
         os.chdir(old)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", REFUSALS, ids=[" ".join(a[:3]) + f" #{i}" for i, (a, _) in
                                                            enumerate(REFUSALS)])  # fmt: skip
 def test_a_refusal_is_one_line_before_any_heavy_import(tmp_path, argv, message, capsys):
@@ -281,6 +282,7 @@ def test_a_worker_waits_only_when_asked_and_says_what_for(tmp_path, monkeypatch)
     assert not (tmp_path / "later.journal").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_refuses_a_database_without_a_search_at_once(tmp_path):
     """An SQLite storage that exists but holds no freqopt search (another program's study): refused at once."""
     import optuna
@@ -294,6 +296,7 @@ def test_a_worker_refuses_a_database_without_a_search_at_once(tmp_path):
         _runs_as_printed(args, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_worker_told_to_wait_says_so_every_10_s_then_gives_up(tmp_path):
     """``freqopt worker --wait-s`` on a journal that does not exist yet: a "waiting for" line at once (and every
     10 s: test_a_worker_waits_only_when_asked_and_says_what_for), then one error line; no file made."""
@@ -327,6 +330,7 @@ def test_a_hugging_face_table_mismatch_suggests_the_path_given(tmp_path, monkeyp
     check_model_name(command[command.index("--model") + 1])  # the path is found from there
 
 
+@pytest.mark.slow
 def test_train_with_another_models_table_suggests_a_transfer_that_runs(tmp_path):
     """The whole path through the command line: `freqopt train --model hf:RELATIVE --table T` of another model's
     table suggests `freqopt transfer ... --model hf:ABSOLUTE ...`, which parses from another folder."""

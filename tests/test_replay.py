@@ -39,6 +39,7 @@ class OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.slow
 def test_a_single_gpu_iteration_replays_every_kernel_as_itself():
     trace = tiny_trace()
     plan = build_replay(trace.kernels, device="cpu")
@@ -256,6 +257,7 @@ def test_device_check_refuses_every_nvml_set_call_before_nvml_sees_it(monkeypatc
     assert fake.set_calls() == [] and fake.gpus[0].power_limit_mw == 700_000
 
 
+@pytest.mark.slow
 def test_device_check_dry_run_runs_every_section_on_the_cpu(tmp_path):
     import json
     import subprocess

@@ -62,6 +62,7 @@ def uninterrupted(small_trace, tmp_path_factory):
 STORAGES = {"sqlite": "sqlite:///{tmp}/s.db", "journal": "journal:{tmp}/s.journal"}  # SQLite, and the default
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage", list(STORAGES))
 @pytest.mark.parametrize("die_at", [[1], [7, 30], [12, 13, 40, 30]])
 def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_path, uninterrupted, die_at, storage):
@@ -85,6 +86,7 @@ def test_killed_search_resumes_without_repeating_a_measurement(small_trace, tmp_
     assert result.baseline == expected.baseline
 
 
+@pytest.mark.slow
 def test_a_record_torn_by_a_kill_mid_append_is_measured_again(small_trace, tmp_path, uninterrupted):
     """A journal whose last record was cut in the middle (a writer killed inside its append) resumes to the same
     result: the torn operation reads as never written (freqopt.search.storage.JournalFile)."""
@@ -119,6 +121,7 @@ def _logged_measurements(journal) -> int:
     return journal.read_bytes().count(b'"user_attr":{"m:')
 
 
+@pytest.mark.slow
 def test_sigkilled_cli_search_resumes_to_the_same_result(tmp_path, kernel_search_cli):
     """The same command killed (SIGKILL) at several points and run again ends with the uninterrupted run's JSON
     (conftest.kernel_search_cli, in a folder of its own with the same relative --out), in its default storage, the

@@ -318,6 +318,7 @@ def test_the_runtime_refuses_a_table_of_another_workload():
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_cli_train_compare_on_the_simulated_gpu(tmp_path, capsys):
     assert main(["search", "--model", "gpt3-small", "--max-slowdown", "2%", "--granularity", "iteration", "--trials",
                  "3", "--seq-len", "64", "--micro-batch-size", "1", "--out", str(tmp_path / "s")]) == 0  # fmt: skip
@@ -357,6 +358,7 @@ def test_train_runs_whole_steps_on_the_simulated_gpu(micro_batch):
     _check_whole_steps(report, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro_batch", [1, 3])
 def test_train_runs_whole_steps_through_nvml_on_the_cpu(fake_gpu, micro_batch):
     from freqopt.gpu.backends.nvml import NVMLBackend
@@ -423,6 +425,7 @@ def _start_training(tmp_path) -> tuple[subprocess.Popen, Path]:
         raise
 
 
+@pytest.mark.slow
 def test_sigterm_to_freqopt_train_restores_the_gpu(tmp_path):
     child, gpu_file = _start_training(tmp_path)
     child.send_signal(signal.SIGTERM)
@@ -432,6 +435,7 @@ def test_sigterm_to_freqopt_train_restores_the_gpu(tmp_path):
     assert not list((tmp_path / "state").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_freqopt_reset_recovers_after_sigkill_of_freqopt_train(tmp_path):
     child, gpu_file = _start_training(tmp_path)
     child.kill()
@@ -452,6 +456,7 @@ def test_freqopt_reset_recovers_after_sigkill_of_freqopt_train(tmp_path):
     assert (gpu["locked_sm_mhz"], gpu["power_limit_mw"]) == (None, 600_000)
 
 
+@pytest.mark.slow
 def test_cli_train_runs_data_parallel_under_deepspeed(tmp_path):
     """With a layout of two ranks, freqopt train starts itself under DeepSpeed's launcher (gloo on this CPU)."""
     pytest.importorskip("deepspeed")

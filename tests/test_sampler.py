@@ -61,6 +61,7 @@ def test_a_study_finds_the_grid_minimum():
     assert study.best_params["sm_clock_mhz"] == 1500
 
 
+@pytest.mark.slow
 def test_suggestions_without_torch_function_handling_are_optunas():
     """GridGPSampler.sample_relative turns PyTorch's __torch_function__ handling off around Optuna's GP (for speed);
     its suggestions are those of the same sampler run through Optuna's own torch.device("cpu") context, also

@@ -128,6 +128,7 @@ def _distinct_settings(table):
     return dataclasses.replace(table, data=data)
 
 
+@pytest.mark.slow
 def test_a_phase_table_transfers_as_the_runtime_applies_it_on_another_layout(result, trace):
     from freqopt.workload.layout import Layout
     from freqopt.apply.transfer import EXACT, evaluate_transfer

@@ -229,6 +229,7 @@ def test_a_backward_splits_into_its_input_and_weight_gradients(chunk_traces):
             assert 0.3 < sum(k.flops for k in weights if k.kind == "gemm") / gemm < 0.7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-v"])
 def test_the_pipeline_search_runs_other_schedules_within_the_budget(schedule, tmp_path):
     """Issue 37's criterion: the pipeline search runs interleaved 1F1B and ZB-V on the simulated GPU, every level

@@ -32,6 +32,7 @@ def result(small_trace):
     return run_search(small_trace, SimulatedGPU(h100, seed=3), config)
 
 
+@pytest.mark.slow
 def test_every_granularity_is_validated_within_budget(result):
     assert list(result.results) == list(GRANULARITIES)
     for g in GRANULARITIES:
@@ -41,6 +42,7 @@ def test_every_granularity_is_validated_within_budget(result):
         assert r.n_measurements > 0 and r.search_cost_gpu_s > 0
 
 
+@pytest.mark.slow
 def test_finer_granularity_never_ends_worse_and_free_switching_kernel_level_saves_most(result):
     saved = {g: result.energy_saved_pct(g) for g in GRANULARITIES}
     assert saved["kernel"] >= saved["pass"] >= saved["iteration"] > 0  # realizable: switching costs included
@@ -53,6 +55,7 @@ def test_finer_granularity_never_ends_worse_and_free_switching_kernel_level_save
     assert result.ideal_energy_saved_pct("iteration") == saved["iteration"]
 
 
+@pytest.mark.slow
 def test_each_level_reports_the_switches_per_second_it_asks_for(result):
     """Issue 35, item 6 (its report): a level's switches per second are its realized requests' changes per
     iteration (read cyclically) over the validated time; one clock asks for none; the statement holds them against
@@ -276,6 +279,7 @@ def test_levels_to_run_adds_each_levels_candidates_in_search_order():
     assert levels_to_run(GRANULARITIES) == ("power-cap", "iteration", "pass", "phase", "kernel")
 
 
+@pytest.mark.slow
 def test_a_gpu_whose_memory_clock_is_set_per_job_searches_it_only_for_the_whole_iteration(small_trace, tmp_path):
     """Issue 22, item 2: Hopper locks its memory clock only per job (deferred), so the pass level's units search
     the SM clock alone at the job's (highest) memory clock, while the iteration level, one setting for the job,

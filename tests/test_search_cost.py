@@ -62,6 +62,7 @@ def test_one_clock_reason_for_a_longer_step_whose_passes_are_each_shorter_than_t
     assert "hold no two runs of phases each as long as a 26 ms clock switch" in reason and "shorter" not in reason
 
 
+@pytest.mark.slow
 def test_unrealizable_levels_keep_the_iteration_schedule_and_search_only_their_free_switching_figure(small_trace):
     """Issue 25: where a runtime can realize no schedule finer than one clock, the finer levels keep the iteration
     level's; issue 35, item 3: the pass and kernel levels still search what they would save with free switching
@@ -130,6 +131,7 @@ def test_a_study_stalls_when_its_last_trials_leave_the_front_near_the_default_as
     assert _stalled(_trials(dominated) + [failed], 2, 1.05, 4)
 
 
+@pytest.mark.slow
 def test_a_study_with_patience_stops_early_and_resumes_to_the_same_front(tmp_path, small_trace):
     from freqopt.search.study import search_unit
 
@@ -147,6 +149,7 @@ def test_a_study_with_patience_stops_early_and_resumes_to_the_same_front(tmp_pat
     assert full.n_measurements > once.n_measurements
 
 
+@pytest.mark.slow
 def test_the_phase_level_stops_its_block_studies_with_phase_patience_and_rejects_a_bad_one(small_trace, tmp_path):
     """Issue 25: the phase level's block studies (each measurement a whole iteration) stop once phase_patience
     trials in a row leave a block's front near the default unchanged; None runs every trial."""

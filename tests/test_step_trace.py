@@ -407,6 +407,7 @@ class Recurrent(nn.Module):
         return self.proj(y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls,kwargs", [(nn.LSTM, {}), (nn.GRU, {"num_layers": 2, "bidirectional": True})],
                          ids=["lstm", "gru-2-layers-bidirectional"])  # fmt: skip
 def test_a_recurrent_layer_traced_as_its_per_step_decomposition_is_warned_of(cls, kwargs):

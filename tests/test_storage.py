@@ -33,6 +33,7 @@ def _holder(path):
     return proc
 
 
+@pytest.mark.slow
 def test_a_sigkilled_writer_holding_the_lock_does_not_block_the_next(tmp_path):
     path = tmp_path / "j.journal"
     path.touch()
@@ -124,6 +125,7 @@ threads = [threading.Thread(target=write, args=(t,)) for t in range(2)]
 """
 
 
+@pytest.mark.slow
 def test_processes_appending_at_once_lose_nothing(tmp_path):
     url, n = f"journal:{tmp_path / 'j.journal'}", 150
     optuna.create_study(study_name="s", storage=open_storage(url))

@@ -27,6 +27,7 @@ def table(result):
     return table_from_result(result, "pass", get_gpu("h100-sxm"), backend="sim", seed=0)
 
 
+@pytest.mark.slow
 def test_reprs_are_one_short_line(result, table, small_trace):
     """print(trace), print(table) and repr(result) say what they are in a line, not in tens of kilobytes."""
     trace = repr(small_trace)
@@ -59,6 +60,7 @@ def test_a_measured_mean_clock_prints_rounded():
     assert repr(Measurement(1.0, 2.0)).endswith("sm_clock_mhz=None)")
 
 
+@pytest.mark.slow
 def test_clocks_are_integers_in_the_files(table, tmp_path):
     """A table another tool wrote with 885.0 (JSON Schema's "integer" admits it) loads, and is written again, with
     integer clocks; so are the clocks of a table built from a search."""
@@ -85,6 +87,7 @@ def test_clocks_are_integers_in_the_files(table, tmp_path):
     assert (rows[0]["sm_clock_mhz"], rows[0]["mem_clock_mhz"]) == ("885", "2619")
 
 
+@pytest.mark.slow
 def test_round_trip(table, tmp_path):
     path = write_table(table, tmp_path / "t.json")
     loaded = load_table(path, spec=get_gpu("h100-sxm"))
@@ -96,6 +99,7 @@ def test_round_trip(table, tmp_path):
     assert csv_text[0].startswith("unit,") and len(csv_text) == 4
 
 
+@pytest.mark.slow
 def test_truncated_table_is_refused(table, tmp_path):
     path = write_table(table, tmp_path / "t.json")
     path.write_text(path.read_text()[:200])
@@ -110,6 +114,7 @@ def test_foreign_json_is_refused(tmp_path):
         load_table(path)
 
 
+@pytest.mark.slow
 def test_other_schema_version_is_refused(table, tmp_path):
     data = dict(table.data, schema_version=SCHEMA_VERSION + 1)
     path = tmp_path / "t.json"
@@ -118,6 +123,7 @@ def test_other_schema_version_is_refused(table, tmp_path):
         load_table(path)
 
 
+@pytest.mark.slow
 def test_corrupt_entry_is_refused(table, tmp_path):
     data = json.loads(json.dumps(table.data))
     data["entries"][0]["sm_clock_mhz"] = "fast"
@@ -127,12 +133,14 @@ def test_corrupt_entry_is_refused(table, tmp_path):
         load_table(path)
 
 
+@pytest.mark.slow
 def test_other_gpu_is_refused(table, tmp_path):
     path = write_table(table, tmp_path / "t.json")
     with pytest.raises(ClockTableError, match="searched on h100-sxm, not a100-sxm4-80gb"):
         load_table(path, spec=get_gpu("a100-sxm4-80gb"))
 
 
+@pytest.mark.slow
 def test_unsupported_clocks_are_refused(table, tmp_path):
     data = json.loads(json.dumps(table.data))
     data["entries"][0]["sm_clock_mhz"] = 1234
@@ -142,6 +150,7 @@ def test_unsupported_clocks_are_refused(table, tmp_path):
         load_table(path, spec=get_gpu("h100-sxm"))
 
 
+@pytest.mark.slow
 def test_missing_file_and_unwritable_target(table, tmp_path):
     with pytest.raises(ClockTableError, match="cannot read"):
         load_table(tmp_path / "nope.json")
@@ -188,6 +197,7 @@ def test_umask_is_read_without_changing_it(monkeypatch, proc_readable):
 
 
 # -- the workload a table was found for ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_table_records_its_workload_and_refuses_another(table, tmp_path):
     from freqopt.errors import TableWorkloadError
     from freqopt.workload.layout import Layout
@@ -218,6 +228,7 @@ def test_a_table_records_its_workload_and_refuses_another(table, tmp_path):
                 f"--seq-len {other.config.seq_len}") in message
 
 
+@pytest.mark.slow
 def test_a_table_from_before_layouts_is_read_as_one_gpu_and_one_without_its_sizes_is_refused(table, tmp_path):
     """Tables have recorded model, sizes, micro-batch and sequence length since the format's first version, and
     the layout since parallel layouts: without it a table is a single-GPU one. One that does not record its
@@ -246,6 +257,7 @@ def test_a_table_from_before_layouts_is_read_as_one_gpu_and_one_without_its_size
     load_table(path).check_workload(get_workload("gpt3-small", micro_batch_size=1, seq_len=256))
 
 
+@pytest.mark.slow
 def test_train_refuses_another_workloads_table_in_one_line_naming_freqopt_transfer(table, tmp_path, capsys):
     from freqopt.cli import main
 
@@ -258,6 +270,7 @@ def test_train_refuses_another_workloads_table_in_one_line_naming_freqopt_transf
         assert "`freqopt transfer --table" in err
 
 
+@pytest.mark.slow
 def test_train_takes_the_sizes_and_layout_it_is_not_given_from_the_table(table, tmp_path):
     from freqopt.errors import TableWorkloadError
     from freqopt.workload.layout import Layout
@@ -279,6 +292,7 @@ def test_train_takes_the_sizes_and_layout_it_is_not_given_from_the_table(table, 
 TINY_SEARCH = {"granularity": "iteration", "n_trials": 3, "seq_len": 64, "micro_batch_size": 1}
 
 
+@pytest.mark.slow
 def test_searches_at_two_budgets_in_one_folder_keep_both_tables(tmp_path):
     import freqopt
 
@@ -296,6 +310,7 @@ def test_searches_at_two_budgets_in_one_folder_keep_both_tables(tmp_path):
     assert again.table_paths == one.table_paths
 
 
+@pytest.mark.slow
 def test_a_search_never_replaces_another_searchs_table(tmp_path):
     """Another micro-batch, under the same name: refused before any measurement, the table left as it was."""
     import freqopt

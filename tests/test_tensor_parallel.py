@@ -36,6 +36,7 @@ def one_clock_sweep(trace, spec) -> tuple[float, float]:
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["dp=1,tp=2", "dp=1,tp=4"])
 def test_a_tensor_parallel_search_saves_what_one_clock_saves_in_a_noiseless_sweep(layout, tmp_path):
     _, workload = resolve_trace_or_workload("gpt3-small", micro_batch_size=None, seq_len=None, n_heads=None,
@@ -55,6 +56,7 @@ def test_a_tensor_parallel_search_saves_what_one_clock_saves_in_a_noiseless_swee
     assert true_slowdown <= MAX_SLOWDOWN
 
 
+@pytest.mark.slow
 def test_a_level_whose_choices_all_fail_confirmation_falls_back_to_a_safer_one():
     """The allocator's choices near the budget's edge fail their fresh confirming readings: it aims lower, and a
     schedule that holds the limit beats the defaults."""

@@ -33,6 +33,7 @@ def _plan(schedule: str, ranks: int, micro_batches: int) -> list[list]:
             for order in rank_orders(schedule, ranks, micro_batches) for k, kind, m in order]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zb-v"])
 def test_two_cpu_ranks_train_under_the_runtime_each_action_asking_for_its_planned_clock(schedule, tmp_path):
     plan = _plan(schedule, 2, 4)
@@ -150,6 +151,7 @@ def test_a_follower_runs_the_plan_that_matches_the_straggler_and_returns_when_it
         StragglerFollower([])
 
 
+@pytest.mark.slow
 def test_data_parallel_ranks_learn_the_stragglers_pace_by_an_all_reduce(tmp_path):
     """Two gloo ranks, rank 1 straggling (1.2x) for four steps: after the first reduction rank 0 runs the plan
     predicted for 1.2 s and rank 1 its fastest; once rank 1 recovers rank 0 returns to the fastest."""

@@ -46,6 +46,7 @@ def test_bytes_count_what_the_optimizer_and_the_loss_move(gpt3_small_trace):
     assert kernels["aten.nll_loss_backward"].mem_bytes == pytest.approx(2 * tokens * vocab, rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,batch", [("gpt3-small", 4), ("gpt3-xl", 1), ("gpt3-175b", 1)])
 def test_iteration_flops_match_narayanan(model, batch):
     w = get_workload(model, micro_batch_size=batch)
@@ -96,6 +97,7 @@ def test_bert_attention_is_bidirectional():
     assert len(attention) == 2 * 12 and not any(k.causal for k in attention)
 
 
+@pytest.mark.slow
 def test_175b_traces_quickly_without_memory():
     trace = trace_training_iteration(get_workload("gpt3-175b", micro_batch_size=1))
     assert trace.meta["n_params"] == pytest.approx(175e9, rel=0.01)

@@ -86,6 +86,7 @@ def test_pass_table_carries_over_with_collectives_in_their_passes():
     assert any(k.is_collective for k in target.kernels)
 
 
+@pytest.mark.slow
 def test_evaluate_transfer_shares_one_baseline_with_the_native_search(kernel_table):
     target = trace_training_iteration(get_workload("gpt3-small", layout=Layout(dp=4), **SMALL))
     config = SearchConfig(max_slowdown=0.01, n_trials_1d=4, finalist_repeats=1, switching=False)
@@ -155,6 +156,7 @@ def test_fronts_scale_to_the_target_units_default():
     assert options[2].time_s == pytest.approx(1.5) and options[2].energy_j == pytest.approx(2.8)
 
 
+@pytest.mark.slow
 def test_reallocation_meets_the_budget_where_the_clocks_as_transferred_break_it(kernel_table):
     # The same table with every unit locked to a low SM clock: as transferred it breaks a 1 % budget; its fronts
     # still say what each unit's clocks cost, so the re-allocation meets it.
@@ -202,6 +204,7 @@ def test_a_table_without_fronts_is_transferred_as_is_but_not_reallocated(kernel_
         slow.table()
 
 
+@pytest.mark.slow
 def test_a_one_clock_table_is_written_as_transferred_and_trained_with(small_trace, tmp_path, capsys):
     """Issue 35, item 5: a pass-level table whose source step realized one clock (shorter than two switches, so
     the level kept the iteration level's clock, with no fronts) is written for the target as transferred, with its
@@ -329,6 +332,7 @@ def _phase_table(small_trace, micro_batch_size: int = 1) -> ClockTable:
     })  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_phase_table_is_reallocated_and_written_for_the_target_workload(small_trace, tmp_path):
     """A phase-level table's requests are laid on the target at their phases and re-allocated there within the
     budget (reallocate_requests); the transfer writes the result for the target, so that `train` (which refuses a
@@ -354,6 +358,7 @@ def test_a_phase_table_is_reallocated_and_written_for_the_target_workload(small_
     assert plan.workload.layout == Layout(dp=2) and plan.workload.micro_batch_size == 2
 
 
+@pytest.mark.slow
 def test_a_transfer_never_replaces_another_transfers_table(small_trace, tmp_path):
     """Two source tables (micro-batch 1 and 3) transferred to the same target in one folder: the second would take
     the first's file name, and is refused before any measurement."""
@@ -394,6 +399,7 @@ def test_the_apply_line_works_from_any_folder(monkeypatch):
     assert line == "freqopt train --model gpt3-small --layout dp=1,tp=1 --table /t.json --backend nvml --compare"
 
 
+@pytest.mark.slow
 def test_a_transfer_holds_its_slowdown_at_the_confidence_given(small_trace, tmp_path):
     """Issue 50, item 7: transfer takes ``confidence`` as search does. The same readings (same seed) bounded at 0.5
     (the paired mean) and at 0.99: the bound at 0.99 is the higher, and the report says which it used."""

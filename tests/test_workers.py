@@ -69,6 +69,7 @@ def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
     return reports
 
 
+@pytest.mark.slow
 def test_workers_share_a_search_through_postgresql(tmp_path, one_process):
     with server() as url:
         _search_with_workers(tmp_path, url, one_process)
@@ -113,6 +114,7 @@ def _records_by_owner(url: str, name: str, traces: dict) -> dict[int, tuple[int,
     return owned
 
 
+@pytest.mark.slow
 def test_three_workers_and_one_killed_mid_study_through_postgresql(tmp_path, one_process):
     """Three workers on a PostgreSQL storage; the first of them seen holding a unit with measurements in it is
     frozen (SIGSTOP, so that what it recorded can be counted before anyone takes its unit over) and killed
@@ -154,10 +156,12 @@ def test_three_workers_and_one_killed_mid_study_through_postgresql(tmp_path, one
     assert n_new + sum(r["n_new_measurements"] for r in survivors) + killed_records == one_process["n_new"]
 
 
+@pytest.mark.slow
 def test_workers_share_a_search_through_a_journal_file(tmp_path, one_process):
     _search_with_workers(tmp_path, f"journal:{tmp_path / 'journal.log'}", one_process)
 
 
+@pytest.mark.slow
 def test_jobs_run_units_in_parallel_with_the_same_result(tmp_path, one_process):
     proc = subprocess.run(_freqopt("search", *one_process["args"], "--jobs", "2", "--out", "out", "--json", "r.json"),
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900)  # fmt: skip
@@ -191,6 +195,7 @@ def test_a_killed_workers_unit_is_taken_over(tmp_path):
                                                            optuna.trial.TrialState.WAITING]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--storage", "journal:{tmp}/none.log", "--study", "nothing", "--wait-s", "0"], "no freqopt search named"),
     (["--storage", "sqlite:///{tmp}/missing/x.db", "--study", "s"], "cannot open Optuna storage"),
@@ -238,6 +243,7 @@ def test_a_worker_measures_on_the_gpu_it_is_given_or_its_local_rank(fake_gpu, mo
         local_device(-1)
 
 
+@pytest.mark.slow
 def test_optuna_dashboard_serves_a_freqopt_search(tmp_path):
     """docs/search.md's `optuna-dashboard OUT/freqopt.journal` (or the search's --storage URL): optuna-dashboard's own
     storage lookup opens a freqopt search's journal and its API lists the search's studies with their trials (the

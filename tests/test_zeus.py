@@ -42,6 +42,7 @@ def test_load_sweeps_refuses_a_file_without_the_networks(tmp_path):
         cz.load_sweeps(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["shufflenetv2@1024", "bert_base_uncased@128"])
 def test_the_committed_a40_reproduces_the_reported_fitted_on_errors(sweeps, name):
     network = name.split("@")[0]
