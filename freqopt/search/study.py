@@ -72,7 +72,14 @@ class GridGPSampler(optuna.samplers.GPSampler):
     max_grid_points = 20_000
 
     def sample_relative(self, study, trial, search_space):
-        """GPSampler.sample_relative with PyTorch's ``__torch_function__`` handling off (torch._C.DisableTorchFunction).
+        """GPSampler.sample_relative on one PyTorch thread, with ``__torch_function__`` handling off
+        (torch._C.DisableTorchFunction); the caller's thread count is restored after.
+
+        Optuna limits PyTorch to one thread while it fits the kernel parameters (optuna._gp.thread_limiting) but
+        not while it scores the acquisition function, whose Monte Carlo log EHVI on every grid point is
+        PyTorch's largest operation here: there, on a 2-core machine, PyTorch's thread pool waited on its own
+        threads far longer than it computed (the main job's acquisition and fits took 38 s of CPU with the
+        default threads, 8 s on one, with the same trials and figures: experiments/search_speed).
 
         Optuna runs the GP under ``with torch.device("cpu")`` so that a global ``torch.set_default_device("cuda")``
         does not move its tensors (optuna/optuna#6113). That context is a TorchFunctionMode: a Python call on every
@@ -82,8 +89,13 @@ class GridGPSampler(optuna.samplers.GPSampler):
         the main job's search about 4 s shorter).
         """
         disable = getattr(torch._C, "DisableTorchFunction", contextlib.nullcontext)
-        with disable():
-            return super().sample_relative(study, trial, search_space)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with disable():
+                return super().sample_relative(study, trial, search_space)
+        finally:
+            torch.set_num_threads(threads)
 
     def _optimize_acqf(self, acqf, best_params):
         """The grid point (normalized, shape (dim,)) where ``acqf`` is highest; Optuna's search outside a grid."""
