@@ -42,7 +42,8 @@ def search_free_switching(trace: Trace, backend: Backend, config: SearchConfig, 
     offered = candidates + _free_candidates(trace, coarser, units, baseline, mem)  # each studied, so allocatable
     warm = warm_starts(trace, coarser, units, offered)
     before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s)
-    units, searches = run_unit_studies(trace, backend, config, g, storage=storage, warm_start=warm, on_unit=on_unit)
+    units, searches = run_unit_studies(trace, backend, config, g, storage=storage, warm_start=warm, on_unit=on_unit,
+                                       sampler="tpe")  # fmt: skip
     ideal, ideal_units = free_allocation(trace, units, searches, ideal_validator, baseline, config, g, candidates,
                                           coarser, mem)  # fmt: skip
     return dataclasses.replace(
