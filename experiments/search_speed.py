@@ -172,6 +172,17 @@ def main() -> int:
              "| phase | seconds (median) | share |", "|---|---:|---:|"]  # fmt: skip
     for k in labels:
         lines.append(f"| {k} | {median[k]:.2f} | {100 * median[k] / wall:.0f} % |")
+    lines += ["", "What the phases hold:", "",
+              "- imports: PyTorch (the trace runs the model on the meta device, and Optuna's GP is PyTorch code), "
+              "torch._dynamo (loaded by the first meta-device operation PyTorch implements in Python, so by the "
+              "trace and the memory check), Optuna, scipy.optimize (the GP's L-BFGS and the allocator's MILP) and "
+              "matplotlib's Figure (no pyplot); the rest of scipy.stats, pyplot and SQLAlchemy are not loaded;",
+              "- search: power-cap and iteration: one study each over the whole step, sampled by Optuna's GP "
+              "(GridGPSampler, on one PyTorch thread), then allocation and validation;",
+              "- free switching: pass and kernel: the free-switching figure of levels held to one clock, their "
+              "units' studies sampled by Optuna's TPE, allocated exactly (MILP) and validated without switch "
+              "latency;",
+              "- nothing is cached between runs: every run traces the model and measures from scratch."]
     results = runs[0]["results"]
     lines += ["", "The figures every run gave (energy saved and slowdown, %; free switching beside them):", "",
               "| level | saved | slowdown | free switching: saved | free switching: slowdown |",

@@ -32,7 +32,8 @@ def search_free_switching(trace: Trace, backend: Backend, config: SearchConfig, 
                     coarser: list[GranularityResult], ideal_validator: Validator, baseline: Measurement, on_unit,
                     storage) -> GranularityResult:  # fmt: skip
     """``result`` (a level held to one clock: one_clock_reason) with its free-switching figure: the level's units
-    searched and their settings allocated as if switching were free, validated so (the main
+    searched (sampled by Optuna's TPE: a figure no table holds, so the GP's cost buys nothing a runtime applies)
+    and their settings allocated as if switching were free, validated so (the main
     job's gpt3-small shows what pass- and kernel-level DVFS would save with free switching beside what a runtime
     can realize). Its measurements are charged to it; its table still holds the iteration level's clock."""
     g = result.granularity

@@ -267,7 +267,8 @@ class SimulatedGPU(Backend):
             time_s, energy_j = overlap_streams(kernels, time_s, energy_j, baseline_w)
         return time_s, energy_j, clocks, wait_s, wait_j, ~met[window]
 
-    def _kernel_physics(self, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray, terms: KernelTerms) -> KernelPhysics:
+    def _kernel_physics(self, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray,
+                        terms: KernelTerms) -> KernelPhysics:  # fmt: skip
         """KernelPhysics of ``kernels`` at per-kernel memory clocks ``mem_clock_mhz`` (shape (K,), MHz), kept for
         the PHYSICS_KEPT (kernel list, memory clocks) pairs evaluated last: a search measures the same unit or step
         at many SM clocks and power limits at one memory clock, and KernelPhysics computes every SM clock's column
