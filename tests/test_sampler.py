@@ -89,3 +89,22 @@ def test_suggestions_without_torch_function_handling_are_optunas():
     ours = suggestions(GridGPSampler)
     assert ours == suggestions(WithOptunasContext)
     assert len({tuple(p.values()) for p in ours}) > 3  # the GP suggested, not only the startup trials
+
+
+def test_sampling_runs_on_one_torch_thread_and_gives_back_the_callers(monkeypatch):
+    import torch
+
+    seen = []
+    monkeypatch.setattr(optuna.samplers.GPSampler, "sample_relative",
+                        lambda self, study, trial, space: seen.append(torch.get_num_threads()) or {"x": 1})  # fmt: skip
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert GridGPSampler().sample_relative(None, None, {"x": None}) == {"x": 1}
+        assert seen == [1] and torch.get_num_threads() == 2
+        monkeypatch.setattr(optuna.samplers.GPSampler, "sample_relative", lambda *a: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            GridGPSampler().sample_relative(None, None, {"x": None})
+        assert torch.get_num_threads() == 2  # restored on an exception too
+    finally:
+        torch.set_num_threads(before)

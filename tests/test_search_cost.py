@@ -62,6 +62,38 @@ def test_one_clock_reason_for_a_longer_step_whose_passes_are_each_shorter_than_t
     assert "hold no two runs of phases each as long as a 26 ms clock switch" in reason and "shorter" not in reason
 
 
+class _CountingGPU(SimulatedGPU):
+    """The simulated H100, counting every measurement taken of it (a unit's replay loop or a whole step)."""
+
+    n_taken = 0
+
+    def measure(self, *args, **kwargs):
+        self.n_taken += 1
+        return super().measure(*args, **kwargs)
+
+    def measure_schedule(self, *args, **kwargs):
+        self.n_taken += 1
+        return super().measure_schedule(*args, **kwargs)
+
+
+def test_free_switching_figures_come_from_the_measurements_their_levels_count(small_trace):
+    """Where a runtime realizes one clock only, the pass and kernel levels' free-switching figures are allocations
+    over the settings their own studies measured (TPE-sampled), validated once: every measurement the GPU took is
+    charged to exactly one level, each free-switching schedule holds only settings some study measured, and the
+    kernel level's figure is at least its realizable saving and the pass level's."""
+    config = SearchConfig(max_slowdown=0.02, n_trials_1d=5, n_trials_per_mem_clock=1)
+    gpu = _CountingGPU(H100, seed=3)
+    result = run_search(small_trace, gpu, config)
+    assert gpu.n_taken == sum(r.n_measurements for r in result.results.values()) > 0  # nothing measured twice
+    measured = {o.setting for r in result.results.values() for u in r.unit_searches for o in u.readings}
+    for g in ("pass", "kernel"):
+        r = result.results[g]
+        assert r.held_to_one_clock and r.unit_searches and r.ideal_units
+        assert {s for _, s in r.ideal_units} <= measured | {s for _, s in result.results["iteration"].units}
+        assert result.ideal_energy_saved_pct(g) >= result.energy_saved_pct(g)
+    assert result.ideal_energy_saved_pct("kernel") >= result.ideal_energy_saved_pct("pass")
+
+
 @pytest.mark.slow
 def test_unrealizable_levels_keep_the_iteration_schedule_and_search_only_their_free_switching_figure(small_trace):
     """Issue 25: where a runtime can realize no schedule finer than one clock, the finer levels keep the iteration

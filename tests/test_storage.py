@@ -159,3 +159,19 @@ def test_a_journal_storage_can_be_pickled(tmp_path):
     copy = pickle.loads(pickle.dumps(storage))
     optuna.load_study(study_name="s", storage=copy).set_user_attr("b", 2)
     assert optuna.load_study(study_name="s", storage=storage).user_attrs == {"a": 1, "b": 2}
+
+
+def test_journal_appends_without_waiting_for_the_disk_and_others_read_them(tmp_path, monkeypatch):
+    """JournalFile.append_logs writes each batch under the lock with no fsync; a second storage opened on the same
+    file (another process's view) reads every record."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    url = f"journal:{tmp_path / 'freqopt.journal'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    for x in range(3):
+        trial = study.ask()
+        study.tell(trial, float(x))
+    assert synced == []
+    again = optuna.load_study(study_name="s", storage=open_storage(url))
+    assert [t.value for t in again.trials] == [0.0, 1.0, 2.0]
+    assert (tmp_path / "freqopt.journal").read_bytes().endswith(b"\n")

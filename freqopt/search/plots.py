@@ -32,13 +32,16 @@ def have_matplotlib() -> bool:
     return True
 
 
-def _pyplot():
-    import matplotlib
+def _figure(**kwargs):
+    """A matplotlib Figure of its own (matplotlib.figure.Figure(**kwargs)), drawn by the Agg canvas when saved.
 
-    matplotlib.use("Agg")  # files only; never a window
-    import matplotlib.pyplot as plt
+    pyplot is never imported: a figure made without it needs no backend chosen, opens no window and is held in
+    no global list to be closed (matplotlib's "embedding in a web application server" example does the same),
+    and the figures are written without the half second pyplot's import takes.
+    """
+    from matplotlib.figure import Figure
 
-    return plt
+    return Figure(**kwargs)
 
 
 def _save(fig, path: Path) -> Path:
@@ -61,31 +64,28 @@ def plot_energy_time(result, path: str | Path) -> Path:
         ImportError: matplotlib is not installed.
         OutputError: ``path`` cannot be written.
     """
-    plt = _pyplot()
     base = result.baseline
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    try:
-        ax.scatter([1e3 * base.time_s], [base.energy_j], color="k", marker="s", s=50, label="default", zorder=3)
-        markers = "ovD^P*X"
-        for i, (g, r) in enumerate(result.results.items()):
-            color = f"C{i}"
-            ax.scatter([1e3 * r.validated.time_s], [r.validated.energy_j], color=color, marker=markers[i % 7],
-                       s=60, label=f"{g}: {result.energy_saved_pct(g):.2f} % saved", zorder=3, alpha=0.8)  # fmt: skip
-            if r.ideal is not None:
-                ax.scatter([1e3 * r.ideal.time_s], [r.ideal.energy_j], facecolors="none", edgecolors=color,
-                           marker=markers[i % 7], s=60, label=f"{g}, free switching", zorder=3)  # fmt: skip
-        limit_ms = 1e3 * base.time_s * (1 + result.max_slowdown)
-        ax.axvline(limit_ms, color="k", ls="--", lw=0.9, label=f"budget: +{100 * result.max_slowdown:g} % time")
-        ax.set_xlabel("time per iteration (ms)")
-        ax.set_ylabel("energy per iteration (J)")
-        w = result.trace.workload
-        ax.set_title(f"{w.model} ({w.layout}) on {result.gpu}: validated per granularity", fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        return _save(fig, Path(path))
-    finally:
-        plt.close(fig)
+    fig = _figure(figsize=(7.5, 5))
+    ax = fig.subplots()
+    ax.scatter([1e3 * base.time_s], [base.energy_j], color="k", marker="s", s=50, label="default", zorder=3)
+    markers = "ovD^P*X"
+    for i, (g, r) in enumerate(result.results.items()):
+        color = f"C{i}"
+        ax.scatter([1e3 * r.validated.time_s], [r.validated.energy_j], color=color, marker=markers[i % 7],
+                   s=60, label=f"{g}: {result.energy_saved_pct(g):.2f} % saved", zorder=3, alpha=0.8)  # fmt: skip
+        if r.ideal is not None:
+            ax.scatter([1e3 * r.ideal.time_s], [r.ideal.energy_j], facecolors="none", edgecolors=color,
+                       marker=markers[i % 7], s=60, label=f"{g}, free switching", zorder=3)  # fmt: skip
+    limit_ms = 1e3 * base.time_s * (1 + result.max_slowdown)
+    ax.axvline(limit_ms, color="k", ls="--", lw=0.9, label=f"budget: +{100 * result.max_slowdown:g} % time")
+    ax.set_xlabel("time per iteration (ms)")
+    ax.set_ylabel("energy per iteration (J)")
+    w = result.trace.workload
+    ax.set_title(f"{w.model} ({w.layout}) on {result.gpu}: validated per granularity", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, Path(path))
 
 
 def timeline_ms(trace, spec) -> np.ndarray:
@@ -125,38 +125,34 @@ def plot_clocks(result, path: str | Path) -> Path:
 
     from freqopt.gpu.specs import get_gpu
 
-    plt = _pyplot()
     spec = result.spec if result.spec is not None else get_gpu(result.gpu)
     trace = result.trace
     granularities = [g for g in result.results if g != "power-cap"]
     edges_ms = timeline_ms(trace, spec)
     passes = [(i, k.pass_name) for i, k in enumerate(trace.kernels) if i == 0 or k.pass_name != trace.kernels[i - 1].pass_name]
     top = max(spec.max_sm_clock_mhz, max(spec.mem_clocks_mhz)) * 1.12
-    fig, axes = plt.subplots(max(len(granularities), 1), 1, figsize=(10, 1.6 + 1.5 * len(granularities)),
-                             sharex=True, squeeze=False)  # fmt: skip
-    try:
-        for ax, g in zip(axes[:, 0], granularities):
-            sm, mem, unlocked = clock_series(result, g, spec)
-            ax.stairs(sm, edges_ms, color="C0", lw=1.2, label="SM clock")
-            if unlocked.any():
-                ax.stairs(np.where(unlocked, sm, np.nan), edges_ms, fill=True, hatch="///", color="C0", alpha=0.15,
-                          label="default (unlocked)")  # fmt: skip
-            if (mem < max(spec.mem_clocks_mhz)).any():
-                ax.stairs(mem, edges_ms, color="C3", lw=1.0, label="memory clock")
-            for i, name in passes:  # where each pass starts
-                ax.axvline(edges_ms[i], color="0.5", lw=0.6, ls=":")
-                ax.text(edges_ms[i], top * 0.97, f" {name}", fontsize=7, va="top", color="0.35")
-            ax.set_ylabel(f"{g}\nMHz", fontsize=9)
-            ax.set_ylim(0, top)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="lower right")
-        axes[-1, 0].set_xlabel("time in the iteration at default settings (ms, simulated)")
-        w = trace.workload
-        axes[0, 0].set_title(f"{w.model} ({w.layout}) on {result.gpu}: the clocks each kernel was given", fontsize=10)
-        fig.tight_layout()
-        return _save(fig, Path(path))
-    finally:
-        plt.close(fig)
+    fig = _figure(figsize=(10, 1.6 + 1.5 * len(granularities)))
+    axes = fig.subplots(max(len(granularities), 1), 1, sharex=True, squeeze=False)
+    for ax, g in zip(axes[:, 0], granularities):
+        sm, mem, unlocked = clock_series(result, g, spec)
+        ax.stairs(sm, edges_ms, color="C0", lw=1.2, label="SM clock")
+        if unlocked.any():
+            ax.stairs(np.where(unlocked, sm, np.nan), edges_ms, fill=True, hatch="///", color="C0", alpha=0.15,
+                      label="default (unlocked)")  # fmt: skip
+        if (mem < max(spec.mem_clocks_mhz)).any():
+            ax.stairs(mem, edges_ms, color="C3", lw=1.0, label="memory clock")
+        for i, name in passes:  # where each pass starts
+            ax.axvline(edges_ms[i], color="0.5", lw=0.6, ls=":")
+            ax.text(edges_ms[i], top * 0.97, f" {name}", fontsize=7, va="top", color="0.35")
+        ax.set_ylabel(f"{g}\nMHz", fontsize=9)
+        ax.set_ylim(0, top)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[-1, 0].set_xlabel("time in the iteration at default settings (ms, simulated)")
+    w = trace.workload
+    axes[0, 0].set_title(f"{w.model} ({w.layout}) on {result.gpu}: the clocks each kernel was given", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, Path(path))
 
 
 def write_search_figures(result, out: str | Path) -> dict[str, Path]:

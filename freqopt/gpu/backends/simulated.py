@@ -87,6 +87,7 @@ __all__ = ["SimulatedGPU", "KernelPhysics", "host_gaps"]  # the physics re-expor
 ENERGY_NOISE_REL = 0.005  # run-to-run spread of an energy reading (module docstring)
 TIME_NOISE_REL = 0.002  # run-to-run spread of a CUDA-event timing of a replay loop (assumed: timing is steadier than energy)
 ENERGY_COUNTER_RESOLUTION_J = 1e-3  # nvmlDeviceGetTotalEnergyConsumption counts mJ
+PHYSICS_KEPT = 8  # KernelPhysics kept, of the (kernel list, memory clocks) evaluated last (_kernel_physics)
 
 
 class _ByKernelList:
@@ -138,6 +139,7 @@ class SimulatedGPU(Backend):
         self._energy_j = 0.0  # the counter: what every measurement's replay loop has drawn
         self._steps = _ByKernelList(64)  # step()'s recent noiseless results (pure functions of their arguments)
         self._terms = _ByKernelList(16)  # recent kernel lists' clock-independent terms (_kernel_terms)
+        self._physics_kept = _ByKernelList(PHYSICS_KEPT)  # their physics at recent memory clocks (_kernel_physics)
 
     def __getstate__(self) -> dict:
         """Pickled (to joblib's processes) without the caches, which hold traces."""
@@ -212,7 +214,7 @@ class SimulatedGPU(Backend):
         limit = np.array([spec.power_limit_default_w if s.power_limit_w is None else s.power_limit_w
                           for s in settings])  # (K,)  # fmt: skip
         terms, issue_s, on_stream = self._kernel_terms(kernels, step=not loop)
-        phys = KernelPhysics(spec, kernels, mem, terms=terms)
+        phys = self._kernel_physics(kernels, mem, terms)
         k_idx = np.arange(len(kernels))
         # Control windows by time at the requested clocks.
         t_req = phys.time_s[k_idx, requested]
@@ -264,6 +266,18 @@ class SimulatedGPU(Backend):
             baseline_w = (1 - alpha) * phys.baseline_power_w[k_idx, lo] + alpha * phys.baseline_power_w[k_idx, hi]
             time_s, energy_j = overlap_streams(kernels, time_s, energy_j, baseline_w)
         return time_s, energy_j, clocks, wait_s, wait_j, ~met[window]
+
+    def _kernel_physics(self, kernels: Sequence[Kernel], mem_clock_mhz: np.ndarray,
+                        terms: KernelTerms) -> KernelPhysics:  # fmt: skip
+        """KernelPhysics of ``kernels`` at per-kernel memory clocks ``mem_clock_mhz`` (shape (K,), MHz), kept for
+        the PHYSICS_KEPT (kernel list, memory clocks) pairs evaluated last: a search measures the same unit or step
+        at many SM clocks and power limits at one memory clock, and KernelPhysics computes every SM clock's column
+        at once (its arrays are read, never written, so a kept one gives the same readings)."""
+        key = (np.asarray(mem_clock_mhz, dtype=float).tobytes(),)
+        phys = self._physics_kept.get(kernels, key)
+        if phys is None:
+            phys = self._physics_kept.put(kernels, key, KernelPhysics(self.spec, kernels, mem_clock_mhz, terms=terms))
+        return phys
 
     def _kernel_terms(self, kernels: Sequence[Kernel], *, step: bool) -> tuple[KernelTerms, np.ndarray, np.ndarray]:
         """What ``_physics`` needs of ``kernels`` whatever the settings: their KernelTerms, the host's issue time
