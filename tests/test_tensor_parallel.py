@@ -143,3 +143,31 @@ def test_refinement_of_a_power_limit_tries_whole_watts_only_between_measured_lim
     assert [s.power_limit_w for s in grid] == [float(w) for w in range(642, 650)]
     assert _grid_between(ClockSetting(power_limit_w=600.0), options, spec) == []
     assert _grid_between(ClockSetting(), options, spec) == []  # the defaults: nothing to refine
+
+
+@pytest.mark.slow
+def test_the_train_line_a_tensor_parallel_transfer_prints_runs_to_its_end(tmp_path, monkeypatch, capsys):
+    """A table transferred to tp=2 comes with a `freqopt train` line; run as printed (two ranks under DeepSpeed
+    AutoTP on the CPU, with gloo), it trains to its end and reports the saving it measured."""
+    import shlex
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers", reason="AutoTP imports transformers (the tp extra)")
+    from freqopt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    small = ["--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "64"]
+    assert main(["search", *small, "--max-slowdown", "2%", "--granularity", "iteration", "--trials", "3",
+                 "--out", "src"]) == 0  # fmt: skip
+    source = next((tmp_path / "src").glob("*-iteration.json"))
+    capsys.readouterr()
+    assert main(["transfer", "--table", str(source), *small, "--layout", "tp=2", "--no-native", "--out", "tp2"]) == 0
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "apply it with `" in out, out
+    args = shlex.split(out.split("apply it with `", 1)[1].split("`", 1)[0])
+    assert args[:2] == ["freqopt", "train"] and args[args.index("--layout") + 1] == "dp=1,tp=2"
+    monkeypatch.chdir(tmp_path.parent)  # the line holds absolute paths: it runs from any folder
+    done = subprocess.run([sys.executable, "-m", "freqopt", *args[1:]], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "with the table:" in done.stdout and "less energy per step" in done.stdout, done.stdout
