@@ -57,11 +57,11 @@ def notes(runs: list[tuple[str, str, str, dict]]) -> list[str]:
                 f"{s['predicted_energy_saved_pct']:.2f} %) in {s['n_measurements']:.0f} measurements, the sweep "
                 f"{o['energy_saved_pct']:.2f} % ({o['true_energy_saved_pct']:.2f} % at {o['true_slowdown_pct']:+.2f} % "
                 f"noiseless) in {o['n_measurements']:.0f}: ")  # fmt: skip
-        if d["true_savings_ratio"] is None:
+        if d["savings_ratio"] is None:
             line += "the sweep kept the defaults, so there is no savings ratio"
             line += "; the search saves more" if s["true_energy_saved_pct"] > o["true_energy_saved_pct"] else ""
         else:
-            line += f"{d['true_savings_ratio']:.3f} of the sweep's noiseless saving"
+            line += f"{d['savings_ratio']:.3f} of the sweep's noiseless saving"
         line += f", at {d['cost_ratio']:.3f} of its cost."
         out.append(line)
     return out
@@ -90,7 +90,7 @@ def main() -> int:
         d = json.loads(path.read_text())
         done.append((stem, setting, switching, d))
         s, o = d["search"], d["oracle"]
-        ratio, validated_ratio = d["true_savings_ratio"], d["savings_ratio"]
+        ratio, validated_ratio = d["savings_ratio"], d["measured_savings_ratio"]
         met = []
         if ratio is None:
             met.append("no savings ratio (the sweep kept the defaults)")

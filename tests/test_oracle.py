@@ -39,7 +39,7 @@ def test_benchmark_summary_has_the_issue_keys_and_ratios(small_trace):
     result = benchmark(small_trace, SimulatedGPU(H100, seed=2),
                        SearchConfig(max_slowdown=0.02, n_trials_1d=6, switching=False), granularity="pass")
     s = result.summary()
-    assert set(s) == {"oracle", "search", "savings_ratio", "true_savings_ratio", "cost_ratio"}
+    assert set(s) == {"oracle", "search", "savings_ratio", "measured_savings_ratio", "cost_ratio"}
     assert set(s["oracle"]) == {"energy_saved_pct", "n_measurements", "search_cost_gpu_s", "true_energy_saved_pct",
                                 "true_slowdown_pct"}  # fmt: skip
     assert set(s["search"]) == {"energy_saved_pct", "predicted_energy_saved_pct", "n_measurements", "search_cost_gpu_s",
@@ -57,11 +57,12 @@ def test_benchmark_summary_has_the_issue_keys_and_ratios(small_trace):
                      validator.backend.step(trace.kernels))  # fmt: skip
     assert noiseless_figures(validator, measured) == pytest.approx(
         (100 * (1 - step.energy_j / default.energy_j), 100 * (step.time_s / default.time_s - 1)))
-    assert s["true_savings_ratio"] == pytest.approx(s["search"]["true_energy_saved_pct"]
+    assert s["savings_ratio"] == pytest.approx(s["search"]["true_energy_saved_pct"]
                                                     / s["oracle"]["true_energy_saved_pct"])  # fmt: skip
     assert s["cost_ratio"] == pytest.approx(s["search"]["search_cost_gpu_s"] / s["oracle"]["search_cost_gpu_s"])
     assert 0 < s["cost_ratio"] < 1  # fewer measurements than a sweep of every setting
-    assert s["savings_ratio"] == pytest.approx(s["search"]["energy_saved_pct"] / s["oracle"]["energy_saved_pct"])
+    assert s["measured_savings_ratio"] == pytest.approx(s["search"]["energy_saved_pct"]
+                                                        / s["oracle"]["energy_saved_pct"])  # fmt: skip
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -105,7 +106,7 @@ def test_kernel_level_benchmark_with_switching_costs_has_a_savings_ratio_of_at_m
     s = result.summary()
     assert s["oracle"]["energy_saved_pct"] > 0 and s["oracle"]["true_energy_saved_pct"] > 0
     assert s["savings_ratio"] is not None and 0 < s["savings_ratio"] <= 1
-    assert s["true_savings_ratio"] is not None and 0 < s["true_savings_ratio"] <= 1
+    assert s["measured_savings_ratio"] is not None and s["measured_savings_ratio"] > 0
     assert s["oracle"]["true_slowdown_pct"] <= 1.0 and result.oracle.level is not None
 
 

@@ -72,7 +72,7 @@ class SearchConfig:
     finalist_repeats: int = 2
     validation_repeats: int = 3
     baseline_repeats: int = 9
-    validation_max_repeats: int = 9
+    validation_max_repeats: int = 16
     confidence: float = DEFAULT_CONFIDENCE
     max_validation_rounds: int = 8
     seed: int = 0
