@@ -78,7 +78,7 @@ class _CountingGPU(SimulatedGPU):
 
 def test_free_switching_figures_come_from_the_measurements_their_levels_count(small_trace):
     """Where a runtime realizes one clock only, the pass and kernel levels' free-switching figures are allocations
-    over the settings their own studies measured (TPE-sampled), validated once: every measurement the GPU took is
+    over the settings their own studies measured, validated once: every measurement the GPU took is
     charged to exactly one level, each free-switching schedule holds only settings some study measured, and the
     kernel level's figure is at least its realizable saving and the pass level's."""
     config = SearchConfig(max_slowdown=0.02, n_trials_1d=5, n_trials_per_mem_clock=1)
