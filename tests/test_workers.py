@@ -41,6 +41,16 @@ def one_process(kernel_search_cli):
             "args": kernel_search_cli["args"]}  # fmt: skip
 
 
+def _ready(worker: subprocess.Popen) -> None:
+    """Wait until ``worker`` says it waits for the search (its first notice, once its imports are done)."""
+    seen = []
+    for line in worker.stderr:
+        seen.append(line)
+        if line.startswith("waiting for "):
+            return
+    raise AssertionError(f"the worker ended before it waited for the search: {''.join(seen)[-2000:]}")
+
+
 def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
     """The first worker names the search; the others join the one running in the storage (no --study), as the
     workers of a launch script do."""
@@ -50,6 +60,8 @@ def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
         for k in range(n_workers)
     ]
+    for w in workers:  # each ready, polling the storage, before the search starts: a search that outruns the
+        _ready(w)  # workers' imports would run every unit itself
     leader = subprocess.run(_freqopt("search", *one_process["args"], "--storage", storage, "--out", "out", "--json", "r.json"),
                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert leader.returncode == 0, leader.stderr
