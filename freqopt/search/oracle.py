@@ -304,9 +304,9 @@ class BenchmarkResult:
     def summary(self) -> dict:
         """{"oracle": {...}, "search": {...}, "savings_ratio", "measured_savings_ratio", "cost_ratio"}: the
         search's noiseless saving over the oracle's (both chosen schedules' simulated steps without measurement
-        noise: the same yardstick for both, on which the sweep's best is the best), the same of their validated
-        savings (independent fresh readings of each, so it may exceed 1 by their noise where the two schedules
-        save about alike), and its GPU-seconds over the oracle's (the whole coarse-to-fine chain is counted, the
+        noise: one yardstick for both; above 1 where the search ends on a schedule the sweep's candidates lack, or
+        one better than the first the sweep's validation accepted), the same of their validated savings
+        (independent fresh readings of each, so it may also exceed 1 by their noise where the two save alike), and its GPU-seconds over the oracle's (the whole coarse-to-fine chain is counted, the
         baseline's readings included); a ratio is None where the oracle saved nothing. "search" and "oracle" each hold
         the validated energy_saved_pct, true_energy_saved_pct and true_slowdown_pct (noiseless_figures; means
         over the searches), n_measurements and search_cost_gpu_s."""
