@@ -212,8 +212,12 @@ def _relaunch_under_deepspeed(plan) -> None:
     # The launcher's own INFO lines (its command, world info, each rank spawned and exiting) and its warnings (no
     # hostfile) are not freqopt's output: --log_level error, which it hands on to each node's launch. On a CPU,
     # DS_ACCELERATOR=cpu says what DeepSpeed would otherwise warn, in every process, that it fell back to.
+    # The ranks meet at MASTER_PORT where the user set it, else at a port free now: DeepSpeed's default, 29500,
+    # is taken by any other job on this machine that kept it.
+    port = os.environ.get("MASTER_PORT") or str(_free_port())
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--log_level", "error", "--num_gpus",
-           str(plan.workload.layout.world_size), "--no_local_rank", "--module", "freqopt.cli.rank", *sys.argv[1:]]  # fmt: skip
+           str(plan.workload.layout.world_size), "--master_port", port, "--no_local_rank", "--module",
+           "freqopt.cli.rank", *sys.argv[1:]]  # fmt: skip
     status_dir = tempfile.mkdtemp(prefix="freqopt-ranks-")
     env = {**os.environ, STATUS_DIR_ENV: status_dir}
     if str(plan.device or "cpu").startswith("cpu"):
@@ -227,6 +231,15 @@ def _relaunch_under_deepspeed(plan) -> None:
         raise _killed_rank_error(plan, *min(killed.items()))
     if code:
         raise click.exceptions.Exit(code)
+
+
+def _free_port() -> int:
+    """A TCP port on localhost that no process listens on now (the kernel's pick for port 0)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _killed_rank_error(plan, rank: int, signum: int):
