@@ -543,3 +543,33 @@ def test_cli_train_reports_a_rank_killed_for_memory_in_one_line(monkeypatch, cap
                           "a process), likely for memory: each of the 2 ranks needs about ")  # fmt: skip
     assert "GB in all, against this machine's 23.4 GB (1.2 GB available now); use a smaller --micro-batch-size" in err
     assert err.endswith("or fewer ranks (--layout)")
+
+
+def test_ranks_meet_at_a_free_port_unless_master_port_is_set(monkeypatch):
+    """DeepSpeed's launcher defaults to port 29500, which another job on the machine may hold: freqopt hands it a
+    port free now, or the user's MASTER_PORT."""
+    import socket
+    import subprocess
+    from types import SimpleNamespace
+
+    from freqopt.cli import train
+
+    launched = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: launched.append(cmd) or 0)
+    plan = SimpleNamespace(workload=SimpleNamespace(layout=SimpleNamespace(world_size=2)), device="cpu")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with socket.socket() as held:  # 29500 taken, as by another job (or already taken by one)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind(("127.0.0.1", 29500))
+            held.listen()
+        except OSError:
+            pass
+        train._relaunch_under_deepspeed(plan)
+    port = int(launched[0][launched[0].index("--master_port") + 1])
+    assert port != 29500
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # free
+    monkeypatch.setenv("MASTER_PORT", "31234")
+    train._relaunch_under_deepspeed(plan)
+    assert launched[1][launched[1].index("--master_port") + 1] == "31234"
