@@ -180,7 +180,8 @@ def main() -> int:
               "- search: power-cap and iteration: one study each over the whole step, sampled by Optuna's GP "
               "(GridGPSampler, on one PyTorch thread), then allocation and validation;",
               "- free switching: pass and kernel: the free-switching figure of levels held to one clock, their "
-              "units' studies sampled by Optuna's TPE, allocated exactly (MILP) and validated without switch "
+              "units' studies sampled by Optuna's GP as the realizable levels' are, allocated exactly (MILP) and "
+              "validated without switch "
               "latency;",
               "- nothing is cached between runs: every run traces the model and measures from scratch."]
     results = runs[0]["results"]
