@@ -66,6 +66,28 @@ def test_the_baseline_is_read_more_and_a_schedule_held_to_a_limit_is_paired_and_
     assert again(slow, key="x", limit_s=at_mean_s) == near and log.n_new == 9 + 2 * n
 
 
+def test_one_acceptance_rule_holds_the_bound_the_energy_and_the_switch_rate(small_trace):
+    """Validator.accepts, the rule every level, the oracle and re-allocation apply: the time's upper confidence
+    bound within the limit, the energy below the figure given, and, on first readings, switches one runtime thread
+    can issue; a confirmation's readings are not judged on their switch rate again."""
+    spec = dataclasses.replace(H100, clock_switch_s=1e-6)  # switches land at once: a runtime asks for each
+    validator = Validator(small_trace, SimulatedGPU(spec, seed=1), 3, baseline_repeats=3, switching=True)
+    baseline = validator.baseline()
+    n = len(small_trace)
+    slow = tuple([ClockSetting(sm_clock_mhz=1500, mem_clock_mhz=max(H100.mem_clocks_mhz))] * n)
+    m = validator(slow, key="x", limit_s=2 * baseline.time_s)
+    assert validator.accepts(m, 2 * baseline.time_s, 2 * m.energy_j)
+    assert not validator.accepts(m, 0.99 * m.time_bound_s, 2 * m.energy_j)  # the bound over the limit
+    assert not validator.accepts(m, 2 * baseline.time_s, m.energy_j)  # saves nothing against the figure given
+    # Every kernel at another clock from the last: far more switches per second than one thread can issue.
+    flip = tuple(ClockSetting(sm_clock_mhz=1500 if i % 2 else 1605, mem_clock_mhz=max(H100.mem_clocks_mhz))
+                 for i in range(n))  # fmt: skip
+    f = validator(flip, key="y", limit_s=2 * baseline.time_s)
+    assert not validator.deliverable(f)
+    assert not validator.accepts(f, 2 * baseline.time_s, 2 * f.energy_j)
+    assert validator.accepts(f, 2 * baseline.time_s, 2 * f.energy_j, fresh=True)
+
+
 def test_the_bound_covers_the_true_slowdown_at_its_confidence(small_trace):
     """Over 100 noise seeds, a schedule slower than the defaults without noise: its 95 % upper bound, from three
     pairs, is below the true time in about 5 of them (binomial: at most 11 with probability 0.996), and the mean

@@ -256,8 +256,7 @@ def reallocate_requests(schedule: TransferredSchedule, table: ClockTable, backen
 
     def holds(fraction: float) -> bool:
         measured = validator.requests(per_kernel(fraction), key=f"transfer-backoff-{fraction:.4f}", limit_s=limit_s)
-        ok = (measured.time_bound_s <= limit_s and measured.energy_j < baseline.energy_j
-              and validator.deliverable(measured))  # fmt: skip
+        ok = validator.accepts(measured, limit_s, baseline.energy_j)
         if ok:
             accepted.append(Allocation(fraction, measured))
         return ok

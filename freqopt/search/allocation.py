@@ -70,7 +70,7 @@ def allocate_validated(
     def evaluate(chosen: tuple) -> float:
         measured = validator.units(units, [o.setting for o in chosen], key, limit_s=limit_s)
         slowdown = measured.time_bound_s / baseline.time_s - 1.0  # its upper confidence bound (Validator)
-        if slowdown <= max_slowdown and measured.energy_j < baseline.energy_j and validator.deliverable(measured):
+        if validator.accepts(measured, limit_s, baseline.energy_j):
             accepted.append(Allocation(chosen, measured))
             if slowdown >= max_slowdown - 0.1 * max(max_slowdown, 0.001):  # near the edge: confirm it now, and
                 fresh = validator.confirm(measured)  # steer by the fresh readings' bound where they break the limit
@@ -162,10 +162,8 @@ def refine_one_setting(hit: Allocation, units: list[TuningUnit], searches: list[
         measured = validator.units(units, [grid[middle]], key, limit_s=limit_s)
         if measured.energy_j >= best.validated.energy_j:
             break  # lower settings save no more here
-        fresh = None
-        if measured.time_bound_s <= limit_s and validator.deliverable(measured):
-            fresh = validator.confirm(measured)
-        if fresh is not None and fresh.time_bound_s <= limit_s and fresh.energy_j < best.validated.energy_j:
+        fresh = validator.confirm(measured) if validator.accepts(measured, limit_s, best.validated.energy_j) else None
+        if fresh is not None and validator.accepts(fresh, limit_s, best.validated.energy_j, fresh=True):
             best = Allocation((Option(grid[middle], measured.time_s, measured.energy_j, 1),), fresh)
             grid = grid[:middle]
         else:
@@ -233,7 +231,7 @@ def confirmed(accepted: Sequence, validator: Validator, baseline: Measurement, l
         return fresh
 
     hit = first_confirmed(unique.values(), confirm,
-                          lambda m: m.time_bound_s <= limit_s and m.energy_j < baseline.energy_j)
+                          lambda m: validator.accepts(m, limit_s, baseline.energy_j, fresh=True))
     return None if hit is None else rebuild(*hit)
 
 
@@ -322,9 +320,9 @@ def _as_applied(
         return settings, validated
     limit_s = (1.0 + max_slowdown) * baseline.time_s
     measured = validator.units(units, applied, key, limit_s=limit_s)
-    if measured.time_bound_s <= limit_s and measured.energy_j < baseline.energy_j and validator.deliverable(measured):
+    if validator.accepts(measured, limit_s, baseline.energy_j):
         fresh = validator.confirm(measured)  # its figures from readings taken after it was accepted, as the others'
-        if fresh.time_bound_s <= limit_s and fresh.energy_j < baseline.energy_j:
+        if validator.accepts(fresh, limit_s, baseline.energy_j, fresh=True):
             return applied, fresh
     return settings, validated
 

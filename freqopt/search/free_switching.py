@@ -44,8 +44,7 @@ def search_free_switching(trace: Trace, backend: Backend, config: SearchConfig, 
     offered = candidates + _free_candidates(trace, coarser, units, baseline, mem)  # each studied, so allocatable
     warm = warm_starts(trace, coarser, units, offered)
     before = (ideal_validator.n_measurements, ideal_validator.cost_gpu_s)
-    units, searches = run_unit_studies(trace, backend, config, g, storage=storage, warm_start=warm, on_unit=on_unit,
-                                       sampler="gp")  # fmt: skip
+    units, searches = run_unit_studies(trace, backend, config, g, storage=storage, warm_start=warm, on_unit=on_unit)
     ideal, ideal_units = free_allocation(trace, units, searches, ideal_validator, baseline, config, g, candidates,
                                           coarser, mem)  # fmt: skip
     return dataclasses.replace(

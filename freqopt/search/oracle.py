@@ -203,10 +203,9 @@ class _Candidates:
             if schedule in self.rejected:
                 continue
             measured = v.requests(schedule, f"oracle-{self.steps[schedule][1]}", limit_s=limit_s)
-            if (measured.time_bound_s <= limit_s and measured.energy_j < self.baseline.energy_j
-                    and v.deliverable(measured)):  # fmt: skip
+            if v.accepts(measured, limit_s, self.baseline.energy_j):
                 fresh = v.confirm(measured)
-                if fresh.time_bound_s <= limit_s and fresh.energy_j < self.baseline.energy_j:
+                if v.accepts(fresh, limit_s, self.baseline.energy_j, fresh=True):
                     self.best = (schedule, fresh, self.steps[schedule][1])
                     break
             self.rejected.add(schedule)

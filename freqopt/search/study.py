@@ -34,13 +34,9 @@ from freqopt.gpu.backends.base import Backend, ClockSetting, DEFAULT_SETTING
 from freqopt.workload.kernels import Kernel
 from freqopt.search.journal import MeasurementLog
 
-__all__ = ["Option", "UnitSearch", "search_unit", "optuna_logging", "GridGPSampler", "SPACES", "SAMPLERS"]
+__all__ = ["Option", "UnitSearch", "search_unit", "optuna_logging", "GridGPSampler", "SPACES"]
 
 SPACES = ("clocks", "power")
-# A unit's sampler: "gp", Optuna's GPSampler scored on the whole grid (GridGPSampler), for the studies whose
-# settings a runtime applies; "tpe", Optuna's TPESampler (Bergstra et al. 2011, NeurIPS), a hundred times cheaper
-# per trial, for the free-switching figure of a level held to one clock (freqopt.search.free_switching).
-SAMPLERS = ("gp", "tpe")
 
 
 @contextlib.contextmanager
@@ -349,7 +345,6 @@ def search_unit(
     mem_clock_mhz: int | None = None,
     patience: int | None = None,
     edge_slowdown: float | None = None,
-    sampler: str = "gp",
 ) -> UnitSearch:
     """Run (or resume) one unit's study and return its options for the allocator.
 
@@ -386,16 +381,12 @@ def search_unit(
             to: after the study, the budget's edge at each memory clock (or in power limit) is measured and
             offered to the allocator (_budget_edges). None: not searched for (units that trade slowdown among
             themselves).
-        sampler: one of SAMPLERS: "gp" (GridGPSampler) or "tpe" (Optuna's TPESampler, multivariate, scoring as
-            many candidates as the space has grid points: _tpe_sampler).
 
     Returns:
         UnitSearch whose options are the default and the study's Pareto front, finalists averaged.
     """
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {SAMPLERS}")
     fixed = mem_clock_mhz is not None
     warm = [_params(s, backend, space, fixed) for s in warm_start] + (_warm_start_points(backend, space, fixed)
                                                                       if spread else [])  # fmt: skip
@@ -412,7 +403,7 @@ def search_unit(
         limit_s = objective.option(DEFAULT_SETTING).time_s * (1.0 + finalist_slowdown)
 
         _run_trials(study, objective, warm, n_trials=n_trials, patience=patience, limit_s=limit_s, seed=seed,
-                    constrained=constrained, sampler=sampler)  # fmt: skip
+                    constrained=constrained)  # fmt: skip
         pareto = _offered(study, objective, space, warm_start, edge_slowdown)
 
     default = objective.option(DEFAULT_SETTING)
@@ -433,23 +424,11 @@ def _resume(study: optuna.Study, objective: _Objective) -> None:
         objective.first(ClockSetting(*trial.user_attrs["setting"]))
 
 
-def _tpe_sampler(objective: _Objective, space: str, seed: int, n_startup_trials: int) -> optuna.samplers.TPESampler:
-    """Optuna's TPESampler for a unit: multivariate (the memory clock's index and the SM clock together, where
-    both are searched), the warm starts as its startup trials, and as many expected-improvement candidates as the
-    unit's space has settings (_tracks), so that, as GridGPSampler scores every grid point, it can reach any.
-    Optuna marks multivariate TPE experimental; its warning is silenced."""
-    n_settings = sum(len(track) for track in _tracks(objective, space))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
-                                          n_ei_candidates=max(n_settings, 24))  # fmt: skip
-
-
 def _run_trials(study: optuna.Study, objective: _Objective, warm: list[dict], *, n_trials: int,
-                patience: int | None, limit_s: float, seed: int, constrained: bool, sampler: str = "gp") -> None:  # fmt: skip
+                patience: int | None, limit_s: float, seed: int, constrained: bool) -> None:  # fmt: skip
     """Ask and tell ``study``'s trials until ``n_trials`` are done (complete or pruned) or, with ``patience``, the
     study has stalled (_stalled): the ``warm`` points (Optuna parameters) enqueued first; with ``constrained``,
-    each trial's time held to ``limit_s``, s; ``sampler`` one of SAMPLERS (search_unit's arguments)."""
+    each trial's time held to ``limit_s``, s (search_unit's arguments)."""
     while True:
         trials = study.get_trials(deepcopy=False)  # one read of the storage per trial
         states = [t.state for t in trials]
@@ -459,8 +438,7 @@ def _run_trials(study: optuna.Study, objective: _Objective, warm: list[dict], *,
         # A fresh sampler per trial, seeded by the trial's index: the n-th suggestion depends only on the
         # study's history, not on how many processes the search took to get there.
         trial_seed = zlib.crc32(f"{seed}:{done}".encode())
-        study.sampler = (_tpe_sampler(objective, objective.space, trial_seed, len(warm)) if sampler == "tpe" else
-                         GridGPSampler(seed=trial_seed, n_startup_trials=len(warm), deterministic_objective=False))  # fmt: skip
+        study.sampler = GridGPSampler(seed=trial_seed, n_startup_trials=len(warm), deterministic_objective=False)
         if done < len(warm) and TrialState.WAITING not in states:
             study.enqueue_trial(warm[done])
         trial = study.ask()

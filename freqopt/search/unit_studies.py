@@ -111,7 +111,7 @@ def _unsearched(trace: Trace, units: list[TuningUnit], kernel_time_s) -> tuple[s
 def run_unit_studies(
     trace: Trace, backend: Backend, config: SearchConfig, granularity: str, *, storage=None,
     warm_start: list[ClockSetting | None] | None = None, on_unit: Callable[[str, int, int], None] | None = None,
-    kernel_time_s=None, sampler: str = "gp",
+    kernel_time_s=None,
 ) -> tuple[list[TuningUnit], list[UnitSearch]]:  # fmt: skip
     """Partition the trace (search_units) and run (or resume) each tuning unit's study.
 
@@ -130,8 +130,6 @@ def run_unit_studies(
             realizes the schedule (Validator.kernel_time_s, with switching costs): units that lead no phase
             (realize.phase_leaders) are then not searched, only measured at their warm starts. None:
             every unit is searched.
-        sampler: the studies' sampler (freqopt.search.study.SAMPLERS): "gp", or "tpe" (Optuna's TPESampler:
-            cheaper per trial, and on these small grids it finds less within the same trials).
 
     Returns:
         The units and, per unit, its study's outcome (in unit order, whoever ran it).
@@ -146,7 +144,7 @@ def run_unit_studies(
         finalist_slowdown=unit_slack(config.max_slowdown, len(units)), seed=config.seed, constrained=len(units) == 1,
         whole_step=len(units) == 1, mem_clock_mhz=mem, share_families=share, patience=config.patience,
         edge_slowdown=config.max_slowdown if len(units) == 1 else None,
-        unsearched=_unsearched(trace, units, kernel_time_s), sampler=sampler,
+        unsearched=_unsearched(trace, units, kernel_time_s),
     )  # fmt: skip
     inherited = []  # per unit: its warm settings, without the default (every study measures it), repeats, or
     for w in warm_start or [None] * len(units):  # another memory clock than the job's where that is fixed

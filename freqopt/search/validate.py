@@ -317,6 +317,16 @@ class Validator:
 
         return n_switches(schedule) / measurement.time_s
 
+    def accepts(self, measurement: Measurement, limit_s: float, energy_j: float, *, fresh: bool = False) -> bool:
+        """The search's acceptance rule, the one the allocator, a one-setting level's refinement, the oracle and a
+        transferred table's re-allocation all apply: the upper confidence bound of the time of the schedule behind
+        ``measurement`` (Measurement.time_bound_s, s) within ``limit_s`` (s), its energy below ``energy_j`` (J: the
+        baseline's, or that of the choice it would replace) and, on its first readings, its clock switches within
+        what one runtime thread can issue (deliverable). ``fresh``: the readings are a confirmation's (confirm) of a
+        schedule judged deliverable when first read."""
+        return (measurement.time_bound_s <= limit_s and measurement.energy_j < energy_j
+                and (fresh or self.deliverable(measurement)))  # fmt: skip
+
     def deliverable(self, measurement: Measurement) -> bool:
         """Whether one runtime thread can issue the clock switches the schedule behind ``measurement`` asks for:
         its switches per second (switches_per_s) at most the GPU's GPUSpec.max_switches_per_s (each NVML set call

@@ -70,7 +70,6 @@ class UnitWork:
     patience: int | None = None  # stop a study once this many trials in a row left its front as it was
     edge_slowdown: float | None = None  # the whole iteration's budget: measure its edge (search_unit)
     unsearched: tuple[str, ...] = ()  # units measured only at the default and their warm starts (no GP trials)
-    sampler: str = "gp"  # the studies' sampler (study.SAMPLERS): "tpe" for a free-switching figure's
 
     def study_name(self, unit: TuningUnit) -> str:
         return f"{self.prefix}-{self.granularity}-{hashlib.sha1(unit.name.encode()).hexdigest()[:10]}"
@@ -86,7 +85,7 @@ def run_unit(trace: Trace, backend: Backend, work: UnitWork, unit: TuningUnit, s
         finalist_repeats=work.finalist_repeats, finalist_slowdown=work.finalist_slowdown, seed=work.seed,
         warm_start=list(warm_start), constrained=work.constrained,
         spread=work.spread and unit.name not in work.unsearched, whole_step=work.whole_step, mem_clock_mhz=work.mem_clock_mhz,
-        patience=work.patience, edge_slowdown=work.edge_slowdown, sampler=work.sampler,
+        patience=work.patience, edge_slowdown=work.edge_slowdown,
     )  # fmt: skip
 
 
