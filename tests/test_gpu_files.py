@@ -14,6 +14,8 @@ from freqopt.gpu.specs import PROVENANCE_FAMILIES, get_gpu, list_gpus, search_sp
 ROOT = Path(__file__).resolve().parent.parent
 NEW = ("h100-pcie", "a100-sxm4-40gb", "gh200", "a10g", "l40s", "l4", "rtx4090", "b200",
        "a100-pcie-80gb", "p100-pcie", "quadro-rtx6000")  # issue 51; issue 56, item 5 (the GPUs of Zeus and Perseus)
+# New GPUs whose power model is fitted on their own Zeus sweeps (experiments/fit_zeus_power.py), not carried.
+FITTED_ON_ZEUS = ("p100-pcie",)
 
 # Per new GPU, what its file's [sources] cite: dense BF16 tensor TFLOP/s (data sheet or whitepaper) and the SM clock
 # in MHz that figure is rated at (its boost clock, or the clock the file's sources derive), FP32 TFLOP/s and the clock
@@ -120,7 +122,8 @@ def test_every_figure_of_a_new_gpu_file_says_where_it_comes_from(name):
                 continue
             assert "#" in line and len(line.split("#", 1)[1].strip()) > 5, (name, table, line)
     assert model
-    assert "# Carried from " in text.split("# BEGIN power_model")[1].split("[power_model]")[0]
+    note = text.split("# BEGIN power_model")[1].split("[power_model]")[0]
+    assert ("# Fitted on Zeus's " if name in FITTED_ON_ZEUS else "# Carried from ") in note, (name, note)
     for line in _table_lines(text, "gpu"):
         assert line.startswith(("marketing_name", "nvml_names")) or "#" in line, (name, line)
 
@@ -139,7 +142,7 @@ def test_a_new_gpu_files_rates_match_the_figures_it_cites(name):
     assert g.tensor_peak_flops >= bf16 * 1e12  # rated at or below the highest SM clock
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", [n for n in NEW if n not in FITTED_ON_ZEUS])
 def test_a_new_gpu_files_power_model_is_the_one_its_rule_carries(name):
     """The [power_model] block is what experiments/carry_gpus.py computes from the fitted sibling the provenance
     names, to the 6 significant digits the file holds; rerunning the script after a sibling's refit keeps them so."""
@@ -151,6 +154,24 @@ def test_a_new_gpu_files_power_model_is_the_one_its_rule_carries(name):
         assert getattr(got, field) == pytest.approx(value, rel=1e-5, abs=1e-12), (name, field)
     assert get_gpu(name).provenance["power"].startswith(f"carried from {sibling} ")
     assert f"the {rule} rule" in (search_spaces_dir() / f"{name}.toml").read_text()
+
+
+@pytest.mark.parametrize("name", FITTED_ON_ZEUS)
+def test_a_gpu_fitted_on_its_zeus_sweeps_holds_the_recorded_fit(name):
+    """The [power_model] block and gemm_efficiency are the all-networks fit experiments/fit_zeus_power.py recorded
+    (to the 6 significant digits the file holds), the provenance says so, and carry_gpus.py no longer writes them."""
+    import json
+
+    fit = json.loads((ROOT / "experiments" / f"{name}_power_fit.json").read_text())
+    spec = get_gpu(name)
+    for key, value in fit["fitted"].items():
+        pm = spec.power_model
+        got = (getattr(spec, key) if key in ("gemm_efficiency", "l2_bytes_per_clock")
+               else pm.f_knee_mhz / spec.max_sm_clock_mhz if key == "f_knee_rel" else getattr(pm, key))
+        assert got == pytest.approx(value, rel=1e-5, abs=1e-9), (name, key)
+    assert spec.provenance["power"].startswith("measured: fitted on Zeus's")
+    assert name not in _carry_gpus().CARRIED
+    assert set(fit["folds"]) == {s.split("/")[1].split("@")[0] for s in fit["sweeps"]}  # one fold per network
 
 
 def test_the_same_die_rule_keeps_the_siblings_voltage_curve_and_scales_by_sms():

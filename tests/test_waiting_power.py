@@ -30,20 +30,16 @@ def test_the_a100_and_a40_files_take_perseuss_measured_blocking_power(name):
     """Their files set the waiting power at the highest clock to Perseus's P2P-blocking measurement (83.64 W on the
     A100, 70.38 W on the A40): provenance, not a check of the physics (issue 49, item 4: a figure fitted to a
     measurement cannot be judged by it). What the measurement does judge is the fitted power model alone, whose
-    loaded baseline the GPU waited at before issue 36: both missed by far (the A40's 376.8 W). Since issue 56 the
-    A100's joint fit (experiments/fit_a100_power.py) holds its baseline to this figure (83.1 W), so there it is
-    provenance again; the A40's refit inside physical bounds (experiments/fit_a40_power.py) never reads it and
-    comes within 15 % of it."""
+    loaded baseline the GPU waited at before issue 36: both missed by far (the A40's 376.8 W). Since issue 56 both
+    joint fits hold their baseline to this figure (experiments/fit_a100_power.py: 83.1 W; experiments/fit_a40_power.py,
+    zeus.BLOCKING_WEIGHT: 70.8 W; without it the A40's refit put 168 W there), so it is provenance again."""
     spec = get_gpu(name)
     measured = perseus_blocking_power_w(spec)
     assert spec.waiting_power.top_clocks_w == measured
     assert waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1] == pytest.approx(measured, rel=1e-9)
     assert spec.provenance["waiting_power"].startswith("measured") and f"{measured:g} W" in spec.provenance["waiting_power"]
     base = KernelPhysics(spec, [IDLE], np.array([spec.max_mem_clock_mhz], dtype=float)).baseline_power_w[0, -1]
-    if name == "a40":
-        assert base == pytest.approx(measured, rel=0.15)
-    else:
-        assert base == pytest.approx(measured, rel=0.02)
+    assert base == pytest.approx(measured, rel=0.02)
 
 
 def test_the_share_that_falls_with_the_clock_is_carried_from_the_h100s_idle_readings():

