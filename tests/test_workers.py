@@ -51,9 +51,27 @@ def _ready(worker: subprocess.Popen) -> None:
     raise AssertionError(f"the worker ended before it waited for the search: {''.join(seen)[-2000:]}")
 
 
+# Whether a worker gets a unit before the leader has run them all is a race on a 2-core machine (the workers trace
+# the job while the leader, its trace at hand, runs the units): a scenario whose workers got nothing is run again,
+# from a fresh storage, up to this many times in all. Every run is held to the one-process result.
+SHARING_TRIES = 3
+
+
 def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
     """The first worker names the search; the others join the one running in the storage (no --study), as the
-    workers of a launch script do."""
+    workers of a launch script do. ``storage``: an Optuna storage URL, or a callable of the try's folder that makes a
+    fresh one for each try (SHARING_TRIES)."""
+    for attempt in range(SHARING_TRIES if callable(storage) else 1):
+        folder = tmp_path / f"try{attempt}"
+        folder.mkdir()
+        reports = _search_with_workers_once(folder, storage(folder) if callable(storage) else storage, one_process,
+                                            n_workers)  # fmt: skip
+        if sum(r["units"] for r in reports) > 0:
+            return reports
+    raise AssertionError(f"no worker got a unit in {attempt + 1} tries: the test did not exercise sharing")
+
+
+def _search_with_workers_once(tmp_path, storage, one_process, n_workers):
     workers = [
         subprocess.Popen(_freqopt("worker", "--storage", storage, *(["--study", one_process["name"]] if k == 0 else []),
                                   "--wait-s", "300", "--json", f"w{k}.json"), cwd=tmp_path, env=ENV,
@@ -78,9 +96,9 @@ def _search_with_workers(tmp_path, storage, one_process, n_workers=2):
     # Nothing lost or duplicated: the measurements taken across all processes are the one-process run's.
     assert n_new + sum(r["n_new_measurements"] for r in reports) == one_process["n_new"]
     assert all(not r["idle_timeout"] for r in reports)
-    assert sum(r["units"] for r in reports) > 0, "no worker got a unit: the test did not exercise sharing"
-    # A fresh search: what it read back is the workers' work, not a resumed run's.
-    assert "shared with workers: " in leader.stderr and "resumed" not in leader.stderr, leader.stderr
+    if sum(r["units"] for r in reports) > 0:
+        # A fresh search: what it read back is the workers' work, not a resumed run's.
+        assert "shared with workers: " in leader.stderr and "resumed" not in leader.stderr, leader.stderr
     return reports
 
 
@@ -173,7 +191,7 @@ def test_three_workers_and_one_killed_mid_study_through_postgresql(tmp_path, one
 
 @pytest.mark.slow
 def test_workers_share_a_search_through_a_journal_file(tmp_path, one_process):
-    _search_with_workers(tmp_path, f"journal:{tmp_path / 'journal.log'}", one_process)
+    _search_with_workers(tmp_path, lambda folder: f"journal:{folder / 'journal.log'}", one_process)
 
 
 @pytest.mark.slow
@@ -334,26 +352,41 @@ def test_workers_take_a_pipeline_searchs_instruction_studies(tmp_path):
     results, baseline, n_new = _pipeline_results(tmp_path / "alone.json")
     assert set(results) == {"iteration", "stage", "instruction"} and n_new > 0
 
-    storage = f"journal:{tmp_path / 'shared.log'}"
+    for attempt in range(SHARING_TRIES):  # a try whose workers got no study is run again (SHARING_TRIES)
+        folder = tmp_path / f"try{attempt}"
+        folder.mkdir()
+        if _pipeline_with_workers(folder, name, results, baseline, n_new, tmp_path / "alone"):
+            return
+    raise AssertionError(f"no worker got a study in {SHARING_TRIES} tries: the test did not exercise sharing")
+
+
+def _pipeline_with_workers(folder, name, results, baseline, n_new, alone) -> bool:
+    """One try of the pipeline search shared with two workers in ``folder``, held to the one-process run's
+    results, measurements and tables; whether a worker took a study."""
+    storage = f"journal:{folder / 'shared.log'}"
     workers = [subprocess.Popen(_freqopt("worker", "--storage", storage, *(["--study", name] if k == 0 else []),
-                                         "--wait-s", "300", "--json", f"w{k}.json"), cwd=tmp_path, env=ENV,
+                                         "--wait-s", "300", "--json", f"w{k}.json"), cwd=folder, env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
                for k in range(2)]
-    leader = subprocess.run(_freqopt(*PIPELINE, "--storage", storage, "--out", "out", "--json", "r.json"), cwd=tmp_path,
-                            env=ENV, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    for w in workers:  # each polling the storage before the search starts
+        _ready(w)
+    leader = subprocess.run(_freqopt(*PIPELINE, "--storage", storage, "--out", "out", "--json", "r.json"), cwd=folder,
+                            env=ENV, capture_output=True, text=True, timeout=1200,
+                            preexec_fn=lambda: os.nice(19))  # fmt: skip
     assert leader.returncode == 0, leader.stderr
     assert f"freqopt worker --storage {storage} --study {name}" in leader.stderr, leader.stderr
     for w in workers:
         _, err = w.communicate(timeout=120)
         assert w.returncode == 0, err
-    reports = [json.loads((tmp_path / f"w{k}.json").read_text()) for k in range(2)]
-    shared_results, shared_baseline, leader_new = _pipeline_results(tmp_path / "r.json")
+    reports = [json.loads((folder / f"w{k}.json").read_text()) for k in range(2)]
+    shared_results, shared_baseline, leader_new = _pipeline_results(folder / "r.json")
     assert shared_results == results and shared_baseline == baseline
     assert leader_new + sum(r["n_new_measurements"] for r in reports) == n_new
-    assert sum(r["units"] for r in reports) > 0, "no worker got a study: the test did not exercise sharing"
-    assert "shared with workers: " in leader.stderr and "resumed" not in leader.stderr, leader.stderr
+    shared = sum(r["units"] for r in reports) > 0
+    assert not shared or ("shared with workers: " in leader.stderr and "resumed" not in leader.stderr), leader.stderr
     # The tables are the one process's (their creation time and storage aside).
-    tables = [json.loads(next((tmp_path / d).glob("*-instruction.json")).read_text()) for d in ("out", "alone")]
+    tables = [json.loads(next(d.glob("*-instruction.json")).read_text()) for d in (folder / "out", alone)]
     for table in tables:
         table["provenance"].pop("created_utc"), table["provenance"].pop("storage")
     assert tables[0] == tables[1]
+    return shared

@@ -85,7 +85,7 @@ def test_the_a40s_175_w_cliff_is_gone(sweeps):
 
 def test_sweep_errors_flags_averages_above_the_limit(sweeps):
     """Zeus's A40 averaged 107 W under a 100 W limit; the comparison says so rather than clipping the average, and
-    flags the simulated average by the same rule (the refit of 2026-12-02 holds it at 100.4 W there: its lowest
+    flags the simulated average by the same rule (the refit holds it at 100.4 W there: its lowest
     clock's floor, 6.5 W under the measured one, is a miss of the power model that the flag shows)."""
     r = cz.sweep_errors(get_gpu("a40"), sweeps["shufflenetv2@1024"])
     first = r["points"][0]

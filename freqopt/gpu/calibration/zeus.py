@@ -74,7 +74,7 @@ POWER_WEIGHT = 0.5  # weight of the relative average-power residual beside the t
 # Weight of the relative residual of the power model's baseline at the highest clocks against a measured P2P-blocking
 # power (fit's blocking_power_w). A blocked GPU runs NCCL's polling kernel on top of its baseline, so the measurement
 # bounds the baseline from above; one figure beside a hundred-odd ratio residuals, it is held at 5 (assumed): on the
-# A40 on 2026-12-02, without it the fit put the baseline at 168 W against the measured 70.38 W, at weight 1 at 93 W.
+# A40, without it the fit puts the baseline at 168 W against the measured 70.38 W, at weight 1 at 93 W, at 5 at 70.8 W.
 BLOCKING_WEIGHT = 5.0
 
 
@@ -315,9 +315,9 @@ class DeepSpeech2(nn.Module):
 
 # The utterance a DeepSpeech2 step is traced at, in 10 ms frames (assumed: 1 s). LibriSpeech's utterances average
 # about 12 s (Panayotov et al., ICASSP 2015: 960 h in 281k utterances), but every kernel of the step but the
-# optimizer's scales with the length: on the A40 file of 2026-12-02, traced at 1 s and at 3 s, the time ratios to
-# 300 W at 100-300 W differed by at most 0.07 (3.57 against 3.50 at 100 W, batch 16; 0.02 elsewhere). The trace's
-# length bounds the fit's cost (each time step is 5 kernels per layer and direction).
+# optimizer's scales with the length: on the A40 file fitted on two networks, traced at 1 s and at 3 s, the time
+# ratios to 300 W at 100-300 W differed by at most 0.07 (3.57 against 3.50 at 100 W, batch 16; 0.02 elsewhere). The
+# trace's length bounds the fit's cost (each time step is 5 kernels per layer and direction).
 DEEPSPEECH2_FRAMES = 100
 
 
