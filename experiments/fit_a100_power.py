@@ -45,6 +45,7 @@ import numpy as np
 from freqopt.files import atomic_write_text
 from freqopt.gpu.calibration import dvfs
 from freqopt.gpu.calibration import pipeline_sweeps as ps
+from freqopt.gpu.calibration.zeus import baseline_top_w
 from freqopt.gpu.specs import GPUSpec, get_gpu, replace_toml_block, search_spaces_dir
 
 HERE = Path(__file__).resolve().parent
@@ -114,12 +115,6 @@ def errors(values: dict[str, float] | None, name: str, item: tuple) -> dict:
     return {"kind": "power-limit sweep", "gpu": PCIE, "max_abs_time_rel_error_pp": r["max_abs_time_rel_error_pp"],
             "max_abs_energy_rel_error_pp": r["max_abs_energy_rel_error_pp"],
             "energy_optimal_miss_w": r["energy_optimal_miss_w"], "points": r["points"]}
-
-
-def baseline_top_w(spec: GPUSpec) -> float:
-    """The power model's board power with no activity at the highest SM and memory clocks, W."""
-    pm = spec.power_model
-    return pm.p_const_w + pm.p_leak_w + pm.p_sm_clock_w + pm.p_mem_clock_w
 
 
 def residual_vector(values: dict[str, float], sets: dict[str, tuple]) -> np.ndarray:

@@ -659,30 +659,10 @@ def _zeus_sweeps(board: str) -> tuple:
 
 
 def _zeus_a40() -> DataSet:
-    from freqopt.gpu.calibration import dvfs as cd
-    from freqopt.gpu.calibration import zeus as cz
-
-    name, kind, gpu = "zeus-nsdi23-a40", "power-limit sweep", "a40"
-
-    def rows(folds):
-        out = []
-        for sweep in _zeus_sweeps("a40"):
-            fitted = _zeus_metrics(cz.summarize(cz.sweep_errors(_gpu(gpu), sweep)))
-            values = folds.get(sweep.network)
-            left = (_zeus_metrics(cz.summarize(cz.sweep_errors(cd.with_values(_gpu(gpu), values), sweep)))
-                    if values else {})  # fmt: skip
-            note = (f"predicted by the A40's joint fit without {sweep.network} (every batch size of it), refitted by "
-                    "experiments/fit_a40_power.py on the other networks and Perseus's two stages")
-            out += [Row(name, gpu, f"Zeus {sweep.name}", kind, m, v, left.get(m), len(sweep.power_limit_w),
-                        target(gpu, kind, m), note) for m, v in fitted.items()]  # fmt: skip
-        return out
-
-    def fit_fold(network: str) -> dict:
-        return dict(_recorded_fit("a40_power_fit.json")["folds"][network]["parameters"])
-
-    return DataSet(name, (gpu,), kind, "experiments/data/zeus/nsdi23/summary_power_a40_shared.csv (You et al., NSDI "
-                   "2023)", rows, lambda: tuple(sorted({s.network for s in _zeus_sweeps("a40")})), fit_fold,
-                   cheap=False)  # fmt: skip
+    return _zeus_fitted("a40", "a40", "a40_power_fit.json",
+                        "the A40's joint fit without {network} (every batch size of it), refitted by "
+                        "experiments/fit_a40_power.py on the other networks and Perseus's two stages",
+                        label=lambda sweep: sweep.name, csv_stem="summary_power_a40_shared", by_name=True)  # fmt: skip
 
 
 def _zeus_carried(board: str, gpu: str) -> DataSet:
@@ -708,11 +688,22 @@ def _zeus_carried(board: str, gpu: str) -> DataSet:
 def _zeus_own(board: str, gpu: str) -> DataSet:
     """A Zeus NSDI'23 sweep of a board whose power model is fitted on its own sweeps alone
     (experiments/fit_zeus_power.py): each network predicted by the fold fitted without it."""
+    return _zeus_fitted(board, gpu, f"{gpu}_power_fit.json",
+                        f"{gpu}'s fit on its own Zeus sweeps without {{network}} (every batch size and dataset of it), "
+                        "refitted by experiments/fit_zeus_power.py on the other networks")  # fmt: skip
+
+
+def _zeus_fitted(board: str, gpu: str, record: str, how: str, *, label=lambda sweep: sweep.label,
+                 csv_stem: str | None = None, by_name: bool = False) -> DataSet:  # fmt: skip
+    """The Zeus NSDI'23 sweeps of ``board`` against ``gpu``'s file, whose power model a fit recorded in
+    experiments/``record`` was fitted on them: each sweep's fitted-on error with the committed file and its
+    left-out error with the recorded fold that left its network out (the fold's ``parameters``). ``how``: the
+    note's account of that fold ("{network}" filled in); ``label``: a sweep's row name after "Zeus "; the folds in
+    the record's order, or ``by_name`` (the record also holds folds of other data: the A40's stages)."""
     from freqopt.gpu.calibration import dvfs as cd
     from freqopt.gpu.calibration import zeus as cz
 
     name, kind = f"zeus-nsdi23-{board}", "power-limit sweep"
-    record = f"{gpu}_power_fit.json"
 
     def rows(folds):
         out = []
@@ -721,17 +712,20 @@ def _zeus_own(board: str, gpu: str) -> DataSet:
             values = folds.get(sweep.network)
             left = (_zeus_metrics(cz.summarize(cz.sweep_errors(cd.with_values(_gpu(gpu), values), sweep)))
                     if values else {})  # fmt: skip
-            note = (f"predicted by {gpu}'s fit on its own Zeus sweeps without {sweep.network} (every batch size and "
-                    "dataset of it), refitted by experiments/fit_zeus_power.py on the other networks")
-            out += [Row(name, gpu, f"Zeus {sweep.label}", kind, m, v, left.get(m), len(sweep.power_limit_w),
+            note = "predicted by " + how.format(network=sweep.network)
+            out += [Row(name, gpu, f"Zeus {label(sweep)}", kind, m, v, left.get(m), len(sweep.power_limit_w),
                         target(gpu, kind, m), note) for m, v in fitted.items()]  # fmt: skip
         return out
 
     def fit_fold(network: str) -> dict:
         return dict(_recorded_fit(record)["folds"][network]["parameters"])
 
-    return DataSet(name, (gpu,), kind, f"experiments/data/zeus/nsdi23/summary_power_{board}.csv (You et al., NSDI "
-                   "2023)", rows, lambda: tuple(_recorded_fit(record)["folds"]), fit_fold, cheap=False)  # fmt: skip
+    def folds() -> tuple[str, ...]:
+        return (tuple(sorted({s.network for s in _zeus_sweeps(board)})) if by_name
+                else tuple(_recorded_fit(record)["folds"]))  # fmt: skip
+
+    return DataSet(name, (gpu,), kind, f"experiments/data/zeus/nsdi23/{csv_stem or f'summary_power_{board}'}.csv "
+                   "(You et al., NSDI 2023)", rows, folds, fit_fold, cheap=False)  # fmt: skip
 
 
 def _perseus_pipelines() -> DataSet:
