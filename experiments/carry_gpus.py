@@ -1,7 +1,7 @@
 """Carry a fitted GPU type's power model to a GPU type with no measurements of its own (issue 51: the GPU files of
-H100 PCIe, A100 40GB, GH200, A10G, L40S, L4, RTX 4090 and B200; issue 56: A100 PCIe 80GB), and write it into that
-type's file; issue 56: Quadro RTX 6000). (The Tesla P100 was carried from the V100 SXM2 until issue 56 fitted it on
-its own Zeus sweeps: experiments/fit_zeus_power.py.)
+H100 PCIe, A100 40GB, GH200, A10G, L40S, L4, RTX 4090 and B200; issue 56: A100 PCIe 80GB and Quadro RTX 6000), and
+write it into that type's file. (The Tesla P100 was carried from the V100 SXM2 until issue 56 fitted it on its own
+Zeus sweeps: experiments/fit_zeus_power.py.)
 
     python experiments/carry_gpus.py           # write the [power_model] block of every carried GPU file
     python experiments/carry_gpus.py --check   # exit 1 where a file's block is not what its rule gives

@@ -11,7 +11,7 @@ ShuffleNetV2 (CIFAR-100), bert-base (Sentiment140) and DeepSpeech2 (LibriSpeech)
 (host-bound batches, whose time and power do not move with the limit, are left aside), and Perseus's BLOOM and
 GPT-3 175B A40 stages, and Perseus's measured P2P-blocking power of the A40 at the highest clocks (70.38 W, the
 file's [waiting_power] top_clocks_w), which the power model's baseline there must equal (zeus.BLOCKING_WEIGHT; without
-it the fit of 2026-12-02 put 168 W there). Each fold refits every constant without one workload, from the same start,
+it the fit puts 168 W there). Each fold refits every constant without one workload, from the same start,
 and predicts it.
 
 Writes search_spaces/a40.toml's power_model block and its gemm_efficiency / link_efficiency / l2_bytes_per_clock lines,
@@ -76,16 +76,12 @@ def workloads():
 
 def prior() -> dict[str, float]:
     """The family prior: the A100 80GB's fitted voltage curve, normalized (search_spaces/a100-sxm4-80gb.toml)."""
-    sib = get_gpu(SIBLING)
-    return {"v_min_rel": sib.power_model.v_min_rel, "f_knee_rel": sib.power_model.f_knee_mhz / sib.max_sm_clock_mhz}
+    return cz.voltage_prior(get_gpu(SIBLING))
 
 
 def values(spec) -> dict[str, float]:
-    pm = spec.power_model
-    out = {k: float(getattr(pm, k)) for k in cz.FIT_PARAMETERS if k != "f_knee_rel"}
-    out.update(f_knee_rel=pm.f_knee_mhz / spec.max_sm_clock_mhz, gemm_efficiency=spec.gemm_efficiency,
-               link_efficiency=spec.interconnect.link_efficiency, l2_bytes_per_clock=spec.l2_bytes_per_clock)
-    return out
+    """What the fit fits, of ``spec``."""
+    return cd.values_of(spec, (*cz.FIT_PARAMETERS, "gemm_efficiency", "link_efficiency", "l2_bytes_per_clock"))
 
 
 def judge(spec, sweeps, stages) -> dict[str, dict]:
@@ -217,18 +213,18 @@ def verdict(doc: dict) -> str:
                  "other workloads do not pin its power curve. The Perseus stages' top-clock power comes out "
                  f"{min(top):+.0f} to {max(top):+.0f} %: with the static floor bounded by the idle draw, the model's "
                  "all-reduces over PCIe draw little, where the boards averaged 294 W.")
+    spec = get_gpu(GPU)
+
+    def _baseline_w(p: dict) -> float:  # of a stored parameter set, W
+        return cz.baseline_top_w(cd.with_values(spec, p))
+
     base = {n: _baseline_w(f["parameters"]) for n, f in doc["folds"].items()}
     lines.append(f"The baseline at the highest clocks (nothing running: static floor, leakage, clock tree, memory "
                  f"clock) is {_baseline_w(doc['fitted']):.1f} W against Perseus's measured P2P-blocking power "
-                 f"{get_gpu(GPU).waiting_power.top_clocks_w:g} W, held as one residual at weight {cz.BLOCKING_WEIGHT:g} "
+                 f"{spec.waiting_power.top_clocks_w:g} W, held as one residual at weight {cz.BLOCKING_WEIGHT:g} "
                  f"(the folds: {min(base.values()):.1f}-{max(base.values()):.1f} W; the file this fit replaced: "
                  f"{_baseline_w(doc['before']['parameters']):.1f} W).")
     return "\n\n".join(lines)
-
-
-def _baseline_w(p: dict) -> float:
-    """zeus.baseline_top_w of a stored parameter set, W."""
-    return p["p_const_w"] + p["p_leak_w"] + p["p_sm_clock_w"] + p["p_mem_clock_w"]
 
 
 def main() -> int:

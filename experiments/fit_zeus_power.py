@@ -25,7 +25,8 @@ limit's epoch at least MIN_SLOWDOWN longer than the highest's: a host-bound swee
 nothing of the power curve), at most three batch sizes a network (the smallest, middle and largest of them) to bound
 the fit's cost; the fidelity scoreboard judges every sweep of the file.
 
-Writes search_spaces/{gpu}.toml's power_model block, its gemm_efficiency line and [provenance] power line, and
+Writes search_spaces/{gpu}.toml's power_model block, its gemm_efficiency and l2_bytes_per_clock lines and its
+[provenance] power and gemm lines, and
 experiments/{gpu}_power_fit.md and .json (each fold's parameters and errors; the scoreboard reads the folds).
 """
 
@@ -74,16 +75,12 @@ def fitted_sweeps(board: str) -> list[cz.ZeusSweep]:
 
 
 def prior(gpu: str) -> dict[str, float]:
-    sib = get_gpu(BOARDS[gpu][1])
-    return {"v_min_rel": sib.power_model.v_min_rel, "f_knee_rel": sib.power_model.f_knee_mhz / sib.max_sm_clock_mhz}
+    return cz.voltage_prior(get_gpu(BOARDS[gpu][1]))
 
 
 def values(spec) -> dict[str, float]:
-    pm = spec.power_model
-    out = {k: float(getattr(pm, k)) for k in cz.FIT_PARAMETERS if k != "f_knee_rel"}
-    out.update(f_knee_rel=pm.f_knee_mhz / spec.max_sm_clock_mhz, gemm_efficiency=spec.gemm_efficiency,
-               l2_bytes_per_clock=spec.l2_bytes_per_clock)
-    return out
+    """What the fit fits, of ``spec``."""
+    return cd.values_of(spec, (*cz.FIT_PARAMETERS, *TIME_PARAMETERS))
 
 
 def start_spec(gpu: str):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,7 +36,7 @@ from freqopt.gpu.specs import GPUSpec, PowerModel
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["Stage", "Sweep", "STAGES", "FIT_PARAMETERS", "load_sweep", "stage_kernels", "simulate_sweep",
-           "simulate_stage", "residuals", "summarize", "fit", "with_values", "TIME_PARAMETERS"]
+           "simulate_stage", "residuals", "summarize", "fit", "with_values", "values_of", "TIME_PARAMETERS"]
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,23 @@ def with_values(spec: GPUSpec, values: dict[str, float]) -> GPUSpec:
     link = {k: values.pop(k) for k in list(values) if k == "link_efficiency"}
     return dataclasses.replace(spec, power_model=dataclasses.replace(spec.power_model, **power),
                                interconnect=dataclasses.replace(spec.interconnect, **link), **values)
+
+
+def values_of(spec: GPUSpec, names: Sequence[str]) -> dict[str, float]:
+    """The fields ``names`` of ``spec`` as ``with_values`` takes them (its inverse): the power model's
+    (``f_knee_rel`` as f_knee_mhz over the highest SM clock), ``link_efficiency`` of the interconnect, and
+    GPUSpec's own (``gemm_efficiency``, ``l2_bytes_per_clock``); in the order of ``names``."""
+    out = {}
+    for name in names:
+        if name == "f_knee_rel":
+            out[name] = spec.power_model.f_knee_mhz / spec.max_sm_clock_mhz
+        elif name == "link_efficiency":
+            out[name] = spec.interconnect.link_efficiency
+        elif name in PowerModel.__dataclass_fields__:
+            out[name] = getattr(spec.power_model, name)
+        else:
+            out[name] = getattr(spec, name)
+    return {k: float(v) for k, v in out.items()}
 
 
 def residuals(spec: GPUSpec, stage: Stage, sweep: Sweep) -> dict:

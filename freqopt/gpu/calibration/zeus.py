@@ -53,8 +53,9 @@ from freqopt.gpu.specs import GPUSpec
 from freqopt.workload.kernels import Trace
 
 __all__ = ["ZeusSweep", "NETWORKS", "load_sweeps", "network_trace", "simulate_sweep", "anchored_host_gap_s",
-           "sweep_errors", "summarize", "summary_row", "per_limit_tables", "fit", "FIT_PARAMETERS", "FIT_START", "PRIOR_WEIGHT", "PRIOR_SCALE",
-           "ShuffleNetV2", "DeepSpeech2", "waiting_power_top_w"]
+           "sweep_errors", "summarize", "summary_row", "per_limit_tables", "fit", "voltage_prior", "baseline_top_w",
+           "FIT_PARAMETERS", "FIT_START", "PRIOR_WEIGHT", "PRIOR_SCALE", "BLOCKING_WEIGHT", "ShuffleNetV2",
+           "DeepSpeech2", "waiting_power_top_w"]
 
 # name -> the parameter's role; bounds come from the GPU file's [power_model_bounds] (f_knee_rel: the knee's MHz
 # over the highest SM clock, within the supported clocks), the time figures' from dvfs.TIME_PARAMETERS.
@@ -504,6 +505,13 @@ def baseline_top_w(spec: GPUSpec) -> float:
     top_clocks_w)."""
     pm = spec.power_model
     return pm.p_const_w + pm.p_leak_w + pm.p_sm_clock_w + pm.p_mem_clock_w
+
+
+def voltage_prior(sibling: GPUSpec) -> dict[str, float]:
+    """The family prior ``fit`` takes from a fitted sibling: its voltage curve's ``v_min_rel`` and its knee relative
+    to its highest SM clock (``f_knee_rel``)."""
+    pm = sibling.power_model
+    return {"v_min_rel": pm.v_min_rel, "f_knee_rel": pm.f_knee_mhz / sibling.max_sm_clock_mhz}
 
 
 def fit(spec: GPUSpec, stages: list, sweeps: list[ZeusSweep], *, prior: dict[str, float] | None = None,
