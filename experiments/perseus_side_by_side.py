@@ -180,16 +180,19 @@ def run_setting(args, setting, m: int, script: Path, scratch: Path) -> dict:
     bare.write_text("".join(x for x in profile.read_text().splitlines(keepends=True) if not x.startswith("#")))
     planner = PipelinePlanner(load_stage_profile(profile), m, gpu=gpu)  # the evaluator: measured, unfloored
     perseus_s, freqopt_s, stopped = [], [], False
+    load = {"perseus": [], "freqopt": []}  # per run: the 1-min load average (os.getloadavg) before and after it
     repeats = args.repeats if m <= args.repeat_up_to else 1
     for r in range(repeats):
         p_out, f_out = scratch / f"perseus-{tag}-{model}-{m}-{r}", scratch / f"freqopt-{tag}-{model}-{m}-{r}.json"
         first, second = (("perseus", "freqopt") if r % 2 == 0 else ("freqopt", "perseus"))
         for who in (first, second):
+            before = os.getloadavg()[0]
             if who == "perseus":
                 wall, stopped = run_perseus(args.perseus_python, script, bare, gpu_type, m, p_out, args.perseus_limit_s)
                 perseus_s.append(wall)
             else:
                 freqopt_s.append(run_freqopt(profile, gpu, m, f_out))
+            load[who].append([before, os.getloadavg()[0]])
         print(f"  {model} {tag} M={m} round {r + 1}/{repeats}: Perseus {perseus_s[-1]:.1f} s, freqopt "
               f"{freqopt_s[-1]:.1f} s", flush=True)  # fmt: skip
     theirs = perseus_plans(planner, p_out, stopped)
@@ -211,11 +214,11 @@ def run_setting(args, setting, m: int, script: Path, scratch: Path) -> dict:
     distinct_p = len({(round(t, 12), round(e, 9)) for t, e in theirs})
     return {
         "gpu": tag, "model": model, "micro_batches": m, "freqopt_gpu": gpu, "blocking_power_w": planner.blocking_power_w,
-        "repeats": repeats, "perseus_wall_s": perseus_s, "freqopt_wall_s": freqopt_s,
+        "repeats": repeats, "perseus_wall_s": perseus_s, "freqopt_wall_s": freqopt_s, "load_1min": load,
         "wall_ratio": statistics.median(freqopt_s) / statistics.median(perseus_s),
         "perseus": {"plans": len(theirs), "distinct_plans": distinct_p, "fastest_time_s": float(p_times.min()),
                     "least_energy_j": float(p_energy.min()), "stopped_at_limit_s": args.perseus_limit_s if stopped
-                    else None},  # fmt: skip
+                    else None, "slowest_time_s": float(p_times.max())},  # fmt: skip
         "freqopt": {"plans": len(ours), "fastest_time_s": float(o_times.min()),
                     "least_energy_j": float(min(e for _, e in ours)), "proven_gap": doc["frontier_proven_gap"],
                     "solves": doc["frontier_solves"], "frontier_solve_s": doc["frontier_solve_s"]},
@@ -296,6 +299,29 @@ def pct(x: float) -> str:
     return f"{100 * x:+.2f} %"
 
 
+def load_range(r: dict) -> str:
+    """The 1-min load averages read before and after the setting's runs, lowest-highest; older results lack them."""
+    readings = [x for runs in r.get("load_1min", {}).values() for pair in runs for x in pair]
+    return f"{min(readings):.2f}-{max(readings):.2f}" if readings else "not recorded"
+
+
+PERSEUS_UNIT_S = 1e-3  # Perseus's default time unit: one plan per 1 ms of floored iteration time
+
+
+def stopped_estimate(r: dict) -> str:
+    """For a Perseus run stopped at its limit: its rate (plans written per second) and the wall time a whole run
+    would take at that rate, the plans to write estimated as one per PERSEUS_UNIT_S from its slowest plan's time to
+    freqopt's fastest (where every finished setting has Perseus's fastest within 0.1 % of freqopt's)."""
+    p = r["perseus"]
+    if "slowest_time_s" not in p:
+        return ""
+    wall = r["perseus_wall_s"][-1]
+    rate = p["plans"] / wall
+    total = (p["slowest_time_s"] - r["freqopt"]["fastest_time_s"]) / PERSEUS_UNIT_S
+    return (f" (rate {rate:.2f} plans/s; about {total:.0f} plans in all, so a whole run would take about "
+            f"{total / rate / 3600:.1f} h at that rate, a linear extrapolation)")
+
+
 def report(doc: dict) -> str:
     results = doc["settings"]
     lines = [
@@ -356,11 +382,16 @@ def report(doc: dict) -> str:
                         + (f" at a {1e3 * r['published']['unit_s']:g} ms unit (about "
                            f"{r['published']['points'] * r['published']['unit_s'] / 1e-3:.0f} at the 1 ms unit run here)"
                            if r['published'].get('unit_s') else "")
-                        + "; at those plans' times "
+                        + stopped_estimate(r) + "; at those plans' times "
                         f"freqopt's staircase is {pct(r['at_perseus_times']['worst'])} at worst, "
                         f"{r['at_perseus_times']['above_tolerance']} above +0.2 %, and freqopt's whole frontier "
                         f"took {statistics.median(r['freqopt_wall_s']):.0f} s" for r in stopped) + ".",
+        ]
+    lines += [
         "",
+        "- *load*: the 1-min load average (os.getloadavg) read before and after each planner's run, lowest-highest "
+        "per setting (a 2-core machine: above about 1.2, something else was running): "
+        + "; ".join(f"{r['model']} {r['gpu']} M={r['micro_batches']} {load_range(r)}" for r in results) + ".",
         "- *wall s*: each planner's whole process, back to back on one machine, alternating which runs first; "
         "Perseus's includes fitting its cost models and drawing 18 figures (its script's own output), freqopt's "
         "the plan at 1 % and the whole frontier written as JSON with every plan's clocks.",
