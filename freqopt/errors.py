@@ -14,6 +14,8 @@ __all__ = [
     "OutputError",
     "StorageError",
     "GPUPermissionError",
+    "DaemonError",
+    "DaemonRefusedError",
     "TraceMismatchError",
     "MissingDependencyError",
     "check_positive_int",
@@ -82,6 +84,23 @@ class StorageError(FreqoptError):
 
 class GPUPermissionError(FreqoptError):
     """Changing clocks or the power limit needs root or CAP_SYS_ADMIN."""
+
+
+class DaemonError(FreqoptError):
+    """freqoptd, the daemon that sets GPUs for users without root, does not answer or breaks its protocol."""
+
+
+class DaemonRefusedError(DaemonError):
+    """freqoptd refused a request; the message is the daemon's reason.
+
+    Attributes:
+        kind: the daemon's word for why (freqopt.daemon.server): ``policy``, ``busy``, ``invalid``,
+            ``not_supported`` or ``nvml``.
+    """
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
 
 
 class TraceMismatchError(FreqoptError):

@@ -56,6 +56,8 @@ def test_the_installed_wheel_imports_answers_help_and_searches(installed):
     script = tmp / "site" / "bin" / "freqopt"
     helped = run(installed, str(script), "--help")
     assert helped.returncode == 0 and "search" in helped.stdout, helped.stderr
+    daemon = run(installed, str(tmp / "site" / "bin" / "freqoptd"), "--help")  # the daemon's entry point too
+    assert daemon.returncode == 0 and "--check-policy" in daemon.stdout, daemon.stderr
     gpus = run(installed, str(script), "gpus")
     assert gpus.returncode == 0 and "h200-node" in gpus.stdout, gpus.stderr
     searched = run(installed, str(script), "search", "--model", "gpt3-small", "--max-slowdown", "1%",

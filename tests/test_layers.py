@@ -38,8 +38,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.workload.pipeline_trace",),
     # The GPU. Its types;
     ("freqopt.gpu.spec_parts", "freqopt.gpu.specs"),
-    # NVML device access, and traced kernels re-run on a device;
+    # the client's end of freqoptd's protocol (a socket and JSON lines);
+    ("freqopt.gpu.daemon_client",),
+    # NVML device access (set calls through freqoptd where the user has no root), and traced kernels re-run on a
+    # device;
     ("freqopt.gpu.nvml", "freqopt.gpu.replay"),
+    # freqoptd, the daemon that holds a node's NVML set calls for users without root (its policy, server, command);
+    ("freqopt.daemon",),
     # where measurements come from: the simulated GPU and the real one;
     ("freqopt.gpu.backends",),
     # the simulated GPU's calibration (backends + traces).

@@ -153,8 +153,15 @@ def verbose_option(f):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="freqopt")
-def cli() -> None:
+@click.option("--daemon", "daemon", default=None, metavar="SOCKET",
+              help="Set GPUs through freqoptd at this socket (or tcp://host:port), for users without root; the same "
+                   "as FREQOPT_DAEMON=SOCKET, which the ranks and commands freqopt starts inherit.")  # fmt: skip
+def cli(daemon) -> None:
     """Find GPU clock settings that cut training energy within a slowdown budget."""
+    if daemon is not None:
+        import os
+
+        os.environ["FREQOPT_DAEMON"] = daemon  # read where GPUs are opened (freqopt.gpu.nvml.open_devices)
 
 
 def _freeze_at_exit() -> None:

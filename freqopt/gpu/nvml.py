@@ -34,7 +34,7 @@ from pathlib import Path
 from freqopt.errors import FreqoptError, GPUPermissionError, InvalidSettingError, UnknownNameError
 
 __all__ = ["NVMLError", "NVMLNotSupportedError", "NVMLDevice", "GPUState", "GPUStateGuard", "open_devices", "state_dir", "reset_from_state_files",
-           "parse_gpu_indices", "READ_ONLY_HINT"]
+           "parse_gpu_indices", "READ_ONLY_HINT", "DaemonDevice", "device_count"]
 
 READ_ONLY_HINT = "run as root or with CAP_SYS_ADMIN to change clocks, or measure read-only, at the current settings"
 
@@ -234,12 +234,88 @@ class NVMLDevice:
                                    power_limit_default_w=self.power_limit_default_w())  # fmt: skip
 
 
-def open_devices(*, read_only: bool = False, visible: str | None = None) -> list[NVMLDevice]:
+class DaemonDevice(NVMLDevice):
+    """A GPU whose set calls go to freqoptd (freqopt.daemon; ``client``: freqopt.gpu.daemon_client.DaemonClient),
+    its reads to NVML in this process, which needs no root for them (``open_devices`` makes these where
+    $FREQOPT_DAEMON is set). The daemon's refusals are raised as the NVML layer's own errors, so callers need not
+    know where a set call went: GPUPermissionError (the policy does not allow it, or another client holds the GPU,
+    in the daemon's words), InvalidSettingError (a value the GPU does not support), NVMLNotSupportedError, NVMLError.
+
+    Attributes:
+        last_call: (queued_s, latency_s) of the last set call as the daemon timed it on the GPU's worker, or None.
+    """
+
+    via_daemon = True
+
+    def __init__(self, handle, index: int, client):
+        super().__init__(handle, index)
+        self.client = client
+        self.last_call: tuple[float, float] | None = None
+
+    def _request(self, message: dict) -> dict:
+        from freqopt.errors import DaemonRefusedError
+
+        try:
+            return self.client.request(message)
+        except DaemonRefusedError as e:
+            error = {"policy": GPUPermissionError, "busy": GPUPermissionError, "invalid": InvalidSettingError,
+                     "not_supported": NVMLNotSupportedError, "nvml": NVMLError}.get(e.kind)  # fmt: skip
+            if error is None:
+                raise
+            raise error(str(e)) from e
+
+    def _set(self, call: str, *args) -> None:
+        reply = self._request({"op": "set", "gpu": self.uuid, "call": call, "args": list(args)})
+        self.last_call = (float(reply.get("queued_s", 0.0)), float(reply.get("latency_s", 0.0)))
+
+    def lock_sm_clock(self, sm_clock_mhz: int) -> None:
+        self._set("lock_sm_clock", int(sm_clock_mhz))
+
+    def reset_sm_clock(self) -> None:
+        self._set("reset_sm_clock")
+
+    def lock_mem_clock(self, mem_clock_mhz: int) -> None:
+        self._set("lock_mem_clock", int(mem_clock_mhz))
+
+    def reset_mem_clock(self) -> None:
+        self._set("reset_mem_clock")
+
+    def set_power_limit_w(self, power_limit_w: float) -> None:
+        self._set("set_power_limit_w", float(power_limit_w))
+
+    def set_applications_clocks(self, sm_clock_mhz: int, mem_clock_mhz: int) -> None:
+        self._set("set_applications_clocks", int(sm_clock_mhz), int(mem_clock_mhz))
+
+    def release(self) -> None:
+        """Ask the daemon to put this GPU back to what it found before this process's first change."""
+        self._request({"op": "release", "gpu": self.uuid})
+
+
+def device_count() -> int:
+    """How many GPUs NVML sees on the machine, whatever CUDA_VISIBLE_DEVICES says (nvmlDeviceGetCount).
+
+    Raises:
+        NVMLError: no driver.
+    """
+    nv = _pynvml()
+    _call("nvmlInit", nv.nvmlInit)
+    return int(_call("nvmlDeviceGetCount", nv.nvmlDeviceGetCount))
+
+
+def open_devices(*, read_only: bool = False, visible: str | None = None, daemon: str | None = None) -> list[NVMLDevice]:
     """The GPUs this process may use, in CUDA_VISIBLE_DEVICES order (indices or GPU-/MIG- UUIDs); all GPUs when it
     is unset. Indices are NVML's, which match CUDA's when CUDA_DEVICE_ORDER=PCI_BUS_ID.
 
+    Args:
+        read_only: refuse every set call (module docstring).
+        visible: in place of CUDA_VISIBLE_DEVICES.
+        daemon: freqoptd's socket path (or ``tcp://host:port``) through which to set the GPUs, where the user has
+            no root; None: $FREQOPT_DAEMON; "" (or unset): set them from this process. Reads stay local either
+            way. Ignored for read-only devices.
+
     Raises:
         NVMLError: no driver, or an entry of CUDA_VISIBLE_DEVICES names no GPU.
+        DaemonError: freqoptd does not answer at ``daemon``.
     """
     nv = _pynvml()
     _call("nvmlInit", nv.nvmlInit)
@@ -256,6 +332,13 @@ def open_devices(*, read_only: bool = False, visible: str | None = None) -> list
         else:
             handle = _call(f"GPU {entry} of CUDA_VISIBLE_DEVICES", nv.nvmlDeviceGetHandleByUUID, entry)
         devices.append(NVMLDevice(handle, position, read_only=read_only))
+    address = os.environ.get("FREQOPT_DAEMON", "") if daemon is None else daemon
+    if address and not read_only and devices:
+        from freqopt.gpu.daemon_client import DaemonClient
+
+        client = DaemonClient(address)
+        client.hello()  # fails here, before any work, when the daemon does not answer
+        devices = [DaemonDevice(d.handle, d.index, client) for d in devices]
     return devices
 
 
@@ -314,21 +397,25 @@ def state_dir() -> Path:
     return Path(base) / "freqopt"
 
 
-def _state_path(uuid: str) -> Path:
-    return state_dir() / f"gpu-{uuid}.json"
+def _state_path(uuid: str, folder: Path | None = None) -> Path:
+    return (folder or state_dir()) / f"gpu-{uuid}.json"
 
 
-def _write_state(state: GPUState) -> Path:
+def _write_state(state: GPUState, folder: Path | None = None) -> Path:
     from freqopt.files import atomic_write_text
 
-    path = _state_path(state.uuid)
+    path = _state_path(state.uuid, folder)
     atomic_write_text(path, json.dumps(asdict(state)) + "\n")
     return path
 
 
 def restore(device: NVMLDevice, state: GPUState) -> None:
     """Put back what ``state`` recorded: unlock the clocks freqopt may have locked, the power limit found, the
-    application clocks found."""
+    application clocks found. A GPU set through freqoptd (DaemonDevice) is released to the
+    daemon instead, which puts back what it found before this client's first change."""
+    if getattr(device, "via_daemon", False):
+        device.release()
+        return
     device.reset_sm_clock()
     try:
         device.reset_mem_clock()
@@ -346,10 +433,16 @@ class GPUStateGuard:
     Use as a context manager around everything that changes the GPU; call ``before_change()`` before each set
     call (the first one records the state, in memory and in a state file written atomically). Signal handlers are
     installed only in the main thread; they restore, then re-raise the signal's default action.
+
+    Args:
+        device: the GPU.
+        state_dir: the state file's folder; default ``state_dir()`` (freqoptd gives its own). A GPU set through
+            freqoptd gets no state file here: the daemon keeps its own and restores the GPU if this process dies.
     """
 
-    def __init__(self, device: NVMLDevice):
+    def __init__(self, device: NVMLDevice, *, state_dir: Path | None = None):
         self.device = device
+        self.folder = state_dir
         self.state: GPUState | None = None
         self._lock = threading.Lock()
         self._previous_handlers: dict[int, object] = {}
@@ -361,7 +454,8 @@ class GPUStateGuard:
             if self.state is None:
                 self.state = GPUState(self.device.uuid, self.device.power_limit_w(),
                                       self.device.applications_clocks_mhz(), os.getpid())  # fmt: skip
-                _write_state(self.state)
+                if not getattr(self.device, "via_daemon", False):
+                    _write_state(self.state, self.folder)
 
     def restore(self) -> None:
         """Restore the recorded state (if anything was changed) and remove the state file."""
@@ -369,7 +463,7 @@ class GPUStateGuard:
             if self.state is None:
                 return
             restore(self.device, self.state)
-            _state_path(self.state.uuid).unlink(missing_ok=True)
+            _state_path(self.state.uuid, self.folder).unlink(missing_ok=True)
             self.state = None
 
     def discard(self) -> None:
@@ -377,7 +471,7 @@ class GPUStateGuard:
         before anything was changed (restoring would need the permission that was refused)."""
         with self._lock:
             if self.state is not None:
-                _state_path(self.state.uuid).unlink(missing_ok=True)
+                _state_path(self.state.uuid, self.folder).unlink(missing_ok=True)
                 self.state = None
 
     def _on_signal(self, signum, frame):
@@ -416,8 +510,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def reset_from_state_files(devices: list[NVMLDevice] | None = None) -> list[tuple[str, str]]:
-    """Restore every GPU that a state file says a dead freqopt process left changed (``freqopt reset``).
+def reset_from_state_files(devices: list[NVMLDevice] | None = None, *,
+                           folder: Path | None = None) -> list[tuple[str, str]]:  # fmt: skip
+    """Restore every GPU that a state file in ``folder`` (default ``state_dir()``) says a dead freqopt process left
+    changed (``freqopt reset``; freqoptd at its start, in its own folder).
 
     Returns:
         (uuid, what was done) per state file found.
@@ -426,7 +522,7 @@ def reset_from_state_files(devices: list[NVMLDevice] | None = None) -> list[tupl
         GPUPermissionError: restoring needs root or CAP_SYS_ADMIN.
         NVMLError: a GPU named in a state file is not present.
     """
-    folder = state_dir()
+    folder = Path(folder) if folder is not None else state_dir()
     files = sorted(folder.glob("gpu-*.json")) if folder.is_dir() else []
     if not files:
         return []
