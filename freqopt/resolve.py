@@ -130,7 +130,7 @@ def resolve_backend(backend: Backend | str) -> Backend | str:
     if isinstance(backend, Backend):
         return backend
     if not isinstance(backend, str):
-        raise InvalidSettingError(f"backend must be a backend name (sim, nvml) or a Backend, not "
+        raise InvalidSettingError(f"backend must be a backend name (sim, nvml, amdsmi) or a Backend, not "
                                   f"{type(backend).__name__}")  # fmt: skip
     return check_backend(backend)
 
@@ -140,7 +140,7 @@ def open_backend(backend: Backend | str, gpu: GPUSpec | None, *, seed: int = 0,
     """The backend to measure on, and whether the caller opened it here (and so must close it).
 
     A name opens one (freqopt.gpu.backends.get_backend): "sim" simulates ``gpu`` (default h100-sxm); "nvml" opens the
-    first visible real GPU, which must be of type ``gpu`` when one is given. A Backend is used as given, and must
+    first visible real GPU ("amdsmi": the first AMD GPU), which must be of type ``gpu`` when one is given. A Backend is used as given, and must
     be of type ``gpu`` when one is given.
 
     Raises:
@@ -152,5 +152,5 @@ def open_backend(backend: Backend | str, gpu: GPUSpec | None, *, seed: int = 0,
             raise InvalidSettingError(f"gpu {gpu.name} was asked for, but the backend given measures a "
                                       f"{backend.spec.name}; pass no gpu, or a backend of that type")  # fmt: skip
         return backend, False
-    spec = gpu if backend == "nvml" else gpu or get_gpu(DEFAULT_GPU)
+    spec = gpu if backend in ("nvml", "amdsmi") else gpu or get_gpu(DEFAULT_GPU)
     return get_backend(backend, spec, seed=seed, read_only=read_only), True

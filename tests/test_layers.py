@@ -43,6 +43,8 @@ LAYERS: list[tuple[str, ...]] = [
     # NVML device access (set calls through freqoptd where the user has no root), and traced kernels re-run on a
     # device;
     ("freqopt.gpu.nvml", "freqopt.gpu.replay"),
+    # AMD GPUs through AMD SMI, behind NVML's device interface (its errors subclass NVML's);
+    ("freqopt.gpu.amdsmi",),
     # freqoptd, the daemon that holds a node's NVML set calls for users without root (its policy, server, command);
     ("freqopt.daemon",),
     # where measurements come from: the simulated GPU and the real one;

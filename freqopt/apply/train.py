@@ -173,7 +173,7 @@ class TrainingPlan:
         """
         from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
 
-        spec = self.gpu if self.backend == "nvml" else self.gpu or get_gpu(DEFAULT_GPU)
+        spec = self.gpu if self.backend in ("nvml", "amdsmi") else self.gpu or get_gpu(DEFAULT_GPU)
         # On nvml, in a rank the launcher started, the visible GPU of index LOCAL_RANK (local_device), as DeepSpeed
         # gives that rank cuda:LOCAL_RANK.
         from freqopt.gpu.backends import get_backend
@@ -277,7 +277,7 @@ def plan_training(model, *, table=None, steps: int = 8, backend: str = "sim", gp
     check_layout_packages(workload.layout)  # the layout trained, the table's included
     if table is not None:
         table.check_workload(workload, source=source, model=model if isinstance(model, str) else None)
-    device = device or ("cuda" if backend == "nvml" else "cpu")
+    device = device or ("cuda" if backend in ("nvml", "amdsmi") else "cpu")
     check_training_device(device)  # a CPU-only torch says so before a GPU is opened or ranks are started
     if not str(device).startswith("cuda"):
         # before ranks are started, rather than the out-of-memory killer after; small steps hold one sequence

@@ -35,7 +35,8 @@ def confidence_option(f):
               help="all, or one or a comma list of power-cap, iteration, pass, kernel, phase (e.g. iteration,kernel); "
                    "with a pipeline layout: iteration, stage, instruction.")
 @click.option("--backend", default="sim", show_default=True,
-              help="Measurement backend: sim (simulated GPU) or nvml (the first visible GPU; needs root).")
+              help="Measurement backend: sim (simulated GPU), nvml (the first visible NVIDIA GPU; needs root) or "
+                   "amdsmi (the first visible AMD GPU, through AMD SMI; needs root).")
 @click.option("--storage", default=None, help="Optuna storage URL; default journal:OUT/freqopt.journal.")
 @click.option("--out", "out_dir", default="freqopt-out", show_default=True, help="Directory for tables and storage.")
 @click.option("--json", "json_path", default=None, help="Also write the results as JSON to this file.")

@@ -48,6 +48,8 @@ class GPUSpec:
     Attributes:
         name: freqopt's name for the type, the TOML file's stem (``h100-sxm``).
         nvml_names: names that ``nvmlDeviceGetName`` returns for this type.
+        amdsmi_names: for an AMD GPU, the ``market_name``s that AMD SMI's ``amdsmi_get_gpu_asic_info`` returns
+            (freqopt.gpu.amdsmi); empty for NVIDIA GPUs.
         sm_clocks_mhz: supported SM (graphics) clocks, ascending.
         mem_clocks_mhz: supported memory clocks, ascending.
         max_sm_clock_for_mem_mhz: memory clocks that allow only SM clocks up to a bound (RTX 3080 Ti: 405 MHz
@@ -181,6 +183,7 @@ class GPUSpec:
     mem_clock_lock: str = "none"
     waiting_power: WaitingPower = WaitingPower()
     power_model_bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    amdsmi_names: tuple[str, ...] = ()
 
     @property
     def mem_clock_runtime(self) -> bool:
@@ -481,6 +484,7 @@ def _spec_from_toml(data: dict[str, Any], path: Path) -> GPUSpec:
         name=path.stem,
         marketing_name=g["marketing_name"],
         nvml_names=tuple(g.get("nvml_names", ())),
+        amdsmi_names=tuple(g.get("amdsmi_names", ())),
         sm_clocks_mhz=_clock_list(c, "sm_clocks_mhz"),
         mem_clocks_mhz=mem_clocks,
         max_sm_clock_for_mem_mhz={int(k): int(v) for k, v in c.get("max_sm_clock_for_mem_mhz", {}).items()},

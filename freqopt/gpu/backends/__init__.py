@@ -9,7 +9,7 @@ from freqopt.gpu.specs import GPUSpec
 __all__ = ["Backend", "ClockSetting", "DEFAULT_SETTING", "Measurement", "MeasurementProtocol", "BACKENDS",
            "get_backend", "check_backend", "local_device"]
 
-BACKENDS = ("sim", "nvml")
+BACKENDS = ("sim", "nvml", "amdsmi")
 
 
 def check_backend(name: str) -> str:
@@ -44,14 +44,16 @@ def local_device(device: int | None = None) -> int:
 
 def get_backend(name: str, spec: GPUSpec | None, *, seed: int = 0, read_only: bool = False,
                 device: int | None = None) -> Backend:  # fmt: skip
-    """A backend by name: "sim" (a simulated GPU of type ``spec``, this process's own) or "nvml" (the real GPU
-    ``local_device(device)`` among the visible ones, whose type must be ``spec``'s when one is given).
+    """A backend by name: "sim" (a simulated GPU of type ``spec``, this process's own), "nvml" (the real NVIDIA GPU
+    ``local_device(device)`` among the visible ones, whose type must be ``spec``'s when one is given) or "amdsmi"
+    (the same, an AMD GPU through AMD SMI: freqopt.gpu.amdsmi).
 
     Raises:
         UnknownNameError: unknown backend name.
         InvalidSettingError: read_only with the simulated GPU, a GPU type other than the real GPU's, or a bad
             device (local_device).
-        NVMLError: no such visible GPU; GPUPermissionError: see freqopt.gpu.nvml.
+        NVMLError: no such visible GPU (AMDSMIError, its subclass, for "amdsmi"); GPUPermissionError: see
+            freqopt.gpu.nvml.
     """
     from freqopt.errors import InvalidSettingError
 
@@ -63,11 +65,17 @@ def get_backend(name: str, spec: GPUSpec | None, *, seed: int = 0, read_only: bo
         from freqopt.gpu.specs import DEFAULT_GPU, get_gpu
 
         return SimulatedGPU(spec or get_gpu(DEFAULT_GPU), seed=seed)
-    if name == "nvml":
+    if name in ("nvml", "amdsmi"):
         from freqopt.gpu.backends.nvml import NVMLBackend
         from freqopt.gpu.nvml import NVMLError, open_devices
 
-        devices = open_devices(read_only=read_only)
+        if name == "amdsmi":
+            from freqopt.gpu.amdsmi import open_amd_devices
+            from freqopt.gpu.backends.amdsmi import AMDSMIBackend
+
+            devices, backend_class = open_amd_devices(read_only=read_only), AMDSMIBackend
+        else:
+            devices, backend_class = open_devices(read_only=read_only), NVMLBackend
         if not devices:
             raise NVMLError("no GPU is visible (CUDA_VISIBLE_DEVICES); use backend sim (the simulated GPU)")
         if index >= len(devices):
@@ -76,10 +84,10 @@ def get_backend(name: str, spec: GPUSpec | None, *, seed: int = 0, read_only: bo
         import torch
 
         # Kernels are replayed on that CUDA device; without CUDA (tests with a stand-in NVML) on the CPU.
-        backend = NVMLBackend(devices[index], torch_device=f"cuda:{index}" if torch.cuda.is_available() else "cpu")
+        backend = backend_class(devices[index], torch_device=f"cuda:{index}" if torch.cuda.is_available() else "cpu")
         if spec is not None and backend.spec.name != spec.name:
             backend.close()
             raise InvalidSettingError(f"gpu {spec.name} was asked for, but GPU {index} is a {backend.spec.name}; "
-                                      "give no gpu with backend nvml")  # fmt: skip
+                                      f"give no gpu with backend {name}")  # fmt: skip
         return backend
     raise UnknownNameError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
