@@ -1,5 +1,6 @@
 """Carry a fitted GPU type's power model to a GPU type with no measurements of its own (issue 51: the GPU files of
-H100 PCIe, A100 40GB, GH200, A10G, L40S, L4, RTX 4090 and B200; issue 56: A100 PCIe 80GB and Quadro RTX 6000), and
+H100 PCIe, A100 40GB, GH200, A10G, L40S, L4, RTX 4090 and B200; issue 56: A100 PCIe 80GB and Quadro RTX 6000;
+issue 59: the AMD Instinct MI300X and MI250X), and
 write it into that type's file. (The Tesla P100 was carried from the V100 SXM2 until issue 56 fitted it on its own
 Zeus sweeps: experiments/fit_zeus_power.py.)
 
@@ -19,7 +20,9 @@ names each fit), changed by one of two rules, both assumptions that the files' [
 * "other-die": another die of the sibling's family or the next one. Every SM-side term, the constant and the
   leakage scale by the ratio of default power limits (the board is sized so that dense work reaches its limit, as
   the sibling's is); the memory terms scale with memory bandwidth; the voltage curve keeps its shape, its knee at
-  the same fraction of the highest SM clock.
+  the same fraction of the highest SM clock. AMD's Instinct boards, of which nothing is measured, take this rule
+  from the NVIDIA board of their process generation and memory (MI300X from the H100 SXM, MI250X from the A100
+  SXM): the weakest carry here, since another vendor's voltage curve and power split are not the sibling's.
 
 Either way a carried term outside the target's [power_model_bounds] (freqopt.gpu.power_bounds: a constant above
 the board's idle draw, say) is clipped into it, and the file's note says so (issue 56).
@@ -47,6 +50,8 @@ CARRIED = {
     "b200": ("h200-sxm", "other-die"),
     "a100-pcie-80gb": ("a100-sxm4-80gb", "same-die"),
     "quadro-rtx6000": ("v100-pcie", "other-die"),
+    "mi300x": ("h100-sxm", "other-die"),
+    "mi250x": ("a100-sxm4-80gb", "other-die"),
 }
 SM_TERMS = ("p_sm_clock_w", "p_sm_active_w", "p_sfu_w", "p_sm_stream_w", "p_norm_w", "p_attention_w")
 MEM_TERMS = ("p_mem_clock_w", "p_mem_active_w")

@@ -13,7 +13,8 @@ from freqopt.gpu.specs import PROVENANCE_FAMILIES, get_gpu, list_gpus, search_sp
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW = ("h100-pcie", "a100-sxm4-40gb", "gh200", "a10g", "l40s", "l4", "rtx4090", "b200",
-       "a100-pcie-80gb", "p100-pcie", "quadro-rtx6000")  # issue 51; issue 56, item 5 (the GPUs of Zeus and Perseus)
+       "a100-pcie-80gb", "p100-pcie", "quadro-rtx6000",  # issue 51; issue 56, item 5 (the GPUs of Zeus and Perseus)
+       "mi300x", "mi250x")  # issue 59: AMD's Instinct boards
 # New GPUs whose power model is fitted on their own Zeus sweeps (experiments/fit_zeus_power.py), not carried.
 FITTED_ON_ZEUS = ("p100-pcie",)
 
@@ -37,6 +38,12 @@ DATA_SHEET = {
     "p100-pcie": dict(bf16_tflops=18.7, rated_mhz=1303, fp32_tflops=9.3, bandwidth_gbs=732, bus_bits=4096),
     # Turing has no BF16: FP16 tensor with FP32 accumulate (Quadro RTX 6000 data sheet: 130.5 TFLOP/s)
     "quadro-rtx6000": dict(bf16_tflops=130.5, rated_mhz=1770, fp32_tflops=16.3, bandwidth_gbs=672, bus_bits=384),
+    # AMD: dense FP16/BF16 matrix and FP32 vector rates. AMD SMI's MCLK counts a quarter of HBM3's per-pin rate on
+    # the MI300X (1300 MHz at 5.2 Gb/s), half of HBM2e's on the MI250X; the MI250X file is one GCD: half the OAM.
+    "mi300x": dict(bf16_tflops=1307.4, rated_mhz=2100, fp32_tflops=81.7, bandwidth_gbs=5300, bus_bits=8192,
+                   bits_per_pin_per_clock=4),
+    "mi250x": dict(bf16_tflops=383 / 2, rated_mhz=1700, fp32_tflops=47.9 / 2, bandwidth_gbs=3276.8 / 2,
+                   bus_bits=4096),
 }
 
 
@@ -71,7 +78,7 @@ def test_every_nvml_name_belongs_to_one_gpu_file():
         for nvml_name in get_gpu(name).nvml_names:
             owners.setdefault(nvml_name, []).append(name)
     assert {k: v for k, v in owners.items() if len(v) > 1} == {}
-    assert all(get_gpu(name).nvml_names for name in NEW)
+    assert all(get_gpu(name).nvml_names or get_gpu(name).amdsmi_names for name in NEW)
 
 
 @pytest.mark.parametrize("name", sorted(list_gpus()))
@@ -128,6 +135,17 @@ def test_every_figure_of_a_new_gpu_file_says_where_it_comes_from(name):
         assert line.startswith(("marketing_name", "nvml_names")) or "#" in line, (name, line)
 
 
+def test_every_amdsmi_name_belongs_to_one_gpu_file_and_amd_files_name_no_nvidia_gpu():
+    """The AMD backend picks the file whose amdsmi_names hold the device's market name, as the NVML backend does."""
+    owners: dict[str, list[str]] = {}
+    for name in list_gpus():
+        for amd_name in get_gpu(name).amdsmi_names:
+            owners.setdefault(amd_name, []).append(name)
+    assert {k: v for k, v in owners.items() if len(v) > 1} == {}
+    assert {"mi300x", "mi250x"} <= {n for v in owners.values() for n in v}
+    assert all(not get_gpu(n).nvml_names for v in owners.values() for n in v)
+
+
 @pytest.mark.parametrize("name", NEW)
 def test_a_new_gpu_files_rates_match_the_figures_it_cites(name):
     g, cited = get_gpu(name), DATA_SHEET[name]
@@ -136,8 +154,10 @@ def test_a_new_gpu_files_rates_match_the_figures_it_cites(name):
     if cited["fp32_tflops"] is not None:
         fp32 = g.n_sms * g.cuda_flops_per_clock_per_sm * cited.get("fp32_mhz", cited["rated_mhz"]) * 1e6 / 1e12
         assert fp32 == pytest.approx(cited["fp32_tflops"], rel=0.02)
-    # The memory clock as nvidia-smi lists it: HBM and GDDR both move 2 bits per pin per listed clock.
-    assert g.max_mem_clock_mhz * 2 * cited["bus_bits"] / 8 / 1e3 == pytest.approx(g.mem_bandwidth_gbs, rel=0.01)
+    # The memory clock as nvidia-smi lists it: HBM and GDDR both move 2 bits per pin per listed clock (AMD SMI's
+    # MCLK on HBM3: 4).
+    bits = cited.get("bits_per_pin_per_clock", 2)
+    assert g.max_mem_clock_mhz * bits * cited["bus_bits"] / 8 / 1e3 == pytest.approx(g.mem_bandwidth_gbs, rel=0.01)
     assert g.mem_bandwidth_gbs == pytest.approx(cited["bandwidth_gbs"], rel=0.025)
     assert g.tensor_peak_flops >= bf16 * 1e12  # rated at or below the highest SM clock
 
