@@ -99,6 +99,28 @@ def test_spec_matches_search_spaces_and_reads_clocks_and_caps_from_the_device(fa
         open_amd_devices()[0].spec()
 
 
+@pytest.mark.parametrize("market_name, file, cus, gfx_mhz, mem_mhz", [
+    ("AMD Instinct MI300X", "mi300x", 304, (500, 1300, 2100), (900, 1300)),
+    ("AMD Instinct MI250X/MI250", "mi250x", 110, (500, 1700), (400, 1600)),
+])
+def test_the_shipped_amd_files_are_found_by_their_market_names(fake, monkeypatch, market_name, file, cus, gfx_mhz,
+                                                               mem_mhz):
+    """With the shipped search_spaces/, an MI300X or an MI250X die as AMD SMI names it opens with its own file, the
+    device's clock range and memory levels replacing the file's."""
+    from freqopt.gpu.specs import get_gpu
+
+    monkeypatch.delenv("FREQOPT_SEARCH_SPACES")
+    get_gpu.cache_clear()
+    g = fake.gpus[0]
+    g.name, g.gfx_levels_mhz, g.mem_levels_mhz = market_name, gfx_mhz, mem_mhz
+    g.power_cap_range_uw, g.power_cap_default_uw = (100_000_000, 750_000_000), 750_000_000
+    spec = open_amd_devices()[0].spec()
+    assert spec.name == file and spec.n_sms == cus and not spec.nvml_names
+    assert (spec.sm_clocks_mhz[0], spec.sm_clocks_mhz[-1]) == (gfx_mhz[0], gfx_mhz[-1])
+    assert spec.mem_clocks_mhz == mem_mhz and spec.power_limit_max_w == 750
+    assert get_gpu(file).provenance["power"].startswith("carried from ")
+
+
 def test_energy_counter_is_read_in_joules_and_moves_only_at_its_period(fake):
     device = open_amd_devices()[0]
     g = fake.gpus[0]
@@ -355,3 +377,36 @@ def test_cli_search_runs_end_to_end_on_the_amd_backend_and_restores(fake, tmp_pa
     g = fake.gpus[0]
     assert (g.gfx_range_mhz, g.power_cap_uw, g.perf_level) == (None, 700_000_000, 0)  # ... and put them back
     assert not any(state_dir().glob("*.json"))
+
+
+def test_energy_monitor_reads_amd_gpus_through_amd_smi_read_only(fake):
+    """EnergyMonitor(backend="amdsmi"): a window's energy is the AMD SMI accumulator's difference; a die that reports
+    neither energy nor power (an MI250X's second: the first reports the package's) is refused in one line that says
+    to leave it out; nothing is ever set."""
+    from freqopt.measure.monitor import COUNTER, EnergyMonitor
+
+    monitor = EnergyMonitor(backend="amdsmi", cpu=False, sync=False, energy_counter_period_s=1e-6)
+    assert monitor.gpu_indices == (0, 1) and monitor.gpu_names[0] == NAME
+    assert monitor.gpu_energy_sources == {0: COUNTER, 1: COUNTER}
+    monitor.begin_window("step")
+    fake.gpus[0].advance(1.0)  # 400 W for 1 s of the stand-in's time
+    fake.gpus[1].advance(0.5)
+    m = monitor.end_window("step")
+    assert m.gpu_energy_j[0] == pytest.approx(400.0, rel=0.01)
+    assert m.gpu_energy_j[1] == pytest.approx(200.0, rel=0.01)
+    fake.gpus[1].energy_counter = False
+    with pytest.raises(NVMLError, match=r"GPU 1 .* neither an energy counter \(amdsmi_get_energy_count\) nor a power "
+                                        r"reading \(amdsmi_get_power_info\); leave it out"):  # fmt: skip
+        EnergyMonitor(backend="amdsmi", cpu=False)
+    assert EnergyMonitor([0], backend="amdsmi", cpu=False).gpu_indices == (0,)
+    assert fake.set_calls() == []
+    with pytest.raises(InvalidSettingError, match="backend must be one of 'nvml', 'amdsmi'"):
+        EnergyMonitor(backend="rocm", cpu=False)
+
+
+def test_freqopt_measure_with_the_amd_backend(fake, capsys):
+    from freqopt.cli import main
+
+    code = main(["measure", "--backend", "amdsmi", "--gpus", "0", "--", sys.executable, "-c", "pass"])
+    err = capsys.readouterr().err
+    assert code == 0 and f"GPU 0 ({NAME})" in err and ("AMD SMI energy counter" in err or "power x time" in err)

@@ -70,6 +70,8 @@ users = ["someone-else-entirely"]
 class Node:
     """A stand-in node: two GPUs (GPU-a at index 0, GPU-b at 1), a policy, and freqoptd serving them."""
 
+    daemon_script = DAEMON  # the daemon's process, formatted with tests, gpu_file, log and policy
+
     def __init__(self, folder: Path, mode: str = "0600", gpus: list[FakeGPU] | None = None):
         self.folder = folder
         self.gpu_file, self.log = folder / "gpus.json", folder / "set-calls.jsonl"
@@ -82,8 +84,8 @@ class Node:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        script = DAEMON.format(tests=str(TESTS), gpu_file=str(self.gpu_file), log=str(self.log),
-                               policy=str(self.policy))  # fmt: skip
+        script = self.daemon_script.format(tests=str(TESTS), gpu_file=str(self.gpu_file), log=str(self.log),
+                                           policy=str(self.policy))  # fmt: skip
         self.process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while True:
@@ -480,3 +482,122 @@ def test_freqopt_train_on_nvml_runs_through_the_daemon_without_root(tmp_path):
         assert not list((tmp_path / "user-state").glob("*.json"))
     finally:
         node.stop()
+
+
+# -- AMD GPUs: the daemon's amdsmi backend on the stand-in AMD SMI (tests/fake_amdsmi.py) ---------------------------
+AMD_DAEMON = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    from fake_amdsmi import SETTERS, FakeAMDSMI
+    fake = FakeAMDSMI.load({gpu_file!r}, persist={gpu_file!r})
+    module = fake.module()
+    for name in SETTERS:
+        def logged(*args, _fn=getattr(module, name), _name=name):
+            with open({log!r}, "a") as f:
+                f.write(json.dumps([_name, *map(str, args[1:])]) + "\\n")
+            return _fn(*args)
+        setattr(module, name, logged)
+    sys.modules["amdsmi"] = module
+    from freqopt.daemon.cli import main
+    sys.exit(main(["--policy", {policy!r}]))
+""")
+
+AMD_POLICY = """
+[daemon]
+socket = "{socket}"
+socket_mode = "0600"
+state_dir = "{state}"
+backend = "amdsmi"
+
+[[gpus]]
+match = "*"
+users = ["{me}"]
+sm_clock_mhz = [900, 2100]
+power_limit_w = [300, 700]
+"""
+
+AMD_CLIENT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from fake_amdsmi import FakeAMDSMI
+    fake = FakeAMDSMI.load({gpu_file!r})
+    fake.root = False  # this user is not root: AMD SMI refuses its set calls
+    sys.modules["amdsmi"] = fake.module()
+    from freqopt.gpu.amdsmi import AMDSMIDaemonDevice, open_amd_devices
+    from freqopt.gpu.nvml import GPUStateGuard
+    device = open_amd_devices(daemon={socket!r})[0]
+    assert isinstance(device, AMDSMIDaemonDevice)
+    GPUStateGuard(device).before_change()
+    device.lock_sm_clock(1234)  # any MHz in the GFX range: AMD GPUs hold a range, not a list of clocks
+    device.set_power_limit_w(400)
+    print("set", device.last_call[1] >= 0, flush=True)
+    time.sleep(120)
+""")
+
+
+class AMDNode(Node):
+    """A stand-in node of two AMD GPUs (UUIDs 0a-0 and 0b-0) and freqoptd serving them through AMD SMI."""
+
+    daemon_script = AMD_DAEMON
+
+    def __init__(self, folder: Path):
+        from fake_amdsmi import FakeAMDGPU, FakeAMDSMI
+
+        self.folder = folder
+        self.gpu_file, self.log = folder / "gpus.json", folder / "set-calls.jsonl"
+        self.socket, self.state = folder / "freqoptd.sock", folder / "daemon-state"
+        FakeAMDSMI(gpus=[FakeAMDGPU(uuid="0a-0", power_cap_uw=600_000_000),
+                         FakeAMDGPU(uuid="0b-0", power_cap_uw=600_000_000)], root=True).save(self.gpu_file)  # fmt: skip
+        self.policy = folder / "policy.toml"
+        self.policy.write_text(AMD_POLICY.format(socket=self.socket, state=self.state, me=ME))
+        self.process = None
+
+    def gpu(self, index: int = 0) -> tuple:
+        """(GFX range held or None for the whole range, power cap uW, performance level) of the stand-in GPU now."""
+        g = json.loads(self.gpu_file.read_text())["gpus"][index]
+        whole = (g["gfx_levels_mhz"][0], g["gfx_levels_mhz"][-1])
+        held = None if g["gfx_range_mhz"] is None or tuple(g["gfx_range_mhz"]) == whole else tuple(g["gfx_range_mhz"])
+        return held, g["power_cap_uw"], g["perf_level"]
+
+
+def test_the_daemon_serves_amd_gpus_and_puts_one_back_when_its_client_is_sigkilled(tmp_path):
+    node = AMDNode(tmp_path)
+    node.start()
+    try:
+        script = AMD_CLIENT.format(tests=str(TESTS), gpu_file=str(node.gpu_file), socket=str(node.socket))
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)  # fmt: skip
+        try:
+            assert child.stdout.readline() == "set True\n", child.stderr.read()
+            assert node.gpu() == ((1234, 1234), 400_000_000, 3)  # held: the manual performance level
+        finally:
+            child.kill()
+            child.wait()
+        took = _wait_for(lambda: node.gpu() == (None, 600_000_000, 0) and not list(node.state.glob("gpu-*.json")),
+                         5.0)  # fmt: skip
+        assert took < 1.0
+        # Nothing outside the policy or the GPU's range reaches AMD SMI.
+        before = node.set_calls()
+        client = DaemonClient(str(node.socket))
+        for args, kind, words in [(("lock_sm_clock", 850), "policy", "SM clocks below 900 MHz are not allowed"),
+                                  (("lock_sm_clock", 2200), "invalid", "holds SM clocks from 500 to 2100 MHz"),
+                                  (("set_power_limit_w", 720), "policy", "power limits above 700 W"),
+                                  (("lock_mem_clock", 1300), "policy", "memory clocks may not be changed")]:
+            with pytest.raises(DaemonRefusedError, match=words) as refused:
+                _set(client, "0a-0", *args)
+            assert refused.value.kind == kind
+        assert node.set_calls() == before
+        assert node.gpu(1) == (None, 600_000_000, 0)  # the other GPU never touched
+        client.close()
+    finally:
+        node.stop()
+
+
+def test_a_policy_names_the_amd_backend_and_amd_uuids():
+    policy = parse_policy('[daemon]\nbackend = "amdsmi"\n[[gpus]]\nmatch = "00ff74a1-0000-1000-8000-000000000000"\n'
+                          'users = ["a"]\n')  # fmt: skip
+    assert policy.backend == "amdsmi" and policy.rules[0].match.startswith("00ff74a1")
+    with pytest.raises(InvalidSettingError, match=r'backend must be "nvml" \(NVIDIA GPUs\) or "amdsmi"'):
+        parse_policy('[daemon]\nbackend = "rocm"\n')
+    with pytest.raises(InvalidSettingError, match="match must be"):  # an AMD UUID means nothing to NVML's daemon
+        parse_policy('[[gpus]]\nmatch = "00ff74a1-0000"\nusers = ["a"]\n')

@@ -196,6 +196,38 @@ def test_unchanged_settings_make_no_set_call():
     assert worker.backend.calls == [ClockSetting(1200, 2619)] and worker.n_superseded == 1
 
 
+def test_switches_slower_than_the_plan_assumed_are_reported_and_warned_about():
+    """Each switch is timed: a set call that blocks 50 ms against the plan's 6 ms switch latency is reported late,
+    with an ActuationWarning at exit; a set call that takes no time is not."""
+    from freqopt.apply.runtime import ActuationWarning
+
+    trace = trace_training_iteration(WIDE)
+    model = build_model(TINY, device="cpu", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    slow = SlowSetGPU(H100, noise=False, set_s=0.05)
+    with pytest.warns(ActuationWarning, match=r"switches took a median \d+\.\d ms .* longer than the 6 ms"):
+        with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=slow, trace=trace,
+                         check_trace=False) as runtime:  # fmt: skip
+            train_steps(model, optimizer, steps=3)
+    report = runtime.actuation()
+    assert report["n_switches"] == runtime._worker.n_applied >= 3 and report["late"]
+    assert report["median_switch_s"] >= 0.05 and report["assumed_switch_s"] == pytest.approx(0.006)
+    assert report["daemon_median_latency_s"] is None  # not set through freqoptd
+    fast = SlowSetGPU(H100, noise=False, set_s=0.0)
+    with DVFSRuntime(model, optimizer, table=pass_table(1500, 1200), backend=fast, trace=trace,
+                     check_trace=False) as runtime:  # fmt: skip
+        train_steps(model, optimizer, steps=3)
+    assert not runtime.actuation()["late"]
+    # Set through freqoptd, the worker keeps the daemon's own timing of each switch's last call.
+    through_daemon = SlowSetGPU(H100, noise=False, set_s=0.0)
+    through_daemon.device = type("DaemonSet", (), {"last_call": (0.002, 0.015)})()
+    worker = ClockWorker(through_daemon)
+    for item in [(None, ClockSetting(1500, 2619)), _STOP]:
+        worker.requests.put(item)
+    worker.run()
+    assert worker.daemon_calls == [(0.002, 0.015)] and len(worker.switch_s) == 1
+
+
 def test_each_request_is_enqueued_one_switch_latency_ahead_of_its_phase():
     """On an H100 (6 ms switches; WIDE's iteration is 22 ms, its forward 8 ms, backward 11 ms) the runtime asks
     for each run's setting at the last phase boundary at least 6 ms of kernel time before the run, computed here

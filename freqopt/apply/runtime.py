@@ -26,6 +26,12 @@ ml-energy/zeus#29). An error in a set call is raised in the training thread at i
 error or signal the queue is drained, the worker stopped and the backend restores the GPU
 (freqopt.gpu.nvml.GPUStateGuard).
 
+The worker times every switch it makes (the backend's set calls, wall clock) and, where the GPU's set calls go
+through freqoptd, keeps what the daemon timed for the last call of each (its queue wait and the call itself on the
+GPU's worker). ``DVFSRuntime.actuation()`` reports them beside the switch latency the plan assumed (the GPU file's
+``clock_switch_ms``), and the runtime warns at exit (ActuationWarning) where the median switch took longer: the
+plan's requests then land late, and a table found with the measured latency is the one to apply.
+
 On the simulated backend there is no GPU to switch: the worker applies each setting to the simulated GPU, which
 only records it (``SimulatedGPU.applied``), and ``step_measurement()`` measures the traced iteration with the
 settings the runtime actually asked for, switch latency included, so a table's realizable savings can be measured
@@ -35,7 +41,9 @@ without a GPU; it is what a search's validation measures for the same table (fre
 from __future__ import annotations
 
 import queue
+import statistics
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -51,7 +59,14 @@ from freqopt.search.schedule import requested_per_phase
 from freqopt.tables import ClockTable
 from freqopt.apply.transfer import transfer_table
 
-__all__ = ["PhasePlan", "DVFSRuntime", "plan_phases"]
+__all__ = ["PhasePlan", "DVFSRuntime", "plan_phases", "ActuationWarning"]
+
+# Switches a runtime must have made before its measured latency is set against the plan's (fewer: no warning).
+MIN_SWITCHES_TO_JUDGE = 3
+
+
+class ActuationWarning(UserWarning):
+    """The runtime's switches took longer than the switch latency its plan assumed (DVFSRuntime.actuation)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,9 @@ class ClockWorker:
         applied: the setting last applied (None: not known yet).
         n_applied, n_skipped, n_superseded: set calls made; requests skipped as the setting held already; requests
             superseded by a later one the GPU had reached before the earlier was applied.
+        switch_s: the wall time of each switch applied (the backend's set calls), s.
+        daemon_calls: per switch whose set calls went through freqoptd, (queued_s, latency_s) of its last call as
+            the daemon timed it (freqopt.gpu.nvml.DaemonSetCalls.last_call).
         error: the first error a set call raised, for the training thread to raise.
     """
 
@@ -142,6 +160,8 @@ class ClockWorker:
     n_applied: int = 0
     n_skipped: int = 0
     n_superseded: int = 0
+    switch_s: list = field(default_factory=list)
+    daemon_calls: list = field(default_factory=list)
     error: BaseException | None = None
 
     def run(self) -> None:
@@ -171,7 +191,12 @@ class ClockWorker:
                 if setting == self.applied:
                     self.n_skipped += 1
                     continue
+                started = time.monotonic()
                 self.backend.apply(setting)
+                self.switch_s.append(time.monotonic() - started)
+                last_call = getattr(getattr(self.backend, "device", None), "last_call", None)
+                if last_call is not None:
+                    self.daemon_calls.append(tuple(last_call))
                 self.applied = setting
                 self.n_applied += 1
             except BaseException as e:  # surfaced to the training thread at the next boundary
@@ -282,6 +307,25 @@ class DVFSRuntime:
         """The optimizer phase begins (called by the optimizer's step pre-hook, or by hand)."""
         self._on_mark(STEP_MARK)
 
+    def actuation(self) -> dict:
+        """How long this runtime's switches took, against what its plan assumed.
+
+        Returns:
+            {"n_switches", "median_switch_s", "max_switch_s" (wall time of the backend's set calls per switch; None
+            before the first), "daemon_median_latency_s", "daemon_median_queued_s" (freqoptd's own timing of the
+            last call of each switch, where the GPU is set through it, else None), "assumed_switch_s" (the GPU
+            file's clock_switch_ms, which the plan's look-ahead used, s), "late" (the median switch took longer,
+            judged after MIN_SWITCHES_TO_JUDGE switches)}.
+        """
+        switch_s, daemon = list(self._worker.switch_s), list(self._worker.daemon_calls)
+        assumed = self.backend.spec.clock_switch_s
+        median = statistics.median(switch_s) if switch_s else None
+        return {"n_switches": len(switch_s), "median_switch_s": median, "max_switch_s": max(switch_s, default=None),
+                "daemon_median_latency_s": statistics.median(c[1] for c in daemon) if daemon else None,
+                "daemon_median_queued_s": statistics.median(c[0] for c in daemon) if daemon else None,
+                "assumed_switch_s": assumed,
+                "late": len(switch_s) >= MIN_SWITCHES_TO_JUDGE and median > assumed}  # fmt: skip
+
     def step_measurement(self) -> Measurement:
         """The simulated iteration with the settings this runtime requested in the last step, switch latency
         included (simulated backend only).
@@ -316,3 +360,10 @@ class DVFSRuntime:
         stop_clock_worker(self._worker, self._thread)
         self._warnings.__exit__(*exc)
         self.backend.close()
+        report = self.actuation()
+        if report["late"]:
+            warnings.warn(f"the runtime's {report['n_switches']} switches took a median "
+                          f"{report['median_switch_s'] * 1e3:.1f} ms (max {report['max_switch_s'] * 1e3:.1f} ms), "
+                          f"longer than the {report['assumed_switch_s'] * 1e3:g} ms switch latency its plan assumed "
+                          "(the GPU file's clock_switch_ms), so its switches landed late; search again on a GPU file "
+                          "whose clock_switch_ms is what was measured here", ActuationWarning, stacklevel=2)  # fmt: skip

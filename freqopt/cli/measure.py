@@ -17,9 +17,11 @@ from freqopt.cli import check_json_path, cli, write_json
 @click.option("--gpus", default=None,
               help="GPUs to measure, by index (CUDA_VISIBLE_DEVICES order), e.g. 0,1; none: time and CPU energy "
                    "only, without NVML; default: every visible GPU.")  # fmt: skip
+@click.option("--backend", default="nvml", show_default=True,
+              help="The GPUs' library: nvml (NVIDIA) or amdsmi (AMD GPUs, HIP_VISIBLE_DEVICES order).")
 @click.option("--json", "json_path", default=None, help="Also write the measurement as JSON to this file.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def measure(gpus, json_path, command) -> None:
+def measure(gpus, backend, json_path, command) -> None:
     """Run COMMAND (after --) and measure it: wall-clock time, each GPU's energy (NVML's energy counter, or its
     power sampled where it has none), and each CPU package's and its DRAM's energy where Linux's RAPL counters are
     readable (/sys/class/powercap). Each figure is a whole device over every process on it, not COMMAND alone: an
@@ -33,7 +35,7 @@ def measure(gpus, json_path, command) -> None:
 
     check_json_path(json_path)
     with _warnings_as_lines():
-        run = measure_command(list(command), gpu_indices=gpus)
+        run = measure_command(list(command), gpu_indices=gpus, backend=backend)
     _render(run)
     if run.interrupted:
         click.echo(f"freqopt: the command was interrupted (signal {', '.join(map(str, run.interrupted))}); measured "
@@ -67,12 +69,12 @@ def _warnings_as_lines():
         yield
 
 
-def _gpu_covers(source: str) -> str:
+def _gpu_covers(source: str, backend: str = "nvml") -> str:
     from freqopt.measure.monitor import POWER_SAMPLE_PERIOD_S, POWER_SAMPLES, POWER_X_TIME
 
     how = {POWER_SAMPLES: f"no energy counter: power sampled every {POWER_SAMPLE_PERIOD_S:g} s, trapezoid rule",
            POWER_X_TIME: "power x time: the run was shorter than the energy counter's update period"}.get(
-               source, "NVML energy counter")  # fmt: skip
+               source, "AMD SMI energy counter" if backend == "amdsmi" else "NVML energy counter")  # fmt: skip
     return f"the whole board, every process on it ({how})"
 
 
@@ -94,7 +96,7 @@ def _render(run) -> None:
     table.add_row("time", f"{m.time_s:,.3f} s", "wall clock, from start to exit")
     for i, energy in m.gpu_energy_j.items():
         table.add_row(f"GPU {i} ({run.gpu_names.get(i, '?')})", f"{energy:,.1f} J",
-                      _gpu_covers(m.gpu_energy_source.get(i, "")))  # fmt: skip
+                      _gpu_covers(m.gpu_energy_source.get(i, ""), run.backend))  # fmt: skip
     if len(m.gpu_energy_j) > 1:
         table.add_row("GPUs together", f"{m.gpu_total_energy_j:,.1f} J",
                       "every GPU above, idle ones too (--gpus measures fewer)")  # fmt: skip

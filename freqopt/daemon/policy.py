@@ -11,9 +11,10 @@ A TOML file the administrator writes (``freqoptd --check-policy FILE`` checks on
     state_dir = "/var/lib/freqoptd"          # what each GPU had before a change, for a restarted daemon
     # tcp = "127.0.0.1:4938"                 # optional: also listen on TCP, for containers without the socket
     # tcp_user = "containers"                # the user every TCP client counts as (TCP carries no credentials)
+    # backend = "amdsmi"                     # the GPUs' library: "nvml" (NVIDIA, the default) or "amdsmi" (AMD)
 
     [[gpus]]
-    match = "*"                              # "*", an NVML index ("0") or a UUID ("GPU-...")
+    match = "*"                              # "*", an index ("0") or a UUID ("GPU-..."; AMD SMI's as it prints it)
     users = ["alice"]                        # who may set it: user names and
     groups = ["ml"]                          # group names (primary or supplementary)
     sm_clock_mhz = [900, 1980]               # optional: the locked SM clocks allowed, MHz, inclusive
@@ -40,7 +41,8 @@ from freqopt.gpu.search_spaces import tomllib  # the standard library's, or toml
 
 __all__ = ["GPURule", "Policy", "Client", "parse_policy", "load_policy", "DEFAULT_SOCKET"]
 
-_DAEMON_KEYS = {"socket", "socket_mode", "socket_group", "state_dir", "tcp", "tcp_user"}
+_DAEMON_KEYS = {"socket", "socket_mode", "socket_group", "state_dir", "tcp", "tcp_user", "backend"}
+BACKENDS = ("nvml", "amdsmi")  # the GPU libraries the daemon can serve through
 _RULE_KEYS = {"match", "users", "groups", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w", "mem_clock_changes"}
 DEFAULT_SOCKET = "/run/freqoptd/freqoptd.sock"
 DEFAULT_STATE_DIR = "/var/lib/freqoptd"
@@ -140,6 +142,7 @@ class Policy:
         state_dir: where the daemon records what each GPU had before a change.
         tcp: ``host:port`` to listen on as well, or None; tcp_user: whom TCP clients count as.
         rules: the ``[[gpus]]`` rules, in file order.
+        backend: the GPUs' library, "nvml" (NVIDIA) or "amdsmi" (AMD GPUs through AMD SMI).
     """
 
     source: str
@@ -150,6 +153,7 @@ class Policy:
     tcp: tuple[str, int] | None = None
     tcp_user: str | None = None
     rules: tuple[GPURule, ...] = field(default_factory=tuple)
+    backend: str = "nvml"
 
     def rule_for(self, index: int, uuid: str) -> GPURule | None:
         """The rule of the GPU at NVML index ``index`` with ``uuid``: by UUID, else by index, else ``"*"``."""
@@ -191,9 +195,13 @@ def parse_policy(text: str, source: str = "<text>") -> Policy:
     if unknown:
         raise InvalidSettingError(f"{source}: [daemon] has unknown key {sorted(unknown)[0]!r}; known: "
                                   f"{', '.join(sorted(_DAEMON_KEYS))}")  # fmt: skip
-    for key in ("socket", "socket_group", "state_dir", "tcp", "tcp_user"):
+    for key in ("socket", "socket_group", "state_dir", "tcp", "tcp_user", "backend"):
         if key in daemon and not (isinstance(daemon[key], str) and daemon[key]):
             raise InvalidSettingError(f"{source}: [daemon] {key} must be a non-empty string")
+    backend = daemon.get("backend", "nvml")
+    if backend not in BACKENDS:
+        raise InvalidSettingError(f"{source}: [daemon] backend must be \"nvml\" (NVIDIA GPUs) or \"amdsmi\" (AMD "
+                                  f"GPUs), not {backend!r}")  # fmt: skip
     mode_text = daemon.get("socket_mode", "0660")
     try:
         mode = int(mode_text, 8) if isinstance(mode_text, str) else None
@@ -225,9 +233,10 @@ def parse_policy(text: str, source: str = "<text>") -> Policy:
             raise InvalidSettingError(f"{where} has unknown key {sorted(unknown)[0]!r}; known: "
                                       f"{', '.join(sorted(_RULE_KEYS))}")  # fmt: skip
         match = entry.get("match")
-        if not isinstance(match, str) or not (match == "*" or match.isdigit() or match.startswith(("GPU-", "MIG-"))):
-            raise InvalidSettingError(f"{where}: match must be \"*\", an NVML index like \"0\" or a UUID like "
-                                      f"\"GPU-...\", not {match!r}")  # fmt: skip
+        if not isinstance(match, str) or not (match == "*" or match.isdigit() or match.startswith(("GPU-", "MIG-"))
+                                              or (backend == "amdsmi" and _is_amd_uuid(match))):
+            raise InvalidSettingError(f"{where}: match must be \"*\", an index like \"0\" or a UUID like "
+                                      f"\"GPU-...\" (AMD SMI's: hexadecimal groups), not {match!r}")  # fmt: skip
         where = f"{source}: [[gpus]] match = {match!r}"
         if any(r.match == match for r in rules):
             raise InvalidSettingError(f"{where} is given twice; merge the two rules")
@@ -243,7 +252,14 @@ def parse_policy(text: str, source: str = "<text>") -> Policy:
                              _range(where, "mem_clock_mhz", entry.get("mem_clock_mhz")),
                              _range(where, "power_limit_w", entry.get("power_limit_w")), changes))  # fmt: skip
     return Policy(source, daemon.get("socket", DEFAULT_SOCKET), mode, daemon.get("socket_group"),
-                  daemon.get("state_dir", DEFAULT_STATE_DIR), tcp, daemon.get("tcp_user"), tuple(rules))  # fmt: skip
+                  daemon.get("state_dir", DEFAULT_STATE_DIR), tcp, daemon.get("tcp_user"), tuple(rules),
+                  backend)  # fmt: skip
+
+
+def _is_amd_uuid(text: str) -> bool:
+    """An AMD SMI device UUID as amdsmi_get_gpu_device_uuid gives it: hexadecimal groups joined by dashes."""
+    groups = text.split("-")
+    return len(groups) >= 2 and all(g and all(c in "0123456789abcdefABCDEF" for c in g) for g in groups)
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -1,4 +1,4 @@
-"""freqoptd, the daemon that alone holds a node's NVML set calls, so that users without root can set the GPUs the
+"""freqoptd, the daemon that alone holds a node's NVML (or, for AMD GPUs, AMD SMI) set calls, so that users without root can set the GPUs the
 policy lets them set (freqopt.daemon.policy), and every GPU goes back to what the daemon found when its client is gone.
 
 The protocol: one JSON object per line each way over a Unix stream socket (or TCP, where the policy opens it), each
@@ -104,7 +104,10 @@ class _GPU:
         self.owner: _Session | None = None
         mem = device.supported_mem_clocks_mhz()
         self.mem_clocks_mhz = set(mem)
-        self.sm_clocks_mhz = set().union(*(device.supported_sm_clocks_mhz(m) for m in mem)) if mem else set()
+        # An AMD GPU holds any MHz between its lowest and highest GFX level (freqopt.gpu.amdsmi): a range, not a list.
+        self.sm_clock_range_mhz = device.sm_clock_range_mhz() if hasattr(device, "sm_clock_range_mhz") else None
+        self.sm_clocks_mhz = (set() if self.sm_clock_range_mhz is not None or not mem
+                              else set().union(*(device.supported_sm_clocks_mhz(m) for m in mem)))  # fmt: skip
         self.power_limit_range_w = device.power_limit_constraints_w()
         self.power_limit_default_w = device.power_limit_default_w()
 
@@ -157,7 +160,12 @@ class _GPU:
 
     def _sm_clock(self, value, who: str) -> int:
         mhz = _clock(value, "the SM clock")
-        if mhz not in self.sm_clocks_mhz:
+        if self.sm_clock_range_mhz is not None:
+            lo, hi = self.sm_clock_range_mhz
+            if not lo <= mhz <= hi:
+                raise Refused("invalid", f"{self.label} ({self.device.name}) holds SM clocks from {lo} to {hi} MHz, "
+                                         f"not {mhz} MHz")  # fmt: skip
+        elif mhz not in self.sm_clocks_mhz:
             near = min(self.sm_clocks_mhz, key=lambda f: abs(f - mhz)) if self.sm_clocks_mhz else None
             raise Refused("invalid", f"{self.label} ({self.device.name}) does not support SM clock {mhz} MHz"
                                      + (f"; the nearest it supports is {near} MHz" if near is not None else ""))
@@ -209,7 +217,8 @@ class Daemon:
 
     Args:
         policy: the parsed policy (freqopt.daemon.policy.load_policy).
-        devices: the GPUs to serve; default every GPU NVML sees (not CUDA_VISIBLE_DEVICES': the node's).
+        devices: the GPUs to serve; default every GPU the policy's backend sees: NVML's (not
+            CUDA_VISIBLE_DEVICES': the node's), or AMD SMI's where it says ``backend = "amdsmi"``.
         socket_path: the Unix socket's path, in place of the policy's.
 
     Use ``serve()`` (blocks until SIGTERM, SIGINT or SIGHUP), or ``start()`` and ``stop()``.
@@ -237,7 +246,7 @@ class Daemon:
             InvalidSettingError: the socket's path is taken by another running daemon, or is not a socket.
             NVMLError: NVML fails. GPUPermissionError: restoring what a predecessor left needs root.
         """
-        devices = self._devices if self._devices is not None else _all_devices()
+        devices = self._devices if self._devices is not None else _all_devices(self.policy.backend)
         restored = reset_from_state_files(devices, folder=self.state_dir)  # what a killed predecessor left
         self.restored_at_start = restored
         for device in devices:
@@ -433,8 +442,13 @@ class Daemon:
         return {"queued_s": queued_s, "latency_s": latency_s}
 
 
-def _all_devices() -> list[NVMLDevice]:
-    """Every GPU NVML sees on the node, by NVML index."""
+def _all_devices(backend: str = "nvml") -> list[NVMLDevice]:
+    """Every GPU the backend's library sees on the node, by its index: NVML's, or AMD SMI's ("amdsmi")."""
+    if backend == "amdsmi":
+        from freqopt.gpu.amdsmi import amd_device_count, open_amd_devices
+
+        count = amd_device_count()
+        return open_amd_devices(visible=",".join(str(i) for i in range(count)), daemon="") if count else []
     count = device_count()
     return open_devices(visible=",".join(str(i) for i in range(count)), daemon="") if count else []
 

@@ -26,6 +26,10 @@ InvalidSettingError, AMDSMI_STATUS_DRIVER_NOT_LOADED (34) and AMDSMI_STATUS_INIT
 naming the simulator, anything else AMDSMIError. Visibility: HIP_VISIBLE_DEVICES, else ROCR_VISIBLE_DEVICES, else
 CUDA_VISIBLE_DEVICES (which ROCm's HIP also honours), as indices or UUIDs.
 
+Where users have no root, freqoptd (freqopt.daemon, its policy's ``backend = "amdsmi"``) makes the set calls:
+``open_amd_devices`` returns AMDSMIDaemonDevices, whose set calls go to it and whose reads stay here, where
+$FREQOPT_DAEMON names its socket.
+
 On an MI250X each graphics compute die (GCD) is one GPU to software, and AMD SMI reports power and energy for the
 package on the even one only (Zeus's AMD backend says so too): the odd die's counter raises AMDSMINotSupportedError.
 """
@@ -35,9 +39,10 @@ from __future__ import annotations
 import os
 
 from freqopt.errors import GPUPermissionError, InvalidSettingError, UnknownNameError
-from freqopt.gpu.nvml import READ_ONLY_HINT, NVMLError, NVMLNotSupportedError
+from freqopt.gpu.nvml import READ_ONLY_HINT, DaemonSetCalls, NVMLError, NVMLNotSupportedError
 
-__all__ = ["AMDSMIError", "AMDSMINotSupportedError", "AMDSMIDevice", "open_amd_devices", "visible_amd_devices"]
+__all__ = ["AMDSMIError", "AMDSMINotSupportedError", "AMDSMIDevice", "AMDSMIDaemonDevice", "open_amd_devices",
+           "visible_amd_devices", "amd_device_count"]
 
 STATUS_INVAL, STATUS_NOT_SUPPORTED, STATUS_INIT_ERROR, STATUS_NO_PERM, STATUS_DRIVER_NOT_LOADED = 1, 2, 18, 10, 34
 
@@ -255,16 +260,44 @@ def visible_amd_devices() -> str | None:
     return None
 
 
-def open_amd_devices(*, read_only: bool = False, visible: str | None = None) -> list[AMDSMIDevice]:
+class AMDSMIDaemonDevice(DaemonSetCalls, AMDSMIDevice):
+    """An AMD GPU whose set calls go to freqoptd and whose reads go to AMD SMI in this process (DaemonSetCalls:
+    the daemon's refusals as GPUPermissionError, InvalidSettingError, NVMLNotSupportedError or NVMLError)."""
+
+    def __init__(self, handle, index: int, client):
+        AMDSMIDevice.__init__(self, handle, index)
+        self._attach(client)
+
+    def set_applications_clocks(self, sm_clock_mhz: int, mem_clock_mhz: int) -> None:
+        raise AMDSMINotSupportedError("AMD GPUs have no application clocks")
+
+
+def amd_device_count() -> int:
+    """How many GPUs AMD SMI sees on the machine, whatever the visibility variables say.
+
+    Raises:
+        AMDSMIError: no AMD SMI or driver.
+    """
+    smi = _amdsmi()
+    _call("amdsmi_init", smi.amdsmi_init)
+    return len(list(_call("amdsmi_get_processor_handles", smi.amdsmi_get_processor_handles)))
+
+
+def open_amd_devices(*, read_only: bool = False, visible: str | None = None,
+                     daemon: str | None = None) -> list[AMDSMIDevice]:
     """The AMD GPUs this process may use, in visibility order (visible_amd_devices: indices or UUIDs); all of them
     where no list is set.
 
     Args:
         read_only: refuse every set call.
         visible: in place of the environment's list.
+        daemon: freqoptd's socket path (or ``tcp://host:port``) through which to set the GPUs, where the user has
+            no root; None: $FREQOPT_DAEMON; "": set them from this process. Reads stay local either way. Ignored
+            for read-only devices.
 
     Raises:
         AMDSMIError: no AMD SMI or driver, or an entry of the list names no GPU.
+        DaemonError: freqoptd does not answer at ``daemon``.
     """
     smi = _amdsmi()
     _call("amdsmi_init", smi.amdsmi_init)
@@ -285,4 +318,11 @@ def open_amd_devices(*, read_only: bool = False, visible: str | None = None) -> 
             raise AMDSMIError(f"GPU {entry} of the visible devices (HIP_VISIBLE_DEVICES) names no GPU: "
                               f"{len(handles)} are present")  # fmt: skip
         devices.append(AMDSMIDevice(handle, position, read_only=read_only))
+    address = os.environ.get("FREQOPT_DAEMON", "") if daemon is None else daemon
+    if address and not read_only and devices:
+        from freqopt.gpu.daemon_client import DaemonClient
+
+        client = DaemonClient(address)
+        client.hello()  # fails here, before any work, when the daemon does not answer
+        devices = [AMDSMIDaemonDevice(d.handle, d.index, client) for d in devices]
     return devices

@@ -34,7 +34,7 @@ from pathlib import Path
 from freqopt.errors import FreqoptError, GPUPermissionError, InvalidSettingError, UnknownNameError
 
 __all__ = ["NVMLError", "NVMLNotSupportedError", "NVMLDevice", "GPUState", "GPUStateGuard", "open_devices", "state_dir", "reset_from_state_files",
-           "parse_gpu_indices", "READ_ONLY_HINT", "DaemonDevice", "device_count"]
+           "parse_gpu_indices", "READ_ONLY_HINT", "DaemonSetCalls", "DaemonDevice", "device_count"]
 
 READ_ONLY_HINT = "run as root or with CAP_SYS_ADMIN to change clocks, or measure read-only, at the current settings"
 
@@ -234,21 +234,23 @@ class NVMLDevice:
                                    power_limit_default_w=self.power_limit_default_w())  # fmt: skip
 
 
-class DaemonDevice(NVMLDevice):
-    """A GPU whose set calls go to freqoptd (freqopt.daemon; ``client``: freqopt.gpu.daemon_client.DaemonClient),
-    its reads to NVML in this process, which needs no root for them (``open_devices`` makes these where
-    $FREQOPT_DAEMON is set). The daemon's refusals are raised as the NVML layer's own errors, so callers need not
-    know where a set call went: GPUPermissionError (the policy does not allow it, or another client holds the GPU,
-    in the daemon's words), InvalidSettingError (a value the GPU does not support), NVMLNotSupportedError, NVMLError.
+class DaemonSetCalls:
+    """The set calls of a GPU device class routed to freqoptd (freqopt.daemon; ``client``:
+    freqopt.gpu.daemon_client.DaemonClient) in place of the GPU library, its reads left to the library in this
+    process, which needs no root for them. Mixed in before NVMLDevice (DaemonDevice) or AMD SMI's device
+    (freqopt.gpu.amdsmi.AMDSMIDaemonDevice). The daemon's refusals are raised as the NVML layer's own errors, so
+    callers need not know where a set call went: GPUPermissionError (the policy does not allow it, or another client
+    holds the GPU, in the daemon's words), InvalidSettingError (a value the GPU does not support),
+    NVMLNotSupportedError, NVMLError.
 
     Attributes:
         last_call: (queued_s, latency_s) of the last set call as the daemon timed it on the GPU's worker, or None.
     """
 
     via_daemon = True
+    uuid: str
 
-    def __init__(self, handle, index: int, client):
-        super().__init__(handle, index)
+    def _attach(self, client) -> None:
         self.client = client
         self.last_call: tuple[float, float] | None = None
 
@@ -289,6 +291,15 @@ class DaemonDevice(NVMLDevice):
     def release(self) -> None:
         """Ask the daemon to put this GPU back to what it found before this process's first change."""
         self._request({"op": "release", "gpu": self.uuid})
+
+
+class DaemonDevice(DaemonSetCalls, NVMLDevice):
+    """An NVIDIA GPU whose set calls go to freqoptd and whose reads go to NVML in this process (DaemonSetCalls;
+    ``open_devices`` makes these where $FREQOPT_DAEMON is set)."""
+
+    def __init__(self, handle, index: int, client):
+        NVMLDevice.__init__(self, handle, index)
+        self._attach(client)
 
 
 def device_count() -> int:

@@ -35,6 +35,11 @@ Sources:
     even at 500 W).
     Since Linux 5.10 (and the stable kernels patched for CVE-2020-8694, "Platypus") ``energy_uj`` is readable by
     root only; there the CPU and DRAM figures are None and a RAPLWarning says how to open them up.
+    AMD GPUs (``backend="amdsmi"``): AMD SMI's ``amdsmi_get_energy_count`` (``energy_accumulator`` x
+    ``counter_resolution``, uJ) through freqopt.gpu.amdsmi, opened read-only, and ``amdsmi_get_power_info``'s socket
+    power where a GPU has no counter; the period is the ``energy_counter_period_ms`` of the file that lists the GPU's
+    AMD SMI market name (``amdsmi_names``). An MI250X's second die reports neither (its first reports the
+    package's) and is refused: measure the first alone.
     Time: ``time.monotonic()``.
 """
 
@@ -52,6 +57,10 @@ from pathlib import Path
 from freqopt.command import check_command, exit_status, run_command
 from freqopt.errors import InvalidSettingError
 from freqopt.gpu.nvml import NVMLError, NVMLNotSupportedError, open_devices, parse_gpu_indices
+
+# The GPU libraries a monitor reads, and per library its energy counter's and power reading's call (for messages).
+GPU_LIBRARIES = {"nvml": ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage"),
+                 "amdsmi": ("amdsmi_get_energy_count", "amdsmi_get_power_info")}
 
 __all__ = ["EnergyMonitor", "WindowMeasurement", "MeasurementWindow", "CommandMeasurement", "RAPLWarning",
            "ShortWindowWarning", "measure_command", "parse_gpu_indices", "counter_period_s", "POWERCAP_ROOT",
@@ -100,8 +109,8 @@ class ShortWindowWarning(UserWarning):
 
 
 def counter_period_s(gpu_name: str) -> float:
-    """The update period of ``nvmlDeviceGetTotalEnergyConsumption`` on a GPU of this NVML name, s: the
-    ``energy_counter_period_ms`` of the search_spaces/ file whose ``nvml_names`` list it, else
+    """The update period of the energy counter on a GPU of this NVML name or AMD SMI market name, s: the
+    ``energy_counter_period_ms`` of the search_spaces/ file whose ``nvml_names`` or ``amdsmi_names`` list it, else
     DEFAULT_COUNTER_PERIOD_S (0.1 s, assumed as the A100's)."""
     from freqopt.errors import FreqoptError
     from freqopt.gpu.specs import get_gpu, list_gpus
@@ -109,7 +118,7 @@ def counter_period_s(gpu_name: str) -> float:
     try:
         for type_name in list_gpus():
             spec = get_gpu(type_name)
-            if gpu_name in spec.nvml_names:
+            if gpu_name in spec.nvml_names or gpu_name in spec.amdsmi_names:
                 return spec.energy_counter_period_s
     except (FreqoptError, OSError, ValueError):  # an unreadable GPU file: the assumed figure
         pass
@@ -321,7 +330,7 @@ def _cuda_sync(indices: tuple[int, ...]) -> Callable[[], None] | None:
 
 
 class EnergyMonitor:
-    """Measurement windows over GPU energy (NVML), CPU-package and DRAM energy (RAPL) and time.
+    """Measurement windows over GPU energy (NVML or AMD SMI), CPU-package and DRAM energy (RAPL) and time.
 
     Windows are named; any number may be open at once, nested or overlapping, each measured as if it were alone
     (as ZeusMonitor's). The monitor only reads: the GPUs are opened read-only (freqopt.gpu.nvml refuses every set
@@ -359,6 +368,8 @@ class EnergyMonitor:
             open, s (POWER_SAMPLE_PERIOD_S, 0.1 s).
         energy_counter_period_s: the energy counter's update period, s, below which a window is estimated as
             power x time; None: per GPU, from its search_spaces/ file (counter_period_s), else 0.1 s assumed.
+        backend: the GPUs' library: "nvml" (NVIDIA, the default) or "amdsmi" (AMD SMI: AMD GPUs, numbered in
+            HIP_VISIBLE_DEVICES order, freqopt.gpu.amdsmi.visible_amd_devices).
 
     Attributes:
         gpu_indices: the GPUs measured (tuple of indices); gpu_names: index -> the GPU's NVML name.
@@ -369,9 +380,10 @@ class EnergyMonitor:
 
     Raises:
         InvalidSettingError: bad gpu_indices (argument ``gpu_indices``: not indices, or a GPU not visible), a bad
-            ``cpu`` or ``sync`` value, ``cpu=True`` where RAPL cannot be read, or a non-positive rapl_poll_s,
+            ``cpu``, ``sync`` or ``backend`` value, ``cpu=True`` where RAPL cannot be read, or a non-positive rapl_poll_s,
             power_sample_period_s or energy_counter_period_s.
-        NVMLError: GPUs asked for (gpu_indices None or not empty) but NVML is missing or fails, or a GPU has
+        NVMLError: GPUs asked for (gpu_indices None or not empty) but NVML (or AMD SMI: AMDSMIError, an NVMLError)
+            is missing or fails, or a GPU has
             neither an energy counter nor a power reading; the message (about ``gpu_indices``) says to leave it
             out, or to ask for no GPU to measure time and CPU energy only.
     """
@@ -379,7 +391,11 @@ class EnergyMonitor:
     def __init__(self, gpu_indices: Sequence[int] | str | None = None, *, cpu: bool | str = "auto",
                  powercap_root: str | Path | None = None, sync: bool | Callable[[], object] | None = True,
                  rapl_poll_s: float | None = RAPL_POLL_S, power_sample_period_s: float = POWER_SAMPLE_PERIOD_S,
-                 energy_counter_period_s: float | None = None):  # fmt: skip
+                 energy_counter_period_s: float | None = None, backend: str = "nvml"):  # fmt: skip
+        if backend not in GPU_LIBRARIES:
+            raise InvalidSettingError(f"backend must be one of {', '.join(map(repr, GPU_LIBRARIES))} (the GPUs' "
+                                      f"library), not {backend!r}", argument="backend")  # fmt: skip
+        self.backend = backend
         if cpu not in (True, False, "auto"):
             raise InvalidSettingError(f"cpu must be True, False or 'auto', not {cpu!r}", argument="cpu")
         if not (sync is None or isinstance(sync, bool) or callable(sync)):
@@ -395,7 +411,7 @@ class EnergyMonitor:
         wanted = parse_gpu_indices(gpu_indices)
         self.rapl_poll_s, self.power_sample_period_s = rapl_poll_s, power_sample_period_s
         self._lock = threading.Lock()  # one reading at a time: the windows' and the background threads'
-        self._devices, self.gpu_energy_sources = self._open_gpus(wanted)
+        self._devices, self.gpu_energy_sources = self._open_gpus(wanted, backend)
         self.gpu_indices: tuple[int, ...] = tuple(self._devices)
         self.gpu_names: dict[int, str] = {i: d.name for i, d in self._devices.items()}
         self.counter_period_s: dict[int, float] = {
@@ -424,14 +440,21 @@ class EnergyMonitor:
         self._threads: list[tuple[threading.Event, threading.Thread]] = []
 
     @staticmethod
-    def _open_gpus(wanted: list[int] | None) -> tuple[dict, dict[int, str]]:
+    def _open_gpus(wanted: list[int] | None, backend: str = "nvml") -> tuple[dict, dict[int, str]]:
         if wanted == []:
             return {}, {}
+        library = {"nvml": "NVML", "amdsmi": "AMD SMI"}[backend]
+        counter_call, power_call = GPU_LIBRARIES[backend]
         try:
-            devices = open_devices(read_only=True)
+            if backend == "amdsmi":
+                from freqopt.gpu.amdsmi import open_amd_devices
+
+                devices = open_amd_devices(read_only=True)
+            else:
+                devices = open_devices(read_only=True)
         except NVMLError as e:
             cause = e.__cause__ if e.__cause__ is not None and not isinstance(e.__cause__, ImportError) else e
-            raise NVMLError(f"gpu_indices: GPU energy needs NVML, which fails here ({cause}); ask for no GPU (an "
+            raise NVMLError(f"gpu_indices: GPU energy needs {library}, which fails here ({cause}); ask for no GPU (an "
                             "empty list, or none) to measure time and CPU energy only",
                             argument="gpu_indices") from e  # fmt: skip
         if wanted is None:
@@ -454,8 +477,8 @@ class EnergyMonitor:
                 device.power_w()
             except NVMLNotSupportedError as e:
                 raise NVMLError(f"gpu_indices: GPU {i} ({device.name}) has neither an energy counter "
-                                "(nvmlDeviceGetTotalEnergyConsumption) nor a power reading (nvmlDeviceGetPowerUsage); "
-                                "leave it out", argument="gpu_indices") from e  # fmt: skip
+                                f"({counter_call}) nor a power reading ({power_call}); leave it out",
+                                argument="gpu_indices") from e  # fmt: skip
             sources[i] = POWER_SAMPLES
         return chosen, sources
 
@@ -569,7 +592,8 @@ class EnergyMonitor:
                     continue
                 source[i] = POWER_X_TIME
                 estimated.append(i)
-            warnings.warn(_short_window_message(name, time_s, self.counter_period_s, estimated, kept),
+            warnings.warn(_short_window_message(name, time_s, self.counter_period_s, estimated, kept,
+                                                GPU_LIBRARIES[self.backend][1]),
                           ShortWindowWarning, stacklevel=stacklevel)  # fmt: skip
         return WindowMeasurement(name=name, time_s=time_s, gpu_energy_j=gpu_j,
                                  cpu_energy_j=_difference(end.cpu_uj, begin.cpu_uj, 1e-6),
@@ -593,14 +617,14 @@ class EnergyMonitor:
 
 
 def _short_window_message(name: str, time_s: float, period_s: dict[int, float], estimated: list[int],
-                          kept: list[int]) -> str:  # fmt: skip
+                          kept: list[int], power_call: str = "nvmlDeviceGetPowerUsage") -> str:  # fmt: skip
     def gpus(indices):
         listed = ", ".join(f"{i} ({period_s[i] * 1e3:g} ms)" for i in indices)
         return f"GPU{'s' if len(indices) > 1 else ''} {listed}"
 
     parts = []
     if estimated:
-        parts.append(f"{gpus(estimated)} estimated as power x time (nvmlDeviceGetPowerUsage at the window's end)")
+        parts.append(f"{gpus(estimated)} estimated as power x time ({power_call} at the window's end)")
     if kept:
         parts.append(f"{gpus(kept)} kept the counter's difference, which may read 0 J (no power reading)")
     return (f"window {name!r} lasted {time_s * 1e3:.1f} ms, under the energy counter's update period: "
@@ -618,8 +642,9 @@ class CommandMeasurement:
         measurement: the window around it (named "command").
         interrupted: the signals (SIGINT, SIGTERM, SIGHUP numbers) that reached the monitoring process while the
             command ran; each was passed on to the command unless the terminal had already sent it there.
-        gpu_names: GPU index -> its NVML name.
+        gpu_names: GPU index -> its NVML name (or AMD SMI market name).
         rapl_unavailable: why CPU and DRAM energy are None (None where they were measured).
+        backend: the GPUs' library, "nvml" or "amdsmi".
     """
 
     command: tuple[str, ...]
@@ -628,6 +653,7 @@ class CommandMeasurement:
     interrupted: tuple[int, ...] = ()
     gpu_names: dict[int, str] = field(default_factory=dict)
     rapl_unavailable: str | None = None
+    backend: str = "nvml"
 
     @property
     def exit_code(self) -> int:
@@ -644,7 +670,8 @@ class CommandMeasurement:
 
 
 def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str | None = None,
-                    cpu: bool | str = "auto", powercap_root: str | Path | None = None) -> CommandMeasurement:
+                    cpu: bool | str = "auto", powercap_root: str | Path | None = None,
+                    backend: str = "nvml") -> CommandMeasurement:
     """Run ``command`` (a program and its arguments, no shell) in one measurement window and wait for it.
 
     SIGINT, SIGTERM and SIGHUP sent to this process are passed on to the command (a Ctrl-C the terminal already
@@ -656,20 +683,20 @@ def measure_command(command: Sequence[str], *, gpu_indices: Sequence[int] | str 
     Args:
         command: the program and its arguments, e.g. ``["python", "train.py"]``.
         gpu_indices, cpu: as EnergyMonitor's.
-        powercap_root: as EnergyMonitor's.
+        powercap_root, backend: as EnergyMonitor's.
 
     Raises:
         InvalidSettingError: an empty command, or a program that is not found or cannot be run (argument
-            ``command``); bad gpu_indices or cpu as EnergyMonitor.
+            ``command``); bad gpu_indices, cpu or backend as EnergyMonitor.
         NVMLError: as EnergyMonitor.
     """
     argv = check_command(command)
     # The command's GPU work is its own process's, finished when it exits: nothing here to synchronize.
-    monitor = EnergyMonitor(gpu_indices, cpu=cpu, powercap_root=powercap_root, sync=False)
+    monitor = EnergyMonitor(gpu_indices, cpu=cpu, powercap_root=powercap_root, sync=False, backend=backend)
     monitor.begin_window("command")
     try:
         run = run_command(argv)
     finally:
         measurement = monitor.end_window("command")
     return CommandMeasurement(tuple(argv), run.returncode, measurement, run.received, dict(monitor.gpu_names),
-                              monitor.rapl_unavailable)  # fmt: skip
+                              monitor.rapl_unavailable, backend)  # fmt: skip
