@@ -32,8 +32,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("freqopt.workload.pipeline_partition",),
     # the tracers (a built-in or Hugging Face model, or a user's own step function -> kernels), the memory a
     # training step holds (a meta-device forward pass of the models), and real DeepSpeed steps to check them by.
+    # and a serving engine's prefill and decode kernels, built from a Hugging Face config.
     ("freqopt.workload.trace", "freqopt.workload.step_trace", "freqopt.workload.memory",
-     "freqopt.workload.deepspeed_profile"),
+     "freqopt.workload.deepspeed_profile", "freqopt.workload.serving"),
     # and a pipeline layout's stages, each traced by the tracer's recorder.
     ("freqopt.workload.pipeline_trace",),
     # The GPU. Its types;

@@ -1,0 +1,235 @@
+"""LLM serving workloads: the kernels of a prefill and of a decode step as a serving engine runs them.
+
+A decode step of B sequences whose KV caches hold L tokens each, and a prefill of B prompts of P tokens, for a dense
+decoder-only transformer given by its Hugging Face config (``hf:PATH``: Llama, Mistral, Qwen2 and Qwen3 families:
+RMSNorm, grouped-query attention, rotary embeddings, a SwiGLU MLP). The kernels are those vLLM's model runner launches
+per layer with its FlashAttention backend (vllm/model_executor/models/llama.py and qwen3.py, vllm/model_executor/
+layers), built from the config rather than traced: vLLM does not run on the meta device, and the eager Hugging Face
+modules that freqopt's tracer records launch other kernels (separate pow/mean/rsqrt/mul for a norm, a cache grown by
+``torch.cat`` every step). Per layer:
+
+1. ``fused_add_rms_norm`` (the residual add and the input norm, one kernel);
+2. the fused q/k/v projection (one GEMM, QKVParallelLinear);
+3. Qwen3's per-head q and k RMSNorm (``q_norm``, ``k_norm``), where the config's ``model_type`` is qwen3;
+4. ``rotary_embedding`` on q and k;
+5. ``reshape_and_cache_flash``: the new token's keys and values written into the paged cache;
+6. attention: at decode, one query per sequence over its L cached keys, a memory-bound pass over the cache
+   (``freqopt.decode_attention``: FlashAttention's split-KV decode reads every cached key and value once; its
+   FLOPs, 4 B H L D, run far below the tensor cores' rate, so it is priced as a streaming reduction); at prefill,
+   causal FlashAttention over the prompt (``freqopt.flash_attention``, the attention family of the GPU's file);
+7. the output projection (RowParallelLinear); 8. ``fused_add_rms_norm``; 9. the fused gate/up projection
+   (MergedColumnParallelLinear); 10. ``silu_and_mul``; 11. the down projection.
+
+Then the final norm, the LM head over the last position of each sequence, and sampling (a softmax and argmax over
+the vocabulary, in fp32). Weights and activations in bf16 (2 bytes), the KV cache in bf16. Under CUDA graphs (vLLM's
+default for decode) the host issues a whole step at once, so a decode step's kernels run back to back: measure them
+with ``cuda_graph_spec`` (the GPU type without its host's per-kernel issue time).
+
+Tensor parallelism is not modelled yet (one GPU: ``tp`` 1), nor mixture-of-experts layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from freqopt.errors import InvalidSettingError
+from freqopt.workload.kernels import Kernel
+
+__all__ = ["ServingModel", "serving_model", "decode_kernels", "prefill_kernels", "step_kernels", "cuda_graph_spec",
+           "BYTES"]
+
+BYTES = 2  # bf16 weights, activations and KV cache
+_DTYPE = "bfloat16"
+_PASS = "forward"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingModel:
+    """The sizes of a dense decoder a serving engine runs (from a Hugging Face config).
+
+    Attributes:
+        name: the model's name.
+        n_layers, d_model: decoder layers and the hidden size.
+        n_heads, n_kv_heads, head_dim: query heads, key/value heads (grouped-query attention) and their size.
+        d_ff: the MLP's intermediate size (SwiGLU: gate and up projections of this width).
+        vocab_size: tokens of the vocabulary (the LM head's width).
+        qk_norm: Qwen3's per-head RMSNorm on the queries and keys.
+    """
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    qk_norm: bool = False
+
+    @property
+    def n_params(self) -> int:
+        """Weights, without norms: embeddings, LM head and every layer's projections."""
+        qkv = self.d_model * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        layer = qkv + self.n_heads * self.head_dim * self.d_model + 3 * self.d_model * self.d_ff
+        return self.n_layers * layer + 2 * self.vocab_size * self.d_model
+
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token holds over all layers (keys and values)."""
+        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * BYTES
+
+
+def serving_model(model: str) -> ServingModel:
+    """The ServingModel of ``model``, ``hf:PATH`` (a config.json or a folder holding one).
+
+    Raises:
+        InvalidSettingError: not an hf: config, a mixture-of-experts or an encoder config, or one without the
+            sizes a dense decoder has.
+        UnknownNameError: transformers is missing (freqopt.workload.models.hf).
+    """
+    from freqopt.workload.models.hf import is_hf_model, load_hf_config
+
+    if not is_hf_model(model):
+        raise InvalidSettingError(f"model must be a Hugging Face config (hf:PATH) for serving workloads, not {model!r}",
+                                  argument="model")  # fmt: skip
+    config = load_hf_config(model)
+    raw = json.loads(config.config_json)
+    raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+    if config.task != "causal-lm":
+        raise InvalidSettingError(f"model {config.name} is not a decoder-only language model; serving needs one",
+                                  argument="model")  # fmt: skip
+    if any(raw.get(key) for key in ("num_experts", "num_local_experts", "n_routed_experts")):
+        raise InvalidSettingError(f"model {config.name} is a mixture-of-experts model; serving workloads model dense "
+                                  "decoders only so far", argument="model")  # fmt: skip
+    d_ff = raw.get("intermediate_size")
+    if not isinstance(d_ff, int):
+        raise InvalidSettingError(f"model {config.name} gives no intermediate_size; serving needs a SwiGLU decoder's sizes",
+                                  argument="model")  # fmt: skip
+    return ServingModel(name=config.name, n_layers=config.n_layers, d_model=config.d_model, n_heads=config.n_heads,
+                        n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, d_ff=d_ff,
+                        vocab_size=config.vocab_size, qk_norm=raw.get("model_type") == "qwen3")  # fmt: skip
+
+
+def _gemm(m: int, k: int, n: int) -> Kernel:
+    """A bf16 GEMM (m, k) x (k, n): 2mkn FLOPs; reads both operands once, writes the output."""
+    return Kernel(name="aten.mm", kind="gemm", pass_name=_PASS, flops=2.0 * m * k * n,
+                  mem_bytes=float((m * k + k * n + m * n) * BYTES), dtype=_DTYPE, shapes=((m, k), (k, n)),
+                  tensor_core=True)  # fmt: skip
+
+
+def _stream(name: str, kind: str, nbytes: float, shape: tuple[int, ...], flops: float = 0.0) -> Kernel:
+    return Kernel(name=name, kind=kind, pass_name=_PASS, flops=float(flops), mem_bytes=float(nbytes), dtype=_DTYPE,
+                  shapes=(shape,))  # fmt: skip
+
+
+def _check(what: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSettingError(f"{what} must be a positive whole number, not {value!r}", argument=what)
+    return value
+
+
+def _layers(m: ServingModel, tokens: int, attention: list[Kernel], new_kv_tokens: int) -> list[Kernel]:
+    """One decoder layer's kernels over ``tokens`` rows, with the ``attention`` kernels in the middle."""
+    d, hd = m.d_model, m.head_dim
+    q_dim, kv_dim = m.n_heads * hd, m.n_kv_heads * hd
+    norm_bytes = 4 * tokens * d * BYTES  # fused_add_rms_norm: reads x and the residual, writes both
+    out = [_stream("vllm.fused_add_rms_norm", "normalization", norm_bytes, (tokens, d)),
+           _gemm(tokens, d, q_dim + 2 * kv_dim)]
+    if m.qk_norm:
+        out.append(_stream("vllm.rms_norm", "normalization", 2 * tokens * (q_dim + kv_dim) * BYTES, (tokens, hd)))
+    out += [_stream("vllm.rotary_embedding", "elementwise", 2 * tokens * (q_dim + kv_dim) * BYTES, (tokens, hd)),
+            _stream("vllm.reshape_and_cache_flash", "memcpy", 2 * 2 * new_kv_tokens * kv_dim * BYTES,
+                    (new_kv_tokens, kv_dim)),
+            *attention,
+            _gemm(tokens, q_dim, d),
+            _stream("vllm.fused_add_rms_norm", "normalization", norm_bytes, (tokens, d)),
+            _gemm(tokens, d, 2 * m.d_ff),
+            _stream("vllm.silu_and_mul", "elementwise", 3 * tokens * m.d_ff * BYTES, (tokens, 2 * m.d_ff)),
+            _gemm(tokens, m.d_ff, d)]  # fmt: skip
+    return out
+
+
+def _head(m: ServingModel, sequences: int, tokens: int) -> list[Kernel]:
+    """The embedding lookup is put first by the callers; here the final norm, the LM head on each sequence's last
+    position and sampling over the vocabulary (fp32 logits: read once for the softmax, once for the argmax)."""
+    return [_stream("vllm.rms_norm", "normalization", 2 * tokens * m.d_model * BYTES, (tokens, m.d_model)),
+            _gemm(sequences, m.d_model, m.vocab_size),
+            _stream("vllm.sampler", "reduction", 3 * sequences * m.vocab_size * 4, (sequences, m.vocab_size),
+                    flops=5 * sequences * m.vocab_size)]  # fmt: skip
+
+
+def _decode_attention(m: ServingModel, b: int, keys: int) -> Kernel:
+    kv_bytes = 2 * b * keys * m.n_kv_heads * m.head_dim * BYTES
+    q_bytes = 2 * b * m.n_heads * m.head_dim * BYTES  # the queries in, the output out
+    return Kernel(name="freqopt.decode_attention", kind="reduction", pass_name=_PASS,
+                  flops=4.0 * b * m.n_heads * keys * m.head_dim, mem_bytes=float(kv_bytes + q_bytes), dtype=_DTYPE,
+                  shapes=((b, m.n_heads, 1, m.head_dim), (b, m.n_kv_heads, keys, m.head_dim)))  # fmt: skip
+
+
+def _prefill_attention(m: ServingModel, sequences: int, queries: int, keys: int) -> Kernel:
+    q = (sequences, m.n_heads, queries, m.head_dim)
+    kv = (sequences, m.n_kv_heads, keys, m.head_dim)
+    return Kernel(name="freqopt.flash_attention", kind="attention", pass_name=_PASS,
+                  flops=4.0 * sequences * m.n_heads * queries * keys * m.head_dim,
+                  mem_bytes=float(sequences * (2 * m.n_heads * queries + 2 * m.n_kv_heads * keys) * m.head_dim * BYTES),
+                  dtype=_DTYPE, shapes=(q, kv, kv), tensor_core=True, causal=True)  # fmt: skip
+
+
+def step_kernels(model: ServingModel, batch_size: int, kv_len: int, *, prefill_tokens: int = 0,
+                 prompt_len: int | None = None) -> list[Kernel]:
+    """The kernels of one step of a continuously batched engine (vLLM's unified batch): ``batch_size``
+    sequences decoding one token each over KV caches of ``kv_len`` tokens, and ``prefill_tokens`` tokens of
+    prompts (``prompt_len`` tokens each, default ``prefill_tokens``) prefilled in the same step: one GEMM per
+    projection over all the step's tokens (the weights read once), decode attention for the decoding sequences
+    and causal FlashAttention for the prompt tokens, which sample a first token only where a prompt completes
+    (counted as prefill_tokens / prompt_len sequences at the LM head).
+
+    Raises:
+        InvalidSettingError: a size that is not a positive whole number (prefill_tokens may be 0, batch_size 0
+            where prefill_tokens is not).
+    """
+    m = model
+    c = prefill_tokens
+    if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+        raise InvalidSettingError(f"prefill_tokens must be a whole number >= 0, not {c!r}", argument="prefill_tokens")
+    b = batch_size if (c and batch_size == 0) else _check("batch_size", batch_size)
+    length = _check("kv_len", kv_len) if b else 0
+    p = _check("prompt_len", prompt_len) if prompt_len is not None else max(c, 1)
+    attention = [_decode_attention(m, b, length + 1)] if b else []  # the new key joins the cache first
+    completed = 0
+    if c:
+        sequences = max(1, round(c / p))  # whole prompts where the chunk holds several
+        attention.append(_prefill_attention(m, sequences, max(1, c // sequences), p))
+        completed = max(1, round(c / p))
+    tokens = b + c
+    out = [_stream("aten.embedding", "embedding", 2 * tokens * m.d_model * BYTES, (tokens, m.d_model))]
+    for _ in range(m.n_layers):
+        out += _layers(m, tokens, attention, tokens)
+    return out + _head(m, b + completed, tokens)
+
+
+def decode_kernels(model: ServingModel, batch_size: int, kv_len: int) -> list[Kernel]:
+    """The kernels of one decode step: ``batch_size`` sequences, one new token each, every KV cache holding
+    ``kv_len`` tokens before it (module docstring: the kernels and their sources).
+
+    Raises:
+        InvalidSettingError: a batch size or KV length that is not a positive whole number.
+    """
+    return step_kernels(model, _check("batch_size", batch_size), kv_len)
+
+
+def prefill_kernels(model: ServingModel, prompt_len: int, batch_size: int = 1) -> list[Kernel]:
+    """The kernels of one prefill: ``batch_size`` prompts of ``prompt_len`` tokens each, their KV caches written
+    and the first output token sampled (causal FlashAttention over each prompt).
+
+    Raises:
+        InvalidSettingError: a prompt length or batch size that is not a positive whole number.
+    """
+    p, b = _check("prompt_len", prompt_len), _check("batch_size", batch_size)
+    return step_kernels(model, 0, 1, prefill_tokens=b * p, prompt_len=p)
+
+
+def cuda_graph_spec(spec):
+    """``spec`` (a GPUSpec) without its host's per-kernel issue time: a step captured in a CUDA graph is launched
+    whole, so its kernels run back to back (vLLM captures its decode steps so by default)."""
+    return dataclasses.replace(spec, host_issue_s=0.0, host_gemm_issue_s=0.0)

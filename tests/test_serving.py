@@ -1,0 +1,92 @@
+"""Serving workloads (freqopt.workload.serving): a decode step reads every weight once and every cached key and
+value once, a prefill's attention is causal FlashAttention, a unified step's GEMMs span every token it carries, and
+bad sizes or configs are refused in one line."""
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from freqopt.errors import InvalidSettingError  # noqa: E402
+from freqopt.gpu.backends.base import DEFAULT_SETTING  # noqa: E402
+from freqopt.gpu.backends.simulated import SimulatedGPU  # noqa: E402
+from freqopt.gpu.specs import get_gpu  # noqa: E402
+from freqopt.workload.serving import (BYTES, cuda_graph_spec, decode_kernels, prefill_kernels, serving_model,  # noqa: E402
+                                      step_kernels)  # fmt: skip
+
+ROOT = Path(__file__).resolve().parent.parent
+QWEN3_8B = f"hf:{ROOT / 'experiments' / 'data' / 'leaderboard' / 'qwen3-8b'}"
+HF = Path(__file__).parent / "data" / "hf"
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return serving_model(QWEN3_8B)
+
+
+def test_the_config_gives_the_published_sizes(qwen3):
+    m = qwen3
+    assert (m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.head_dim, m.d_ff, m.vocab_size) == (
+        36, 4096, 32, 8, 128, 12288, 151936)
+    assert m.qk_norm and m.n_params == pytest.approx(8.19e9, rel=0.01)  # Qwen3-8B: 8.2 B parameters
+    assert m.kv_bytes_per_token() == 36 * 2 * 8 * 128 * 2  # 147,456 B: 144 KiB a token
+
+
+def test_a_decode_step_reads_each_weight_and_cached_token_once(qwen3):
+    b, length = 16, 1000
+    kernels = decode_kernels(qwen3, b, length)
+    gemms = [k for k in kernels if k.kind == "gemm"]
+    assert len(gemms) == 4 * 36 + 1  # qkv, o, gate_up, down per layer; the LM head
+    weight_bytes = sum(k.shapes[1][0] * k.shapes[1][1] * BYTES for k in gemms)
+    assert weight_bytes == pytest.approx(qwen3.n_params * BYTES - qwen3.vocab_size * qwen3.d_model * BYTES)  # no embedding
+    assert all(k.shapes[0][0] == b for k in gemms)  # one row per decoding sequence
+    attention = [k for k in kernels if k.name == "freqopt.decode_attention"]
+    assert len(attention) == 36 and attention[0].kind == "reduction" and not attention[0].tensor_core
+    kv = 2 * b * (length + 1) * 8 * 128 * BYTES
+    assert sum(k.mem_bytes for k in attention) >= 36 * kv
+    assert sum(k.mem_bytes for k in attention) == pytest.approx(36 * kv, rel=0.01)  # the queries are ~0.5 %
+
+
+def test_a_unified_step_shares_its_gemms_and_a_prefill_is_causal_flash_attention(qwen3):
+    mixed = step_kernels(qwen3, 8, 500, prefill_tokens=1024, prompt_len=1024)
+    assert {k.shapes[0][0] for k in mixed if k.kind == "gemm" and k.shapes[1][1] != qwen3.vocab_size} == {8 + 1024}
+    names = [k.name for k in mixed]
+    assert names.count("freqopt.decode_attention") == names.count("freqopt.flash_attention") == 36
+    prefill = [k for k in prefill_kernels(qwen3, 2048, batch_size=2) if k.kind == "attention"]
+    assert all(k.causal and k.tensor_core and k.shapes[0] == (2, 32, 2048, 128) for k in prefill)
+
+
+def test_decode_time_and_energy_grow_with_the_batch_and_the_cache(qwen3):
+    sim = SimulatedGPU(cuda_graph_spec(get_gpu("h100-sxm")), noise=False)
+
+    def at(b, length):
+        return sim.true_measure(decode_kernels(qwen3, b, length), DEFAULT_SETTING)
+
+    small, big, long = at(8, 1000), at(64, 1000), at(8, 8000)
+    assert small.time_s < big.time_s < 8 * small.time_s  # weights read once for the whole batch
+    assert small.time_s < long.time_s
+    assert big.energy_j / 64 < small.energy_j / 8  # energy per token falls with the batch
+    # The weights alone (16.4 GB) at the H100's 3.35 TB/s bound a step from below.
+    assert small.time_s > qwen3.n_params * BYTES / 3352e9
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda m: decode_kernels(m, 0, 100), "batch_size must be a positive whole number"),
+    (lambda m: decode_kernels(m, 8, -1), "kv_len must be a positive whole number"),
+    (lambda m: step_kernels(m, 8, 100, prefill_tokens=-3), "prefill_tokens must be a whole number >= 0"),
+    (lambda m: prefill_kernels(m, 1.5), "prompt_len must be a positive whole number"),
+])
+def test_bad_sizes_are_refused(qwen3, call, fragment):
+    with pytest.raises(InvalidSettingError, match=fragment):
+        call(qwen3)
+
+
+def test_configs_it_does_not_model_are_refused_in_one_line():
+    with pytest.raises(InvalidSettingError, match="mixture-of-experts model; serving workloads model dense"):
+        serving_model(f"hf:{HF / 'qwen2_moe'}")
+    with pytest.raises(InvalidSettingError, match="not a decoder-only language model"):
+        serving_model(f"hf:{HF / 'bert'}")
+    with pytest.raises(InvalidSettingError, match=r"model must be a Hugging Face config \(hf:PATH\) for serving "
+                                                  r"workloads, not 'gpt3-small'"):  # fmt: skip
+        serving_model("gpt3-small")
