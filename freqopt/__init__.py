@@ -65,6 +65,7 @@ _LAZY = {
     "WindowMeasurement": "freqopt.measure.monitor",
     "measure_command": "freqopt.measure.monitor",
     "measure_stage_profile": "freqopt.measure.stage_profile",
+    "serve_search": "freqopt.search.serving",
 }
 
 __all__ = ["__version__", *_LAZY]

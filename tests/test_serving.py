@@ -90,3 +90,54 @@ def test_configs_it_does_not_model_are_refused_in_one_line():
     with pytest.raises(InvalidSettingError, match=r"model must be a Hugging Face config \(hf:PATH\) for serving "
                                                   r"workloads, not 'gpt3-small'"):  # fmt: skip
         serving_model("gpt3-small")
+
+
+def test_serve_search_keeps_every_choice_within_its_target_without_noise():
+    """Qwen3-8B at batch 8 on the H100: a decode step is memory-bound, so its SM clock drops with ITL within 5 %;
+    every choice is checked noiselessly against its own target, and the prefill's TTFT within 10 %."""
+    import freqopt
+
+    result = freqopt.serve_search(QWEN3_8B, batch_sizes=[8], prompt_len=2048, output_len=512,
+                                  max_itl_slowdown="5%", max_ttft_slowdown="10%", n_trials=8)  # fmt: skip
+    (row,) = result.rows
+    assert (result.gpu, row.batch_size, row.kv_len) == ("h100-sxm", 8, 2048 + 256)
+    assert row.decode.time_rel <= 1.05 and row.prefill.time_rel <= 1.10 and row.one_setting_decode.time_rel <= 1.05
+    assert row.decode.setting.sm_clock_mhz is not None and row.decode.setting.sm_clock_mhz < 1980
+    assert row.energy_per_token_j("per-phase") < 0.9 * row.energy_per_token_j("default")  # decode's clock pays
+    assert row.energy_per_token_j("one-setting") <= row.energy_per_token_j("default-step")
+    assert row.default_prefill.time_s > 1.5 * get_gpu("h100-sxm").clock_switch_s
+    assert row.per_phase_realizable  # a 2048-token prefill outlasts the H100's 26 ms switch
+
+
+def test_per_phase_switching_is_not_realizable_where_a_prefill_is_shorter_than_a_switch():
+    import freqopt
+
+    (row,) = freqopt.serve_search(QWEN3_8B, batch_sizes=[8], prompt_len=64, output_len=64, n_trials=4).rows
+    assert row.default_prefill.time_s < get_gpu("h100-sxm").clock_switch_s
+    assert row.per_phase_realizable == (row.decode.setting == row.prefill.setting)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--batch-sizes", "8,x"], "--batch-sizes must be positive whole numbers"),
+    (["--max-itl-slowdown", "abc"], "--max-itl-slowdown"),
+    (["--prompt-len", "0"], "--prompt-len must be a positive whole number"),
+])
+def test_cli_serve_search_refuses_bad_input_in_one_line(args, fragment, capsys):
+    from freqopt.cli import main
+
+    assert main(["serve-search", "--model", QWEN3_8B, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("freqopt: error: ") and fragment in err[0]
+
+
+def test_cli_serve_search_prints_the_default_and_chosen_rows(tmp_path, capsys):
+    import json
+
+    from freqopt.cli import main
+
+    out = tmp_path / "serve.json"
+    assert main(["serve-search", "--model", QWEN3_8B, "--batch-sizes", "8", "--trials", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "default, phases apart" in text and "per phase" in text and "one setting, unified batch" in text
+    doc = json.loads(out.read_text())
+    assert doc["rows"][0]["batch_size"] == 8 and doc["rows"][0]["decode"]["time_rel"] <= 1.05

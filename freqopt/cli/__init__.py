@@ -3,7 +3,7 @@ one line and exit non-zero (``main``). The library owns every check.
 
 The commands live by group: freqopt.cli.search (search, worker), freqopt.cli.train (train, profile) and
 freqopt.cli.tools (models, gpus, transfer, benchmark, powercap, statement, reset), freqopt.cli.plan (plan),
-freqopt.cli.measure (measure), freqopt.cli.apply (apply).
+freqopt.cli.measure (measure), freqopt.cli.apply (apply), freqopt.cli.serve (serve-search).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ FLAGS = {
     "confidence": "--confidence",
     "virtual_stages": "--virtual-stages", "study": "--study", "gpu_indices": "--gpus",
     "sm_clocks_mhz": "--sm-clocks", "sm_clock_step_mhz": "--sm-clock-step",
-    "small_step": "--small-step",
+    "small_step": "--small-step", "batch_sizes": "--batch-sizes", "prompt_len": "--prompt-len",
+    "output_len": "--output-len", "max_itl_slowdown": "--max-itl-slowdown", "max_ttft_slowdown": "--max-ttft-slowdown",
+    "model": "--model",
 }  # fmt: skip
 
 
@@ -204,4 +206,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The command modules register their commands on ``cli`` when imported (after it exists).
-from freqopt.cli import apply, measure, plan, search, tools, train  # noqa: E402,F401
+from freqopt.cli import apply, measure, plan, search, serve, tools, train  # noqa: E402,F401
