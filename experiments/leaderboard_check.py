@@ -7,8 +7,8 @@ files, for the dense models whose configs are public.
 Data: ../shared/calibration/mlenergy-leaderboard/ (vLLM with continuous batching at default clocks and power limits,
 one GPU; its README gives the columns). Nothing is fitted on these runs: every figure is predicted by the GPU files as
 they are, so each is left out by construction. The models' configs are in experiments/data/leaderboard/ (copied from
-their Hugging Face model cards). The mixture-of-experts model (Qwen3-30B-A3B) is not modelled yet, and runs over
-several GPUs (tensor parallel) are left out.
+their Hugging Face model cards). Gemma-3-12B (sliding-window attention) is not modelled yet, and runs over several
+GPUs (tensor parallel) are left out.
 
 How a run is simulated (freqopt.workload.serving: the kernels vLLM launches, under CUDA graphs):
 - a sequence prefills its prompt of P tokens once and decodes ``avg_output_len`` (O) tokens, so a step of B decoding
@@ -22,7 +22,7 @@ How a run is simulated (freqopt.workload.serving: the kernels vLLM launches, und
   kernels back to back. Beside the figures as built, the report gives them with that time added as a + b B per
   step (B the batch), the GPU waiting meanwhile at its waiting power (freqopt.gpu.backends.physics.waiting_power_w),
   a and b fitted by least squares on the other model's decode-bound runs on the same GPU (leave one model out: the
-  figure for Qwen3-8B rests on Qwen3-14B's runs, and the other way round).
+  figure for each model rests on the other models' runs).
 
 Prompt lengths are not in the files (LMArena conversations): P = 1024 is the stated assumption, and the report shows
 the figures at P = 256 and 2048 beside it.
@@ -52,7 +52,8 @@ DATA = ROOT.parent / "shared" / "calibration" / "mlenergy-leaderboard"
 CONFIGS = ROOT / "experiments" / "data" / "leaderboard"
 OUT = ROOT / "experiments" / "leaderboard"
 # The dense models of the shared runs, by their file's model_id -> the config folder here.
-MODELS = {"Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-14B": "qwen3-14b"}
+MODELS = {"Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-14B": "qwen3-14b",
+          "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b"}
 GPUS = {"H100": "h100-sxm", "B200": "b200"}  # the benchmark's gpu_model -> freqopt's GPU file (SXM boards assumed)
 PROMPT_LEN = 1024  # assumed (module docstring)
 PROMPT_LENS_BESIDE = (256, 2048)
@@ -179,7 +180,7 @@ def report(doc: dict) -> str:
                              f"{e['energy_per_token_joules']:+.1f} % | "
                              + " | ".join(f"{b['median_itl_ms']:+.1f} %, {b['energy_per_token_joules']:+.1f} %"
                                           for b in beside) + " | " + _engine_cell(r) + " |")  # fmt: skip
-            judged = [r for r in rows if TARGET_BATCHES[0] <= r["batch"] <= TARGET_BATCHES[1] * 1.01]
+            judged = [r for r in rows if TARGET_BATCHES[0] <= round(r["batch"]) <= TARGET_BATCHES[1]]
             if gpu == "h100-sxm" and judged:
                 lines += [""] + [_judgement(judged, label, key) for label, key in
                                  (("as built", None), ("with the engine's CPU time", "with_engine_time"))]  # fmt: skip

@@ -57,6 +57,21 @@ def test_a_unified_step_shares_its_gemms_and_a_prefill_is_causal_flash_attention
     assert all(k.causal and k.tensor_core and k.shapes[0] == (2, 32, 2048, 128) for k in prefill)
 
 
+def test_a_mixture_of_experts_step_reads_the_experts_its_tokens_touch():
+    moe = serving_model(f"hf:{ROOT / 'experiments' / 'data' / 'leaderboard' / 'qwen3-30b-a3b'}")
+    assert (moe.n_experts, moe.experts_per_token, moe.d_ff) == (128, 8, 768) and moe.qk_norm
+    assert moe.n_params == pytest.approx(30.5e9, rel=0.02)  # Qwen3-30B-A3B: 30.5 B parameters
+    assert moe.experts_touched(1) == pytest.approx(8) and moe.experts_touched(8) == pytest.approx(51.6, abs=0.1)
+    assert moe.experts_touched(256) == pytest.approx(128, abs=0.01)
+
+    def expert_bytes(b):
+        return sum(k.mem_bytes for k in decode_kernels(moe, b, 1000) if k.name == "vllm.fused_moe")
+
+    per_expert = 3 * 2048 * 768 * BYTES
+    assert expert_bytes(8) == pytest.approx(48 * moe.experts_touched(8) * per_expert, rel=0.01)
+    assert expert_bytes(256) == pytest.approx(48 * 128 * per_expert, rel=0.05)  # every expert, and the tokens' rows
+
+
 def test_decode_time_and_energy_grow_with_the_batch_and_the_cache(qwen3):
     sim = SimulatedGPU(cuda_graph_spec(get_gpu("h100-sxm")), noise=False)
 
@@ -83,8 +98,8 @@ def test_bad_sizes_are_refused(qwen3, call, fragment):
 
 
 def test_configs_it_does_not_model_are_refused_in_one_line():
-    with pytest.raises(InvalidSettingError, match="mixture-of-experts model; serving workloads model dense"):
-        serving_model(f"hf:{HF / 'qwen2_moe'}")
+    with pytest.raises(InvalidSettingError, match="mixture-of-experts model with shared experts"):
+        serving_model(f"hf:{HF / 'qwen2_moe'}")  # Qwen2-MoE's shared expert
     with pytest.raises(InvalidSettingError, match="not a decoder-only language model"):
         serving_model(f"hf:{HF / 'bert'}")
     with pytest.raises(InvalidSettingError, match=r"model must be a Hugging Face config \(hf:PATH\) for serving "

@@ -1,8 +1,8 @@
 """LLM serving workloads: the kernels of a prefill and of a decode step as a serving engine runs them.
 
-A decode step of B sequences whose KV caches hold L tokens each, and a prefill of B prompts of P tokens, for a dense
+A decode step of B sequences whose KV caches hold L tokens each, and a prefill of B prompts of P tokens, for a
 decoder-only transformer given by its Hugging Face config (``hf:PATH``: Llama, Mistral, Qwen2 and Qwen3 families:
-RMSNorm, grouped-query attention, rotary embeddings, a SwiGLU MLP). The kernels are those vLLM's model runner launches
+RMSNorm, grouped-query attention, rotary embeddings, a SwiGLU MLP; Qwen3-MoE and Mixtral, below). The kernels are those vLLM's model runner launches
 per layer with its FlashAttention backend (vllm/model_executor/models/llama.py and qwen3.py, vllm/model_executor/
 layers), built from the config rather than traced: vLLM does not run on the meta device, and the eager Hugging Face
 modules that freqopt's tracer records launch other kernels (separate pow/mean/rsqrt/mul for a norm, a cache grown by
@@ -25,7 +25,15 @@ the vocabulary, in fp32). Weights and activations in bf16 (2 bytes), the KV cach
 default for decode) the host issues a whole step at once, so a decode step's kernels run back to back: measure them
 with ``cuda_graph_spec`` (the GPU type without its host's per-kernel issue time).
 
-Tensor parallelism is not modelled yet (one GPU: ``tp`` 1), nor mixture-of-experts layers.
+A mixture-of-experts layer (Qwen3-MoE, Mixtral: routed experts, none shared) runs, in place of the MLP, vLLM's
+router GEMM, its top-k softmax and its fused MoE kernels (vllm/model_executor/layers/fused_moe: one grouped GEMM
+over the experts' gate/up projections, ``silu_and_mul``, one over their down projections, and the weighted sum of
+each token's k outputs). Those kernels read the weights of every expert some token of the step is routed to: with
+the tokens routed uniformly and independently (assumed: a trained router balances its experts), an expert is
+touched by one of T tokens with probability 1 - (1 - k/E)^T, so a decode step of 8 sequences on Qwen3-30B-A3B (E =
+128 experts, k = 8) reads 52 experts' weights a layer, and one of 256 nearly all 128.
+
+Tensor parallelism is not modelled yet (one GPU: ``tp`` 1).
 """
 
 from __future__ import annotations
@@ -52,9 +60,12 @@ class ServingModel:
         name: the model's name.
         n_layers, d_model: decoder layers and the hidden size.
         n_heads, n_kv_heads, head_dim: query heads, key/value heads (grouped-query attention) and their size.
-        d_ff: the MLP's intermediate size (SwiGLU: gate and up projections of this width).
+        d_ff: the MLP's intermediate size (SwiGLU: gate and up projections of this width); for a
+            mixture-of-experts model, each expert's.
         vocab_size: tokens of the vocabulary (the LM head's width).
         qk_norm: Qwen3's per-head RMSNorm on the queries and keys.
+        n_experts, experts_per_token: a mixture-of-experts layer's routed experts and the k each token goes to (0:
+            a dense MLP).
     """
 
     name: str
@@ -66,12 +77,25 @@ class ServingModel:
     d_ff: int
     vocab_size: int
     qk_norm: bool = False
+    n_experts: int = 0
+    experts_per_token: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def experts_touched(self, tokens: int) -> float:
+        """Experts a step of ``tokens`` tokens routes at least one token to, expected under uniform independent
+        routing: E (1 - (1 - k/E)^tokens) (module docstring)."""
+        e, k = self.n_experts, self.experts_per_token
+        return e * (1.0 - (1.0 - k / e) ** tokens)
 
     @property
     def n_params(self) -> int:
         """Weights, without norms: embeddings, LM head and every layer's projections."""
         qkv = self.d_model * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
-        layer = qkv + self.n_heads * self.head_dim * self.d_model + 3 * self.d_model * self.d_ff
+        mlp = 3 * self.d_model * self.d_ff * max(1, self.n_experts) + self.d_model * self.n_experts  # + router
+        layer = qkv + self.n_heads * self.head_dim * self.d_model + mlp
         return self.n_layers * layer + 2 * self.vocab_size * self.d_model
 
     def kv_bytes_per_token(self) -> int:
@@ -83,8 +107,8 @@ def serving_model(model: str) -> ServingModel:
     """The ServingModel of ``model``, ``hf:PATH`` (a config.json or a folder holding one).
 
     Raises:
-        InvalidSettingError: not an hf: config, a mixture-of-experts or an encoder config, or one without the
-            sizes a dense decoder has.
+        InvalidSettingError: not an hf: config, an encoder config, a mixture-of-experts config with shared
+            experts, or one without a decoder's sizes.
         UnknownNameError: transformers is missing (freqopt.workload.models.hf).
     """
     from freqopt.workload.models.hf import is_hf_model, load_hf_config
@@ -98,16 +122,21 @@ def serving_model(model: str) -> ServingModel:
     if config.task != "causal-lm":
         raise InvalidSettingError(f"model {config.name} is not a decoder-only language model; serving needs one",
                                   argument="model")  # fmt: skip
-    if any(raw.get(key) for key in ("num_experts", "num_local_experts", "n_routed_experts")):
-        raise InvalidSettingError(f"model {config.name} is a mixture-of-experts model; serving workloads model dense "
-                                  "decoders only so far", argument="model")  # fmt: skip
-    d_ff = raw.get("intermediate_size")
+    n_experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
+    shared = raw.get("n_routed_experts") or raw.get("shared_expert_intermediate_size") or raw.get("n_shared_experts")
+    if shared or (n_experts and (raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1)):
+        raise InvalidSettingError(f"model {config.name} is a mixture-of-experts model with shared experts or dense "
+                                  "layers among its expert layers; serving workloads model routed experts in every "
+                                  "layer only (Qwen3-MoE, Mixtral) so far", argument="model")  # fmt: skip
+    d_ff = raw.get("moe_intermediate_size") if n_experts and raw.get("moe_intermediate_size") else raw.get(
+        "intermediate_size")  # fmt: skip
     if not isinstance(d_ff, int):
         raise InvalidSettingError(f"model {config.name} gives no intermediate_size; serving needs a SwiGLU decoder's sizes",
                                   argument="model")  # fmt: skip
     return ServingModel(name=config.name, n_layers=config.n_layers, d_model=config.d_model, n_heads=config.n_heads,
                         n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, d_ff=d_ff,
-                        vocab_size=config.vocab_size, qk_norm=raw.get("model_type") == "qwen3")  # fmt: skip
+                        vocab_size=config.vocab_size, qk_norm=raw.get("model_type") in ("qwen3", "qwen3_moe"),
+                        n_experts=int(n_experts), experts_per_token=int(raw.get("num_experts_per_tok") or 0))  # fmt: skip
 
 
 def _gemm(m: int, k: int, n: int) -> Kernel:
@@ -142,11 +171,32 @@ def _layers(m: ServingModel, tokens: int, attention: list[Kernel], new_kv_tokens
                     (new_kv_tokens, kv_dim)),
             *attention,
             _gemm(tokens, q_dim, d),
-            _stream("vllm.fused_add_rms_norm", "normalization", norm_bytes, (tokens, d)),
-            _gemm(tokens, d, 2 * m.d_ff),
-            _stream("vllm.silu_and_mul", "elementwise", 3 * tokens * m.d_ff * BYTES, (tokens, 2 * m.d_ff)),
-            _gemm(tokens, m.d_ff, d)]  # fmt: skip
-    return out
+            _stream("vllm.fused_add_rms_norm", "normalization", norm_bytes, (tokens, d))]  # fmt: skip
+    return out + (_moe(m, tokens) if m.is_moe else [
+        _gemm(tokens, d, 2 * m.d_ff),
+        _stream("vllm.silu_and_mul", "elementwise", 3 * tokens * m.d_ff * BYTES, (tokens, 2 * m.d_ff)),
+        _gemm(tokens, m.d_ff, d)])
+
+
+def _moe(m: ServingModel, tokens: int) -> list[Kernel]:
+    """A mixture-of-experts layer over ``tokens`` tokens (module docstring): each grouped GEMM computes every
+    token's k experts and reads the weights of the experts touched."""
+    d, f, k = m.d_model, m.d_ff, m.experts_per_token
+    rows = tokens * k  # token-expert pairs
+    touched = m.experts_touched(tokens)
+
+    def grouped(k_dim: int, n_dim: int) -> Kernel:
+        nbytes = (rows * k_dim + touched * k_dim * n_dim + rows * n_dim) * BYTES
+        return Kernel(name="vllm.fused_moe", kind="gemm", pass_name=_PASS, flops=2.0 * rows * k_dim * n_dim,
+                      mem_bytes=float(nbytes), dtype=_DTYPE, shapes=((rows, k_dim), (k_dim, n_dim)),
+                      tensor_core=True)  # fmt: skip
+
+    return [_gemm(tokens, d, m.n_experts),
+            _stream("vllm.topk_softmax", "softmax", tokens * m.n_experts * 4 + tokens * k * 8, (tokens, m.n_experts)),
+            grouped(d, 2 * f),
+            _stream("vllm.silu_and_mul", "elementwise", 3 * rows * f * BYTES, (rows, 2 * f)),
+            grouped(f, d),
+            _stream("vllm.moe_sum", "reduction", (rows * d + tokens * d) * BYTES, (tokens, k, d))]  # fmt: skip
 
 
 def _head(m: ServingModel, sequences: int, tokens: int) -> list[Kernel]:
