@@ -7,8 +7,7 @@ files, for the dense models whose configs are public.
 Data: ../shared/calibration/mlenergy-leaderboard/ (vLLM with continuous batching at default clocks and power limits,
 one GPU; its README gives the columns). Nothing is fitted on these runs: every figure is predicted by the GPU files as
 they are, so each is left out by construction. The models' configs are in experiments/data/leaderboard/ (copied from
-their Hugging Face model cards). Gemma-3-12B (sliding-window attention) is not modelled yet, and runs over several
-GPUs (tensor parallel) are left out.
+their Hugging Face model cards). Runs over several GPUs (tensor parallel) are left out.
 
 How a run is simulated (freqopt.workload.serving: the kernels vLLM launches, under CUDA graphs):
 - a sequence prefills its prompt of P tokens once and decodes ``avg_output_len`` (O) tokens, so a step of B decoding
@@ -53,7 +52,7 @@ CONFIGS = ROOT / "experiments" / "data" / "leaderboard"
 OUT = ROOT / "experiments" / "leaderboard"
 # The dense models of the shared runs, by their file's model_id -> the config folder here.
 MODELS = {"Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-14B": "qwen3-14b",
-          "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b"}
+          "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b", "google/gemma-3-12b-it": "gemma-3-12b"}
 GPUS = {"H100": "h100-sxm", "B200": "b200"}  # the benchmark's gpu_model -> freqopt's GPU file (SXM boards assumed)
 PROMPT_LEN = 1024  # assumed (module docstring)
 PROMPT_LENS_BESIDE = (256, 2048)

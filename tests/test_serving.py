@@ -72,6 +72,17 @@ def test_a_mixture_of_experts_step_reads_the_experts_its_tokens_touch():
     assert expert_bytes(256) == pytest.approx(48 * 128 * per_expert, rel=0.05)  # every expert, and the tokens' rows
 
 
+def test_gemma3s_sliding_window_layers_read_at_most_their_window():
+    gemma = serving_model(f"hf:{ROOT / 'experiments' / 'data' / 'leaderboard' / 'gemma-3-12b'}")
+    assert gemma.sliding_window == 1024 and sum(gemma.window_layers) == 40 and not gemma.window_layers[5]
+    assert gemma.tied_embeddings and gemma.sandwich_norms and gemma.n_params == pytest.approx(11.77e9, rel=0.01)
+    attention = [k for k in decode_kernels(gemma, 4, 4000) if k.name == "freqopt.decode_attention"]
+    keys = [k.shapes[1][2] for k in attention]
+    assert keys.count(1024) == 40 and keys.count(4001) == 8  # 5 of every 6 layers: the window; the rest: all
+    norms = [k for k in decode_kernels(gemma, 4, 100) if k.kind == "normalization" and k.shapes[0][1] == 3840]
+    assert len(norms) == 4 * 48 + 1  # Gemma's four norms a layer, and the final one
+
+
 def test_decode_time_and_energy_grow_with_the_batch_and_the_cache(qwen3):
     sim = SimulatedGPU(cuda_graph_spec(get_gpu("h100-sxm")), noise=False)
 

@@ -33,6 +33,11 @@ the tokens routed uniformly and independently (assumed: a trained router balance
 touched by one of T tokens with probability 1 - (1 - k/E)^T, so a decode step of 8 sequences on Qwen3-30B-A3B (E =
 128 experts, k = 8) reads 52 experts' weights a layer, and one of 256 nearly all 128.
 
+Gemma 3 (``gemma3_text``): five of every six layers attend to a sliding window of the last ``sliding_window``
+tokens (the config's ``layer_types``), so their decode attention reads at most that many cached keys (vLLM keeps
+only the window for them), and every layer runs two more RMSNorms (Gemma's norms after attention and after the
+MLP); its GeGLU ``gelu_and_mul`` moves the bytes SwiGLU's ``silu_and_mul`` does; its LM head is its embedding.
+
 Tensor parallelism is not modelled yet (one GPU: ``tp`` 1).
 """
 
@@ -66,6 +71,9 @@ class ServingModel:
         qk_norm: Qwen3's per-head RMSNorm on the queries and keys.
         n_experts, experts_per_token: a mixture-of-experts layer's routed experts and the k each token goes to (0:
             a dense MLP).
+        window_layers, sliding_window: per layer, whether it attends to a sliding window, and the window in
+            tokens (Gemma 3; empty: every layer attends to the whole sequence).
+        sandwich_norms: two more RMSNorms a layer (Gemma's); tied_embeddings: the LM head is the embedding.
     """
 
     name: str
@@ -79,6 +87,10 @@ class ServingModel:
     qk_norm: bool = False
     n_experts: int = 0
     experts_per_token: int = 0
+    window_layers: tuple[bool, ...] = ()
+    sliding_window: int = 0
+    sandwich_norms: bool = False
+    tied_embeddings: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -96,7 +108,13 @@ class ServingModel:
         qkv = self.d_model * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
         mlp = 3 * self.d_model * self.d_ff * max(1, self.n_experts) + self.d_model * self.n_experts  # + router
         layer = qkv + self.n_heads * self.head_dim * self.d_model + mlp
-        return self.n_layers * layer + 2 * self.vocab_size * self.d_model
+        return self.n_layers * layer + (1 if self.tied_embeddings else 2) * self.vocab_size * self.d_model
+
+    def keys(self, layer: int, length: int) -> int:
+        """Keys layer ``layer`` attends to when a sequence holds ``length`` tokens: the sliding window's at most."""
+        if self.window_layers and self.window_layers[layer]:
+            return min(length, self.sliding_window)
+        return length
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes one token holds over all layers (keys and values)."""
@@ -133,10 +151,16 @@ def serving_model(model: str) -> ServingModel:
     if not isinstance(d_ff, int):
         raise InvalidSettingError(f"model {config.name} gives no intermediate_size; serving needs a SwiGLU decoder's sizes",
                                   argument="model")  # fmt: skip
+    model_type = raw.get("model_type")
+    types = raw.get("layer_types") or []
+    window = int(raw.get("sliding_window") or 0)
+    windows = tuple(kind == "sliding_attention" for kind in types) if window and len(types) == config.n_layers else ()
     return ServingModel(name=config.name, n_layers=config.n_layers, d_model=config.d_model, n_heads=config.n_heads,
                         n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, d_ff=d_ff,
-                        vocab_size=config.vocab_size, qk_norm=raw.get("model_type") in ("qwen3", "qwen3_moe"),
-                        n_experts=int(n_experts), experts_per_token=int(raw.get("num_experts_per_tok") or 0))  # fmt: skip
+                        vocab_size=config.vocab_size, qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+                        n_experts=int(n_experts), experts_per_token=int(raw.get("num_experts_per_tok") or 0),
+                        window_layers=windows if any(windows) else (), sliding_window=window if any(windows) else 0,
+                        sandwich_norms=model_type == "gemma3_text", tied_embeddings=config.tied_embeddings)  # fmt: skip
 
 
 def _gemm(m: int, k: int, n: int) -> Kernel:
@@ -171,11 +195,14 @@ def _layers(m: ServingModel, tokens: int, attention: list[Kernel], new_kv_tokens
                     (new_kv_tokens, kv_dim)),
             *attention,
             _gemm(tokens, q_dim, d),
+            *([_stream("vllm.rms_norm", "normalization", 2 * tokens * d * BYTES, (tokens, d))] if m.sandwich_norms
+              else []),
             _stream("vllm.fused_add_rms_norm", "normalization", norm_bytes, (tokens, d))]  # fmt: skip
+    tail = [_stream("vllm.rms_norm", "normalization", 2 * tokens * d * BYTES, (tokens, d))] if m.sandwich_norms else []
     return out + (_moe(m, tokens) if m.is_moe else [
         _gemm(tokens, d, 2 * m.d_ff),
         _stream("vllm.silu_and_mul", "elementwise", 3 * tokens * m.d_ff * BYTES, (tokens, 2 * m.d_ff)),
-        _gemm(tokens, m.d_ff, d)])
+        _gemm(tokens, m.d_ff, d)]) + tail
 
 
 def _moe(m: ServingModel, tokens: int) -> list[Kernel]:
@@ -222,7 +249,8 @@ def _prefill_attention(m: ServingModel, sequences: int, queries: int, keys: int)
     return Kernel(name="freqopt.flash_attention", kind="attention", pass_name=_PASS,
                   flops=4.0 * sequences * m.n_heads * queries * keys * m.head_dim,
                   mem_bytes=float(sequences * (2 * m.n_heads * queries + 2 * m.n_kv_heads * keys) * m.head_dim * BYTES),
-                  dtype=_DTYPE, shapes=(q, kv, kv), tensor_core=True, causal=True)  # fmt: skip
+                  dtype=_DTYPE, shapes=(q, kv, kv), tensor_core=True,
+                  causal=keys >= queries)  # a window shorter than the prompt: each query attends a full window
 
 
 def step_kernels(model: ServingModel, batch_size: int, kv_len: int, *, prefill_tokens: int = 0,
@@ -245,16 +273,19 @@ def step_kernels(model: ServingModel, batch_size: int, kv_len: int, *, prefill_t
     b = batch_size if (c and batch_size == 0) else _check("batch_size", batch_size)
     length = _check("kv_len", kv_len) if b else 0
     p = _check("prompt_len", prompt_len) if prompt_len is not None else max(c, 1)
-    attention = [_decode_attention(m, b, length + 1)] if b else []  # the new key joins the cache first
-    completed = 0
-    if c:
-        sequences = max(1, round(c / p))  # whole prompts where the chunk holds several
-        attention.append(_prefill_attention(m, sequences, max(1, c // sequences), p))
-        completed = max(1, round(c / p))
+    sequences = max(1, round(c / p)) if c else 0  # whole prompts where the chunk holds several
+    completed = sequences
+
+    def attention(layer: int) -> list[Kernel]:
+        out = [_decode_attention(m, b, m.keys(layer, length + 1))] if b else []  # the new key joins the cache first
+        if c:
+            out.append(_prefill_attention(m, sequences, max(1, c // sequences), m.keys(layer, p)))
+        return out
+
     tokens = b + c
     out = [_stream("aten.embedding", "embedding", 2 * tokens * m.d_model * BYTES, (tokens, m.d_model))]
-    for _ in range(m.n_layers):
-        out += _layers(m, tokens, attention, tokens)
+    for layer in range(m.n_layers):
+        out += _layers(m, tokens, attention(layer), tokens)
     return out + _head(m, b + completed, tokens)
 
 
