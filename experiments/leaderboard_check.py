@@ -7,7 +7,8 @@ files, for the dense models whose configs are public.
 Data: ../shared/calibration/mlenergy-leaderboard/ (vLLM with continuous batching at default clocks and power limits,
 one GPU; its README gives the columns). Nothing is fitted on these runs: every figure is predicted by the GPU files as
 they are, so each is left out by construction. The models' configs are in experiments/data/leaderboard/ (copied from
-their Hugging Face model cards). Runs over several GPUs (tensor parallel) are left out.
+their Hugging Face model cards). A run over several GPUs is simulated as tensor parallel across them (vLLM's
+``tensor_parallel_size``: freqopt.workload.serving.ServingModel.sharded), its power and energy those of all of them.
 
 How a run is simulated (freqopt.workload.serving: the kernels vLLM launches, under CUDA graphs):
 - a sequence prefills its prompt of P tokens once and decodes ``avg_output_len`` (O) tokens, so a step of B decoding
@@ -20,8 +21,8 @@ How a run is simulated (freqopt.workload.serving: the kernels vLLM launches, und
 - the engine's own CPU time between steps (scheduling, sampling's host side) is not in the kernels: a step is its
   kernels back to back. Beside the figures as built, the report gives them with that time added as a + b B per
   step (B the batch), the GPU waiting meanwhile at its waiting power (freqopt.gpu.backends.physics.waiting_power_w),
-  a and b fitted by least squares on the other model's decode-bound runs on the same GPU (leave one model out: the
-  figure for each model rests on the other models' runs).
+  a and b fitted by least squares on the other models' decode-bound one-GPU runs on the same GPU (leave one model
+  out: the figure for each model rests on the other models' runs).
 
 Prompt lengths are not in the files (LMArena conversations): P = 1024 is the stated assumption, and the report shows
 the figures at P = 256 and 2048 beside it.
@@ -61,14 +62,15 @@ TARGET_BATCHES = (8, 256)
 
 
 def simulate(sim: SimulatedGPU, model, batch: float, output_len: float, prompt_len: int) -> dict:
-    """Simulated median ITL (ms), average power (W) and energy per output token (J) of one measured run."""
+    """Simulated median ITL (ms), average power (W) and energy per output token (J) of one measured run, on all of
+    the run's ``model.tp`` GPUs."""
     b = max(1, round(batch))
     kv_len = int(round(prompt_len + output_len / 2))
     decode = sim.true_measure(step_kernels(model, b, kv_len), DEFAULT_SETTING)
     mixed = sim.true_measure(step_kernels(model, b, kv_len, prefill_tokens=prompt_len, prompt_len=prompt_len),
                              DEFAULT_SETTING)  # fmt: skip
     share = b / output_len  # prompts per step
-    energy = decode.energy_j + share * (mixed.energy_j - decode.energy_j)
+    energy = model.tp * (decode.energy_j + share * (mixed.energy_j - decode.energy_j))  # every GPU of the group
     time_s = decode.time_s + share * (mixed.time_s - decode.time_s)
     if share < 0.5:
         itl_s = decode.time_s
@@ -85,7 +87,7 @@ def add_engine_time(rows: list[dict]) -> None:
     """Each row's figures with the engine's CPU time per step, a + b B, fitted on the other model's decode-bound
     runs (prompts_per_step < 0.5) on the same GPU (module docstring), as row["with_engine_time"]."""
     for row in rows:
-        others = [r for r in rows if r["gpu"] == row["gpu"] and r["model"] != row["model"]
+        others = [r for r in rows if r["gpu"] == row["gpu"] and r["model"] != row["model"] and r["num_gpus"] == 1
                   and r["simulated"]["prompts_per_step"] < 0.5]  # fmt: skip
         if len(others) < 2:
             continue
@@ -93,7 +95,7 @@ def add_engine_time(rows: list[dict]) -> None:
         y = np.array([(r["measured"]["median_itl_ms"] - r["simulated"]["median_itl_ms"]) / 1e3 for r in others])
         (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
         spec = get_gpu(row["gpu"])
-        wait_w = float(waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1])
+        wait_w = row["num_gpus"] * float(waiting_power_w(spec, spec.max_mem_clock_mhz)[0, -1])
         s, batch = row["simulated"], max(1, round(row["batch"]))
         gap_s = max(0.0, a + b * row["batch"])
         energy = s["step_energy_j"] + gap_s * wait_w
@@ -114,17 +116,18 @@ def run() -> dict:
         folder = MODELS.get(doc["model_id"])
         if folder is None:
             continue
-        model = serving_model(f"hf:{CONFIGS / folder}")
+        whole = serving_model(f"hf:{CONFIGS / folder}")
         for gpu_model, gpu in GPUS.items():
             sim = SimulatedGPU(cuda_graph_spec(get_gpu(gpu)), noise=False)
             for c in doc["configurations"]:
-                if c["gpu_model"] != gpu_model or c["num_gpus"] != 1:
+                if c["gpu_model"] != gpu_model:
                     continue
+                model = whole.sharded(c["num_gpus"]) if c["num_gpus"] > 1 else whole
                 at = {p: simulate(sim, model, c["avg_batch_size"], c["avg_output_len"], p)
                       for p in (PROMPT_LEN, *PROMPT_LENS_BESIDE)}  # fmt: skip
                 s = at[PROMPT_LEN]
                 rows.append({
-                    "model": doc["model_id"], "gpu": gpu, "max_num_seqs": c["max_num_seqs"],
+                    "model": doc["model_id"], "gpu": gpu, "num_gpus": c["num_gpus"], "max_num_seqs": c["max_num_seqs"],
                     "batch": c["avg_batch_size"], "output_len": c["avg_output_len"],
                     "measured": {k: c[k] for k in ("median_itl_ms", "avg_power_watts", "energy_per_token_joules")},
                     "simulated": s,
@@ -159,11 +162,9 @@ def report(doc: dict) -> str:
              f"Target (issue 60): on the H100, median ITL and energy per token within {TARGET_PCT:g} % at every batch "
              f"size from {TARGET_BATCHES[0]} to {TARGET_BATCHES[1]}; the B200 reported beside.", ""]
     for model in dict.fromkeys(r["model"] for r in doc["rows"]):
-        for gpu in GPUS.values():
-            rows = [r for r in doc["rows"] if r["model"] == model and r["gpu"] == gpu]
-            if not rows:
-                continue
-            lines += [f"## {model} on {gpu}", "",
+        for gpu, n in dict.fromkeys((r["gpu"], r["num_gpus"]) for r in doc["rows"] if r["model"] == model):
+            rows = [r for r in doc["rows"] if r["model"] == model and r["gpu"] == gpu and r["num_gpus"] == n]
+            lines += [f"## {model} on {gpu}" + (f" x {n} (tensor parallel)" if n > 1 else ""), "",
                       "| batch | ITL ms: measured / simulated | error | power W: measured / simulated | error | "
                       "J per token: measured / simulated | error | ITL, J/token error at P = "
                       f"{PROMPT_LENS_BESIDE[0]} | at P = {PROMPT_LENS_BESIDE[1]} | with the engine's CPU time (other "
@@ -180,7 +181,7 @@ def report(doc: dict) -> str:
                              + " | ".join(f"{b['median_itl_ms']:+.1f} %, {b['energy_per_token_joules']:+.1f} %"
                                           for b in beside) + " | " + _engine_cell(r) + " |")  # fmt: skip
             judged = [r for r in rows if TARGET_BATCHES[0] <= round(r["batch"]) <= TARGET_BATCHES[1]]
-            if gpu == "h100-sxm" and judged:
+            if gpu == "h100-sxm" and n == 1 and judged:
                 lines += [""] + [_judgement(judged, label, key) for label, key in
                                  (("as built", None), ("with the engine's CPU time", "with_engine_time"))]  # fmt: skip
             lines.append("")

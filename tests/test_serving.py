@@ -83,6 +83,22 @@ def test_gemma3s_sliding_window_layers_read_at_most_their_window():
     assert len(norms) == 4 * 48 + 1  # Gemma's four norms a layer, and the final one
 
 
+def test_tensor_parallelism_shards_the_weights_and_adds_two_all_reduces_a_layer(qwen3):
+    half = qwen3.sharded(2)
+    assert (half.n_heads, half.n_kv_heads, half.d_ff, half.tp) == (16, 4, 6144, 2)
+    one, two = decode_kernels(qwen3, 16, 1000), decode_kernels(half, 16, 1000)
+    weights = [sum(k.shapes[1][0] * k.shapes[1][1] for k in ks if k.kind == "gemm") for ks in (one, two)]
+    assert weights[1] == pytest.approx(weights[0] / 2, rel=0.001)  # each GPU reads half the weights
+    reduces = [k for k in two if k.kind == "all-reduce"]
+    assert len(reduces) == 2 * 36 and all(k.group_size == 2 and k.comm_bytes == 16 * 4096 * BYTES for k in reduces)
+    assert not any(k.kind == "all-reduce" for k in one)
+    assert qwen3.sharded(16).n_kv_heads == 1  # fewer KV heads than GPUs: each keeps one (vLLM replicates them)
+    with pytest.raises(InvalidSettingError, match="^tp 3 does not divide query heads"):
+        qwen3.sharded(3)
+    with pytest.raises(InvalidSettingError, match="sharded already"):
+        half.sharded(2)
+
+
 def test_decode_time_and_energy_grow_with_the_batch_and_the_cache(qwen3):
     sim = SimulatedGPU(cuda_graph_spec(get_gpu("h100-sxm")), noise=False)
 

@@ -38,7 +38,11 @@ tokens (the config's ``layer_types``), so their decode attention reads at most t
 only the window for them), and every layer runs two more RMSNorms (Gemma's norms after attention and after the
 MLP); its GeGLU ``gelu_and_mul`` moves the bytes SwiGLU's ``silu_and_mul`` does; its LM head is its embedding.
 
-Tensor parallelism is not modelled yet (one GPU: ``tp`` 1).
+Tensor parallelism (``ServingModel.sharded(tp)``, vLLM's Megatron-style layers): each of the tp GPUs holds 1/tp
+of the query heads, of the key/value heads (each GPU keeps one where there are fewer than tp: vLLM replicates
+them), of the MLP's (or every expert's) intermediate size and of the vocabulary, and an all-reduce of the step's
+hidden states (tokens x d_model in bf16) follows the output projection and the MLP. The kernels are one GPU's; the
+group's energy is tp times theirs.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class ServingModel:
         window_layers, sliding_window: per layer, whether it attends to a sliding window, and the window in
             tokens (Gemma 3; empty: every layer attends to the whole sequence).
         sandwich_norms: two more RMSNorms a layer (Gemma's); tied_embeddings: the LM head is the embedding.
+        tp: the tensor-parallel degree this model's sizes are one GPU's share of (``sharded``).
     """
 
     name: str
@@ -91,6 +96,7 @@ class ServingModel:
     sliding_window: int = 0
     sandwich_norms: bool = False
     tied_embeddings: bool = False
+    tp: int = 1
 
     @property
     def is_moe(self) -> bool:
@@ -109,6 +115,22 @@ class ServingModel:
         mlp = 3 * self.d_model * self.d_ff * max(1, self.n_experts) + self.d_model * self.n_experts  # + router
         layer = qkv + self.n_heads * self.head_dim * self.d_model + mlp
         return self.n_layers * layer + (1 if self.tied_embeddings else 2) * self.vocab_size * self.d_model
+
+    def sharded(self, tp: int) -> ServingModel:
+        """One GPU's share of the model under tensor parallelism of degree ``tp`` (module docstring).
+
+        Raises:
+            InvalidSettingError: tp not a positive whole number, or one that does not divide the query heads, the
+                MLP's intermediate size or the vocabulary.
+        """
+        tp = _check("tp", tp)
+        if self.tp != 1:
+            raise InvalidSettingError(f"tp: {self.name} is sharded already (tp {self.tp})", argument="tp")
+        for what, size in (("query heads", self.n_heads), ("the MLP's intermediate size", self.d_ff)):
+            if size % tp:
+                raise InvalidSettingError(f"tp {tp} does not divide {what} of {self.name} ({size})", argument="tp")
+        return dataclasses.replace(self, n_heads=self.n_heads // tp, n_kv_heads=max(1, self.n_kv_heads // tp),
+                                   d_ff=self.d_ff // tp, vocab_size=-(-self.vocab_size // tp), tp=tp)  # fmt: skip
 
     def keys(self, layer: int, length: int) -> int:
         """Keys layer ``layer`` attends to when a sequence holds ``length`` tokens: the sliding window's at most."""
@@ -195,6 +217,7 @@ def _layers(m: ServingModel, tokens: int, attention: list[Kernel], new_kv_tokens
                     (new_kv_tokens, kv_dim)),
             *attention,
             _gemm(tokens, q_dim, d),
+            *_all_reduce(m, tokens),
             *([_stream("vllm.rms_norm", "normalization", 2 * tokens * d * BYTES, (tokens, d))] if m.sandwich_norms
               else []),
             _stream("vllm.fused_add_rms_norm", "normalization", norm_bytes, (tokens, d))]  # fmt: skip
@@ -202,7 +225,19 @@ def _layers(m: ServingModel, tokens: int, attention: list[Kernel], new_kv_tokens
     return out + (_moe(m, tokens) if m.is_moe else [
         _gemm(tokens, d, 2 * m.d_ff),
         _stream("vllm.silu_and_mul", "elementwise", 3 * tokens * m.d_ff * BYTES, (tokens, 2 * m.d_ff)),
-        _gemm(tokens, m.d_ff, d)]) + tail
+        _gemm(tokens, m.d_ff, d)]) + _all_reduce(m, tokens) + tail
+
+
+def _all_reduce(m: ServingModel, tokens: int) -> list[Kernel]:
+    """The all-reduce of a tensor-parallel layer's output over its tp GPUs (none at tp 1): a ring of 2 (n - 1) / n
+    of the hidden states' bytes each way (as freqopt.workload.trace's all-reduce kernel), on the compute stream."""
+    n = m.tp
+    if n == 1:
+        return []
+    nbytes = float(tokens * m.d_model * BYTES)
+    return [Kernel(name="freqopt.all_reduce", kind="all-reduce", pass_name=_PASS, flops=tokens * m.d_model * (n - 1) / n,
+                   mem_bytes=5 * (n - 1) / n * nbytes, dtype=_DTYPE, shapes=((tokens, m.d_model),), comm_bytes=nbytes,
+                   group_size=n, group_stride=1)]  # fmt: skip
 
 
 def _moe(m: ServingModel, tokens: int) -> list[Kernel]:
