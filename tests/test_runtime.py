@@ -196,10 +196,15 @@ def test_unchanged_settings_make_no_set_call():
     assert worker.backend.calls == [ClockSetting(1200, 2619)] and worker.n_superseded == 1
 
 
-def test_switches_slower_than_the_plan_assumed_are_reported_and_warned_about():
+def test_switches_slower_than_the_plan_assumed_are_reported_and_warned_about(monkeypatch):
     """Each switch is timed: a set call that blocks 50 ms against the plan's 6 ms switch latency is reported late,
-    with an ActuationWarning at exit; a set call that takes no time is not."""
+    with an ActuationWarning at exit; a set call that takes no time is not. How many requests a slow worker applies
+    rather than lets a later one supersede depends on the machine's timing, so the runtime judges from the first
+    switch here (MIN_SWITCHES_TO_JUDGE 1); the first request is always applied."""
+    import freqopt.apply.runtime as runtime_module
     from freqopt.apply.runtime import ActuationWarning
+
+    monkeypatch.setattr(runtime_module, "MIN_SWITCHES_TO_JUDGE", 1)
 
     trace = trace_training_iteration(WIDE)
     model = build_model(TINY, device="cpu", dtype=torch.float32)
@@ -210,7 +215,7 @@ def test_switches_slower_than_the_plan_assumed_are_reported_and_warned_about():
                          check_trace=False) as runtime:  # fmt: skip
             train_steps(model, optimizer, steps=3)
     report = runtime.actuation()
-    assert report["n_switches"] == runtime._worker.n_applied >= 3 and report["late"]
+    assert report["n_switches"] == runtime._worker.n_applied >= 1 and report["late"]
     assert report["median_switch_s"] >= 0.05 and report["assumed_switch_s"] == pytest.approx(0.006)
     assert report["daemon_median_latency_s"] is None  # not set through freqoptd
     fast = SlowSetGPU(H100, noise=False, set_s=0.0)

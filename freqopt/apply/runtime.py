@@ -63,6 +63,9 @@ __all__ = ["PhasePlan", "DVFSRuntime", "plan_phases", "ActuationWarning"]
 
 # Switches a runtime must have made before its measured latency is set against the plan's (fewer: no warning).
 MIN_SWITCHES_TO_JUDGE = 3
+# A switch within this much of the plan's switch latency is on time, s: an NVML set call alone blocks for 10-20 ms
+# (ml-energy/zeus#29), so a millisecond is below what would move a plan.
+LATE_TOLERANCE_S = 0.001
 
 
 class ActuationWarning(UserWarning):
@@ -314,8 +317,8 @@ class DVFSRuntime:
             {"n_switches", "median_switch_s", "max_switch_s" (wall time of the backend's set calls per switch; None
             before the first), "daemon_median_latency_s", "daemon_median_queued_s" (freqoptd's own timing of the
             last call of each switch, where the GPU is set through it, else None), "assumed_switch_s" (the GPU
-            file's clock_switch_ms, which the plan's look-ahead used, s), "late" (the median switch took longer,
-            judged after MIN_SWITCHES_TO_JUDGE switches)}.
+            file's clock_switch_ms, which the plan's look-ahead used, s), "late" (the median switch took longer by
+            more than LATE_TOLERANCE_S, judged after MIN_SWITCHES_TO_JUDGE switches)}.
         """
         switch_s, daemon = list(self._worker.switch_s), list(self._worker.daemon_calls)
         assumed = self.backend.spec.clock_switch_s
@@ -324,7 +327,7 @@ class DVFSRuntime:
                 "daemon_median_latency_s": statistics.median(c[1] for c in daemon) if daemon else None,
                 "daemon_median_queued_s": statistics.median(c[0] for c in daemon) if daemon else None,
                 "assumed_switch_s": assumed,
-                "late": len(switch_s) >= MIN_SWITCHES_TO_JUDGE and median > assumed}  # fmt: skip
+                "late": len(switch_s) >= MIN_SWITCHES_TO_JUDGE and median > assumed + LATE_TOLERANCE_S}  # fmt: skip
 
     def step_measurement(self) -> Measurement:
         """The simulated iteration with the settings this runtime requested in the last step, switch latency
