@@ -48,7 +48,9 @@ def test_generate_runs_prefill_and_decode_at_their_settings_and_the_gpu_is_put_b
             model.generate(ids, max_new_tokens=3, do_sample=False)  # a second request: prefill again, then decode
     assert [name for name, _ in runtime.requested] == ["prefill", "decode", "prefill", "decode"]
     locks = [c[2] for c in fake_gpu.set_calls() if c[0] == "nvmlDeviceSetGpuLockedClocks"]
-    assert locks and locks[0] == 1500 and set(locks) <= {1500, 1200}  # superseded requests may be skipped
+    # A request the worker has not reached when a later one comes is superseded by it (on a CPU there is no CUDA
+    # event to wait for), so which are applied depends on timing; the last, decode's, always is.
+    assert locks and locks[-1] == 1200 and set(locks) <= {1500, 1200}
     assert all(a != b for a, b in zip(locks, locks[1:]))  # a set call only where the setting changes
     gpu = fake_gpu.gpus[0]
     assert (gpu.locked_sm_mhz, gpu.power_limit_mw) == (None, 650_000)  # as found
