@@ -284,6 +284,7 @@ def tiny_kernels():
     return list(trace_iteration(Workload("tiny", config, 2), "train", dtype=torch.float32).kernels)
 
 
+@pytest.mark.slow
 def test_backend_measures_time_and_energy_from_the_counter(fake):
     from freqopt.gpu.backends.base import ClockSetting
 

@@ -43,6 +43,7 @@ def test_trace_step_is_exported():
     assert freqopt.trace_step is trace_step
 
 
+@pytest.mark.slow
 def test_search_stays_the_function_after_the_subpackage_is_imported():
     """Importing a submodule binds it on its package (setattr(freqopt, "search", <module>)); that one binding is
     refused, so freqopt.search and freqopt.profile stay the functions whatever is imported, and in any order."""

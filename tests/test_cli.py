@@ -216,6 +216,7 @@ def test_search_writes_tables_and_json(tmp_path):
     assert table.granularity == "pass" and (tmp_path / "freqopt.journal").exists()
 
 
+@pytest.mark.slow
 def test_verbose_lets_optunas_lines_through(tmp_path, capsys, optuna_messages):
     assert main(["search", "--model", "gpt3-small", "--seq-len", "128", "--micro-batch-size", "1", "--max-slowdown",
                  "2%", "--granularity", "iteration", "--trials", "3", "--out", str(tmp_path), "--verbose"]) == 0

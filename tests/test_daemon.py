@@ -432,6 +432,7 @@ def _as_user(node: Node, args: list[str], extra_env: dict | None = None) -> subp
     return subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_freqopt_apply_sets_the_gpu_through_the_daemon_without_root(node, tmp_path):
     from test_apply_job import table_file
 

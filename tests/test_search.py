@@ -401,6 +401,7 @@ def test_a_level_that_runs_as_a_coarser_schedule_carries_that_schedules_predicti
     assert _predicted_as_it_runs(own, [pass_level, phase], validator) == own
 
 
+@pytest.mark.slow
 def test_a_host_bound_search_says_how_much_of_its_saving_is_the_waiting_gpus(tmp_path):
     """Issue 35, item 4: a launch-bound step (micro-batch 1, 128 tokens) is mostly the GPU waiting for the host,
     and most of what a lower clock saves there is the waiting GPU's power; the default gpt3-small step waits

@@ -134,6 +134,7 @@ def test_configs_it_does_not_model_are_refused_in_one_line():
         serving_model("gpt3-small")
 
 
+@pytest.mark.slow
 def test_serve_search_keeps_every_choice_within_its_target_without_noise():
     """Qwen3-8B at batch 8 on the H100: a decode step is memory-bound, so its SM clock drops with ITL within 5 %;
     every choice is checked noiselessly against its own target, and the prefill's TTFT within 10 %."""

@@ -97,6 +97,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigterm_mid_serving_puts_the_gpu_back(tmp_path):
     sys.path.insert(0, str(TESTS))
     from fake_pynvml import FakeGPU, FakeNVML

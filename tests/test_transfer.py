@@ -234,6 +234,7 @@ def test_a_one_clock_table_is_written_as_transferred_and_trained_with(small_trac
     assert plan.workload.micro_batch_size == 2
 
 
+@pytest.mark.slow
 def test_cli_transfer_writes_the_comparison_and_the_reallocated_table(kernel_table, tmp_path, capsys):
     # --no-native: the native search's figures are checked through the API above; here, what the command writes.
     table_path = write_table(kernel_table, tmp_path / "t.json")
