@@ -160,10 +160,31 @@ def test_per_phase_switching_is_not_realizable_where_a_prefill_is_shorter_than_a
     assert row.per_phase_realizable == (row.decode.setting == row.prefill.setting)
 
 
+def test_serve_search_on_a_tensor_parallel_group_runs_one_gpus_share_and_counts_every_gpus_energy(qwen3):
+    """At tp 2 each GPU runs half the heads and MLP width with two all-reduces a layer: its default decode step is
+    shorter than the whole model's on one GPU, and the energy per token is the group's, twice one GPU's."""
+    import freqopt
+
+    result = freqopt.serve_search(QWEN3_8B, batch_sizes=[8], prompt_len=64, output_len=64, n_trials=4, tp=2)
+    (row,) = result.rows
+    assert result.tp == row.tp == 2
+    whole = SimulatedGPU(cuda_graph_spec(get_gpu("h100-sxm")), noise=False)
+    one_gpu = whole.true_measure(step_kernels(qwen3, 8, row.kv_len), DEFAULT_SETTING)
+    assert row.default_decode.time_s < one_gpu.time_s
+    assert any(k.kind == "all-reduce" for k in step_kernels(qwen3.sharded(2), 8, row.kv_len))
+    per_gpu = row.default_decode.energy_j / 8 + row.default_prefill.energy_j / 64
+    assert row.energy_per_token_j("default") == pytest.approx(2 * per_gpu, rel=1e-12)
+    assert row.decode.time_rel <= 1.05 and row.prefill.time_rel <= 1.10
+    with pytest.raises(InvalidSettingError, match=r"^tp 3 does not divide") as info:
+        freqopt.serve_search(QWEN3_8B, batch_sizes=[8], tp=3)
+    assert info.value.argument == "tp"
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--batch-sizes", "8,x"], "--batch-sizes must be positive whole numbers"),
     (["--max-itl-slowdown", "abc"], "--max-itl-slowdown"),
     (["--prompt-len", "0"], "--prompt-len must be a positive whole number"),
+    (["--tp", "3"], "--tp 3 does not divide query heads"),
 ])
 def test_cli_serve_search_refuses_bad_input_in_one_line(args, fragment, capsys):
     from freqopt.cli import main
@@ -183,4 +204,4 @@ def test_cli_serve_search_prints_the_default_and_chosen_rows(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "default, phases apart" in text and "per phase" in text and "one setting, unified batch" in text
     doc = json.loads(out.read_text())
-    assert doc["rows"][0]["batch_size"] == 8 and doc["rows"][0]["decode"]["time_rel"] <= 1.05
+    assert doc["tp"] == 1 and doc["rows"][0]["batch_size"] == 8 and doc["rows"][0]["decode"]["time_rel"] <= 1.05

@@ -38,7 +38,7 @@ FLAGS = {
     "sm_clocks_mhz": "--sm-clocks", "sm_clock_step_mhz": "--sm-clock-step",
     "small_step": "--small-step", "batch_sizes": "--batch-sizes", "prompt_len": "--prompt-len",
     "output_len": "--output-len", "max_itl_slowdown": "--max-itl-slowdown", "max_ttft_slowdown": "--max-ttft-slowdown",
-    "model": "--model",
+    "model": "--model", "tp": "--tp",
 }  # fmt: skip
 
 

@@ -26,11 +26,12 @@ def _batch_sizes(value: str) -> list:
               help="Allowed inter-token latency against the default settings': 5% or 0.05.")
 @click.option("--max-ttft-slowdown", default="10%", show_default=True,
               help="Allowed time to first token against the default settings': 10% or 0.1.")
+@click.option("--tp", type=int, default=1, show_default=True, help="GPUs of the tensor-parallel group serving it.")
 @click.option("--trials", "n_trials", type=int, default=16, show_default=True, help="Trials of each study.")
 @click.option("--seed", type=int, default=0, show_default=True, help="The studies' and the simulated noise's seed.")
 @click.option("--json", "json_path", default=None, help="Also write every row as JSON to this file.")
-def serve_search(model, gpu, batch_sizes, prompt_len, output_len, max_itl_slowdown, max_ttft_slowdown, n_trials,
-                 seed, json_path) -> None:  # fmt: skip
+def serve_search(model, gpu, batch_sizes, prompt_len, output_len, max_itl_slowdown, max_ttft_slowdown, tp,
+                 n_trials, seed, json_path) -> None:  # fmt: skip
     """Per batch size: the default settings' energy per output token, inter-token latency (ITL), time to first
     token (TTFT) and power, beside the least-energy prefill and decode settings within the targets and the one
     setting a unified batch (prefill and decode in the same steps) can hold, each checked without noise.
@@ -43,7 +44,7 @@ def serve_search(model, gpu, batch_sizes, prompt_len, output_len, max_itl_slowdo
     check_json_path(json_path)
     result = search(model, batch_sizes=_batch_sizes(batch_sizes), prompt_len=prompt_len, output_len=output_len,
                     gpu=gpu, max_itl_slowdown=max_itl_slowdown, max_ttft_slowdown=max_ttft_slowdown,
-                    n_trials=n_trials, seed=seed)  # fmt: skip
+                    n_trials=n_trials, seed=seed, tp=tp)  # fmt: skip
     _render(result)
     write_json(json_path, _doc(result))
 
@@ -55,7 +56,8 @@ def _label(setting) -> str:
 def _render(result) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{result.model} on {result.gpu}: prompts {result.prompt_len}, answers {result.output_len} "
+    group = f"{result.tp} x {result.gpu} (tensor parallel)" if result.tp > 1 else result.gpu
+    table = Table(title=f"{result.model} on {group}: prompts {result.prompt_len}, answers {result.output_len} "
                         f"tokens; ITL within {result.max_itl_slowdown:.0%}, TTFT within {result.max_ttft_slowdown:.0%}")
     for name, justify in (("batch", "right"), ("schedule", "left"), ("decode setting", "left"),
                           ("prefill setting", "left"), ("J / token", "right"), ("saved", "right"),
@@ -83,7 +85,8 @@ def _render(result) -> None:
     console.print("phases apart: prefills and decode steps run apart (their own steps, or their own GPUs); per-phase "
                   "settings are realizable on one GPU where a prefill and the decode steps between two prompts each "
                   "outlast its switch latency. unified batch: prompts prefilled in the decode steps they join, one "
-                  "setting for both; each saving is against the default of the same engine.")
+                  "setting for both; each saving is against the default of the same engine."
+                  + (f" J / token: the {result.tp} GPUs'; decode W: one GPU's." if result.tp > 1 else ""))
 
 
 def _doc(result) -> dict:
@@ -91,7 +94,7 @@ def _doc(result) -> dict:
         return {"setting": c.setting.label(), "time_s": c.time_s, "energy_j": c.energy_j, "time_rel": c.time_rel,
                 "energy_rel": c.energy_rel, "n_measurements": c.n_measurements}  # fmt: skip
 
-    return {"gpu": result.gpu, "model": result.model, "prompt_len": result.prompt_len,
+    return {"gpu": result.gpu, "tp": result.tp, "model": result.model, "prompt_len": result.prompt_len,
             "output_len": result.output_len, "max_itl_slowdown": result.max_itl_slowdown,
             "max_ttft_slowdown": result.max_ttft_slowdown,
             "rows": [{"batch_size": r.batch_size, "kv_len": r.kv_len, "per_phase_realizable": r.per_phase_realizable,

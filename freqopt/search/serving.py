@@ -20,6 +20,11 @@ engine that runs prefills and decode steps apart, where a prefill and the run of
 each outlast the switch latency (``ServingRow.per_phase_realizable``); an engine that mixes them in one step (vLLM's
 unified batch) can hold only the one setting. Energy per
 output token: a decode step's energy over B, plus one prompt's prefill energy over the output_len tokens it yields.
+
+With tensor parallelism (``tp`` > 1: freqopt.workload.serving's ``ServingModel.sharded``, vLLM's Megatron-style
+layers, each step's all-reduces over the GPU file's interconnect), every GPU of the group runs the same share of
+each step at the same setting, so the search runs on one GPU's kernels and the energy per token is the group's: tp
+times one GPU's.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class ServingRow:
         per_phase_realizable: whether per-phase switching keeps up on one GPU whose engine runs prefills and
             decode steps apart: a prefill, and the run of decode steps between two prompts, each outlast the GPU's
             switch latency (or both phases chose one setting). A unified batch holds only one_setting.
+        tp: the GPUs of the tensor-parallel group each step runs on; the PhaseChoice figures are one GPU's.
     """
 
     batch_size: int
@@ -83,27 +89,30 @@ class ServingRow:
     prompts_per_step: int
     output_len: int
     per_phase_realizable: bool
+    tp: int = 1
 
     def energy_per_token_j(self, which: str = "per-phase") -> float:
         """Energy per output token, J: "default" and "per-phase" (a decode step over B, plus a prompt's prefill
         over the output_len tokens it yields), "one-setting" and "default-step" (a continuous-batching engine's
-        expected step over B: the decode step, plus B / output_len prompts' share of the step that carries them)."""
-        b, o = self.batch_size, self.output_len
+        expected step over B: the decode step, plus B / output_len prompts' share of the step that carries them);
+        the tensor-parallel group's, tp GPUs."""
+        b, o, n = self.batch_size, self.output_len, self.tp
         if which == "default":
-            return self.default_decode.energy_j / b + self.default_prefill.energy_j / o
+            return n * (self.default_decode.energy_j / b + self.default_prefill.energy_j / o)
         if which == "per-phase":
-            return self.decode.energy_j / b + self.prefill.energy_j / o
+            return n * (self.decode.energy_j / b + self.prefill.energy_j / o)
         if which in ("one-setting", "default-step"):
             decode, step = ((self.one_setting_decode, self.one_setting) if which == "one-setting"
                             else (self.default_decode, self.default_step))  # fmt: skip
-            return (decode.energy_j + b / o / self.prompts_per_step * (step.energy_j - decode.energy_j)) / b
+            return n * (decode.energy_j + b / o / self.prompts_per_step * (step.energy_j - decode.energy_j)) / b
         raise InvalidSettingError(f"which must be default, per-phase, one-setting or default-step, not {which!r}",
                                   argument="which")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ServingResult:
-    """What serve_search found: the GPU type's name, the model, the targets (fractions) and a row per batch size."""
+    """What serve_search found: the GPU type's name, the model, the targets (fractions), a row per batch size and the
+    tensor-parallel degree (tp GPUs a step)."""
 
     gpu: str
     model: str
@@ -112,6 +121,7 @@ class ServingResult:
     max_itl_slowdown: float
     max_ttft_slowdown: float
     rows: tuple[ServingRow, ...]
+    tp: int = 1
 
 
 def _choice(sim: SimulatedGPU, kernels, setting: ClockSetting, default, n: int) -> PhaseChoice:
@@ -146,7 +156,8 @@ def _search_phase(sim: SimulatedGPU, kernels, name: str, slowdown: float, *, n_t
 
 def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), prompt_len: int = 1024,
                  output_len: int = 512, gpu: str = "h100-sxm", max_itl_slowdown: float | str = "5%",
-                 max_ttft_slowdown: float | str = "10%", n_trials: int = 16, seed: int = 0) -> ServingResult:  # fmt: skip
+                 max_ttft_slowdown: float | str = "10%", n_trials: int = 16, seed: int = 0,
+                 tp: int = 1) -> ServingResult:  # fmt: skip
     """Search per-phase settings (prefill, decode) and one setting for both, for serving ``model`` at each batch
     size, on the simulated GPU (module docstring: what is searched, checked and realizable).
 
@@ -159,10 +170,14 @@ def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), promp
             fractions or percentages of the default settings' (freqopt.budget.parse_slowdown).
         n_trials: trials of each study (a clock study and a power-limit study per phase).
         seed: the studies' seed and the simulated noise's.
+        tp: GPUs of the tensor-parallel group serving the model (module docstring; default 1): the search runs on
+            one GPU's share and the energy per token is the group's.
 
     Raises:
         InvalidSettingError: a bad target, size or batch size (its argument's name first); a model serving does
-            not model (serving_model). UnknownNameError: an unknown GPU type; transformers missing.
+            not model (serving_model); a tp that is not a positive whole number or does not divide the model's
+            query heads or MLP width (ServingModel.sharded). UnknownNameError: an unknown GPU type; transformers
+            missing.
     """
     from freqopt.gpu.specs import get_gpu
 
@@ -176,6 +191,8 @@ def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), promp
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidSettingError(f"{what} must be a positive whole number, not {value!r}", argument=what)
     served = serving_model(model)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp != 1:
+        served = served.sharded(tp)
     spec = get_gpu(gpu)
     sim = SimulatedGPU(cuda_graph_spec(spec), seed=seed)
     kv_len = prompt_len + output_len // 2
@@ -202,7 +219,7 @@ def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), promp
                 default_step=default_step, decode=decode_choice, prefill=prefill_choice, one_setting=one,
                 one_setting_decode=_choice(sim, decode, one.setting, default_decode, 0), prompts_per_step=per_step,
                 output_len=output_len,
-                per_phase_realizable=decode_choice.setting == prefill_choice.setting or keeps_up,
+                per_phase_realizable=decode_choice.setting == prefill_choice.setting or keeps_up, tp=served.tp,
             ))  # fmt: skip
     return ServingResult(gpu=spec.name, model=served.name, prompt_len=prompt_len, output_len=output_len,
-                         max_itl_slowdown=itl, max_ttft_slowdown=ttft, rows=tuple(rows))  # fmt: skip
+                         max_itl_slowdown=itl, max_ttft_slowdown=ttft, rows=tuple(rows), tp=served.tp)  # fmt: skip
