@@ -23,6 +23,7 @@ from freqopt.workload.layout import parse_layout
 from freqopt.workload.models import Workload
 from freqopt.workload.models.gpt3 import GPTConfig
 from freqopt.workload.trace import trace_iteration
+from conftest import built_once  # noqa: E402
 
 pytest.importorskip("deepspeed")
 MICRO_BATCH = 2
@@ -37,36 +38,26 @@ def _free_port() -> int:
 LAYOUTS = ["dp=2", "tp=2"]
 
 
-def _launch(layout: str, out) -> list[dict]:
-    """Train the tiny GPT under the DeepSpeed launcher on two CPU ranks in ``layout``; each rank's record."""
+def _launch(layout: str, out) -> None:
+    """Train the tiny GPT under the DeepSpeed launcher on two CPU ranks in ``layout``; each rank writes
+    ``out/rank{r}.json``."""
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--no_local_rank",
            # As a module: run as a script, freqopt/workload/ would lead sys.path and its trace.py shadow stdlib trace.
            "--master_port", str(_free_port()), "--module", "freqopt.workload.deepspeed_profile", "--layout", layout,
            "--micro-batch-size", str(MICRO_BATCH), "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-
-
-@pytest.fixture(scope="module")
-def real_runs(tmp_path_factory):
-    """Each layout's DeepSpeed run, launched once for the module however its tests are ordered (a parametrized
-    module fixture is set up again each time the order alternates its parameters, as pytest-xdist's may)."""
-    runs: dict[str, tuple] = {}
-
-    def run(layout: str):
-        if layout not in runs:
-            if layout.startswith("tp"):
-                pytest.importorskip("transformers", reason="AutoTP needs transformers: pip install -e '.[tp]'")
-            runs[layout] = parse_layout(layout), _launch(layout, tmp_path_factory.mktemp(layout.replace("=", "")))
-        return runs[layout]
-
-    return run
 
 
 @pytest.fixture(params=LAYOUTS)
-def real_run(request, real_runs):
-    return real_runs(request.param)
+def real_run(request, tmp_path_factory):
+    """The layout's DeepSpeed run, launched once for the whole test run (conftest.built_once): a module fixture is
+    set up again whenever the run interleaves this module's tests with others, as it did four times a suite."""
+    layout = request.param
+    if layout.startswith("tp"):
+        pytest.importorskip("transformers", reason="AutoTP needs transformers: pip install -e '.[tp]'")
+    out = built_once(tmp_path_factory, f"deepspeed-{layout.replace('=', '')}", lambda folder: _launch(layout, folder))
+    return parse_layout(layout), [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def freqopt_trace(layout):
