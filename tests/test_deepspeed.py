@@ -23,7 +23,7 @@ from freqopt.workload.layout import parse_layout
 from freqopt.workload.models import Workload
 from freqopt.workload.models.gpt3 import GPTConfig
 from freqopt.workload.trace import trace_iteration
-from conftest import built_once  # noqa: E402
+from conftest import built_once
 
 pytest.importorskip("deepspeed")
 MICRO_BATCH = 2

@@ -190,9 +190,7 @@ def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), promp
     for what, value in (("prompt_len", prompt_len), ("output_len", output_len), ("n_trials", n_trials)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidSettingError(f"{what} must be a positive whole number, not {value!r}", argument=what)
-    served = serving_model(model)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp != 1:
-        served = served.sharded(tp)
+    served = serving_model(model).sharded(tp)  # tp 1: the whole model, unchanged; a bad tp refused there
     spec = get_gpu(gpu)
     sim = SimulatedGPU(cuda_graph_spec(spec), seed=seed)
     kv_len = prompt_len + output_len // 2
