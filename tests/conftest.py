@@ -91,22 +91,41 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     return folder
 
 
-@pytest.fixture(scope="session")
-def kernel_search_cli(tmp_path_factory):
-    """KERNEL_SEARCH run once per test run (built_once) through the command line by one uninterrupted process, in a
-    folder of its own (``--out out --json r.json``, its standard error in stderr.txt): the reference that shared
-    (tests/test_workers.py) and killed-and-resumed (tests/test_resume.py) runs of the same command must reproduce."""
+# A small iteration-level search whose table a training or a transfer then uses: gpt3-small at 2 x 64 tokens.
+ITERATION_SEARCH = ["--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "64", "--max-slowdown", "2%",
+                    "--granularity", "iteration", "--trials", "3"]  # fmt: skip
+
+
+def _cli_search_once(tmp_path_factory, name: str, args: list[str]) -> Path:
+    """``freqopt search ARGS --out out --json r.json`` run once per test run (built_once) by one process through the
+    command line, in a folder of its own that it returns (its standard error in stderr.txt)."""
 
     def search(cwd: Path) -> None:
-        proc = subprocess.run([sys.executable, "-m", "freqopt.cli", "search", *KERNEL_SEARCH, "--out", "out",
-                               "--json", "r.json"], cwd=cwd, env={**os.environ, "COLUMNS": "200"},
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        proc = subprocess.run([sys.executable, "-m", "freqopt.cli", "search", *args, "--out", "out", "--json",
+                               "r.json"], cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         (cwd / "stderr.txt").write_text(proc.stderr)
 
-    cwd = built_once(tmp_path_factory, "kernel-search", search)
+    return built_once(tmp_path_factory, name, search)
+
+
+@pytest.fixture(scope="session")
+def kernel_search_cli(tmp_path_factory):
+    """KERNEL_SEARCH run once per test run by one uninterrupted process (_cli_search_once): the reference that
+    shared (tests/test_workers.py) and killed-and-resumed (tests/test_resume.py) runs of the same command must
+    reproduce."""
+    cwd = _cli_search_once(tmp_path_factory, "kernel-search", KERNEL_SEARCH)
     return {"args": KERNEL_SEARCH, "summary": json.loads((cwd / "r.json").read_text()),
             "stderr": (cwd / "stderr.txt").read_text()}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def iteration_search_cli(tmp_path_factory):
+    """ITERATION_SEARCH run once per test run (_cli_search_once), for the tests that train with or transfer its
+    table: its arguments, its tables' folder (read only: each test writes in its own) and its standard error."""
+    cwd = _cli_search_once(tmp_path_factory, "iteration-search", ITERATION_SEARCH)
+    return {"args": ITERATION_SEARCH, "out": cwd / "out", "stderr": (cwd / "stderr.txt").read_text()}
 
 
 @pytest.fixture(scope="session")

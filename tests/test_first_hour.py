@@ -15,10 +15,6 @@ import pytest
 from freqopt.cli import main
 from freqopt.errors import InvalidSettingError
 
-SEARCH = ["search", "--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "64", "--max-slowdown", "2%",
-          "--granularity", "iteration", "--trials", "3"]  # fmt: skip
-
-
 def _suggested(stderr: str, prefix: str) -> list[str]:
     """The command a search printed after ``prefix``, split as a shell would."""
     lines = [line for line in stderr.splitlines() if prefix in line]
@@ -27,14 +23,13 @@ def _suggested(stderr: str, prefix: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_training_a_search_suggests_runs_as_printed(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # the search's storage and tables; the suggestion holds absolute paths
-    assert main([*SEARCH, "--out", "out"]) == 0
-    args = _suggested(capsys.readouterr().err, "apply the iteration table (the most saved) to training with: ")
+def test_the_training_a_search_suggests_runs_as_printed(iteration_search_cli, tmp_path, monkeypatch, capsys):
+    """The suggestion of a search at 2 x 64 tokens (conftest's ITERATION_SEARCH, run once for the run)."""
+    args = _suggested(iteration_search_cli["stderr"], "apply the iteration table (the most saved) to training with: ")
     assert args[:2] == ["freqopt", "train"]
     assert {"--small-step", "--compare"} <= set(args) and "--backend" not in args  # a simulated GPU's suggestion
     assert args[args.index("--micro-batch-size") + 1] == "2" and args[args.index("--seq-len") + 1] == "64"
-    monkeypatch.chdir(tmp_path.parent)  # from another folder
+    monkeypatch.chdir(tmp_path)  # from another folder than the search's: the suggestion holds absolute paths
     started = time.monotonic()
     assert main(args[1:]) == 0
     took = time.monotonic() - started
@@ -101,13 +96,13 @@ def test_a_real_gpus_search_suggests_the_full_step_compared():
 
 
 @pytest.mark.slow
-def test_small_steps_give_the_full_steps_simulated_figures(tmp_path):
+def test_small_steps_give_the_full_steps_simulated_figures(iteration_search_cli):
     """The runtime follows module hooks, whose order does not depend on the batch: the same requests, and so the
-    same simulated time and energy per step, with one short sequence as with the workload's micro-batch."""
+    same simulated time and energy per step, with one short sequence as with the workload's micro-batch (2 x 64
+    tokens: conftest's ITERATION_SEARCH's table)."""
     from freqopt.apply.train import plan_training
 
-    assert main([*SEARCH, "--out", str(tmp_path / "s"), "--storage", f"sqlite:///{tmp_path / 's.db'}"]) == 0
-    table = next((tmp_path / "s").glob("*-iteration.json"))
+    table = next(iteration_search_cli["out"].glob("*-iteration.json"))
     reports = {}
     for small in (False, True):
         statuses, steps = [], []

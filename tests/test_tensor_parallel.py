@@ -148,9 +148,11 @@ def test_refinement_of_a_power_limit_tries_whole_watts_only_between_measured_lim
 
 
 @pytest.mark.slow
-def test_the_train_line_a_tensor_parallel_transfer_prints_runs_to_its_end(tmp_path, monkeypatch, capsys):
+def test_the_train_line_a_tensor_parallel_transfer_prints_runs_to_its_end(iteration_search_cli, tmp_path,
+                                                                         monkeypatch, capsys):  # fmt: skip
     """A table transferred to tp=2 comes with a `freqopt train` line; run as printed (two ranks under DeepSpeed
-    AutoTP on the CPU, with gloo), it trains to its end and reports the saving it measured."""
+    AutoTP on the CPU, with gloo), it trains to its end and reports the saving it measured. The source table is a
+    search's at 2 x 64 tokens (conftest's ITERATION_SEARCH)."""
     import shlex
     import subprocess
     import sys
@@ -159,11 +161,9 @@ def test_the_train_line_a_tensor_parallel_transfer_prints_runs_to_its_end(tmp_pa
     from freqopt.cli import main
 
     monkeypatch.chdir(tmp_path)
-    small = ["--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "64"]
-    assert main(["search", *small, "--max-slowdown", "2%", "--granularity", "iteration", "--trials", "3",
-                 "--out", "src"]) == 0  # fmt: skip
-    source = next((tmp_path / "src").glob("*-iteration.json"))
-    capsys.readouterr()
+    small = iteration_search_cli["args"][:6]  # the model and its micro-batch and sequence length
+    assert small == ["--model", "gpt3-small", "--micro-batch-size", "2", "--seq-len", "64"]
+    source = next(iteration_search_cli["out"].glob("*-iteration.json"))
     assert main(["transfer", "--table", str(source), *small, "--layout", "tp=2", "--no-native", "--out", "tp2"]) == 0
     out = capsys.readouterr().out.replace("\n", " ")
     assert "apply it with `" in out, out
