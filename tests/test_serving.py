@@ -205,3 +205,25 @@ def test_cli_serve_search_prints_the_default_and_chosen_rows(tmp_path, capsys):
     assert "default, phases apart" in text and "per phase" in text and "one setting, unified batch" in text
     doc = json.loads(out.read_text())
     assert doc["tp"] == 1 and doc["rows"][0]["batch_size"] == 8 and doc["rows"][0]["decode"]["time_rel"] <= 1.05
+
+
+@pytest.mark.slow
+def test_the_leaderboard_sensitivity_at_the_built_bandwidth_and_prompt_length_is_the_reports_own_figure():
+    """experiments/leaderboard_check.py's sensitivity table, at the assumed prompt length and decode attention's
+    bandwidth as built, gives each model the worst errors its as-built H100 rows give: the table moves only what
+    it says it moves."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import leaderboard_check as lc
+
+    (cell,) = lc.sensitivity(prompt_lens=(lc.PROMPT_LEN,), attention_rels=(1.0,))
+    rows = [r for r in lc.run()["rows"] if r["gpu"] == "h100-sxm" and r["num_gpus"] == 1
+            and lc.TARGET_BATCHES[0] <= round(r["batch"]) <= lc.TARGET_BATCHES[1]]  # fmt: skip
+    assert set(cell["worst_abs_pct"]) == {r["model"] for r in rows} and len(rows) > 10
+    for model, worst in cell["worst_abs_pct"].items():
+        mine = [r["error_pct"] for r in rows if r["model"] == model]
+        assert worst == pytest.approx([max(abs(e[k]) for e in mine)
+                                       for k in ("median_itl_ms", "energy_per_token_joules")], rel=1e-9)  # fmt: skip
+    lower = lc.sensitivity(prompt_lens=(lc.PROMPT_LEN,), attention_rels=(0.7,))[0]["worst_abs_pct"]
+    assert lower != cell["worst_abs_pct"]  # the bandwidth reaches the simulation
