@@ -2,6 +2,7 @@
 value once, a prefill's attention is causal FlashAttention, a unified step's GEMMs span every token it carries, and
 bad sizes or configs are refused in one line."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,42 @@ def test_decode_time_and_energy_grow_with_the_batch_and_the_cache(qwen3):
     assert small.time_s > qwen3.n_params * BYTES / 3352e9
 
 
+# Qwen1.5-MoE-A2.7B's sizes (its Hugging Face config.json): 60 routed experts of 1408, top 4, and one shared expert
+# of 5632 with its gate, in each of 24 layers.
+QWEN15_MOE = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048,
+              "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+              "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
+              "max_position_embeddings": 8192, "hidden_act": "silu", "tie_word_embeddings": False}  # fmt: skip
+
+
+def test_a_shared_expert_is_read_by_every_step_and_sharded_with_the_layer(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN15_MOE))
+    moe = serving_model(f"hf:{tmp_path}")
+    assert (moe.n_experts, moe.experts_per_token, moe.d_ff, moe.shared_d_ff) == (60, 4, 1408, 5632)
+    assert moe.n_params == pytest.approx(14.3e9, rel=0.01)  # Qwen1.5-MoE-A2.7B: 14.3 B parameters in all
+
+    def shared_bytes(model, b):  # the dense GEMMs after the routed experts: the shared expert and its gate
+        kernels = decode_kernels(model, b, 100)
+        ends = [i for i, k in enumerate(kernels) if k.name == "vllm.moe_sum"]
+        return sum(k.mem_bytes for i in ends for k in kernels[i + 1:i + 5] if k.name == "aten.mm")
+
+    # Bytes grow by the same activations per sequence at every batch, over the weights read once a step, whatever
+    # the routing: gate/up, down and the gate's weights, 24 layers.
+    one, per_sequence = shared_bytes(moe, 1), shared_bytes(moe, 2) - shared_bytes(moe, 1)
+    assert one - per_sequence == pytest.approx(24 * (3 * 2048 * 5632 + 2048) * BYTES, rel=1e-12)
+    assert shared_bytes(moe, 256) == pytest.approx(one + 255 * per_sequence, rel=1e-12)
+    half = moe.sharded(2)
+    assert half.shared_d_ff == 2816 and half.n_params < moe.n_params
+    with pytest.raises(InvalidSettingError, match=r"^tp 3 does not divide query heads"):
+        moe.sharded(3)
+    odd = dataclasses.replace(moe, shared_d_ff=5633)
+    with pytest.raises(InvalidSettingError, match="shared expert's intermediate size"):
+        odd.sharded(2)
+
+
 @pytest.mark.parametrize("call, fragment", [
     (lambda m: decode_kernels(m, 0, 100), "batch_size must be a positive whole number"),
     (lambda m: decode_kernels(m, 8, -1), "kv_len must be a positive whole number"),
@@ -125,8 +162,8 @@ def test_bad_sizes_are_refused(qwen3, call, fragment):
 
 
 def test_configs_it_does_not_model_are_refused_in_one_line():
-    with pytest.raises(InvalidSettingError, match="mixture-of-experts model with shared experts"):
-        serving_model(f"hf:{HF / 'qwen2_moe'}")  # Qwen2-MoE's shared expert
+    with pytest.raises(InvalidSettingError, match="is a DeepSeek-style mixture-of-experts model"):
+        serving_model(f"hf:{HF / 'deepseek_v3'}")  # latent attention, several shared experts, dense first layers
     with pytest.raises(InvalidSettingError, match="not a decoder-only language model"):
         serving_model(f"hf:{HF / 'bert'}")
     with pytest.raises(InvalidSettingError, match=r"model must be a Hugging Face config \(hf:PATH\) for serving "

@@ -25,10 +25,13 @@ the vocabulary, in fp32). Weights and activations in bf16 (2 bytes), the KV cach
 default for decode) the host issues a whole step at once, so a decode step's kernels run back to back: measure them
 with ``cuda_graph_spec`` (the GPU type without its host's per-kernel issue time).
 
-A mixture-of-experts layer (Qwen3-MoE, Mixtral: routed experts, none shared) runs, in place of the MLP, vLLM's
-router GEMM, its top-k softmax and its fused MoE kernels (vllm/model_executor/layers/fused_moe: one grouped GEMM
-over the experts' gate/up projections, ``silu_and_mul``, one over their down projections, and the weighted sum of
-each token's k outputs). Those kernels read the weights of every expert some token of the step is routed to: with
+A mixture-of-experts layer (Qwen3-MoE, Mixtral: routed experts; Qwen2-MoE: routed experts and one shared expert)
+runs, in place of the MLP, vLLM's router GEMM, its top-k softmax and its fused MoE kernels
+(vllm/model_executor/layers/fused_moe: one grouped GEMM over the experts' gate/up projections, ``silu_and_mul``, one
+over their down projections, and the weighted sum of each token's k outputs). A shared expert (Qwen2-MoE's
+``shared_expert_intermediate_size``; vllm/model_executor/models/qwen2_moe.py) is a SwiGLU MLP every token goes
+through, its weights read every step; its sigmoid gate (a GEMM to one column) scales its output, which is then added
+to the routed experts' sum (a multiply and an add); its kernels run after the routed experts', on the same stream. Those kernels read the weights of every expert some token of the step is routed to: with
 the tokens routed uniformly and independently (assumed: a trained router balances its experts), an expert is
 touched by one of T tokens with probability 1 - (1 - k/E)^T, so a decode step of 8 sequences on Qwen3-30B-A3B (E =
 128 experts, k = 8) reads 52 experts' weights a layer, and one of 256 nearly all 128.
@@ -75,6 +78,8 @@ class ServingModel:
         qk_norm: Qwen3's per-head RMSNorm on the queries and keys.
         n_experts, experts_per_token: a mixture-of-experts layer's routed experts and the k each token goes to (0:
             a dense MLP).
+        shared_d_ff: the intermediate size of a mixture-of-experts layer's shared expert, with its sigmoid gate
+            (Qwen2-MoE's; 0: none).
         window_layers, sliding_window: per layer, whether it attends to a sliding window, and the window in
             tokens (Gemma 3; empty: every layer attends to the whole sequence).
         sandwich_norms: two more RMSNorms a layer (Gemma's); tied_embeddings: the LM head is the embedding.
@@ -92,6 +97,7 @@ class ServingModel:
     qk_norm: bool = False
     n_experts: int = 0
     experts_per_token: int = 0
+    shared_d_ff: int = 0
     window_layers: tuple[bool, ...] = ()
     sliding_window: int = 0
     sandwich_norms: bool = False
@@ -113,6 +119,8 @@ class ServingModel:
         """Weights, without norms: embeddings, LM head and every layer's projections."""
         qkv = self.d_model * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
         mlp = 3 * self.d_model * self.d_ff * max(1, self.n_experts) + self.d_model * self.n_experts  # + router
+        if self.shared_d_ff:
+            mlp += 3 * self.d_model * self.shared_d_ff + self.d_model  # the shared expert and its gate
         layer = qkv + self.n_heads * self.head_dim * self.d_model + mlp
         return self.n_layers * layer + (1 if self.tied_embeddings else 2) * self.vocab_size * self.d_model
 
@@ -121,16 +129,18 @@ class ServingModel:
 
         Raises:
             InvalidSettingError: tp not a positive whole number, or one that does not divide the query heads, the
-                MLP's intermediate size or the vocabulary.
+                MLP's (or the shared expert's) intermediate size.
         """
         tp = _check("tp", tp)
         if self.tp != 1:
             raise InvalidSettingError(f"tp: {self.name} is sharded already (tp {self.tp})", argument="tp")
-        for what, size in (("query heads", self.n_heads), ("the MLP's intermediate size", self.d_ff)):
+        for what, size in (("query heads", self.n_heads), ("the MLP's intermediate size", self.d_ff),
+                           ("the shared expert's intermediate size", self.shared_d_ff)):  # fmt: skip
             if size % tp:
                 raise InvalidSettingError(f"tp {tp} does not divide {what} of {self.name} ({size})", argument="tp")
         return dataclasses.replace(self, n_heads=self.n_heads // tp, n_kv_heads=max(1, self.n_kv_heads // tp),
-                                   d_ff=self.d_ff // tp, vocab_size=-(-self.vocab_size // tp), tp=tp)  # fmt: skip
+                                   d_ff=self.d_ff // tp, shared_d_ff=self.shared_d_ff // tp,
+                                   vocab_size=-(-self.vocab_size // tp), tp=tp)  # fmt: skip
 
     def keys(self, layer: int, length: int) -> int:
         """Keys layer ``layer`` attends to when a sequence holds ``length`` tokens: the sliding window's at most."""
@@ -147,8 +157,9 @@ def serving_model(model: str) -> ServingModel:
     """The ServingModel of ``model``, ``hf:PATH`` (a config.json or a folder holding one).
 
     Raises:
-        InvalidSettingError: not an hf: config, an encoder config, a mixture-of-experts config with shared
-            experts, or one without a decoder's sizes.
+        InvalidSettingError: not an hf: config, an encoder config, a mixture-of-experts config with dense layers
+            among its expert layers or with DeepSeek's latent attention and shared experts, or one without a
+            decoder's sizes.
         UnknownNameError: transformers is missing (freqopt.workload.models.hf).
     """
     from freqopt.workload.models.hf import is_hf_model, load_hf_config
@@ -163,11 +174,19 @@ def serving_model(model: str) -> ServingModel:
         raise InvalidSettingError(f"model {config.name} is not a decoder-only language model; serving needs one",
                                   argument="model")  # fmt: skip
     n_experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
-    shared = raw.get("n_routed_experts") or raw.get("shared_expert_intermediate_size") or raw.get("n_shared_experts")
-    if shared or (n_experts and (raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1)):
-        raise InvalidSettingError(f"model {config.name} is a mixture-of-experts model with shared experts or dense "
-                                  "layers among its expert layers; serving workloads model routed experts in every "
-                                  "layer only (Qwen3-MoE, Mixtral) so far", argument="model")  # fmt: skip
+    if raw.get("n_routed_experts") or raw.get("n_shared_experts"):
+        raise InvalidSettingError(f"model {config.name} is a DeepSeek-style mixture-of-experts model (latent "
+                                  "attention, shared experts, dense first layers); serving workloads model routed "
+                                  "experts in every layer, with one shared expert at most (Qwen3-MoE, Mixtral, "
+                                  "Qwen2-MoE), and standard attention", argument="model")  # fmt: skip
+    if n_experts and (raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1):
+        raise InvalidSettingError(f"model {config.name} is a mixture-of-experts model with dense layers among its "
+                                  "expert layers; serving workloads model routed experts in every layer (Qwen3-MoE, "
+                                  "Mixtral, Qwen2-MoE)", argument="model")  # fmt: skip
+    shared_d_ff = (raw.get("shared_expert_intermediate_size") or 0) if n_experts else 0
+    if not isinstance(shared_d_ff, int) or shared_d_ff < 0:
+        raise InvalidSettingError(f"model {config.name} gives shared_expert_intermediate_size {shared_d_ff!r}; it must "
+                                  "be a whole number of units", argument="model")  # fmt: skip
     d_ff = raw.get("moe_intermediate_size") if n_experts and raw.get("moe_intermediate_size") else raw.get(
         "intermediate_size")  # fmt: skip
     if not isinstance(d_ff, int):
@@ -181,6 +200,7 @@ def serving_model(model: str) -> ServingModel:
                         n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, d_ff=d_ff,
                         vocab_size=config.vocab_size, qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
                         n_experts=int(n_experts), experts_per_token=int(raw.get("num_experts_per_tok") or 0),
+                        shared_d_ff=int(shared_d_ff),
                         window_layers=windows if any(windows) else (), sliding_window=window if any(windows) else 0,
                         sandwich_norms=model_type == "gemma3_text", tied_embeddings=config.tied_embeddings)  # fmt: skip
 
@@ -253,12 +273,21 @@ def _moe(m: ServingModel, tokens: int) -> list[Kernel]:
                       mem_bytes=float(nbytes), dtype=_DTYPE, shapes=((rows, k_dim), (k_dim, n_dim)),
                       tensor_core=True)  # fmt: skip
 
-    return [_gemm(tokens, d, m.n_experts),
-            _stream("vllm.topk_softmax", "softmax", tokens * m.n_experts * 4 + tokens * k * 8, (tokens, m.n_experts)),
-            grouped(d, 2 * f),
-            _stream("vllm.silu_and_mul", "elementwise", 3 * rows * f * BYTES, (rows, 2 * f)),
-            grouped(f, d),
-            _stream("vllm.moe_sum", "reduction", (rows * d + tokens * d) * BYTES, (tokens, k, d))]  # fmt: skip
+    routed = [_gemm(tokens, d, m.n_experts),
+              _stream("vllm.topk_softmax", "softmax", tokens * m.n_experts * 4 + tokens * k * 8, (tokens, m.n_experts)),
+              grouped(d, 2 * f),
+              _stream("vllm.silu_and_mul", "elementwise", 3 * rows * f * BYTES, (rows, 2 * f)),
+              grouped(f, d),
+              _stream("vllm.moe_sum", "reduction", (rows * d + tokens * d) * BYTES, (tokens, k, d))]  # fmt: skip
+    if not m.shared_d_ff:
+        return routed
+    g = m.shared_d_ff
+    return routed + [_gemm(tokens, d, 2 * g),
+                     _stream("vllm.silu_and_mul", "elementwise", 3 * tokens * g * BYTES, (tokens, 2 * g)),
+                     _gemm(tokens, g, d),
+                     _gemm(tokens, d, 1),  # the gate; its sigmoid (one value a token) is left out
+                     _stream("aten.mul", "elementwise", 3 * tokens * d * BYTES, (tokens, d), flops=tokens * d),
+                     _stream("aten.add", "elementwise", 3 * tokens * d * BYTES, (tokens, d), flops=tokens * d)]
 
 
 def _head(m: ServingModel, sequences: int, tokens: int) -> list[Kernel]:
