@@ -46,9 +46,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from freqopt.files import atomic_write_text
 import numpy as np
 
+from freqopt.files import atomic_write_text
 from freqopt.gpu.backends.base import DEFAULT_SETTING
 from freqopt.gpu.backends.physics import waiting_power_w
 from freqopt.gpu.backends.simulated import SimulatedGPU
