@@ -197,6 +197,89 @@ def test_per_phase_switching_is_not_realizable_where_a_prefill_is_shorter_than_a
     assert row.per_phase_realizable == (row.decode.setting == row.prefill.setting)
 
 
+@pytest.mark.parametrize("given, expected", [
+    (1024, ((1024, 1.0),)),
+    ("1024", ((1024, 1.0),)),
+    ({1024: 1, 256: 3}, ((256, 0.75), (1024, 0.25))),
+    ("256:3, 1024:1", ((256, 0.75), (1024, 0.25))),
+    ("256,1024,256,256", ((256, 0.75), (1024, 0.25))),  # sampled lengths, weight 1 each
+    ([212, 1530, 212], ((212, 2 / 3), (1530, 1 / 3))),
+])
+def test_a_prompt_length_distribution_is_read_from_a_number_weights_samples_or_text(given, expected):
+    from freqopt.workload.serving import prompt_length_distribution
+
+    _same_distribution(prompt_length_distribution(given), expected)
+
+
+def _same_distribution(found, expected):
+    assert [tokens for tokens, _ in found] == [tokens for tokens, _ in expected]
+    assert [p for _, p in found] == pytest.approx([p for _, p in expected], rel=1e-12)
+
+
+def test_a_prompt_length_file_holds_one_sampled_length_a_line(tmp_path):
+    from freqopt.workload.serving import prompt_length_distribution
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("# prompts of a trace\n256\n\n1024  # a long one\n256\n")
+    _same_distribution(prompt_length_distribution(f"@{path}"), ((256, 2 / 3), (1024, 1 / 3)))
+
+
+@pytest.mark.parametrize("given, fragment", [
+    ("abc", "has 'abc', not a positive whole number of tokens"),
+    ("0:1", "has 0, not a positive whole number"),
+    ("256:-1", "has weight '-1'; weights must be positive"),
+    ("256:nan", "has weight 'nan'; weights must be positive"),
+    ("256:x", "has weight 'x', not a number"),
+    ([], "gives no length"),
+    (1.5, "has 1.5, not a positive whole number"),
+    ("@/no/such/file", "file '/no/such/file' cannot be read"),
+])
+def test_a_bad_prompt_length_distribution_is_refused_naming_its_argument(given, fragment):
+    from freqopt.workload.serving import prompt_length_distribution
+
+    with pytest.raises(InvalidSettingError, match="^prompt_len ") as info:
+        prompt_length_distribution(given)
+    assert fragment in str(info.value) and info.value.argument == "prompt_len"
+
+
+def test_one_prompt_length_given_as_a_distribution_searches_what_the_number_does():
+    import freqopt
+
+    def figures(prompt_len):
+        result = freqopt.serve_search(QWEN3_8B, batch_sizes=[8], prompt_len=prompt_len, output_len=64, n_trials=4)
+        (row,) = result.rows
+        return (result.prompt_len, result.prompt_lens, row.kv_len, row.decode.setting, row.prefill.setting,
+                row.one_setting.setting, [row.energy_per_token_j(w) for w in ("default", "per-phase", "one-setting")])
+
+    assert figures(512) == figures({512: 7}) == figures("512")
+
+
+@pytest.mark.slow
+def test_prompts_of_several_lengths_hold_every_lengths_ttft_and_count_their_mean_energy():
+    """Prompts of 256 and 2048 tokens, 3 to 1: the decode cache holds the mean prompt; the prefill's setting keeps
+    each length's TTFT within 10 % of its own default (checked here without noise, at each length), and the
+    prefill energy in the energy per token is the lengths' mean."""
+    import freqopt
+    from freqopt.gpu.backends.base import DEFAULT_SETTING
+    from freqopt.workload.serving import prefill_kernels
+
+    result = freqopt.serve_search(QWEN3_8B, batch_sizes=[8], prompt_len={256: 3, 2048: 1}, output_len=512,
+                                  max_ttft_slowdown="10%", n_trials=8)  # fmt: skip
+    (row,) = result.rows
+    assert result.prompt_lens == ((256, 0.75), (2048, 0.25)) and result.prompt_len == 704
+    assert row.kv_len == 704 + 256
+    sim = SimulatedGPU(cuda_graph_spec(get_gpu("h100-sxm")), noise=False)
+    served = serving_model(QWEN3_8B)
+    at = {p: (sim.true_measure(prefill_kernels(served, p), row.prefill.setting),
+              sim.true_measure(prefill_kernels(served, p), DEFAULT_SETTING)) for p in (256, 2048)}  # fmt: skip
+    assert all(chosen.time_s <= 1.10 * default.time_s for chosen, default in at.values())
+    assert row.prefill.time_rel == pytest.approx(max(c.time_s / d.time_s for c, d in at.values()), rel=1e-9)
+    assert row.prefill.energy_j == pytest.approx(0.75 * at[256][0].energy_j + 0.25 * at[2048][0].energy_j, rel=1e-9)
+    assert row.default_prefill.time_s == pytest.approx(0.75 * at[256][1].time_s + 0.25 * at[2048][1].time_s,
+                                                       rel=1e-9)  # fmt: skip
+    assert row.decode.time_rel <= 1.05 and row.one_setting_decode.time_rel <= 1.05
+
+
 def test_serve_search_on_a_tensor_parallel_group_runs_one_gpus_share_and_counts_every_gpus_energy(qwen3):
     """At tp 2 each GPU runs half the heads and MLP width with two all-reduces a layer: its default decode step is
     shorter than the whole model's on one GPU, and the energy per token is the group's, twice one GPU's."""
@@ -220,7 +303,8 @@ def test_serve_search_on_a_tensor_parallel_group_runs_one_gpus_share_and_counts_
 @pytest.mark.parametrize("args, fragment", [
     (["--batch-sizes", "8,x"], "--batch-sizes must be positive whole numbers"),
     (["--max-itl-slowdown", "abc"], "--max-itl-slowdown"),
-    (["--prompt-len", "0"], "--prompt-len must be a positive whole number"),
+    (["--prompt-len", "0"], "--prompt-len has 0, not a positive whole number of tokens"),
+    (["--prompt-len", "256:x"], "--prompt-len has weight 'x', not a number"),
     (["--tp", "3"], "--tp 3 does not divide query heads"),
 ])
 def test_cli_serve_search_refuses_bad_input_in_one_line(args, fragment, capsys):
@@ -242,6 +326,20 @@ def test_cli_serve_search_prints_the_default_and_chosen_rows(tmp_path, capsys):
     assert "default, phases apart" in text and "per phase" in text and "one setting, unified batch" in text
     doc = json.loads(out.read_text())
     assert doc["tp"] == 1 and doc["rows"][0]["batch_size"] == 8 and doc["rows"][0]["decode"]["time_rel"] <= 1.05
+    assert doc["prompt_len"] == 1024 and doc["prompt_lens"] == [[1024, 1.0]]
+
+
+def test_cli_serve_search_takes_a_prompt_length_distribution(tmp_path, capsys):
+    import json
+
+    from freqopt.cli import main
+
+    out = tmp_path / "serve.json"
+    assert main(["serve-search", "--model", QWEN3_8B, "--batch-sizes", "8", "--trials", "4", "--prompt-len",
+                 "256:3,1024:1", "--output-len", "64", "--json", str(out)]) == 0  # fmt: skip
+    text = " ".join(capsys.readouterr().out.split())
+    assert "prompts 256-1024 (mean 448)" in text and "Prompts of 2 lengths" in text
+    assert json.loads(out.read_text())["prompt_lens"] == [[256, 0.75], [1024, 0.25]]
 
 
 @pytest.mark.slow

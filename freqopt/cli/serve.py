@@ -20,7 +20,9 @@ def _batch_sizes(value: str) -> list:
 @click.option("--model", required=True, help="A dense decoder's Hugging Face config: hf:PATH (config.json or its folder).")
 @click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (freqopt gpus), simulated under CUDA graphs.")
 @click.option("--batch-sizes", default="8,64,256", show_default=True, help="Sequences decoding at once, comma-separated.")
-@click.option("--prompt-len", type=int, default=1024, show_default=True, help="Tokens per prompt.")
+@click.option("--prompt-len", default="1024", show_default=True,
+              help="Tokens per prompt, or their distribution: tokens:weight pairs (256:3,1024:1) or @FILE of sampled "
+                   "lengths, one a line.")
 @click.option("--output-len", type=int, default=512, show_default=True, help="Tokens per answer.")
 @click.option("--max-itl-slowdown", default="5%", show_default=True,
               help="Allowed inter-token latency against the default settings': 5% or 0.05.")
@@ -57,8 +59,11 @@ def _render(result) -> None:
     from rich.table import Table
 
     group = f"{result.tp} x {result.gpu} (tensor parallel)" if result.tp > 1 else result.gpu
-    table = Table(title=f"{result.model} on {group}: prompts {result.prompt_len}, answers {result.output_len} "
-                        f"tokens; ITL within {result.max_itl_slowdown:.0%}, TTFT within {result.max_ttft_slowdown:.0%}")
+    lengths = result.prompt_lens
+    prompts = (f"{lengths[0][0]}-{lengths[-1][0]} (mean {result.prompt_len})" if len(lengths) > 1
+               else str(result.prompt_len))  # fmt: skip
+    table = Table(title=f"{result.model} on {group}: prompts {prompts}, answers {result.output_len} tokens; ITL "
+                        f"within {result.max_itl_slowdown:.0%}, TTFT within {result.max_ttft_slowdown:.0%}")
     for name, justify in (("batch", "right"), ("schedule", "left"), ("decode setting", "left"),
                           ("prefill setting", "left"), ("J / token", "right"), ("saved", "right"),
                           ("ITL ms", "right"), ("TTFT ms", "right"), ("decode W", "right")):  # fmt: skip
@@ -86,7 +91,9 @@ def _render(result) -> None:
                   "settings are realizable on one GPU where a prefill and the decode steps between two prompts each "
                   "outlast its switch latency. unified batch: prompts prefilled in the decode steps they join, one "
                   "setting for both; each saving is against the default of the same engine."
-                  + (f" J / token: the {result.tp} GPUs'; decode W: one GPU's." if result.tp > 1 else ""))
+                  + (f" J / token: the {result.tp} GPUs'; decode W: one GPU's." if result.tp > 1 else "")
+                  + (f" Prompts of {len(lengths)} lengths: TTFT and J / token are their mean, each setting within "
+                     "its targets at every length." if len(lengths) > 1 else ""))
 
 
 def _doc(result) -> dict:
@@ -95,6 +102,7 @@ def _doc(result) -> dict:
                 "energy_rel": c.energy_rel, "n_measurements": c.n_measurements}  # fmt: skip
 
     return {"gpu": result.gpu, "tp": result.tp, "model": result.model, "prompt_len": result.prompt_len,
+            "prompt_lens": [[tokens, p] for tokens, p in result.prompt_lens],
             "output_len": result.output_len, "max_itl_slowdown": result.max_itl_slowdown,
             "max_ttft_slowdown": result.max_ttft_slowdown,
             "rows": [{"batch_size": r.batch_size, "kv_len": r.kv_len, "per_phase_realizable": r.per_phase_realizable,

@@ -52,12 +52,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
 
 from freqopt.errors import InvalidSettingError
 from freqopt.workload.kernels import Kernel
 
 __all__ = ["ServingModel", "serving_model", "decode_kernels", "prefill_kernels", "step_kernels", "cuda_graph_spec",
-           "BYTES"]
+           "prompt_length_distribution", "BYTES"]
 
 BYTES = 2  # bf16 weights, activations and KV cache
 _DTYPE = "bfloat16"
@@ -378,3 +381,71 @@ def cuda_graph_spec(spec):
     """``spec`` (a GPUSpec) without its host's per-kernel issue time: a step captured in a CUDA graph is launched
     whole, so its kernels run back to back (vLLM captures its decode steps so by default)."""
     return dataclasses.replace(spec, host_issue_s=0.0, host_gemm_issue_s=0.0)
+
+
+def prompt_length_distribution(prompt_len) -> tuple[tuple[int, float], ...]:
+    """Prompt lengths and their probabilities, ((tokens, probability), ...) sorted by tokens, probabilities summing
+    to 1, from any of:
+
+    - a whole number of tokens (every prompt that long): ``1024``;
+    - a mapping of tokens to weights (any positive scale): ``{256: 3, 1024: 1}``;
+    - a sequence of sampled lengths, each one prompt (a trace's, say): ``[212, 1530, 877]``;
+    - text: ``"1024"``, ``"256:3,1024:1"`` (tokens:weight pairs) or ``"@PATH"``, a file of sampled lengths, one a
+      line (blank lines and ``#`` comments skipped).
+
+    Raises:
+        InvalidSettingError (argument "prompt_len"): a length that is not a positive whole number, a weight that is
+            not a positive finite number, no length at all, or a file that cannot be read.
+    """
+    def bad(why: str) -> InvalidSettingError:
+        return InvalidSettingError(f"prompt_len {why}; give tokens (1024), tokens:weight pairs (256:3,1024:1) or "
+                                   "@FILE of sampled lengths, one a line", argument="prompt_len")  # fmt: skip
+
+    def length(value) -> int:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(f"has {value!r}, not a positive whole number of tokens")
+        return value
+
+    def weight(value) -> float:
+        try:
+            w = float(value)
+        except (TypeError, ValueError):
+            raise bad(f"has weight {value!r}, not a number") from None
+        if isinstance(value, bool) or not math.isfinite(w) or w <= 0:
+            raise bad(f"has weight {value!r}; weights must be positive")
+        return w
+
+    if isinstance(prompt_len, str):
+        text = prompt_len.strip()
+        if text.startswith("@"):
+            try:
+                lines = Path(text[1:]).read_text().splitlines()
+            except (OSError, UnicodeDecodeError) as err:
+                raise bad(f"file {text[1:]!r} cannot be read ({err.__class__.__name__})") from None
+            prompt_len = [line.split("#", 1)[0].strip() for line in lines]
+            prompt_len = [line for line in prompt_len if line]
+        elif ":" in text or "," in text:
+            pairs = {}
+            for part in text.split(","):
+                tokens, sep, w = part.partition(":")
+                key = length(tokens)
+                pairs[key] = pairs.get(key, 0.0) + (weight(w) if sep else 1.0)
+            prompt_len = pairs
+        else:
+            prompt_len = length(text)
+    if isinstance(prompt_len, Mapping):
+        weights: dict[int, float] = {}
+        for tokens, w in prompt_len.items():
+            weights[length(tokens)] = weights.get(length(tokens), 0.0) + weight(w)
+    elif isinstance(prompt_len, (list, tuple)):
+        weights = {}
+        for tokens in prompt_len:
+            weights[length(tokens)] = weights.get(length(tokens), 0.0) + 1.0
+    else:
+        weights = {length(prompt_len): 1.0}
+    if not weights:
+        raise bad("gives no length")
+    total = sum(weights.values())
+    return tuple((tokens, w / total) for tokens, w in sorted(weights.items()))
