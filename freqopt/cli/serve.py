@@ -17,7 +17,7 @@ def _batch_sizes(value: str) -> list:
 
 
 @cli.command("serve-search", short_help="Search prefill and decode settings for LLM serving.")
-@click.option("--model", required=True, help="A dense decoder's Hugging Face config: hf:PATH (config.json or its folder).")
+@click.option("--model", required=True, help="A decoder's Hugging Face config: hf:PATH (config.json or its folder).")
 @click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (freqopt gpus), simulated under CUDA graphs.")
 @click.option("--batch-sizes", default="8,64,256", show_default=True, help="Sequences decoding at once, comma-separated.")
 @click.option("--prompt-len", default="1024", show_default=True,

@@ -37,7 +37,7 @@ times one GPU's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from freqopt.budget import parse_slowdown
@@ -185,7 +185,8 @@ def _search_phase(sim: SimulatedGPU, variants: Variants, name: str, slowdown: fl
     return best
 
 
-def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), prompt_len=1024,
+def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256),
+                 prompt_len: int | str | Mapping[int, float] | Sequence[int] = 1024,
                  output_len: int = 512, gpu: str = "h100-sxm", max_itl_slowdown: float | str = "5%",
                  max_ttft_slowdown: float | str = "10%", n_trials: int = 16, seed: int = 0,
                  tp: int = 1) -> ServingResult:  # fmt: skip
@@ -193,7 +194,8 @@ def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), promp
     size, on the simulated GPU (module docstring: what is searched, checked and realizable).
 
     Args:
-        model: a dense decoder's Hugging Face config, ``hf:PATH`` (freqopt.workload.serving.serving_model).
+        model: a decoder's Hugging Face config, ``hf:PATH`` (freqopt.workload.serving.serving_model: dense, or
+            routed experts with at most one shared expert).
         batch_sizes: sequences decoding at once, one row each.
         prompt_len: tokens per prompt, or a distribution of them (tokens -> weight, sampled lengths, or text:
             freqopt.workload.serving.prompt_length_distribution; module docstring).
@@ -254,7 +256,8 @@ def serve_search(model: str, *, batch_sizes: Sequence[int] = (8, 64, 256), promp
             rows.append(ServingRow(
                 batch_size=b, kv_len=kv_len, default_decode=default_decode, default_prefill=default_prefill,
                 default_step=default_step, decode=decode_choice, prefill=prefill_choice, one_setting=one,
-                one_setting_decode=_choice(sim, decode, one.setting, _defaults(sim, decode), 0), prompts_per_step=per_step,
+                one_setting_decode=_choice(sim, decode, one.setting, _defaults(sim, decode), 0),
+                prompts_per_step=per_step,
                 output_len=output_len,
                 per_phase_realizable=decode_choice.setting == prefill_choice.setting or keeps_up, tp=served.tp,
             ))  # fmt: skip

@@ -28,13 +28,14 @@ with ``cuda_graph_spec`` (the GPU type without its host's per-kernel issue time)
 A mixture-of-experts layer (Qwen3-MoE, Mixtral: routed experts; Qwen2-MoE: routed experts and one shared expert)
 runs, in place of the MLP, vLLM's router GEMM, its top-k softmax and its fused MoE kernels
 (vllm/model_executor/layers/fused_moe: one grouped GEMM over the experts' gate/up projections, ``silu_and_mul``, one
-over their down projections, and the weighted sum of each token's k outputs). A shared expert (Qwen2-MoE's
-``shared_expert_intermediate_size``; vllm/model_executor/models/qwen2_moe.py) is a SwiGLU MLP every token goes
-through, its weights read every step; its sigmoid gate (a GEMM to one column) scales its output, which is then added
-to the routed experts' sum (a multiply and an add); its kernels run after the routed experts', on the same stream. Those kernels read the weights of every expert some token of the step is routed to: with
-the tokens routed uniformly and independently (assumed: a trained router balances its experts), an expert is
-touched by one of T tokens with probability 1 - (1 - k/E)^T, so a decode step of 8 sequences on Qwen3-30B-A3B (E =
-128 experts, k = 8) reads 52 experts' weights a layer, and one of 256 nearly all 128.
+over their down projections, and the weighted sum of each token's k outputs). The fused MoE kernels read the weights
+of every expert some token of the step is routed to: with the tokens routed uniformly and independently (assumed: a
+trained router balances its experts), an expert is touched by one of T tokens with probability 1 - (1 - k/E)^T, so
+a decode step of 8 sequences on Qwen3-30B-A3B (E = 128 experts, k = 8) reads 52 experts' weights a layer, and one of
+256 nearly all 128. A shared expert (Qwen2-MoE's ``shared_expert_intermediate_size``;
+vllm/model_executor/models/qwen2_moe.py) is a SwiGLU MLP every token goes through, its weights read every step; its
+sigmoid gate (a GEMM to one column) scales its output, which is then added to the routed experts' sum (a multiply
+and an add); its kernels run after the routed experts', on the same stream.
 
 Gemma 3 (``gemma3_text``): five of every six layers attend to a sliding window of the last ``sliding_window``
 tokens (the config's ``layer_types``), so their decode attention reads at most that many cached keys (vLLM keeps
@@ -69,7 +70,7 @@ _PASS = "forward"
 
 @dataclasses.dataclass(frozen=True)
 class ServingModel:
-    """The sizes of a dense decoder a serving engine runs (from a Hugging Face config).
+    """The sizes of a decoder a serving engine runs, dense or mixture-of-experts (from a Hugging Face config).
 
     Attributes:
         name: the model's name.
