@@ -128,6 +128,19 @@ def iteration_search_cli(tmp_path_factory):
     return {"args": ITERATION_SEARCH, "out": cwd / "out", "stderr": (cwd / "stderr.txt").read_text()}
 
 
+@pytest.fixture
+def short_measurements(monkeypatch):
+    """Each real-GPU backend measurement's warm-up and window shortened from 0.5 s to 0.1 s (five of the stand-in's
+    20 ms counter updates), for NVML and AMD SMI (which measures as NVML does): for tests of a search's path on a
+    stand-in, not of its figures (about 60 s to 10 s each)."""
+    import functools
+
+    from freqopt.gpu.backends import nvml as nvml_backend
+
+    short = functools.partial(nvml_backend.MeasurementProtocol, warmup_s=0.1, min_window_s=0.1)
+    monkeypatch.setattr(nvml_backend, "MeasurementProtocol", short)
+
+
 @pytest.fixture(scope="session")
 def small_trace():
     """gpt3-small, one sequence of 256 tokens: the real kernel mix, small enough for quick searches."""

@@ -360,18 +360,13 @@ def test_get_backend_opens_the_amd_gpu_by_name(fake):
 
 
 @pytest.mark.slow
-def test_cli_search_runs_end_to_end_on_the_amd_backend_and_restores(fake, tmp_path, monkeypatch):
+def test_cli_search_runs_end_to_end_on_the_amd_backend_and_restores(fake, tmp_path, monkeypatch, short_measurements):
     """The iteration level's search through AMD SMI runs to its end and leaves the GPU as found. What is checked is
     the search's path, not its figures: each measurement's warm-up and window are shortened from 0.5 s to 0.1 s."""
-    import functools
-
     from freqopt.cli import main
-    from freqopt.gpu.backends import nvml as nvml_backend
     from freqopt.workload.models import MODELS, GPTConfig
 
     monkeypatch.setitem(MODELS, "tiny-gpt", GPTConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=512, seq_len=16))
-    monkeypatch.setattr(nvml_backend, "MeasurementProtocol",
-                        functools.partial(nvml_backend.MeasurementProtocol, warmup_s=0.1, min_window_s=0.1))
     fake.root = True
     for g in fake.gpus:
         g.realtime, g.counter_period_s = True, 0.02

@@ -364,20 +364,8 @@ def _search_as_root(fake, tmp_path, model: str, granularity: str) -> dict:
     return json.loads(out.read_text())
 
 
-def _short_measurements(monkeypatch):
-    """Each measurement's warm-up and window shortened from 0.5 s to 0.1 s (five of the stand-in's 20 ms counter
-    updates): for tests of a search's path on the stand-in, not of its figures (about 60 s to 10 s each)."""
-    import functools
-
-    from freqopt.gpu.backends import nvml as nvml_backend
-
-    short = functools.partial(nvml_backend.MeasurementProtocol, warmup_s=0.1, min_window_s=0.1)
-    monkeypatch.setattr(nvml_backend, "MeasurementProtocol", short)
-
-
 @pytest.mark.slow
-def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path, tiny_model, monkeypatch):
-    _short_measurements(monkeypatch)
+def test_cli_search_runs_end_to_end_on_the_nvml_backend_and_restores(fake, tmp_path, tiny_model, short_measurements):
     result = _search_as_root(fake, tmp_path, tiny_model, "iteration")["results"]["iteration"]
     assert result["n_measurements"] > 0 and result["search_cost_gpu_s"] > 1.0
     locks = [c for c in fake.set_calls() if c[0] == "nvmlDeviceSetGpuLockedClocks"]
@@ -489,12 +477,11 @@ def test_backend_trusts_a_gpu_that_accepts_a_memory_lock_its_file_reads_per_job(
 
 @pytest.mark.slow
 def test_cli_search_on_a_gpu_with_a_per_job_memory_clock_completes_and_restores(fake, tmp_path, tiny_model, caplog,
-                                                                              monkeypatch):  # fmt: skip
+                                                                              short_measurements):  # fmt: skip
     """The pass level's search on a GPU that refuses a run-time memory-clock lock runs to its end at the one memory
     clock and leaves the GPU as found. What is checked is the search's path, not its figures: each measurement's
     warm-up and window are shortened from 0.5 s to 0.1 s (five of the stand-in's 20 ms counter updates), which
     takes the test from about 100 s to a fraction of it."""
-    _short_measurements(monkeypatch)
     fake.gpus[0].mem_clocks_mhz = (1593, 2619)
     doc = _search_as_root(fake, tmp_path, tiny_model, "pass")
     assert sum("refused a run-time memory-clock lock" in r.getMessage() for r in caplog.records) == 1

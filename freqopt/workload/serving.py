@@ -418,6 +418,12 @@ def prompt_length_distribution(prompt_len) -> tuple[tuple[int, float], ...]:
             raise bad(f"has weight {value!r}; weights must be positive")
         return w
 
+    weights: dict[int, float] = {}
+
+    def add(tokens, w: float) -> None:
+        key = length(tokens)
+        weights[key] = weights.get(key, 0.0) + w
+
     if isinstance(prompt_len, str):
         text = prompt_len.strip()
         if text.startswith("@"):
@@ -425,27 +431,22 @@ def prompt_length_distribution(prompt_len) -> tuple[tuple[int, float], ...]:
                 lines = Path(text[1:]).read_text().splitlines()
             except (OSError, UnicodeDecodeError) as err:
                 raise bad(f"file {text[1:]!r} cannot be read ({err.__class__.__name__})") from None
-            prompt_len = [line.split("#", 1)[0].strip() for line in lines]
-            prompt_len = [line for line in prompt_len if line]
+            prompt_len = [line for line in (raw.split("#", 1)[0].strip() for raw in lines) if line]
         elif ":" in text or "," in text:
-            pairs = {}
             for part in text.split(","):
                 tokens, sep, w = part.partition(":")
-                key = length(tokens)
-                pairs[key] = pairs.get(key, 0.0) + (weight(w) if sep else 1.0)
-            prompt_len = pairs
+                add(tokens, weight(w) if sep else 1.0)
+            prompt_len = ()
         else:
             prompt_len = length(text)
     if isinstance(prompt_len, Mapping):
-        weights: dict[int, float] = {}
         for tokens, w in prompt_len.items():
-            weights[length(tokens)] = weights.get(length(tokens), 0.0) + weight(w)
+            add(tokens, weight(w))
     elif isinstance(prompt_len, (list, tuple)):
-        weights = {}
         for tokens in prompt_len:
-            weights[length(tokens)] = weights.get(length(tokens), 0.0) + 1.0
+            add(tokens, 1.0)
     else:
-        weights = {length(prompt_len): 1.0}
+        add(prompt_len, 1.0)
     if not weights:
         raise bad("gives no length")
     total = sum(weights.values())
